@@ -1,0 +1,88 @@
+"""Declarative buffer specs: name, symbolic shape, dtype and the rule for padded rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+#: Symbols a shape may use. Dim 0 of a buffer is its batch axis; only dim 0 shrinks per bucket.
+SYMBOLS = ("max_bs", "max_tokens", "max_pages", "max_context_len")
+
+
+@dataclass(frozen=True, slots=True)
+class Dims:
+    """Values of the symbolic dims.
+
+    At allocation they are the maxima; for a bucket view ``max_bs`` is the bucket and
+    ``max_tokens`` the bucket's token count, so the same spec yields both shapes.
+    """
+
+    max_bs: int
+    max_tokens: int
+    max_pages: int
+    max_context_len: int
+
+    def for_bucket(self, bucket: int, tokens_per_req: int) -> Dims:
+        return replace(self, max_bs=bucket, max_tokens=bucket * tokens_per_req)
+
+    def resolve(self, dim: str | int) -> int:
+        """Evaluate ``"max_bs"``, ``"max_bs+1"`` or a plain int."""
+        if isinstance(dim, int):
+            return dim
+        name, _, extra = dim.partition("+")
+        if name not in SYMBOLS:
+            raise ValueError(f"unknown dim symbol {name!r}; known: {', '.join(SYMBOLS)}")
+        return getattr(self, name) + (int(extra) if extra else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PadRule:
+    """What rows ``bs..bucket`` (the dummy requests) must hold.
+
+    ``kind="const"``: every element equals ``value`` (an int, or a symbol such as
+    ``"dummy_slot"`` resolved by the owner). ``kind="step"``: the buffer keeps rising by
+    ``value`` per padded row (cumulative lengths stay monotone). ``kind="free"``: no rule
+    (outputs, scratch).
+    """
+
+    kind: str
+    value: int | float | str = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("const", "step", "free"):
+            raise ValueError(f"pad kind must be const, step or free, got {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """One static tensor.
+
+    Parameters
+    ----------
+    name : str
+        Attribute name on the view object.
+    shape : tuple of str | int
+        Symbolic shape, e.g. ``("max_bs", "max_pages")``; dim 0 is the batch axis.
+    dtype : torch.dtype
+    pad : PadRule
+        Rule for padded rows; checked by :meth:`StaticBuffers.pad_violations`.
+    host : bool
+        Written on the host and copied to the device in one transfer per step; otherwise
+        derived on the device (inside the captured graph) from host-written buffers.
+    """
+
+    name: str
+    shape: tuple[str | int, ...]
+    dtype: torch.dtype
+    pad: PadRule
+    host: bool = False
+
+    def size(self, dims: Dims) -> tuple[int, ...]:
+        return tuple(dims.resolve(d) for d in self.shape)
+
+    def nbytes(self, dims: Dims) -> int:
+        n = 1
+        for d in self.size(dims):
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()

@@ -1,0 +1,19 @@
+"""Graphs per (mode, bucket): bucket policy, dispatch, and the CUDA and emulated engines."""
+
+from graphrt.capture.buckets import BucketPolicy, default_buckets
+from graphrt.capture.dispatch import Dispatcher, Fallback
+from graphrt.capture.emulated import CaptureSyncError, EmulatedEngine
+from graphrt.capture.graph import CaptureEngine, Graph, GraphInfo, KernelCount
+
+__all__ = [
+    "BucketPolicy",
+    "CaptureEngine",
+    "CaptureSyncError",
+    "Dispatcher",
+    "EmulatedEngine",
+    "Fallback",
+    "Graph",
+    "GraphInfo",
+    "KernelCount",
+    "default_buckets",
+]

@@ -1,0 +1,49 @@
+"""What both capture engines produce: a replayable graph plus the facts recorded about it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCount:
+    """One kernel (or recorded op) of a graph, with how often it appears."""
+
+    name: str
+    count: int
+    launch: str = ""  # "<<<grid,block,smem>>>" on CUDA; empty on the emulated engine
+
+
+@dataclass(slots=True)
+class GraphInfo:
+    """Facts recorded when a graph was captured (and counters updated on replay)."""
+
+    key: Hashable
+    capture_seconds: float
+    pool_bytes: int
+    num_nodes: int
+    kernels: tuple[KernelCount, ...]
+    host_scalars: dict[str, Any] = field(default_factory=dict)
+    replays: int = 0
+
+
+class Graph(Protocol):
+    info: GraphInfo
+
+    def replay(self) -> None: ...
+
+
+class CaptureEngine(Protocol):
+    """Records ``fn`` once and returns something that re-runs its device work.
+
+    ``fn`` must write its results into tensors that outlive it (static buffers); the value
+    it returns is kept by the caller as the graph's static output.
+    """
+
+    name: str
+
+    def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[Graph, Any]: ...
+
+    def frozen_gc(self) -> Any: ...

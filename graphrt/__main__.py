@@ -1,0 +1,3 @@
+from graphrt.cli import main
+
+raise SystemExit(main())

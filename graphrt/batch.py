@@ -1,0 +1,158 @@
+"""The validated host inputs of one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt.modes import MODES, ForwardMode
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a batch is checked against before anything is written."""
+
+    max_reqs: int
+    max_context_len: int
+    page_size: int
+    num_live_slots: int
+    vocab_size: int | None = None
+
+
+def _host_ints(name: str, value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise ValueError(
+                f"Batch.{name} is on {value.device}; batches hold host data (numpy or CPU "
+                "tensors) so validation needs no device sync"
+            )
+        value = value.numpy()
+    arr = np.asarray(value)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"Batch.{name} must hold integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"Batch.{name} must be 1-D, got shape {arr.shape}")
+    return arr.astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Host inputs of one forward step (numpy int64 arrays).
+
+    Parameters
+    ----------
+    mode : ForwardMode
+    input_ids : [num_tokens]
+        Token ids of this step's query tokens, request by request.
+    seq_lens : [bs]
+        KV length of each request *including* this step's tokens.
+    req_pool_indices : [bs]
+        Row of each request in ``req_to_token``.
+    out_cache_loc : [num_tokens]
+        KV slot each new token is written to.
+    q_lens : [bs]
+        Query tokens per request (1 for DECODE; the extend lengths for EXTEND).
+    """
+
+    mode: ForwardMode
+    input_ids: np.ndarray
+    seq_lens: np.ndarray
+    req_pool_indices: np.ndarray
+    out_cache_loc: np.ndarray
+    q_lens: np.ndarray
+
+    @classmethod
+    def create(
+        cls,
+        mode: ForwardMode,
+        *,
+        input_ids: Any,
+        seq_lens: Any,
+        req_pool_indices: Any,
+        out_cache_loc: Any,
+        q_lens: Any = None,
+    ) -> Batch:
+        """Convert to host int64 arrays and check shapes; limits come in :meth:`check`."""
+        if not isinstance(mode, ForwardMode):
+            raise TypeError(f"mode must be a ForwardMode, got {mode!r}")
+        spec = MODES[mode]
+        if not spec.implemented:
+            raise NotImplementedError(f"mode {mode.name} is declared but not implemented yet")
+        arrays = {
+            "input_ids": _host_ints("input_ids", input_ids),
+            "seq_lens": _host_ints("seq_lens", seq_lens),
+            "req_pool_indices": _host_ints("req_pool_indices", req_pool_indices),
+            "out_cache_loc": _host_ints("out_cache_loc", out_cache_loc),
+        }
+        bs = arrays["seq_lens"].size
+        if q_lens is None:
+            if spec.tokens_per_req is None:
+                raise ValueError(f"mode {mode.name} has ragged queries: pass q_lens")
+            q_lens = np.full(bs, spec.tokens_per_req, dtype=np.int64)
+        arrays["q_lens"] = _host_ints("q_lens", q_lens)
+        batch = cls(mode=mode, **arrays)
+        batch._check_shapes(spec.tokens_per_req)
+        return batch
+
+    @property
+    def bs(self) -> int:
+        return int(self.seq_lens.size)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.size)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Position of every query token: the last ``q_len`` positions of its sequence."""
+        starts = np.repeat(self.seq_lens - self.q_lens, self.q_lens)
+        offsets = np.arange(self.num_tokens) - np.repeat(np.cumsum(self.q_lens) - self.q_lens, self.q_lens)
+        return starts + offsets
+
+    def _check_shapes(self, tokens_per_req: int | None) -> None:
+        bs, n = self.bs, self.num_tokens
+        for name in ("req_pool_indices", "q_lens"):
+            if getattr(self, name).size != bs:
+                raise ValueError(f"Batch.{name} has {getattr(self, name).size} rows, seq_lens has {bs}")
+        if self.out_cache_loc.size != n:
+            raise ValueError(f"Batch.out_cache_loc has {self.out_cache_loc.size} entries, input_ids {n}")
+        if int(self.q_lens.sum()) != n:
+            raise ValueError(f"sum(q_lens) = {int(self.q_lens.sum())} but there are {n} input_ids")
+        if bs and int(self.q_lens.min()) < 1:
+            raise ValueError(f"every request needs >= 1 query token, got q_lens min {self.q_lens.min()}")
+        if tokens_per_req is not None and bs and (self.q_lens != tokens_per_req).any():
+            raise ValueError(f"mode {self.mode.name} takes {tokens_per_req} token(s) per request")
+
+    def check(self, limits: Limits) -> None:
+        """Raise ``ValueError`` naming the value and the limit; writes nothing."""
+        if self.bs > limits.max_reqs:
+            raise ValueError(f"batch too large: bs {self.bs} > max_reqs {limits.max_reqs}")
+        if self.bs == 0:
+            return
+        _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
+        if np.unique(self.req_pool_indices).size != self.bs:
+            raise ValueError("req_pool_indices must be distinct within a batch")
+        if int(self.seq_lens.max()) > limits.max_context_len:
+            raise ValueError(
+                f"sequence past max context: seq_len {int(self.seq_lens.max())} > "
+                f"max_context_len {limits.max_context_len}"
+            )
+        if (self.seq_lens < self.q_lens).any():
+            raise ValueError("every seq_len must be >= its q_len (the step's tokens are in the KV)")
+        if limits.vocab_size is not None:
+            _in_range("input_ids", self.input_ids, 0, limits.vocab_size, what="token id")
+        ps = limits.page_size
+        pages = self.out_cache_loc // ps
+        _in_range("out_cache_loc page", pages, 0, limits.num_live_slots // ps, what="page id")
+        if (self.out_cache_loc % ps != self.positions % ps).any():
+            raise ValueError(f"out_cache_loc breaks page alignment: slot % {ps} must equal position % {ps}")
+
+
+def _in_range(name: str, arr: np.ndarray, lo: int, hi: int, what: str = "value") -> None:
+    bad = (arr < lo) | (arr >= hi)
+    if bad.any():
+        value = int(arr[bad][0])
+        raise ValueError(f"{what} out of range in {name}: {value} not in [{lo}, {hi})")

@@ -1,0 +1,66 @@
+"""Runtime configuration: capacities and switches, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphrt.modes import MODES, ForwardMode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """What the runtime preallocates and captures.
+
+    Parameters
+    ----------
+    max_batch_size : int
+        Largest captured bucket (always captured). Batches up to ``max_reqs`` still run,
+        eagerly, with a counted fallback.
+    max_context_len : int
+        Longest sequence (KV length) a request may reach.
+    page_size : int
+        KV page size in tokens (>= 1).
+    buckets : tuple of int, optional
+        Batch sizes to capture; default ladder 1, 2, 4, 8, 12, 16, 24, … capped at max.
+    capture_modes : tuple of ForwardMode
+        Modes to record graphs for.
+    backend : str, optional
+        ``"fa3"`` or ``"reference"``; default: the best one available on the device.
+    engine : str, optional
+        ``"cuda"`` or ``"emulated"``; default: cuda on a CUDA device, emulated otherwise.
+    warmup : int
+        Eager runs of each graph's step before it is captured.
+    debug : bool
+        Poison every static buffer before each update and fail if any poison is left in
+        the bucket after the replay (catches a field an updater forgot).
+    strict : bool
+        Raise instead of falling back to eager when no graph fits.
+    record_kernels : bool
+        Keep each CUDA graph's debug dump to list its kernels.
+    """
+
+    max_batch_size: int = 32
+    max_context_len: int = 2048
+    page_size: int = 16
+    buckets: tuple[int, ...] | None = None
+    capture_modes: tuple[ForwardMode, ...] = (ForwardMode.DECODE,)
+    backend: str | None = None
+    engine: str | None = None
+    warmup: int = 2
+    debug: bool = False
+    strict: bool = False
+    record_kernels: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_context_len", "page_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for mode in self.capture_modes:
+            spec = MODES[mode]
+            if not (spec.graphed and spec.implemented):
+                raise ValueError(f"mode {mode.name} cannot be captured (yet)")
+
+    @property
+    def max_pages(self) -> int:
+        """Pages a request of ``max_context_len`` tokens spans (page_table width)."""
+        return -(-self.max_context_len // self.page_size)

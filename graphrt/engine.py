@@ -1,0 +1,242 @@
+"""A small continuous-batching engine over GraphRuntime: EXTEND eagerly, DECODE from graphs."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from graphrt.batch import Batch
+from graphrt.config import RuntimeConfig
+from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
+from graphrt.models import TinyLlama, preset
+from graphrt.modes import ForwardMode
+from graphrt.runtime import CaptureReport, GraphRuntime
+
+
+@dataclass(slots=True)
+class Request:
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    output: list[int] = field(default_factory=list)
+    req_idx: int = -1
+    pages: list[int] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+    def slots(self, start: int, stop: int, page_size: int) -> np.ndarray:
+        pos = np.arange(start, stop)
+        return np.asarray(self.pages)[pos // page_size] * page_size + pos % page_size
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    replays: dict[str, int]
+    eager: dict[str, int]
+    fallbacks: dict[str, dict[str, int]]
+    decode_steps: int
+    decode_seconds: float
+    prefill_steps: int
+    generated_tokens: int
+
+
+class Engine:
+    """Greedy generation with a built-in model; decode steps replay captured graphs.
+
+    Parameters
+    ----------
+    model : str
+        A preset name (``tiny-llama``); weights are random from ``seed``.
+    device : str or torch.device, optional
+        Default: CUDA when available, else CPU (emulated graphs there).
+    use_graphs : bool
+        Capture and replay graphs; ``False`` runs every step eagerly.
+    max_batch_size, page_size, max_context_len : int
+        Running requests, KV page size, longest sequence (prompt + new tokens).
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny-llama",
+        *,
+        device: str | torch.device | None = None,
+        use_graphs: bool = True,
+        max_batch_size: int = 32,
+        page_size: int = 16,
+        max_context_len: int = 2048,
+        seed: int = 0,
+        backend: str | None = None,
+        buckets: Sequence[int] | None = None,
+        record_logits: bool = False,
+        show_progress: bool = False,
+    ) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        cfg = preset(model)
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model = TinyLlama.from_seed(cfg, seed, self.device, dtype)
+        pages_per_req = -(-max_context_len // page_size)
+        shape = KVShape(
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            page_size,
+            max_batch_size * pages_per_req + 1,
+        )
+        self.kv = PagedKVCache(shape, dtype, self.device)
+        req_to_token = ReqToToken(max_batch_size, max_context_len, page_size, self.kv.dummy_slot, self.device)
+        config = RuntimeConfig(
+            max_batch_size=max_batch_size,
+            max_context_len=max_context_len,
+            page_size=page_size,
+            buckets=tuple(buckets) if buckets else None,
+            capture_modes=(ForwardMode.DECODE,) if use_graphs else (),
+            backend=backend,
+        )
+        self.runtime = GraphRuntime(self.model, self.kv, req_to_token, config, vocab_size=cfg.vocab_size)
+        self.use_graphs, self.record_logits = use_graphs, record_logits
+        self.capture_report: CaptureReport | None = (
+            self.runtime.capture(show_progress) if use_graphs else None
+        )
+        self.max_context_len, self.page_size = max_context_len, page_size
+        self._free_reqs = deque(range(max_batch_size))
+        self._free_pages = deque(range(self.kv.dummy_page))
+        self._ids = itertools.count()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: dict[int, Request] = {}
+        self.logits: dict[int, list[torch.Tensor]] = {}
+        self._decode_steps, self._decode_seconds, self._prefill_steps = 0, 0.0, 0
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, prompt: Sequence[int], max_new_tokens: int) -> int:
+        """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input."""
+        vocab = self.model.vocab_size
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise ValueError("prompt is empty")
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} out of range [0, {vocab})")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(tokens) + max_new_tokens > self.max_context_len:
+            raise ValueError(
+                f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens} exceeds "
+                f"max_context_len {self.max_context_len}"
+            )
+        req = Request(next(self._ids), tokens, max_new_tokens)
+        self.waiting.append(req)
+        return req.rid
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
+    ) -> list[list[int]]:
+        """Greedy completions of ``prompts`` (continuous batching; order preserved)."""
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(limits) != len(prompts):
+            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+        ids = [self.add_request(p, n) for p, n in zip(prompts, limits, strict=True)]
+        while self.waiting or self.running:
+            self.step()
+        return [self.finished[i].output for i in ids]
+
+    # ---- one step ------------------------------------------------------------------------
+    def step(self) -> list[tuple[int, int]]:
+        """One forward: prefill newly admitted requests, else decode the running ones.
+
+        Returns the ``(request id, token)`` pairs produced.
+        """
+        admitted = self._admit()
+        if admitted:
+            produced = self._prefill(admitted)
+        elif self.running:
+            produced = self._decode(self.running)
+        else:
+            return []
+        self._retire()
+        return produced
+
+    def _admit(self) -> list[Request]:
+        admitted = []
+        while self.waiting and self._free_reqs:
+            req = self.waiting[0]
+            need = -(-(len(req.prompt) + req.max_new_tokens) // self.page_size)
+            if need > len(self._free_pages):
+                break
+            self.waiting.popleft()
+            req.req_idx = self._free_reqs.popleft()
+            req.pages = [self._free_pages.popleft() for _ in range(need)]
+            admitted.append(req)
+        self.running.extend(admitted)
+        return admitted
+
+    def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
+        lens = [len(r.prompt) for r in reqs]
+        batch = Batch.create(
+            ForwardMode.EXTEND,
+            input_ids=np.concatenate([r.prompt for r in reqs]),
+            seq_lens=lens,
+            req_pool_indices=[r.req_idx for r in reqs],
+            out_cache_loc=np.concatenate(
+                [r.slots(0, n, self.page_size) for r, n in zip(reqs, lens, strict=True)]
+            ),
+            q_lens=lens,
+        )
+        logits = self.runtime.run(batch, eager=not self.use_graphs)
+        self._prefill_steps += 1
+        return self._sample(reqs, logits[np.cumsum(lens) - 1])
+
+    def _decode(self, reqs: list[Request]) -> list[tuple[int, int]]:
+        seq_lens = [len(r.prompt) + len(r.output) for r in reqs]
+        batch = Batch.create(
+            ForwardMode.DECODE,
+            input_ids=[r.output[-1] for r in reqs],
+            seq_lens=seq_lens,
+            req_pool_indices=[r.req_idx for r in reqs],
+            out_cache_loc=np.concatenate(
+                [r.slots(n - 1, n, self.page_size) for r, n in zip(reqs, seq_lens, strict=True)]
+            ),
+        )
+        start = time.perf_counter()
+        logits = self.runtime.run(batch, eager=not self.use_graphs)
+        produced = self._sample(reqs, logits)  # NOTE: reading tokens syncs, so timing is real
+        self._decode_seconds += time.perf_counter() - start
+        self._decode_steps += 1
+        return produced
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[tuple[int, int]]:
+        tokens = logits.argmax(dim=-1).tolist()
+        if self.record_logits:
+            for r, row in zip(reqs, logits.float().cpu(), strict=True):
+                self.logits.setdefault(r.rid, []).append(row)
+        for r, t in zip(reqs, tokens, strict=True):
+            r.output.append(t)
+        return [(r.rid, t) for r, t in zip(reqs, tokens, strict=True)]
+
+    def _retire(self) -> None:
+        for r in [r for r in self.running if r.done]:
+            self.running.remove(r)
+            self._free_reqs.append(r.req_idx)
+            self._free_pages.extend(r.pages)
+            self.finished[r.rid] = r
+
+    def stats(self) -> EngineStats:
+        rt = self.runtime.stats()
+        generated = sum(len(r.output) for r in (*self.finished.values(), *self.running))
+        return EngineStats(
+            rt.replays,
+            rt.eager,
+            rt.fallbacks,
+            self._decode_steps,
+            self._decode_seconds,
+            self._prefill_steps,
+            generated,
+        )

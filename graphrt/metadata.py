@@ -1,0 +1,125 @@
+"""The step-metadata buffer family and the two halves of every update.
+
+``write_host`` fills the host-written buffers (real rows, then pad rows per DESIGN rule 3);
+``derive`` runs on the device — inside the captured graph on the graph path — and records
+the step's KV slots in ``req_to_token`` before gathering the page table from it. The eager
+path calls the same two functions on fresh, exact-size arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt.batch import Batch
+from graphrt.buffers import BufferSpec, PadRule
+from graphrt.kv_cache import ReqToToken
+from graphrt.modes import ForwardMode
+
+#: Padded rows are dummy requests of one token at position 0 in the dummy request row.
+PAD_SEQ_LEN = 1
+
+STEP_SPECS = (
+    BufferSpec("input_ids", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
+    BufferSpec("positions", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
+    BufferSpec("out_cache_loc", ("max_tokens",), torch.int64, PadRule("const", "dummy_slot"), host=True),
+    BufferSpec("req_id_per_token", ("max_tokens",), torch.int64, PadRule("free"), host=True),
+    BufferSpec("req_pool_indices", ("max_bs",), torch.int64, PadRule("const", "dummy_req"), host=True),
+    BufferSpec("cache_seqlens", ("max_bs",), torch.int32, PadRule("const", PAD_SEQ_LEN), host=True),
+    BufferSpec("cu_seqlens_q", ("max_bs+1",), torch.int32, PadRule("step", "pad_q_len"), host=True),
+    BufferSpec("page_table", ("max_bs", "max_pages"), torch.int32, PadRule("const", "dummy_page")),
+)
+HOST_FIELDS = tuple(s.name for s in STEP_SPECS if s.host)
+
+
+@dataclass(slots=True)
+class StepBuffers:
+    """Per-step metadata tensors (bucket views on the graph path, fresh on the eager path).
+
+    ``input_ids``, ``positions``, ``out_cache_loc``, ``req_id_per_token``: ``[num_tokens]``
+    int64; ``req_pool_indices`` ``[bs]`` int64; ``cache_seqlens`` ``[bs]`` int32;
+    ``cu_seqlens_q`` ``[bs + 1]`` int32; ``page_table`` ``[bs, max_pages]`` int32.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_id_per_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    cache_seqlens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    page_table: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetadata:
+    """What the attention backends read: buffers plus host scalars (rule 4: key-derived)."""
+
+    mode: ForwardMode
+    buffers: StepBuffers
+    max_seqlen_q: int
+    page_size: int
+
+    def host_scalars(self) -> dict[str, Any]:
+        return {"max_seqlen_q": self.max_seqlen_q, "page_size": self.page_size}
+
+
+def write_host(
+    batch: Batch, host: dict[str, np.ndarray], rows: int, pad_q_len: int, pad: dict[str, int]
+) -> None:
+    """Write ``batch`` into host arrays sized for ``rows`` requests; rows ``bs..rows`` are pads.
+
+    Every element of ``[:rows]`` (and ``[:rows * pad_q_len]`` tokens) is written, so nothing
+    from an earlier, larger batch survives.
+    """
+    bs, n = batch.bs, batch.num_tokens
+    tokens = n + (rows - bs) * pad_q_len
+    pad_tokens = slice(n, tokens)
+    host["input_ids"][:n] = batch.input_ids
+    host["input_ids"][pad_tokens] = 0
+    host["positions"][:n] = batch.positions
+    host["positions"][pad_tokens] = 0
+    host["out_cache_loc"][:n] = batch.out_cache_loc
+    host["out_cache_loc"][pad_tokens] = pad["dummy_slot"]
+    host["req_id_per_token"][:n] = np.repeat(np.arange(bs), batch.q_lens)
+    host["req_id_per_token"][pad_tokens] = np.repeat(np.arange(bs, rows), pad_q_len)
+    host["req_pool_indices"][:bs] = batch.req_pool_indices
+    host["req_pool_indices"][bs:rows] = pad["dummy_req"]
+    host["cache_seqlens"][:bs] = batch.seq_lens
+    host["cache_seqlens"][bs:rows] = PAD_SEQ_LEN
+    cu = host["cu_seqlens_q"]
+    cu[0] = 0
+    np.cumsum(batch.q_lens, out=cu[1 : bs + 1])
+    cu[bs + 1 : rows + 1] = n + pad_q_len * np.arange(1, rows - bs + 1)
+
+
+def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
+    """Device half of the update: record this step's slots, then gather the page table.
+
+    Runs inside the captured region on the graph path: in-place, no allocation that
+    outlives the step, no host sync.
+    """
+    rows = buffers.req_pool_indices[buffers.req_id_per_token]
+    req_to_token.table.index_put_((rows, buffers.positions), buffers.out_cache_loc.to(torch.int32))
+    starts = req_to_token.table[buffers.req_pool_indices[:, None], req_to_token.page_starts[None, :]]
+    torch.div(starts, page_size, rounding_mode="floor", out=buffers.page_table)
+
+
+def fresh_buffers(batch: Batch, max_pages: int, pad: dict[str, int], device: torch.device) -> StepBuffers:
+    """Exact-size metadata for the eager path (no padded rows)."""
+    sizes = {"max_tokens": batch.num_tokens, "max_bs": batch.bs}
+    host: dict[str, np.ndarray] = {}
+    for spec in STEP_SPECS:
+        if spec.host:
+            first = spec.shape[0]
+            assert isinstance(first, str)
+            name, _, extra = first.partition("+")
+            host[spec.name] = np.empty(sizes[name] + int(extra or 0), dtype=np.int64)
+    write_host(batch, host, batch.bs, 1, pad)
+    dtypes = {s.name: s.dtype for s in STEP_SPECS}
+    tensors = {k: torch.from_numpy(v).to(device=device, dtype=dtypes[k]) for k, v in host.items()}
+    page_table = torch.empty(batch.bs, max_pages, dtype=torch.int32, device=device)
+    return StepBuffers(page_table=page_table, **tensors)

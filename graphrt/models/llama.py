@@ -1,0 +1,115 @@
+"""A tiny Llama-style decoder: RMSNorm, RoPE, GQA attention through ``ctx``, SwiGLU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrt.context import ForwardContext
+from graphrt.models.presets import LlamaConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [tokens, heads, head_dim]`` (NeoX halves) by per-token ``cos``/``sin``."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
+        super().__init__()
+        self.cfg, self.layer_id = cfg, layer_id
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, q + 2 * kv, bias=False)
+        self.o = nn.Linear(q, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
+        q = apply_rope(q.view(-1, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        out = ctx.attention(self.layer_id, q, k, v)
+        return self.o(out.reshape(-1, q_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(nn.functional.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.attn = Attention(cfg, layer_id)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyLlama(nn.Module):
+    """``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+        self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
+
+    @classmethod
+    def from_seed(cls, cfg: LlamaConfig, seed: int, device: torch.device, dtype: torch.dtype) -> TinyLlama:
+        """Random weights from ``seed`` (std 1/sqrt(fan_in): logits with a usable spread)."""
+        model = cls(cfg)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    continue
+                fan_in = p.shape[-1] if "embed" not in name else 1
+                p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
+        model = model.to(device=device, dtype=dtype).eval()
+        model.inv_freq = model.inv_freq.float()  # NOTE: RoPE angles stay float32 in any dtype
+        return model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, ctx)
+        return self.lm_head(self.norm(x)).float()

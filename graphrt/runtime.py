@@ -1,0 +1,244 @@
+"""GraphRuntime: capture one graph per (mode, bucket); each step is an update plus a replay."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt.attention import select_backend
+from graphrt.batch import Batch, Limits
+from graphrt.buffers import Dims, MemoryReport, StaticBuffers
+from graphrt.capture import (
+    BucketPolicy,
+    CaptureEngine,
+    Dispatcher,
+    EmulatedEngine,
+    Fallback,
+    GraphInfo,
+)
+from graphrt.config import RuntimeConfig
+from graphrt.context import ForwardContext
+from graphrt.kv_cache import PagedKVCache, ReqToToken
+from graphrt.metadata import (
+    STEP_SPECS,
+    StepBuffers,
+    StepMetadata,
+    derive,
+    fresh_buffers,
+    write_host,
+)
+from graphrt.modes import MODES, ForwardMode
+from graphrt.progress import capture_progress
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
+
+
+class GraphFallbackError(RuntimeError):
+    """``strict=True`` and no captured graph fits the step."""
+
+
+class HostScalarMismatch(RuntimeError):
+    """A replay would need a host scalar other than the one frozen into the graph."""
+
+
+class PoisonLeft(RuntimeError):
+    """Debug mode: a buffer the replay read was not written by the update."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureReport:
+    engine: str
+    backend: str
+    graphs: tuple[GraphInfo, ...]
+    seconds: float
+    buffers: MemoryReport
+
+    @property
+    def pool_bytes(self) -> int:
+        return sum(g.pool_bytes for g in self.graphs)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStats:
+    replays: dict[str, int]
+    eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)
+    fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count
+
+
+def make_engine(name: str | None, device: torch.device, record_kernels: bool) -> CaptureEngine:
+    name = name or ("cuda" if device.type == "cuda" else "emulated")
+    if name == "emulated":
+        return EmulatedEngine()
+    if name == "cuda" and device.type == "cuda":
+        from graphrt.capture.cuda import CudaEngine
+
+        return CudaEngine(device, record_kernels)
+    raise ValueError(f"capture engine {name!r} is not usable on {device}; use 'cuda' or 'emulated'")
+
+
+class GraphRuntime:
+    """Wraps ``forward(input_ids, positions, ctx)`` so decode steps replay captured graphs.
+
+    Parameters
+    ----------
+    forward : callable
+        The model's forward; it calls ``ctx.attention(layer_id, q, k, v)`` per layer and
+        returns ``[num_tokens, ...]`` (e.g. logits).
+    kv : PagedKVCache
+    req_to_token : ReqToToken
+    config : RuntimeConfig
+    vocab_size : int, optional
+        When given, token ids are checked against it.
+    """
+
+    def __init__(
+        self,
+        forward: ForwardFn,
+        kv: PagedKVCache,
+        req_to_token: ReqToToken,
+        config: RuntimeConfig,
+        *,
+        vocab_size: int | None = None,
+    ) -> None:
+        if kv.page_size != config.page_size:
+            raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
+        self.forward, self.kv, self.req_to_token, self.config = forward, kv, req_to_token, config
+        self.device = kv.device
+        self.backend = select_backend(config.backend, self.device)
+        self.engine = make_engine(config.engine, self.device, config.record_kernels)
+        self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
+        max_bs = self.dispatcher.policy.largest
+        tpr = max((MODES[m].tokens_per_req or 1 for m in config.capture_modes), default=1)
+        dims = Dims(max_bs, max_bs * tpr, config.max_pages, config.max_context_len)
+        self.buffers = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, self.device)
+        self.limits = Limits(
+            req_to_token.max_reqs,
+            config.max_context_len,
+            config.page_size,
+            kv.num_live_slots,
+            vocab_size,
+        )
+        self._outputs: dict[tuple[ForwardMode, int], Any] = {}
+        self._eager_steps: Counter[ForwardMode] = Counter()
+
+    def pad_values(self, mode: ForwardMode) -> dict[str, int]:
+        """Values padded rows hold (DESIGN rule 3), by the names the pad rules use."""
+        return {
+            "dummy_slot": self.kv.dummy_slot,
+            "dummy_page": self.kv.dummy_page,
+            "dummy_req": self.req_to_token.dummy_req,
+            "pad_q_len": MODES[mode].tokens_per_req or 1,
+        }
+
+    # ---- capture -------------------------------------------------------------------------
+    def capture(self, show_progress: bool = False) -> CaptureReport:
+        """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""
+        keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
+        start = time.perf_counter()
+        with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
+            for mode, bucket in keys:
+                self._capture_one(mode, bucket)
+                advance(f"{mode.name} bs={bucket}")
+        graphs = tuple(g.info for g in self.dispatcher.graphs.values())
+        return CaptureReport(
+            self.engine.name,
+            self.backend.name,
+            graphs,
+            time.perf_counter() - start,
+            self.buffers.memory_report(),
+        )
+
+    def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
+        tpr = MODES[mode].tokens_per_req or 1
+        view = self.buffers.view(bucket, tpr)
+        meta = StepMetadata(mode, view, max_seqlen_q=tpr, page_size=self.config.page_size)
+        # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
+        # dummy slot, and no real request's KV is touched by warm-up or capture.
+        self._write(_empty_batch(mode), bucket, tpr)
+
+        def step() -> torch.Tensor:
+            derive(view, self.req_to_token, self.config.page_size)
+            return self.forward(view.input_ids, view.positions, ForwardContext(meta, self.kv, self.backend))
+
+        graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
+        graph.info.host_scalars = meta.host_scalars() | self.backend.host_scalars()
+        self.dispatcher.add(mode, bucket, graph)
+        self._outputs[(mode, bucket)] = out
+
+    # ---- steps ---------------------------------------------------------------------------
+    def run(self, batch: Batch, *, eager: bool = False) -> torch.Tensor:
+        """Run one step; returns the forward's output for the real tokens (a fresh tensor).
+
+        Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
+        with its reason) when none fits. Invalid batches raise before anything is written.
+        """
+        batch.check(self.limits)
+        if eager or not MODES[batch.mode].graphed:
+            return self._eager(batch)
+        chosen = self.dispatcher.select(batch.mode, batch.bs)
+        if isinstance(chosen, Fallback):
+            if self.config.strict:
+                raise GraphFallbackError(chosen.reason)
+            self.dispatcher.count_fallback(chosen)
+            return self._eager(batch)
+        bucket, graph = chosen
+        tpr = MODES[batch.mode].tokens_per_req or 1
+        _check_host_scalars(batch, graph.info.host_scalars)
+        self._write(batch, bucket, tpr)
+        with torch.no_grad():
+            graph.replay()
+        if self.config.debug:
+            self._check_poison(bucket, tpr)
+        self.dispatcher.count_replay(batch.mode)
+        return self._outputs[(batch.mode, bucket)][: batch.num_tokens].clone()
+
+    def _write(self, batch: Batch, bucket: int, tpr: int) -> None:
+        self.buffers.wait_host_free()
+        if self.config.debug:
+            self.buffers.poison()
+        write_host(batch, self.buffers.host_full, bucket, tpr, self.pad_values(batch.mode))
+        self.buffers.upload()
+
+    def _eager(self, batch: Batch) -> torch.Tensor:
+        self._eager_steps[batch.mode] += 1
+        pad = self.pad_values(batch.mode)
+        buffers = fresh_buffers(batch, self.config.max_pages, pad, self.device)
+        max_q = int(batch.q_lens.max()) if batch.bs else 1
+        meta = StepMetadata(batch.mode, buffers, max_seqlen_q=max_q, page_size=self.config.page_size)
+        with torch.no_grad():
+            derive(buffers, self.req_to_token, self.config.page_size)
+            return self.forward(
+                buffers.input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend)
+            )
+
+    def _check_poison(self, bucket: int, tpr: int) -> None:
+        left = self.buffers.poisoned(bucket, tpr)
+        if left:
+            raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+
+    def stats(self) -> RuntimeStats:
+        fallbacks: dict[str, dict[str, int]] = {}
+        for fb, n in self.dispatcher.fallbacks.items():
+            fallbacks.setdefault(fb.mode.name, {})[fb.reason] = n
+        replays = {m.name: n for m, n in self.dispatcher.replays.items()}
+        eager = {m.name: n for m, n in self._eager_steps.items()}
+        return RuntimeStats(replays, eager, fallbacks)
+
+
+def _empty_batch(mode: ForwardMode) -> Batch:
+    empty = np.zeros(0, dtype=np.int64)
+    return Batch(mode, empty, empty, empty, empty, empty)
+
+
+def _check_host_scalars(batch: Batch, captured: dict[str, Any]) -> None:
+    needed = int(batch.q_lens.max()) if batch.bs else 0
+    if needed > captured["max_seqlen_q"]:
+        raise HostScalarMismatch(
+            f"max_seqlen_q: batch needs {needed}, graph was captured with {captured['max_seqlen_q']}"
+        )
