@@ -110,6 +110,11 @@ class StaticBuffers(Generic[T]):
         key = (bucket, tokens_per_req)
         if key not in self._views:
             dims = self.dims.for_bucket(bucket, tokens_per_req)
+            if not 1 <= bucket <= self.dims.max_bs or dims.max_tokens > self.dims.max_tokens:
+                # NOTE: slicing past the allocation would silently give a short view.
+                raise ValueError(
+                    f"bucket {bucket} x {tokens_per_req} tokens exceeds the allocation {self.dims}"
+                )
             views = {s.name: self.full[s.name][: s.size(dims)[0]] for s in self.specs}
             self._views[key] = self.view_type(**views)
         return self._views[key]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -42,8 +43,27 @@ SYNC_OPS = frozenset(
 )
 
 
+#: Ops that sync when one of their indices is a boolean mask (it is turned into ``nonzero``).
+MASK_OPS = frozenset({aten.index.Tensor})
+
+
 class CaptureSyncError(RuntimeError):
     """A host sync or data-dependent shape inside a captured region."""
+
+
+def _has_mask(func: Any, args: tuple) -> bool:
+    if func not in MASK_OPS:
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+
+
+class _HostReads(TorchFunctionMode):
+    # NOTE: ``Tensor.tolist`` reads a CPU tensor's memory below the dispatcher, so the
+    # recorder never sees it; refuse it one level up.
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.tolist:
+            raise CaptureSyncError("Tensor.tolist needs a host sync; it cannot be captured")
+        return func(*args, **(kwargs or {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +91,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in SYNC_OPS:
+        if func in SYNC_OPS or _has_mask(func, args):
             raise CaptureSyncError(
                 f"{func} needs a host sync or a data-dependent shape; it cannot be captured"
             )
@@ -120,7 +140,7 @@ class EmulatedEngine:
             fn()
         start = time.perf_counter()
         recorder = _Recorder()
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), _HostReads(), recorder:
             out = fn()
         ops = recorder.ops
         counts = Counter(str(op.func.overloadpacket.__name__) for op in ops)

@@ -133,22 +133,37 @@ class Batch:
         if self.bs == 0:
             return
         _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
-        if np.unique(self.req_pool_indices).size != self.bs:
-            raise ValueError("req_pool_indices must be distinct within a batch")
+        rows, counts = np.unique(self.req_pool_indices, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"req_pool_indices must be distinct within a batch: row {int(rows[counts > 1][0])} "
+                f"appears {int(counts.max())} times"
+            )
         if int(self.seq_lens.max()) > limits.max_context_len:
             raise ValueError(
                 f"sequence past max context: seq_len {int(self.seq_lens.max())} > "
                 f"max_context_len {limits.max_context_len}"
             )
-        if (self.seq_lens < self.q_lens).any():
-            raise ValueError("every seq_len must be >= its q_len (the step's tokens are in the KV)")
+        short = self.seq_lens < self.q_lens
+        if short.any():
+            i = int(np.argmax(short))
+            raise ValueError(
+                f"seq_len {int(self.seq_lens[i])} < q_len {int(self.q_lens[i])} in request {i} "
+                "(seq_lens include the step's tokens)"
+            )
         if limits.vocab_size is not None:
             _in_range("input_ids", self.input_ids, 0, limits.vocab_size, what="token id")
         ps = limits.page_size
         pages = self.out_cache_loc // ps
         _in_range("out_cache_loc page", pages, 0, limits.num_live_slots // ps, what="page id")
-        if (self.out_cache_loc % ps != self.positions % ps).any():
-            raise ValueError(f"out_cache_loc breaks page alignment: slot % {ps} must equal position % {ps}")
+        positions = self.positions
+        off = self.out_cache_loc % ps != positions % ps
+        if off.any():
+            i = int(np.argmax(off))
+            raise ValueError(
+                f"out_cache_loc breaks page alignment: slot {int(self.out_cache_loc[i])} for position "
+                f"{int(positions[i])} (slot % {ps} must equal position % {ps})"
+            )
 
 
 def _in_range(name: str, arr: np.ndarray, lo: int, hi: int, what: str = "value") -> None:

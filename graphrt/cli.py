@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--max-new-tokens", type=int, default=32)
     demo.add_argument("--max-batch-size", type=int, default=32)
     demo.add_argument("--page-size", type=int, default=16)
-    demo.add_argument("--max-context-len", type=int, default=2048)
+    demo.add_argument("--max-context-len", type=int, default=512)
     demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
     bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
     bench.add_argument("--device", default=None)

@@ -63,6 +63,13 @@ class CaptureReport:
     def pool_bytes(self) -> int:
         return sum(g.pool_bytes for g in self.graphs)
 
+    def __str__(self) -> str:
+        return (
+            f"{len(self.graphs)} graphs ({self.engine} engine, {self.backend} backend) in "
+            f"{self.seconds:.2f} s; pool {self.pool_bytes / 2**20:.1f} MiB; "
+            f"static buffers {self.buffers.total_bytes} B"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeStats:

@@ -32,15 +32,16 @@ def paged_attention(
     page_size, kvh = k_cache.shape[1], k_cache.shape[2]
     offsets = torch.arange(page_size, device=q.device)
     slots = (page_table.long()[:, :, None] * page_size + offsets).view(bs, -1)
-    group = hq // kvh
-    k = k_cache.view(-1, kvh, d)[slots].float().repeat_interleave(group, dim=2)
-    v = v_cache.view(-1, kvh, d)[slots].float().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,blhd->bhql", q.float(), k) * scale
+    # NOTE: GQA by grouping query heads (head h reads kv head h // group), no K/V repeat.
+    qg = q.float().view(bs, q_len, kvh, hq // kvh, d)
+    k = k_cache.view(-1, kvh, d)[slots].float()
+    v = v_cache.view(-1, kvh, d)[slots].float()
+    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k) * scale
     keys = torch.arange(slots.shape[1], device=q.device)
     q_pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=q.device)
     allowed = keys[None, None, :] <= q_pos[:, :, None]  # causal, hence also < seq_len
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    out = torch.einsum("bhql,blhd->bqhd", scores.softmax(dim=-1), v)
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    out = torch.einsum("bkgql,blkd->bqkgd", scores.softmax(dim=-1), v).reshape(bs, q_len, hq, d)
     return out.to(q.dtype)
 
 
@@ -66,7 +67,7 @@ class ReferenceBackend:
                 b.cache_seqlens,
                 scale,
             )
-            return out.view(q.shape)
+            return out.reshape(q.shape)  # NOTE: einsum output is non-contiguous when q_len > 1
         # NOTE: ragged queries (EXTEND) only run eagerly, so reading the offsets is allowed.
         cu = b.cu_seqlens_q.tolist()
         parts = [

@@ -1,0 +1,105 @@
+"""Builders shared by the runtime tests: a small runtime, random decode batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
+from graphrt.attention import available_backends
+from graphrt.models import TinyLlama, preset
+
+
+def backends(device: torch.device) -> list[str]:
+    """Every backend usable on ``device`` (FA3 on a Hopper GPU with sgl_kernel, and reference)."""
+    return available_backends(device)
+
+
+def dtype_for(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+@dataclass
+class Setup:
+    runtime: GraphRuntime
+    model: TinyLlama
+    kv: PagedKVCache
+    req_to_token: ReqToToken
+    pages_per_req: int
+
+
+def build_runtime(
+    device: torch.device,
+    *,
+    backend: str = "reference",
+    page_size: int = 16,
+    max_batch_size: int = 8,
+    max_context_len: int = 128,
+    buckets: Sequence[int] | None = None,
+    capture: bool = True,
+    debug: bool = False,
+    strict: bool = False,
+    max_reqs: int | None = None,
+    model: str = "tiny-llama",
+    seed: int = 0,
+) -> Setup:
+    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
+    cfg = preset(model)
+    dtype = dtype_for(device)
+    net = TinyLlama.from_seed(cfg, seed, device, dtype)
+    max_reqs = max_reqs or max_batch_size
+    pages_per_req = -(-max_context_len // page_size)
+    shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, page_size, max_reqs * pages_per_req + 1)
+    kv = PagedKVCache(shape, dtype, device)
+    r2t = ReqToToken(max_reqs, max_context_len, page_size, kv.dummy_slot, device)
+    config = RuntimeConfig(
+        max_batch_size=max_batch_size,
+        max_context_len=max_context_len,
+        page_size=page_size,
+        buckets=tuple(buckets) if buckets else None,
+        capture_modes=(ForwardMode.DECODE,) if capture else (),
+        backend=backend,
+        debug=debug,
+        strict=strict,
+        warmup=1,
+    )
+    runtime = GraphRuntime(net, kv, r2t, config, vocab_size=cfg.vocab_size)
+    if capture:
+        runtime.capture()
+    return Setup(runtime, net, kv, r2t, pages_per_req)
+
+
+def slot_of(setup: Setup, req: int, pos: int) -> int:
+    """KV slot of position ``pos`` of request row ``req`` (contiguous pages per request)."""
+    ps = setup.kv.page_size
+    return (req * setup.pages_per_req + pos // ps) * ps + pos % ps
+
+
+def prefill(setup: Setup, reqs: Sequence[int], lens: Sequence[int], rng: np.random.Generator) -> None:
+    """Fill the KV of requests ``reqs`` up to ``lens`` tokens with one eager EXTEND."""
+    vocab = setup.model.vocab_size
+    batch = Batch.create(
+        ForwardMode.EXTEND,
+        input_ids=rng.integers(0, vocab, int(sum(lens))),
+        seq_lens=list(lens),
+        req_pool_indices=list(reqs),
+        out_cache_loc=[slot_of(setup, r, p) for r, n in zip(reqs, lens, strict=True) for p in range(n)],
+        q_lens=list(lens),
+    )
+    setup.runtime.run(batch)
+
+
+def decode_batch(
+    setup: Setup, reqs: Sequence[int], seq_lens: Sequence[int], rng: np.random.Generator
+) -> Batch:
+    """A DECODE batch: request ``reqs[i]`` writes position ``seq_lens[i] - 1``."""
+    return Batch.create(
+        ForwardMode.DECODE,
+        input_ids=rng.integers(0, setup.model.vocab_size, len(reqs)),
+        seq_lens=list(seq_lens),
+        req_pool_indices=list(reqs),
+        out_cache_loc=[slot_of(setup, r, n - 1) for r, n in zip(reqs, seq_lens, strict=True)],
+    )

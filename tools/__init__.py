@@ -1,0 +1,1 @@
+"""Command-line tools: demo, bench (and, later, the graph-debug TUI)."""
