@@ -165,7 +165,7 @@ def test_memory_report_is_exact() -> None:
         "flags": 2 * 64 * 8,
     }
     assert report.family == "toy"
-    assert report.total_bytes == sum(sizes.values()) == 1674
+    assert report.total_bytes == sum(sizes.values()) == 1940
     assert {r.name: r.nbytes for r in report.rows} == sizes
     assert {r.name: r.shape for r in report.rows} == {
         s.name: expected_shape(s.name, MAX_BS, TPR) for s in SPECS
@@ -198,7 +198,7 @@ def test_poison_lists_every_buffer_until_written(device: torch.device) -> None:
     buffers.poison()
     names = [spec.name for spec in buffers.specs]
     assert sorted(buffers.poisoned(bucket, TPR)) == sorted(names)
-    assert np.isin(buffers.host("seq_lens"), [-123_456_789]).all()
+    assert (buffers.host("seq_lens") == -123_456_789).all()
 
     view.seq_lens.fill_(1)
     names.remove("seq_lens")
