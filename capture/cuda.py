@@ -6,6 +6,7 @@ import gc
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -76,6 +77,8 @@ class CudaEngine:
     def _kernels(graph: torch.cuda.CUDAGraph) -> tuple[int, tuple]:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "graph.dot")
-            graph.debug_dump(path)
+            with warnings.catch_warnings():  # NOTE: torch warns on every debug_dump call
+                warnings.filterwarnings("ignore", message="DEBUG: calling")
+                graph.debug_dump(path)
             with open(path) as f:
                 return parse_dot(f.read())

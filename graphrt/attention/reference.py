@@ -36,8 +36,10 @@ def paged_attention(
     qg = q.float().view(bs, q_len, kvh, hq // kvh, d)
     k = k_cache.view(-1, kvh, d)[slots].float()
     v = v_cache.view(-1, kvh, d)[slots].float()
-    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k) * scale
     keys = torch.arange(slots.shape[1], device=q.device)
+    # NOTE: zero V past each sequence so stale or poisoned pages cannot leak NaN through 0 * NaN.
+    v = v.masked_fill((keys[None, :] >= seq_lens.long()[:, None])[:, :, None, None], 0.0)
+    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k) * scale
     q_pos = seq_lens.long()[:, None] - q_len + torch.arange(q_len, device=q.device)
     allowed = keys[None, None, :] <= q_pos[:, :, None]  # causal, hence also < seq_len
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
