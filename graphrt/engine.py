@@ -13,10 +13,9 @@ import torch
 
 from graphrt.batch import Batch
 from graphrt.config import RuntimeConfig
-from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
-from graphrt.models import TinyLlama, preset
+from graphrt.models.stack import build_stack
 from graphrt.modes import ForwardMode
-from graphrt.runtime import CaptureReport, GraphRuntime
+from graphrt.runtime import CaptureReport
 
 
 @dataclass(slots=True)
@@ -79,19 +78,6 @@ class Engine:
         show_progress: bool = False,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        cfg = preset(model)
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model = TinyLlama.from_seed(cfg, seed, self.device, dtype)
-        pages_per_req = -(-max_context_len // page_size)
-        shape = KVShape(
-            cfg.num_layers,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            page_size,
-            max_batch_size * pages_per_req + 1,
-        )
-        self.kv = PagedKVCache(shape, dtype, self.device)
-        req_to_token = ReqToToken(max_batch_size, max_context_len, page_size, self.kv.dummy_slot, self.device)
         config = RuntimeConfig(
             max_batch_size=max_batch_size,
             max_context_len=max_context_len,
@@ -100,7 +86,8 @@ class Engine:
             capture_modes=(ForwardMode.DECODE,) if use_graphs else (),
             backend=backend,
         )
-        self.runtime = GraphRuntime(self.model, self.kv, req_to_token, config, vocab_size=cfg.vocab_size)
+        stack = build_stack(model, self.device, config, seed=seed)
+        self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(show_progress) if use_graphs else None

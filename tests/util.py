@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
+from graphrt import Batch, ForwardMode, GraphRuntime, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.attention import available_backends
-from graphrt.models import TinyLlama, preset
+from graphrt.models import TinyLlama
+from graphrt.models.stack import build_stack
 
 
 def backends(device: torch.device) -> list[str]:
@@ -47,14 +48,6 @@ def build_runtime(
     seed: int = 0,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
-    cfg = preset(model)
-    dtype = dtype_for(device)
-    net = TinyLlama.from_seed(cfg, seed, device, dtype)
-    max_reqs = max_reqs or max_batch_size
-    pages_per_req = -(-max_context_len // page_size)
-    shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, page_size, max_reqs * pages_per_req + 1)
-    kv = PagedKVCache(shape, dtype, device)
-    r2t = ReqToToken(max_reqs, max_context_len, page_size, kv.dummy_slot, device)
     config = RuntimeConfig(
         max_batch_size=max_batch_size,
         max_context_len=max_context_len,
@@ -66,10 +59,11 @@ def build_runtime(
         strict=strict,
         warmup=1,
     )
-    runtime = GraphRuntime(net, kv, r2t, config, vocab_size=cfg.vocab_size)
+    stack = build_stack(model, device, config, max_reqs=max_reqs, seed=seed)
+    runtime = stack.runtime
     if capture:
         runtime.capture()
-    return Setup(runtime, net, kv, r2t, pages_per_req)
+    return Setup(runtime, stack.model, stack.kv, stack.req_to_token, config.max_pages)
 
 
 def slot_of(setup: Setup, req: int, pos: int) -> int:

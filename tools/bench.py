@@ -19,8 +19,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
-from graphrt.models import TinyLlama, preset
+from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
+from graphrt.models.stack import build_stack
 from graphrt.tools.env import environment
 
 PAGE_SIZE = 16
@@ -37,19 +37,11 @@ def _slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
 
 
 def _runtime(device: torch.device, max_bs: int, context: int, backend: str | None) -> GraphRuntime:
-    cfg = preset("tiny-llama")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = TinyLlama.from_seed(cfg, 0, device, dtype)
     max_ctx = context + 64
-    pages = -(-max_ctx // PAGE_SIZE)
-    kv = PagedKVCache(
-        KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, PAGE_SIZE, max_bs * pages + 1), dtype, device
-    )
-    r2t = ReqToToken(max_bs, max_ctx, PAGE_SIZE, kv.dummy_slot, device)
     config = RuntimeConfig(
         max_batch_size=max_bs, max_context_len=max_ctx, page_size=PAGE_SIZE, backend=backend
     )
-    return GraphRuntime(model, kv, r2t, config, vocab_size=cfg.vocab_size)
+    return build_stack("tiny-llama", device, config).runtime
 
 
 def _time(fn: Callable[[], object], iters: int, device: torch.device, host_only: bool = False) -> float:
