@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.modes import MODES, ForwardMode
+from graphrt.modes import ForwardMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,12 @@ class Batch:
     out_cache_loc : [num_tokens]
         KV slot each new token is written to.
     q_lens : [bs]
-        Query tokens per request (1 for DECODE; the extend lengths for EXTEND).
+        Query tokens per request (1 for DECODE; the extend lengths for EXTEND; the accept
+        lengths for DRAFT_EXTEND).
+    tree_mask : [bs, q_len, q_len] bool, optional
+        TARGET_VERIFY with ``topk > 1``: ``tree_mask[b, i, j]`` is true when draft token
+        ``j`` is an ancestor of ``i`` or ``i`` itself. Token ``i`` sits at position
+        ``seq_len - q_len + depth(i)``; its KV still goes to ``out_cache_loc[i]``.
     """
 
     mode: ForwardMode
@@ -63,6 +68,7 @@ class Batch:
     req_pool_indices: np.ndarray
     out_cache_loc: np.ndarray
     q_lens: np.ndarray
+    tree_mask: np.ndarray | None = None
 
     @classmethod
     def create(
@@ -74,13 +80,14 @@ class Batch:
         req_pool_indices: Any,
         out_cache_loc: Any,
         q_lens: Any = None,
+        tree_mask: Any = None,
     ) -> Batch:
-        """Convert to host int64 arrays and check shapes; limits come in :meth:`check`."""
+        """Convert to host int64 arrays and check shapes; limits come in :meth:`check`.
+
+        ``q_lens`` defaults to one token per request (DECODE); other modes pass it.
+        """
         if not isinstance(mode, ForwardMode):
             raise TypeError(f"mode must be a ForwardMode, got {mode!r}")
-        spec = MODES[mode]
-        if not spec.implemented:
-            raise NotImplementedError(f"mode {mode.name} is declared but not implemented yet")
         arrays = {
             "input_ids": _host_ints("input_ids", input_ids),
             "seq_lens": _host_ints("seq_lens", seq_lens),
@@ -89,12 +96,13 @@ class Batch:
         }
         bs = arrays["seq_lens"].size
         if q_lens is None:
-            if spec.tokens_per_req is None:
-                raise ValueError(f"mode {mode.name} has ragged queries: pass q_lens")
-            q_lens = np.full(bs, spec.tokens_per_req, dtype=np.int64)
+            if mode not in (ForwardMode.DECODE, ForwardMode.IDLE):
+                raise ValueError(f"mode {mode.name} needs q_lens (query tokens per request)")
+            q_lens = np.ones(bs, dtype=np.int64)
         arrays["q_lens"] = _host_ints("q_lens", q_lens)
-        batch = cls(mode=mode, **arrays)
-        batch._check_shapes(spec.tokens_per_req)
+        mask = None if tree_mask is None else _tree_mask(tree_mask, arrays["q_lens"])
+        batch = cls(mode=mode, tree_mask=mask, **arrays)
+        batch._check_shapes()
         return batch
 
     @property
@@ -106,13 +114,21 @@ class Batch:
         return int(self.input_ids.size)
 
     @property
-    def positions(self) -> np.ndarray:
-        """Position of every query token: the last ``q_len`` positions of its sequence."""
+    def kv_positions(self) -> np.ndarray:
+        """Where each query token's KV slot sits in its request: the last ``q_len`` positions."""
         starts = np.repeat(self.seq_lens - self.q_lens, self.q_lens)
         offsets = np.arange(self.num_tokens) - np.repeat(np.cumsum(self.q_lens) - self.q_lens, self.q_lens)
         return starts + offsets
 
-    def _check_shapes(self, tokens_per_req: int | None) -> None:
+    @property
+    def positions(self) -> np.ndarray:
+        """RoPE position of every query token (``kv_positions``, or prefix + depth in a tree)."""
+        if self.tree_mask is None:
+            return self.kv_positions
+        depth = self.tree_mask.sum(axis=2).reshape(-1) - 1
+        return np.repeat(self.seq_lens - self.q_lens, self.q_lens) + depth
+
+    def _check_shapes(self) -> None:
         bs, n = self.bs, self.num_tokens
         for name in ("req_pool_indices", "q_lens"):
             if getattr(self, name).size != bs:
@@ -123,8 +139,8 @@ class Batch:
             raise ValueError(f"sum(q_lens) = {int(self.q_lens.sum())} but there are {n} input_ids")
         if bs and int(self.q_lens.min()) < 1:
             raise ValueError(f"every request needs >= 1 query token, got q_lens min {self.q_lens.min()}")
-        if tokens_per_req is not None and bs and (self.q_lens != tokens_per_req).any():
-            raise ValueError(f"mode {self.mode.name} takes {tokens_per_req} token(s) per request")
+        if self.mode is ForwardMode.IDLE and bs:
+            raise ValueError(f"an IDLE step has no requests, got bs {bs}")
 
     def check(self, limits: Limits) -> None:
         """Raise ``ValueError`` naming the value and the limit; writes nothing."""
@@ -156,7 +172,7 @@ class Batch:
         ps = limits.page_size
         pages = self.out_cache_loc // ps
         _in_range("out_cache_loc page", pages, 0, limits.num_live_slots // ps, what="page id")
-        positions = self.positions
+        positions = self.kv_positions
         off = self.out_cache_loc % ps != positions % ps
         if off.any():
             i = int(np.argmax(off))
@@ -171,3 +187,21 @@ def _in_range(name: str, arr: np.ndarray, lo: int, hi: int, what: str = "value")
     if bad.any():
         value = int(arr[bad][0])
         raise ValueError(f"{what} out of range in {name}: {value} not in [{lo}, {hi})")
+
+
+def _tree_mask(value: Any, q_lens: np.ndarray) -> np.ndarray:
+    """A ``[bs, n, n]`` bool ancestor-or-self mask whose rows form a tree rooted at token 0."""
+    mask = np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"Batch.tree_mask must be bool, got dtype {mask.dtype}")
+    n = int(q_lens[0]) if q_lens.size else 0
+    if mask.shape != (q_lens.size, n, n) or (q_lens != n).any():
+        raise ValueError(
+            f"Batch.tree_mask must be [bs, q_len, q_len] = {(q_lens.size, n, n)}, got {mask.shape}"
+        )
+    eye = np.eye(n, dtype=bool)
+    if not (mask[:, eye]).all() or (mask & ~np.tril(np.ones((n, n), dtype=bool))).any():
+        raise ValueError("Batch.tree_mask must hold each token itself and only earlier tokens (ancestors)")
+    if n and not mask[:, :, 0].all():
+        raise ValueError("Batch.tree_mask: every token must descend from token 0 (the root)")
+    return mask

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphrt.modes import MODES, ForwardMode
+from graphrt.modes import MODES, ForwardMode, SpecGeometry, capacity_per_req
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +37,8 @@ class RuntimeConfig:
         Raise instead of falling back to eager when no graph fits.
     record_kernels : bool
         Keep each CUDA graph's debug dump to list its kernels.
+    speculative : SpecGeometry, optional
+        Draft/verify geometry; required to capture TARGET_VERIFY, DRAFT_DECODE, DRAFT_EXTEND.
     """
 
     max_batch_size: int = 32
@@ -50,15 +52,21 @@ class RuntimeConfig:
     debug: bool = False
     strict: bool = False
     record_kernels: bool = True
+    speculative: SpecGeometry | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context_len", "page_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for mode in self.capture_modes:
-            spec = MODES[mode]
-            if not (spec.graphed and spec.implemented):
-                raise ValueError(f"mode {mode.name} cannot be captured (yet)")
+            if not MODES[mode].graphed:
+                raise ValueError(f"mode {mode.name} is eager-only and cannot be captured")
+            capacity_per_req(mode, self.speculative)  # raises when the geometry is missing
+
+    @property
+    def max_tokens_per_req(self) -> int:
+        """Token rows per request the static buffers hold (the widest captured mode)."""
+        return max((capacity_per_req(m, self.speculative) for m in self.capture_modes), default=1)
 
     @property
     def max_pages(self) -> int:

@@ -15,12 +15,10 @@ import numpy as np
 import torch
 
 from graphrt.batch import Batch
-from graphrt.buffers import BufferSpec, PadRule
+from graphrt.buffers import BufferSpec, Dims, PadRule
 from graphrt.kv_cache import ReqToToken
 from graphrt.modes import ForwardMode
 
-#: Padded rows are dummy requests of one token at position 0 in the dummy request row.
-PAD_SEQ_LEN = 1
 
 STEP_SPECS = (
     BufferSpec("input_ids", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
@@ -28,7 +26,7 @@ STEP_SPECS = (
     BufferSpec("out_cache_loc", ("max_tokens",), torch.int64, PadRule("const", "dummy_slot"), host=True),
     BufferSpec("req_id_per_token", ("max_tokens",), torch.int64, PadRule("free"), host=True),
     BufferSpec("req_pool_indices", ("max_bs",), torch.int64, PadRule("const", "dummy_req"), host=True),
-    BufferSpec("cache_seqlens", ("max_bs",), torch.int32, PadRule("const", PAD_SEQ_LEN), host=True),
+    BufferSpec("cache_seqlens", ("max_bs",), torch.int32, PadRule("const", "pad_seq_len"), host=True),
     BufferSpec("cu_seqlens_q", ("max_bs+1",), torch.int32, PadRule("step", "pad_q_len"), host=True),
     BufferSpec("page_table", ("max_bs", "max_pages"), torch.int32, PadRule("const", "dummy_page")),
 )
@@ -68,58 +66,67 @@ class StepMetadata:
 
 
 def write_host(
-    batch: Batch, host: dict[str, np.ndarray], rows: int, pad_q_len: int, pad: dict[str, int]
+    batch: Batch, host: dict[str, np.ndarray], rows: int, tokens: int, pad: dict[str, int]
 ) -> None:
-    """Write ``batch`` into host arrays sized for ``rows`` requests; rows ``bs..rows`` are pads.
+    """Write ``batch`` into host arrays holding ``rows`` requests and ``tokens`` token rows.
 
-    Every element of ``[:rows]`` (and ``[:rows * pad_q_len]`` tokens) is written, so nothing
-    from an earlier, larger batch survives.
+    Rows ``bs..rows`` are pad requests of ``pad["pad_q_len"]`` tokens each, with
+    ``seq_len = pad_q_len`` (never shorter than their queries). Token rows past the pad
+    requests (the ragged tail of a DRAFT_EXTEND graph) belong to no request: they lie past
+    ``cu_seqlens_q[rows]``, write the dummy slot and are masked out of ``req_to_token``.
+    Every element of ``[:rows]`` and ``[:tokens]`` is written, so nothing stale survives.
     """
-    bs, n = batch.bs, batch.num_tokens
-    tokens = n + (rows - bs) * pad_q_len
-    pad_tokens = slice(n, tokens)
+    bs, n, pad_q = batch.bs, batch.num_tokens, pad["pad_q_len"]
+    padded = n + (rows - bs) * pad_q
+    assert padded <= tokens, f"{padded} token rows do not fit in {tokens}"
     host["input_ids"][:n] = batch.input_ids
-    host["input_ids"][pad_tokens] = 0
+    host["input_ids"][n:tokens] = 0
     host["positions"][:n] = batch.positions
-    host["positions"][pad_tokens] = 0
+    host["positions"][n:tokens] = 0
     host["out_cache_loc"][:n] = batch.out_cache_loc
-    host["out_cache_loc"][pad_tokens] = pad["dummy_slot"]
-    host["req_id_per_token"][:n] = np.repeat(np.arange(bs), batch.q_lens)
-    host["req_id_per_token"][pad_tokens] = np.repeat(np.arange(bs, rows), pad_q_len)
+    host["out_cache_loc"][n:tokens] = pad["dummy_slot"]
+    req_id = host["req_id_per_token"]
+    req_id[:n] = np.repeat(np.arange(bs), batch.q_lens)
+    req_id[n:padded] = np.repeat(np.arange(bs, rows), pad_q)
+    req_id[padded:tokens] = max(rows - 1, 0)
     host["req_pool_indices"][:bs] = batch.req_pool_indices
     host["req_pool_indices"][bs:rows] = pad["dummy_req"]
     host["cache_seqlens"][:bs] = batch.seq_lens
-    host["cache_seqlens"][bs:rows] = PAD_SEQ_LEN
+    host["cache_seqlens"][bs:rows] = pad["pad_seq_len"]
     cu = host["cu_seqlens_q"]
     cu[0] = 0
     np.cumsum(batch.q_lens, out=cu[1 : bs + 1])
-    cu[bs + 1 : rows + 1] = n + pad_q_len * np.arange(1, rows - bs + 1)
+    cu[bs + 1 : rows + 1] = n + pad_q * np.arange(1, rows - bs + 1)
 
 
 def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
     """Device half of the update: record this step's slots, then gather the page table.
 
-    Runs inside the captured region on the graph path: in-place, no allocation that
-    outlives the step, no host sync.
+    Token ``t`` of row ``r`` has its KV at position ``cache_seqlens[r] - cu_seqlens_q[r + 1]
+    + t`` of request ``req_pool_indices[r]``. Tokens past ``cu_seqlens_q[-1]`` (a ragged
+    tail) are routed to the dummy request. Runs inside the captured region on the graph
+    path: in-place, no allocation that outlives the step, no host sync.
     """
-    rows = buffers.req_pool_indices[buffers.req_id_per_token]
-    req_to_token.table.index_put_((rows, buffers.positions), buffers.out_cache_loc.to(torch.int32))
+    req = buffers.req_id_per_token
+    token = torch.arange(req.shape[0], device=req.device)
+    cu = buffers.cu_seqlens_q.long()
+    valid = token < cu[-1]
+    kv_pos = torch.where(valid, buffers.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
+    rows = torch.where(valid, buffers.req_pool_indices[req], req_to_token.dummy_req)
+    req_to_token.table.index_put_((rows, kv_pos), buffers.out_cache_loc.to(torch.int32))
     starts = req_to_token.table[buffers.req_pool_indices[:, None], req_to_token.page_starts[None, :]]
     torch.div(starts, page_size, rounding_mode="floor", out=buffers.page_table)
 
 
-def fresh_buffers(batch: Batch, max_pages: int, pad: dict[str, int], device: torch.device) -> StepBuffers:
-    """Exact-size metadata for the eager path (no padded rows)."""
-    sizes = {"max_tokens": batch.num_tokens, "max_bs": batch.bs}
-    host: dict[str, np.ndarray] = {}
-    for spec in STEP_SPECS:
-        if spec.host:
-            first = spec.shape[0]
-            assert isinstance(first, str)
-            name, _, extra = first.partition("+")
-            host[spec.name] = np.empty(sizes[name] + int(extra or 0), dtype=np.int64)
-    write_host(batch, host, batch.bs, 1, pad)
+def fresh_buffers(
+    batch: Batch, rows: int, max_pages: int, pad: dict[str, int], device: torch.device
+) -> StepBuffers:
+    """Exact-size metadata for the eager path: ``rows`` requests (``bs``, or 1 for IDLE)."""
+    tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
+    dims = Dims(rows, tokens, max_pages, 0)
+    host = {s.name: np.empty(s.size(dims), dtype=np.int64) for s in STEP_SPECS if s.host}
+    write_host(batch, host, rows, tokens, pad)
     dtypes = {s.name: s.dtype for s in STEP_SPECS}
     tensors = {k: torch.from_numpy(v).to(device=device, dtype=dtypes[k]) for k, v in host.items()}
-    page_table = torch.empty(batch.bs, max_pages, dtype=torch.int32, device=device)
+    page_table = torch.empty(rows, max_pages, dtype=torch.int32, device=device)
     return StepBuffers(page_table=page_table, **tensors)

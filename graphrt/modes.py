@@ -1,7 +1,8 @@
-"""Forward modes and what each one is: query tokens per request, graphed or eager-only."""
+"""Forward modes, speculative geometry, and what each mode is: tokens per request, graphed or not."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -16,19 +17,85 @@ class ForwardMode(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class SpecGeometry:
+    """EAGLE-style speculative geometry (DESIGN vocabulary).
+
+    Parameters
+    ----------
+    num_steps : int
+        Draft tokens per branch. DRAFT_EXTEND yields the first, so DRAFT_DECODE runs
+        ``num_steps - 1`` forward steps.
+    topk : int
+        Branches per request: 1 is a chain; ``> 1`` a tree (root plus ``topk`` chains).
+    num_draft_tokens : int
+        Query tokens per request in TARGET_VERIFY (the root plus the drafts kept). Default:
+        every draft, ``1 + topk * num_steps``.
+    """
+
+    num_steps: int
+    topk: int = 1
+    num_draft_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1 or self.topk < 1:
+            raise ValueError(f"num_steps and topk must be >= 1, got {self.num_steps}, {self.topk}")
+        full = 1 + self.topk * self.num_steps
+        if self.num_draft_tokens == 0:
+            object.__setattr__(self, "num_draft_tokens", full)
+        if not 2 <= self.num_draft_tokens <= full:
+            raise ValueError(
+                f"num_draft_tokens {self.num_draft_tokens} must lie in [2, 1 + topk * num_steps = {full}]"
+            )
+        if self.topk == 1 and self.num_draft_tokens != full:
+            raise ValueError(f"topk 1 is a chain: num_draft_tokens must be num_steps + 1 = {full}")
+
+    @property
+    def draft_forwards(self) -> int:
+        """Forward steps inside one DRAFT_DECODE graph."""
+        return self.num_steps - 1
+
+
+Tokens = Callable[[SpecGeometry | None], int]
+
+
+def _spec(field: str) -> Tokens:
+    def tokens(spec: SpecGeometry | None) -> int:
+        if spec is None:
+            raise ValueError(f"this mode needs speculative geometry (RuntimeConfig.speculative) for {field}")
+        return getattr(spec, field)
+
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
 class ModeSpec:
-    """``tokens_per_req`` is fixed for uniform modes (None: ragged, eager only)."""
+    """One row of the mode table.
+
+    ``tokens`` gives the query tokens per request from the geometry: exact for uniform
+    modes, the maximum for ``ragged`` ones. ``None``: any length (EXTEND, eager only).
+    """
 
     graphed: bool
-    implemented: bool
-    tokens_per_req: int | None
+    ragged: bool
+    tokens: Tokens | None
 
 
 MODES: dict[ForwardMode, ModeSpec] = {
-    ForwardMode.DECODE: ModeSpec(graphed=True, implemented=True, tokens_per_req=1),
-    ForwardMode.EXTEND: ModeSpec(graphed=False, implemented=True, tokens_per_req=None),
-    ForwardMode.TARGET_VERIFY: ModeSpec(graphed=True, implemented=False, tokens_per_req=None),
-    ForwardMode.DRAFT_DECODE: ModeSpec(graphed=True, implemented=False, tokens_per_req=None),
-    ForwardMode.DRAFT_EXTEND: ModeSpec(graphed=True, implemented=False, tokens_per_req=None),
-    ForwardMode.IDLE: ModeSpec(graphed=True, implemented=False, tokens_per_req=0),
+    ForwardMode.DECODE: ModeSpec(graphed=True, ragged=False, tokens=lambda _: 1),
+    ForwardMode.TARGET_VERIFY: ModeSpec(graphed=True, ragged=False, tokens=_spec("num_draft_tokens")),
+    ForwardMode.DRAFT_DECODE: ModeSpec(graphed=True, ragged=False, tokens=_spec("topk")),
+    ForwardMode.DRAFT_EXTEND: ModeSpec(graphed=True, ragged=True, tokens=_spec("num_draft_tokens")),
+    ForwardMode.IDLE: ModeSpec(graphed=True, ragged=False, tokens=lambda _: 0),
+    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None),
 }
+
+
+def tokens_per_req(mode: ForwardMode, spec: SpecGeometry | None) -> int | None:
+    """Query tokens per request of ``mode`` (max for ragged modes; None: unbounded)."""
+    tokens = MODES[mode].tokens
+    return None if tokens is None else tokens(spec)
+
+
+def capacity_per_req(mode: ForwardMode, spec: SpecGeometry | None) -> int:
+    """Token rows per request a graph of ``mode`` holds (>= 1: IDLE still has pad rows)."""
+    return max(tokens_per_req(mode, spec) or 1, 1)

@@ -33,7 +33,7 @@ from graphrt.metadata import (
     fresh_buffers,
     write_host,
 )
-from graphrt.modes import MODES, ForwardMode
+from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
 from graphrt.progress import capture_progress
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
@@ -121,8 +121,7 @@ class GraphRuntime:
         self.engine = make_engine(config.engine, self.device, config.record_kernels)
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         max_bs = self.dispatcher.policy.largest
-        tpr = max((MODES[m].tokens_per_req or 1 for m in config.capture_modes), default=1)
-        dims = Dims(max_bs, max_bs * tpr, config.max_pages, config.max_context_len)
+        dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
         self.buffers = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, self.device)
         self.limits = Limits(
             req_to_token.max_reqs,
@@ -134,14 +133,36 @@ class GraphRuntime:
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
 
+    def capacity(self, mode: ForwardMode) -> int:
+        """Token rows per request in a graph of ``mode`` (the view's tokens-per-request)."""
+        return capacity_per_req(mode, self.config.speculative)
+
     def pad_values(self, mode: ForwardMode) -> dict[str, int]:
-        """Values padded rows hold (DESIGN rule 3), by the names the pad rules use."""
+        """Values padded rows hold (DESIGN rule 3), by the names the pad rules use.
+
+        Pad requests of uniform modes carry the mode's query length; those of ragged modes
+        one token. Their ``seq_len`` equals their query length, so no position is negative.
+        """
+        pad_q = 1 if MODES[mode].ragged else self.capacity(mode)
         return {
             "dummy_slot": self.kv.dummy_slot,
             "dummy_page": self.kv.dummy_page,
             "dummy_req": self.req_to_token.dummy_req,
-            "pad_q_len": MODES[mode].tokens_per_req or 1,
+            "pad_q_len": pad_q,
+            "pad_seq_len": pad_q,
         }
+
+    def check_geometry(self, batch: Batch) -> None:
+        """Raise ``ValueError`` when the batch's query lengths do not fit its mode."""
+        want = tokens_per_req(batch.mode, self.config.speculative) if MODES[batch.mode].graphed else None
+        if want is None or not batch.bs:
+            return
+        q = batch.q_lens
+        if MODES[batch.mode].ragged and (q.max() > want):
+            raise ValueError(f"{batch.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
+        if not MODES[batch.mode].ragged and (q != want).any():
+            bad = int(q[q != want][0])
+            raise ValueError(f"{batch.mode.name} takes {want} token(s) per request, got q_len {bad}")
 
     # ---- capture -------------------------------------------------------------------------
     def capture(self, show_progress: bool = False) -> CaptureReport:
@@ -162,7 +183,7 @@ class GraphRuntime:
         )
 
     def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
-        tpr = MODES[mode].tokens_per_req or 1
+        tpr = self.capacity(mode)
         view = self.buffers.view(bucket, tpr)
         meta = StepMetadata(mode, view, max_seqlen_q=tpr, page_size=self.config.page_size)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
@@ -186,6 +207,7 @@ class GraphRuntime:
         with its reason) when none fits. Invalid batches raise before anything is written.
         """
         batch.check(self.limits)
+        self.check_geometry(batch)
         if eager or not MODES[batch.mode].graphed:
             return self._eager(batch)
         chosen = self.dispatcher.select(batch.mode, batch.bs)
@@ -195,7 +217,7 @@ class GraphRuntime:
             self.dispatcher.count_fallback(chosen)
             return self._eager(batch)
         bucket, graph = chosen
-        tpr = MODES[batch.mode].tokens_per_req or 1
+        tpr = self.capacity(batch.mode)
         _check_host_scalars(batch, graph.info.host_scalars)
         self._write(batch, bucket, tpr)
         with torch.no_grad():
@@ -209,20 +231,24 @@ class GraphRuntime:
         self.buffers.wait_host_free()
         if self.config.debug:
             self.buffers.poison()
-        write_host(batch, self.buffers.host_full, bucket, tpr, self.pad_values(batch.mode))
+        write_host(batch, self.buffers.host_full, bucket, bucket * tpr, self.pad_values(batch.mode))
         self.buffers.upload()
 
     def _eager(self, batch: Batch) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
         pad = self.pad_values(batch.mode)
-        buffers = fresh_buffers(batch, self.config.max_pages, pad, self.device)
-        max_q = int(batch.q_lens.max()) if batch.bs else 1
+        # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
+        # with collectives or side effects sees the same call shape either way.
+        rows = max(batch.bs, 1)
+        buffers = fresh_buffers(batch, rows, self.config.max_pages, pad, self.device)
+        max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         meta = StepMetadata(batch.mode, buffers, max_seqlen_q=max_q, page_size=self.config.page_size)
         with torch.no_grad():
             derive(buffers, self.req_to_token, self.config.page_size)
-            return self.forward(
+            out = self.forward(
                 buffers.input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend)
             )
+        return out[: batch.num_tokens]
 
     def _check_poison(self, bucket: int, tpr: int) -> None:
         left = self.buffers.poisoned(bucket, tpr)

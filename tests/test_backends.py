@@ -69,8 +69,13 @@ def _case(
         out_cache_loc=np.concatenate([s[n - q : n] for s, n, q in zip(slots, seq_lens, q_lens, strict=True)]),
         q_lens=q_lens,
     )
-    pad = {"dummy_slot": (num_pages - 1) * page_size, "dummy_req": len(seq_lens)}
-    buffers = fresh_buffers(batch, max_pages, pad, device)
+    pad = {
+        "dummy_slot": (num_pages - 1) * page_size,
+        "dummy_req": len(seq_lens),
+        "pad_q_len": 1,
+        "pad_seq_len": 1,
+    }
+    buffers = fresh_buffers(batch, batch.bs, max_pages, pad, device)
     derive(buffers, r2t, page_size)
     meta = StepMetadata(mode, buffers, max_seqlen_q=max(q_lens), page_size=page_size)
     q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen).to(device, dtype)

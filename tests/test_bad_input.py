@@ -197,15 +197,14 @@ def test_valid_base_batch_runs(setup: Setup) -> None:
     setup.runtime.run(Batch.create(ForwardMode.DECODE, **ok))
 
 
-def test_mode_not_implemented() -> None:
-    with pytest.raises(NotImplementedError, match=r"mode TARGET_VERIFY is declared but not implemented"):
+def test_verify_needs_q_lens() -> None:
+    with pytest.raises(ValueError, match=r"mode TARGET_VERIFY needs q_lens"):
         Batch.create(
             ForwardMode.TARGET_VERIFY,
             input_ids=[1, 2],
             seq_lens=[2],
             req_pool_indices=[0],
             out_cache_loc=[0, 1],
-            q_lens=[2],
         )
 
 
@@ -214,9 +213,16 @@ def test_mode_must_be_a_forward_mode() -> None:
         Batch.create("decode", input_ids=[1], seq_lens=[1], req_pool_indices=[0], out_cache_loc=[0])  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY])
-def test_config_rejects_uncapturable_mode(mode: ForwardMode) -> None:
-    with pytest.raises(ValueError, match=rf"mode {mode.name} cannot be captured"):
+def test_config_rejects_eager_only_mode() -> None:
+    with pytest.raises(ValueError, match=r"mode EXTEND is eager-only and cannot be captured"):
+        RuntimeConfig(capture_modes=(ForwardMode.EXTEND,))
+
+
+@pytest.mark.parametrize(
+    "mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_DECODE, ForwardMode.DRAFT_EXTEND]
+)
+def test_config_speculative_mode_needs_geometry(mode: ForwardMode) -> None:
+    with pytest.raises(ValueError, match=r"needs speculative geometry"):
         RuntimeConfig(capture_modes=(mode,))
 
 

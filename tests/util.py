@@ -10,6 +10,7 @@ import torch
 
 from graphrt import Batch, ForwardMode, GraphRuntime, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.attention import available_backends
+from graphrt.modes import SpecGeometry
 from graphrt.models import TinyLlama
 from graphrt.models.stack import build_stack
 
@@ -46,6 +47,8 @@ def build_runtime(
     max_reqs: int | None = None,
     model: str = "tiny-llama",
     seed: int = 0,
+    modes: Sequence[ForwardMode] = (ForwardMode.DECODE,),
+    speculative: SpecGeometry | None = None,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -53,7 +56,8 @@ def build_runtime(
         max_context_len=max_context_len,
         page_size=page_size,
         buckets=tuple(buckets) if buckets else None,
-        capture_modes=(ForwardMode.DECODE,) if capture else (),
+        capture_modes=tuple(modes) if capture else (),
+        speculative=speculative,
         backend=backend,
         debug=debug,
         strict=strict,
@@ -96,4 +100,27 @@ def decode_batch(
         seq_lens=list(seq_lens),
         req_pool_indices=list(reqs),
         out_cache_loc=[slot_of(setup, r, n - 1) for r, n in zip(reqs, seq_lens, strict=True)],
+    )
+
+
+def spec_batch(
+    setup: Setup,
+    mode: ForwardMode,
+    reqs: Sequence[int],
+    seq_lens: Sequence[int],
+    q_lens: Sequence[int],
+    rng: np.random.Generator,
+) -> Batch:
+    """A batch of ``mode`` whose request ``reqs[i]`` writes its last ``q_lens[i]`` positions."""
+    return Batch.create(
+        mode,
+        input_ids=rng.integers(0, setup.model.vocab_size, int(sum(q_lens))),
+        seq_lens=list(seq_lens),
+        req_pool_indices=list(reqs),
+        out_cache_loc=[
+            slot_of(setup, r, p)
+            for r, n, q in zip(reqs, seq_lens, q_lens, strict=True)
+            for p in range(n - q, n)
+        ],
+        q_lens=list(q_lens),
     )
