@@ -19,7 +19,6 @@ from graphrt.buffers import BufferSpec, Dims, PadRule
 from graphrt.kv_cache import ReqToToken
 from graphrt.modes import ForwardMode
 
-
 STEP_SPECS = (
     BufferSpec("input_ids", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
     BufferSpec("positions", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
