@@ -35,6 +35,7 @@ from graphrt.metadata import (
 )
 from graphrt.modes import MODES, ForwardMode
 from graphrt.progress import capture_progress
+from graphrt.telemetry import Telemetry
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
 
@@ -133,6 +134,7 @@ class GraphRuntime:
         )
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
+        self.telemetry = Telemetry()
 
     def pad_values(self, mode: ForwardMode) -> dict[str, int]:
         """Values padded rows hold (DESIGN rule 3), by the names the pad rules use."""
@@ -193,13 +195,17 @@ class GraphRuntime:
             if self.config.strict:
                 raise GraphFallbackError(chosen.reason)
             self.dispatcher.count_fallback(chosen)
+            self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
             return self._eager(batch)
         bucket, graph = chosen
         tpr = MODES[batch.mode].tokens_per_req or 1
         _check_host_scalars(batch, graph.info.host_scalars)
+        start = time.perf_counter()
         self._write(batch, bucket, tpr)
+        updated = time.perf_counter()
         with torch.no_grad():
             graph.replay()
+        self.telemetry.replayed(batch.mode.name, batch.bs, bucket, start, updated, self.device)
         if self.config.debug:
             self._check_poison(bucket, tpr)
         self.dispatcher.count_replay(batch.mode)
@@ -228,6 +234,12 @@ class GraphRuntime:
         left = self.buffers.poisoned(bucket, tpr)
         if left:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+
+    def snapshot(self, path: str, **facts: Any) -> Any:
+        """Write a debug snapshot (JSON + ``.npz``); see :func:`graphrt.snapshot.take_snapshot`."""
+        from graphrt.snapshot import take_snapshot
+
+        return take_snapshot(self, path, **facts)
 
     def stats(self) -> RuntimeStats:
         fallbacks: dict[str, dict[str, int]] = {}
