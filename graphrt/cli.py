@@ -44,8 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_inspect(args)
     if args.command == "debug":  # NOTE: the only command that imports Textual
-        from graphrt.tools.tui.app import run_debug
-
+        try:
+            from graphrt.tools.tui.app import run_debug
+        except ImportError as err:
+            parser.exit(
+                2, f"graphrt debug needs Textual ({err}); pip install 'textual>=0.80' or use inspect\n"
+            )
         return run_debug(args)
     from graphrt.tools.bench import run_bench
 
