@@ -27,6 +27,7 @@ from graphrt.kv_cache import PagedKVCache, ReqToToken
 from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
 from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.progress import capture_progress
+from graphrt.telemetry import Telemetry
 
 
 class GraphFallbackError(RuntimeError):
@@ -124,6 +125,7 @@ class GraphRuntime:
         )
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
+        self.telemetry = Telemetry()
 
     def capacity(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's tokens-per-request)."""
@@ -229,13 +231,17 @@ class GraphRuntime:
             if self.config.strict:
                 raise GraphFallbackError(chosen.reason)
             self.dispatcher.count_fallback(chosen)
+            self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
             return self._eager(batch)
         bucket, graph = chosen
         tpr = self.capacity(batch.mode)
         _check_host_scalars(batch, graph.info.host_scalars)
+        start = time.perf_counter()
         self._write(batch, bucket, tpr)
+        updated = time.perf_counter()
         with torch.no_grad():
             graph.replay()
+        self.telemetry.replayed(batch.mode.name, batch.bs, bucket, start, updated, self.device)
         if self.config.debug:
             self._check_poison(batch.mode, bucket, tpr)
         self.dispatcher.count_replay(batch.mode)
@@ -266,6 +272,12 @@ class GraphRuntime:
         left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, tpr)]
         if left:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+
+    def snapshot(self, path: str, **facts: Any) -> Any:
+        """Write a debug snapshot (JSON + ``.npz``); see :func:`graphrt.snapshot.take_snapshot`."""
+        from graphrt.snapshot import take_snapshot
+
+        return take_snapshot(self, path, **facts)
 
     def stats(self) -> RuntimeStats:
         fallbacks: dict[str, dict[str, int]] = {}
