@@ -96,6 +96,8 @@ class SpecRunner:
 
     def start(self, reqs: Sequence[Any], eager: bool) -> None:
         """After the target's prefill: the draft reads prompt + first token, guesses the next."""
+        if not reqs:
+            return
         lens = [len(r.prompt) + len(r.output) for r in reqs]
         tokens = [[*r.prompt, *r.output] for r in reqs]
         batch = Batch.create(
