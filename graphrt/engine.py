@@ -60,6 +60,8 @@ class Engine:
         Capture and replay graphs; ``False`` runs every step eagerly.
     max_batch_size, page_size, max_context_len : int
         Running requests, KV page size, longest sequence (prompt + new tokens).
+    kv_cache_dtype : str, optional
+        DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Engine:
         buckets: Sequence[int] | None = None,
         record_logits: bool = False,
         show_progress: bool = False,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         config = RuntimeConfig(
@@ -86,7 +89,7 @@ class Engine:
             capture_modes=(ForwardMode.DECODE,) if use_graphs else (),
             backend=backend,
         )
-        stack = build_stack(model, self.device, config, seed=seed)
+        stack = build_stack(model, self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype)
         self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.capture_report: CaptureReport | None = (

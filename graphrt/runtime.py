@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.attention import select_backend
 from graphrt.batch import Batch, Limits
 from graphrt.buffers import Dims, MemoryReport, StaticBuffers
 from graphrt.capture import (
@@ -24,6 +23,7 @@ from graphrt.capture import (
 )
 from graphrt.config import RuntimeConfig
 from graphrt.context import ForwardContext
+from graphrt.kinds import attention_kind
 from graphrt.kv_cache import PagedKVCache, ReqToToken
 from graphrt.metadata import (
     STEP_SPECS,
@@ -117,12 +117,14 @@ class GraphRuntime:
             raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
         self.forward, self.kv, self.req_to_token, self.config = forward, kv, req_to_token, config
         self.device = kv.device
-        self.backend = select_backend(config.backend, self.device)
+        self.kind = attention_kind(kv)
+        self.backend = self.kind.select_backend(config.backend, self.device)
         self.engine = make_engine(config.engine, self.device, config.record_kernels)
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
         self.buffers = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, self.device)
+        self.extra = self.kind.static_buffers(dims, self.device)  # the kind's family, if any
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -190,9 +192,11 @@ class GraphRuntime:
         # dummy slot, and no real request's KV is touched by warm-up or capture.
         self._write(_empty_batch(mode), bucket, tpr)
 
+        extra = self.extra.view(bucket, tpr) if self.extra is not None else None
+
         def step() -> torch.Tensor:
             derive(view, self.req_to_token, self.config.page_size)
-            return self.forward(view.input_ids, view.positions, ForwardContext(meta, self.kv, self.backend))
+            return self.forward(view.input_ids, view.positions, self._context(meta, extra))
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
         graph.info.host_scalars = meta.host_scalars() | self.backend.host_scalars()
@@ -243,12 +247,14 @@ class GraphRuntime:
         buffers = fresh_buffers(batch, rows, self.config.max_pages, pad, self.device)
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         meta = StepMetadata(batch.mode, buffers, max_seqlen_q=max_q, page_size=self.config.page_size)
+        extra = self.kind.fresh_buffers(rows, buffers.input_ids.shape[0], self.device)
         with torch.no_grad():
             derive(buffers, self.req_to_token, self.config.page_size)
-            out = self.forward(
-                buffers.input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend)
-            )
+            out = self.forward(buffers.input_ids, buffers.positions, self._context(meta, extra))
         return out[: batch.num_tokens]
+
+    def _context(self, meta: StepMetadata, extra: Any) -> ForwardContext:
+        return self.kind.context(meta, self.kv, self.backend, self.req_to_token, extra)
 
     def _check_poison(self, bucket: int, tpr: int) -> None:
         left = self.buffers.poisoned(bucket, tpr)
