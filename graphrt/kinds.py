@@ -70,7 +70,7 @@ class SparseMLAKind:
 
     def select_backend(self, name: str | None, device: torch.device) -> Any:
         backend = select_sparse_backend(name, device, self.kv.layout, self.kv.shape.num_heads)
-        self.specs = sparse_specs(self.kv.index_topk, backend.padded_heads)
+        self.specs = sparse_specs(self.kv.index_topk, backend.padded_heads, backend.slot_multiple)
         return backend
 
     def static_buffers(self, dims: Dims, device: torch.device) -> StaticBuffers:

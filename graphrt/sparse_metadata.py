@@ -23,16 +23,20 @@ MAX_SM_PARTS = 256
 SCHED_WIDTH = 8
 
 
-def sparse_specs(index_topk: int, padded_heads: int) -> tuple[BufferSpec, ...]:
+def sparse_specs(index_topk: int, padded_heads: int, slot_multiple: int = 1) -> tuple[BufferSpec, ...]:
     """Specs for ``index_topk`` keys per query token.
+
+    ``topk_slots`` is ``index_topk`` rounded up to ``slot_multiple`` wide (FlashMLA's SM90
+    sparse prefill kernel needs a multiple of 128); the extra columns always hold −1.
 
     ``padded_heads`` is the FlashMLA head count (64 or 128); 0 (the torch reference) sizes
     the FlashMLA scratch and schedule buffers to zero bytes.
     """
     sched_rows = MAX_SM_PARTS if padded_heads else 0
+    width = -(-index_topk // slot_multiple) * slot_multiple
     return (
         BufferSpec("topk_indices", ("max_tokens", index_topk), torch.int32, PadRule("free")),
-        BufferSpec("topk_slots", ("max_tokens", index_topk), torch.int32, PadRule("free")),
+        BufferSpec("topk_slots", ("max_tokens", width), torch.int32, PadRule("free")),
         BufferSpec("q_pad", ("max_tokens", padded_heads, QK_DIM), torch.bfloat16, PadRule("free")),
         BufferSpec("sched_meta", (sched_rows, SCHED_WIDTH), torch.int32, PadRule("free")),
         BufferSpec("num_splits", ("max_bs+1",), torch.int32, PadRule("free")),
@@ -44,8 +48,8 @@ class SparseBuffers:
     """Sparse-MLA tensors of one step (bucket views, or fresh on the eager path).
 
     ``topk_indices [num_tokens, index_topk]`` int32: positions in the token's request chosen
-    by the indexer, −1 where fewer keys exist. ``topk_slots``: the same as global KV slots
-    (−1 stays −1). FlashMLA only: ``q_pad [num_tokens, padded_heads, 576]`` bfloat16,
+    by the indexer, −1 where fewer keys exist. ``topk_slots [num_tokens, >= index_topk]``: the
+    same as global KV slots (−1 stays −1; columns past ``index_topk`` are −1). FlashMLA only: ``q_pad [num_tokens, padded_heads, 576]`` bfloat16,
     ``sched_meta [MAX_SM_PARTS, 8]`` and ``num_splits [bs + 1]`` int32.
     """
 
@@ -100,4 +104,6 @@ def select_topk(
     out.topk_indices.copy_(index)
     rows = torch.where(rows < 0, table.dummy_req, rows)
     slots = table.table[rows[:, None], index.clamp(0, table.max_context_len - 1)]
-    out.topk_slots.copy_(torch.where(index < 0, -1, slots))
+    out.topk_slots[:, :k].copy_(torch.where(index < 0, -1, slots))
+    if out.topk_slots.shape[1] > k:
+        out.topk_slots[:, k:].fill_(-1)

@@ -26,7 +26,8 @@ from graphrt.modes import MODES
 from graphrt.sparse_metadata import SparseBuffers
 
 HEAD_CHOICES = (64, 128)
-TOPK_MULTIPLE = 64
+# NOTE: SM90 sparse prefill asserts topk % 128 == 0 (2 x B_TOPK); sparse decode needs 64.
+TOPK_MULTIPLE = 128
 
 
 def flashmla_available(device: torch.device, layout: str) -> bool:
@@ -56,6 +57,8 @@ class FP8Plan:
 
 class FlashMLABackend:
     """FlashMLA sparse attention; ``padded_heads`` defaults to 64 (or 128 above 64 heads)."""
+
+    slot_multiple = TOPK_MULTIPLE
 
     def __init__(self, num_heads: int, layout: str, *, padded_heads: int | None = None, api: str = "static"):
         from sgl_kernel import flash_mla
@@ -110,7 +113,7 @@ class FlashMLABackend:
         tokens, heads, _ = q.shape
         hp, topk = self.padded_heads, sparse.topk_slots.shape[1]
         if topk % TOPK_MULTIPLE:
-            raise ValueError(f"FlashMLA needs index_topk % {TOPK_MULTIPLE} == 0, got {topk}")
+            raise ValueError(f"FlashMLA needs topk_slots width % {TOPK_MULTIPLE} == 0, got {topk}")
         q_pad = sparse.q_pad[:tokens]
         q_pad[:, :heads].copy_(q)
         slots = sparse.topk_slots[:tokens]

@@ -23,11 +23,13 @@ class SparseMLABackend(Protocol):
     ``plan`` runs once per step before the first layer (inside the graph on the graph path)
     and returns what every layer's ``forward`` needs from it. ``forward`` takes
     ``q [num_tokens, num_heads, 576]`` and returns ``[num_tokens, num_heads, 512]`` in
-    ``q``'s dtype. ``padded_heads``: heads the kernel runs (0 when it runs the model's own).
+    ``q``'s dtype. ``padded_heads``: heads the kernel runs (0 when it runs the model's own);
+    ``slot_multiple``: the ``topk_slots`` width the kernel needs a multiple of.
     """
 
     name: str
     padded_heads: int
+    slot_multiple: int
 
     def plan(self, sparse: SparseBuffers, meta: StepMetadata) -> Any: ...
 
@@ -102,6 +104,7 @@ class SparseMLAReference:
 
     name = "reference"
     padded_heads = 0
+    slot_multiple = 1
 
     def __init__(self, num_heads: int, layout: str) -> None:
         self.num_heads, self.layout = num_heads, layout
