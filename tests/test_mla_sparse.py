@@ -91,3 +91,22 @@ def test_flashmla_matches_reference(layout: str, padded: int, api: str, q_len: i
     ref = SparseMLAReference(4, layout).forward(q, cache, 0, sparse, meta, None, SCALE)
     assert out.shape == (bs * q_len, 4, KV_LORA_RANK)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_slot_width_rounded_with_minus_one_tail(device: torch.device) -> None:
+    """A kernel that needs 128-wide index rows gets index_topk 64 padded with −1 columns."""
+    from graphrt.kv_cache import ReqToToken
+    from graphrt.sparse_metadata import fresh_sparse, select_topk, sparse_specs
+
+    sparse = fresh_sparse(sparse_specs(64, 0, 128), 1, 2, device)
+    assert sparse.topk_indices.shape == (2, 64) and sparse.topk_slots.shape == (2, 128)
+    sparse.topk_slots.fill_(7)  # stale
+    table = ReqToToken(2, 256, 16, 999, device)
+    table.table[0] = torch.arange(256, device=device, dtype=torch.int32) + 1000
+    scores = torch.randn(2, 256, device=device)
+    kv_pos = torch.tensor([200, 10], device=device)
+    select_topk(scores, kv_pos, sparse, torch.tensor([0, 0], device=device), table)
+    slots = sparse.topk_slots.cpu()
+    assert (slots[:, 64:] == -1).all()
+    assert (slots[0, :64] >= 1000).all() and (slots[0, :64] <= 1200).all()
+    assert (slots[1, :11] >= 1000).all() and (slots[1, 11:] == -1).all()

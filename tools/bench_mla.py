@@ -20,7 +20,7 @@ import torch
 from graphrt.attention.flashmla import FlashMLABackend
 from graphrt.mla_cache import FP8_BYTES, KV_LORA_RANK, QK_DIM, MLAKVCache, MLAShape
 from graphrt.tools.env import environment
-from tests.mla_util import decode_meta, random_slots, sparse_for
+from graphrt.tools.mla_inputs import decode_meta, random_slots, sparse_for
 
 TOPK, CONTEXT, PAGE_SIZE, MODEL_HEADS, REPS = 2048, 8192, 64, 16, 20
 PUBLISHED = {
