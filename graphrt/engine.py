@@ -74,6 +74,8 @@ class Engine:
         "topk": 1, "num_draft_tokens": k + 1, "draft_init": "target" | "seed", "draft_seed": 1}``.
         ``draft_init="target"`` gives the draft the target's weights by name (early exit). Each round is DRAFT_DECODE →
         TARGET_VERIFY → DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
+    kv_cache_dtype : str, optional
+        DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class Engine:
         record_logits: bool = False,
         show_progress: bool = False,
         speculative: dict[str, Any] | None = None,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         spec = SpecOptions.parse(speculative) if speculative is not None else None
@@ -105,7 +108,7 @@ class Engine:
             backend=backend,
             speculative=spec.geometry if spec else None,
         )
-        stack = build_stack(model, self.device, config, seed=seed)
+        stack = build_stack(model, self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype)
         self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.capture_report: CaptureReport | None = (
@@ -161,9 +164,10 @@ class Engine:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if len(tokens) + max_new_tokens + self._lookahead > self.max_context_len:
+            drafts = f" + {self._lookahead} draft tokens" if self._lookahead else ""
             raise ValueError(
-                f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens} "
-                f"+ {self._lookahead} draft tokens exceeds max_context_len {self.max_context_len}"
+                f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens}{drafts} "
+                f"exceeds max_context_len {self.max_context_len}"
             )
         req = Request(next(self._ids), tokens, max_new_tokens)
         self.waiting.append(req)

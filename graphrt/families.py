@@ -9,6 +9,7 @@ at the step's exact size, so both paths share every write and derive function.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,14 +45,17 @@ class StepInputs:
     step: StepBuffers
     cascade: CascadeBuffers | None
     draft: DraftBuffers | None
+    extra: Any = None  # the attention kind's family (sparse MLA: top-k indices, scheduler)
 
 
 class Families:
     """The runtime's buffer families, allocated once at ``dims`` (or exactly, for eager)."""
 
-    def __init__(self, dims: Dims, device: torch.device, spec: SpecGeometry | None) -> None:
+    def __init__(self, dims: Dims, device: torch.device, spec: SpecGeometry | None, kind: Any = None) -> None:
         self.spec = spec
         self.step = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, device)
+        # NOTE: device-derived only (written inside the graph), so no host write or upload.
+        self.extra: StaticBuffers | None = kind.static_buffers(dims, device) if kind is not None else None
         self.cascade = None
         self.draft = None
         if spec is not None and spec.topk > 1:
@@ -71,12 +75,14 @@ class Families:
 
     def view(self, mode: ForwardMode, bucket: int, tokens_per_req: int) -> StepInputs:
         views = {f.family: f.view(bucket, tokens_per_req) for f in self.used_by(mode)}
-        return StepInputs(views["step"], views.get("cascade"), views.get("draft"))
+        extra = self.extra.view(bucket, tokens_per_req) if self.extra is not None else None
+        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra)
 
     def full(self, mode: ForwardMode) -> StepInputs:
         """Whole-allocation views (the eager path allocates families at the exact size)."""
         views = {f.family: f.view_type(**f.full) for f in self.used_by(mode)}
-        return StepInputs(views["step"], views.get("cascade"), views.get("draft"))
+        extra = self.extra.view_type(**self.extra.full) if self.extra is not None else None
+        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra)
 
     def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
         """Host half of the update for every family the mode uses, then one copy each."""
@@ -94,7 +100,8 @@ class Families:
             family.upload()
 
     def memory_reports(self) -> tuple[MemoryReport, ...]:
-        return tuple(f.memory_report() for f in (self.step, self.cascade, self.draft) if f is not None)
+        families = (self.step, self.cascade, self.draft, self.extra)
+        return tuple(f.memory_report() for f in families if f is not None)
 
 
 def _write_cascade(batch: Batch, host: dict[str, np.ndarray], tokens: int, dummy_slot: int) -> None:

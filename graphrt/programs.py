@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,9 +34,13 @@ class StepEnv:
     req_to_token: ReqToToken
     backend: AttentionBackend
     page_size: int
+    context: Callable[..., ForwardContext]  # the attention kind's: (meta, kv, backend, r2t, extra)
 
-    def call(self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.forward(input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend))
+    def call(
+        self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, extra: Any
+    ) -> torch.Tensor:
+        ctx = self.context(meta, self.kv, self.backend, self.req_to_token, extra)
+        return self.forward(input_ids, buffers.positions, ctx)
 
 
 def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
@@ -49,7 +54,7 @@ def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int
         # NOTE: a verify tree is the last max_q (= num_draft_tokens) positions of each request.
         derive_prefix(inputs.cascade, b.cache_seqlens, max_q)
     meta = StepMetadata(mode, b, max_q, env.page_size, inputs.cascade)
-    return env.call(b, meta, b.input_ids)
+    return env.call(b, meta, b.input_ids, inputs.extra)
 
 
 def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
@@ -78,7 +83,7 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     tokens, out = b.input_ids, []
     for i, step in enumerate(steps):
         cascade = draft_step_cascade(inputs.cascade, loc, i) if tree else None
-        logits = env.call(step, StepMetadata(mode, step, max_q, env.page_size, cascade), tokens)
+        logits = env.call(step, StepMetadata(mode, step, max_q, env.page_size, cascade), tokens, inputs.extra)
         tokens = logits.argmax(dim=-1)
         out.append(tokens)
     return torch.stack(out, dim=1)

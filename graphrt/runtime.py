@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.attention import select_backend
 from graphrt.batch import Batch, Limits
 from graphrt.buffers import Dims, MemoryReport
 from graphrt.capture import (
@@ -23,6 +22,7 @@ from graphrt.capture import (
 )
 from graphrt.config import RuntimeConfig
 from graphrt.families import Families
+from graphrt.kinds import attention_kind
 from graphrt.kv_cache import PagedKVCache, ReqToToken
 from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
 from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
@@ -108,14 +108,16 @@ class GraphRuntime:
             raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
         self.forward, self.kv, self.req_to_token, self.config = forward, kv, req_to_token, config
         self.device = kv.device
-        self.backend = select_backend(config.backend, self.device)
+        self.kind = attention_kind(kv)
+        self.backend = self.kind.select_backend(config.backend, self.device)
         self.engine = make_engine(config.engine, self.device, config.record_kernels)
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
-        self.families = Families(dims, self.device, config.speculative)
+        self.families = Families(dims, self.device, config.speculative, self.kind)
         self.buffers = self.families.step
-        self.env = StepEnv(forward, kv, req_to_token, self.backend, config.page_size)
+        self.extra = self.families.extra  # the attention kind's own family, if any
+        self.env = StepEnv(forward, kv, req_to_token, self.backend, config.page_size, self.kind.context)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -261,7 +263,7 @@ class GraphRuntime:
         rows = max(batch.bs, 1)
         tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
         dims = Dims(rows, tokens, self.config.max_pages, self.config.max_context_len)
-        families = Families(dims, self.device, self.config.speculative)
+        families = Families(dims, self.device, self.config.speculative, self.kind)
         families.write(batch, rows, tokens, pad)
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():

@@ -49,6 +49,7 @@ def build_runtime(
     seed: int = 0,
     modes: Sequence[ForwardMode] = (ForwardMode.DECODE,),
     speculative: SpecGeometry | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -63,7 +64,7 @@ def build_runtime(
         strict=strict,
         warmup=1,
     )
-    stack = build_stack(model, device, config, max_reqs=max_reqs, seed=seed)
+    stack = build_stack(model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype)
     runtime = stack.runtime
     if capture:
         runtime.capture()

@@ -8,34 +8,53 @@ import torch
 
 from graphrt.config import RuntimeConfig
 from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
+from graphrt.mla_cache import MLAKVCache, MLAShape
+from graphrt.models.dsa import TinyDSA
 from graphrt.models.llama import TinyLlama
-from graphrt.models.presets import preset
+from graphrt.models.presets import DSAConfig, preset
 from graphrt.runtime import GraphRuntime
 
 
 @dataclass(frozen=True, slots=True)
 class ModelStack:
-    model: TinyLlama
-    kv: PagedKVCache
+    model: TinyLlama | TinyDSA
+    kv: PagedKVCache | MLAKVCache
     req_to_token: ReqToToken
     runtime: GraphRuntime
 
 
 def build_stack(
-    name: str, device: torch.device, config: RuntimeConfig, *, max_reqs: int | None = None, seed: int = 0
+    name: str,
+    device: torch.device,
+    config: RuntimeConfig,
+    *,
+    max_reqs: int | None = None,
+    seed: int = 0,
+    kv_cache_dtype: str | None = None,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``; bf16 on CUDA, fp32 elsewhere.
 
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
-    dummy page, so request row ``i`` can own pages ``i * max_pages ...``.
+    dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
+    ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA presets keep
+    the model's dtype.
     """
     cfg = preset(name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = TinyLlama.from_seed(cfg, seed, device, dtype)
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
-    shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
-    kv = PagedKVCache(shape, dtype, device)
+    if isinstance(cfg, DSAConfig):
+        model = TinyDSA.from_seed(cfg, seed, device, dtype)
+        mla = MLAShape(
+            cfg.num_layers, config.page_size, num_pages, cfg.index_dim, cfg.index_topk, cfg.num_heads
+        )
+        kv = MLAKVCache(mla, kv_cache_dtype or "bf16", dtype, device)
+    else:
+        if kv_cache_dtype not in (None, "auto"):
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
+        model = TinyLlama.from_seed(cfg, seed, device, dtype)
+        shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
+        kv = PagedKVCache(shape, dtype, device)
     r2t = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, r2t, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, r2t, runtime)

@@ -1,0 +1,120 @@
+"""A tiny DeepSeek-V3.2-style decoder: MLA with absorbed up-projections and a DSA indexer.
+
+Per layer: the indexer scores past tokens and keeps ``index_topk`` per query token
+(``ctx.index_topk``); attention is MQA over the shared 576-wide latent row
+(``ctx.sparse_mla``) with ``W_UK`` folded into the query and ``W_UV`` applied to the output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrt.models.llama import MLP, RMSNorm, apply_rope
+from graphrt.models.presets import DSAConfig
+from graphrt.sparse_context import SparseMLAContext
+
+
+class Indexer(nn.Module):
+    """DeepSeek-V3.2's lightning indexer: ``index_heads`` queries, one key, per-head weights."""
+
+    def __init__(self, cfg: DSAConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wq = nn.Linear(cfg.hidden_size, cfg.index_heads * cfg.index_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden_size, cfg.index_dim, bias=False)
+        self.weights = nn.Linear(cfg.hidden_size, cfg.index_heads, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q = self.wq(x).view(-1, self.cfg.index_heads, self.cfg.index_dim)
+        return q, self.wk(x), self.weights(x) * self.cfg.index_heads**-0.5
+
+
+class MLAAttention(nn.Module):
+    def __init__(self, cfg: DSAConfig, layer_id: int) -> None:
+        super().__init__()
+        self.cfg, self.layer_id = cfg, layer_id
+        h, c = cfg.num_heads, cfg.kv_lora_rank
+        self.q_proj = nn.Linear(cfg.hidden_size, h * (cfg.qk_nope_dim + cfg.qk_rope_dim), bias=False)
+        self.kv_a = nn.Linear(cfg.hidden_size, c + cfg.qk_rope_dim, bias=False)
+        self.kv_norm = RMSNorm(c, cfg.rms_eps)
+        self.w_uk = nn.Parameter(torch.empty(h, cfg.qk_nope_dim, c))  # k_nope[h] = W_UK[h] @ c_kv
+        self.w_uv = nn.Parameter(torch.empty(h, c, cfg.v_head_dim))  # v[h] = c_kv @ W_UV[h]
+        self.o = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
+        self.indexer = Indexer(cfg)
+        self.scale = (cfg.qk_nope_dim + cfg.qk_rope_dim) ** -0.5
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: SparseMLAContext
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        q = self.q_proj(x).view(-1, cfg.num_heads, cfg.qk_nope_dim + cfg.qk_rope_dim)
+        q_nope, q_rope = q.split((cfg.qk_nope_dim, cfg.qk_rope_dim), dim=-1)
+        latent, k_rope = self.kv_a(x).split((cfg.kv_lora_rank, cfg.qk_rope_dim), dim=-1)
+        k_rope = apply_rope(k_rope[:, None], cos, sin)[:, 0]
+        # NOTE: absorbed form — q . (W_UK c) == (q W_UK) . c, so the cache holds only c_kv.
+        q_full = torch.cat(
+            (torch.einsum("thn,hnc->thc", q_nope, self.w_uk), apply_rope(q_rope, cos, sin)), -1
+        )
+        ctx.index_topk(self.layer_id, *self.indexer(x))
+        out = ctx.sparse_mla(self.layer_id, q_full, torch.cat((self.kv_norm(latent), k_rope), -1), self.scale)
+        out = torch.einsum("thc,hcv->thv", out, self.w_uv)
+        return self.o(out.reshape(-1, cfg.num_heads * cfg.v_head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DSAConfig, layer_id: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.attn = MLAAttention(cfg, layer_id)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)  # type: ignore[arg-type]
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: SparseMLAContext
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyDSA(nn.Module):
+    """``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``."""
+
+    def __init__(self, cfg: DSAConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        exponent = torch.arange(0, cfg.qk_rope_dim, 2, dtype=torch.float64) / cfg.qk_rope_dim
+        self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
+
+    @classmethod
+    def from_seed(cls, cfg: DSAConfig, seed: int, device: torch.device, dtype: torch.dtype) -> TinyDSA:
+        """Random weights from ``seed``, std ``1/sqrt(fan_in)`` (fan_in: the contracted dim)."""
+        model = cls(cfg)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    continue
+                fan_in = 1 if "embed" in name else (p.shape[-2] if p.dim() == 3 else p.shape[-1])
+                p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
+        model = model.to(device=device, dtype=dtype).eval()
+        model.inv_freq = model.inv_freq.float()  # NOTE: RoPE angles stay float32 in any dtype
+        return model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: SparseMLAContext
+    ) -> torch.Tensor:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, ctx)
+        return self.lm_head(self.norm(x)).float()

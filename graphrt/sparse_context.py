@@ -1,0 +1,76 @@
+"""The forward context of a sparse-MLA (DSA) model: indexer top-k, then sparse MLA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphrt.attention.mla import SparseMLABackend
+from graphrt.kv_cache import ReqToToken
+from graphrt.metadata import StepMetadata
+from graphrt.mla_cache import MLAKVCache
+from graphrt.sparse_metadata import SparseBuffers, query_positions, select_topk
+
+_UNPLANNED = object()
+
+
+class SparseMLAContext:
+    """Per-step handle a DSA model's forward receives as ``ctx``.
+
+    Per layer the model calls :meth:`index_topk` (indexer keys stored, top-k written into
+    the static ``topk_indices`` / ``topk_slots``), then :meth:`sparse_mla`. The backend's
+    plan (FlashMLA's FP8 tile schedule) runs once, at the first :meth:`sparse_mla` of the step.
+    """
+
+    def __init__(
+        self,
+        meta: StepMetadata,
+        kv: MLAKVCache,
+        backend: SparseMLABackend,
+        sparse: SparseBuffers,
+        req_to_token: ReqToToken,
+    ) -> None:
+        self.meta, self.kv, self.backend, self.sparse, self.req_to_token = (
+            meta,
+            kv,
+            backend,
+            sparse,
+            req_to_token,
+        )
+        self._plan: Any = _UNPLANNED
+        self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def mode(self):
+        return self.meta.mode
+
+    def index_topk(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor) -> None:
+        """Store indexer keys, score past keys and keep ``index_topk`` per query token.
+
+        ``q [T, index_heads, index_dim]``, ``k [T, index_dim]``, ``weights [T, index_heads]``;
+        score of key ``j`` for token ``t``: ``sum_h weights[t, h] * relu(q[t, h] . k_j)``
+        (DeepSeek-V3.2's lightning indexer), float32.
+        """
+        step = self.meta.buffers
+        self.kv.index_k[layer_id].index_copy_(0, step.out_cache_loc, k.to(self.kv.index_k[layer_id].dtype))
+        if self._positions is None:
+            self._positions = query_positions(step)
+        rows, kv_pos = self._positions
+        safe_rows = torch.where(rows < 0, self.req_to_token.dummy_req, rows)
+        slots = self.req_to_token.table[safe_rows].long()  # [T, max_context_len]
+        keys = self.kv.index_k[layer_id][slots].float()
+        logits = torch.einsum("thd,tjd->thj", q.float(), keys).relu()
+        scores = torch.einsum("thj,th->tj", logits, weights.float())
+        select_topk(scores, kv_pos, self.sparse, rows, self.req_to_token)
+
+    def sparse_mla(self, layer_id: int, q: torch.Tensor, latent: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store ``latent [T, 576]`` at ``out_cache_loc``, attend over the selected slots.
+
+        ``q [T, num_heads, 576]`` (absorbed: ``q_nope @ W_UK`` then ``q_rope``); returns
+        ``[T, num_heads, 512]`` (apply ``W_UV`` after).
+        """
+        self.kv.store_latent(layer_id, self.meta.buffers.out_cache_loc, latent)
+        if self._plan is _UNPLANNED:
+            self._plan = self.backend.plan(self.sparse, self.meta)
+        return self.backend.forward(q, self.kv, layer_id, self.sparse, self.meta, self._plan, scale)
