@@ -25,6 +25,7 @@ from graphrt.capture import (
 from graphrt.config import RuntimeConfig
 from graphrt.context import ForwardContext
 from graphrt.kv_cache import PagedKVCache, ReqToToken
+from graphrt.local_attention import LocalAttention
 from graphrt.metadata import (
     STEP_SPECS,
     StepBuffers,
@@ -123,6 +124,7 @@ class GraphRuntime:
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
         self.buffers = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, self.device)
+        self.local = LocalAttention.create(config, dims, self.device, kv.dummy_page, req_to_token)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -189,13 +191,17 @@ class GraphRuntime:
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
         self._write(_empty_batch(mode), bucket, tpr)
+        local = self.local and self.local.bind(meta, self.local.view(bucket, tpr))
+        ctx = ForwardContext(meta, self.kv, self.backend, local)
 
         def step() -> torch.Tensor:
             derive(view, self.req_to_token, self.config.page_size)
-            return self.forward(view.input_ids, view.positions, ForwardContext(meta, self.kv, self.backend))
+            if local:
+                local.derive(view)
+            return self.forward(view.input_ids, view.positions, ctx)
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
-        graph.info.host_scalars = meta.host_scalars() | self.backend.host_scalars()
+        graph.info.host_scalars = meta.host_scalars() | self.backend.host_scalars() | ctx.host_scalars()
         self.dispatcher.add(mode, bucket, graph)
         self._outputs[(mode, bucket)] = out
 
@@ -231,6 +237,8 @@ class GraphRuntime:
         self.buffers.wait_host_free()
         if self.config.debug:
             self.buffers.poison()
+            if self.local:
+                self.local.buffers.poison()
         write_host(batch, self.buffers.host_full, bucket, bucket * tpr, self.pad_values(batch.mode))
         self.buffers.upload()
 
@@ -243,15 +251,18 @@ class GraphRuntime:
         buffers = fresh_buffers(batch, rows, self.config.max_pages, pad, self.device)
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         meta = StepMetadata(batch.mode, buffers, max_seqlen_q=max_q, page_size=self.config.page_size)
+        local = self.local and self.local.bind(meta, self.local.fresh(buffers.input_ids.shape[0]))
         with torch.no_grad():
             derive(buffers, self.req_to_token, self.config.page_size)
+            if local:
+                local.derive(buffers)
             out = self.forward(
-                buffers.input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend)
+                buffers.input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend, local)
             )
         return out[: batch.num_tokens]
 
     def _check_poison(self, bucket: int, tpr: int) -> None:
-        left = self.buffers.poisoned(bucket, tpr)
+        left = self.buffers.poisoned(bucket, tpr) + (self.local.poisoned(bucket, tpr) if self.local else [])
         if left:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
 

@@ -39,6 +39,7 @@ class FA3Backend:
         v_cache: torch.Tensor,
         meta: StepMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         b = meta.buffers
         # NOTE: num_splits=0 lets FA3 pick splits from shapes (page-table width), never from
@@ -53,6 +54,7 @@ class FA3Backend:
             max_seqlen_q=meta.max_seqlen_q,
             softmax_scale=scale,
             causal=True,
+            window_size=(-1, -1) if window is None else (window, 0),
             num_splits=0,
         )
 

@@ -8,6 +8,7 @@ import torch
 
 from graphrt.config import RuntimeConfig
 from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
+from graphrt.local_attention import with_model_chunk
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import preset
 from graphrt.runtime import GraphRuntime
@@ -30,6 +31,7 @@ def build_stack(
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``.
     """
     cfg = preset(name)
+    config = with_model_chunk(config, cfg.attention_chunk_size)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = TinyLlama.from_seed(cfg, seed, device, dtype)
     max_reqs = max_reqs or config.max_batch_size
