@@ -48,11 +48,13 @@ class Batch:
     input_ids : [num_tokens]
         Token ids of this step's query tokens, request by request.
     seq_lens : [bs]
-        KV length of each request *including* this step's tokens.
+        KV length of each request *including* this step's tokens (DRAFT_DECODE: including the
+        first draft step's token; every branch of a request sits at position ``seq_len - 1``).
     req_pool_indices : [bs]
         Row of each request in ``req_to_token``.
-    out_cache_loc : [num_tokens]
-        KV slot each new token is written to.
+    out_cache_loc : [num_tokens] (DRAFT_DECODE: [num_tokens * draft steps])
+        KV slot each new token is written to. DRAFT_DECODE lists, token by token, the slot of
+        every draft step (token ``t`` of step ``i`` at position ``seq_len - 1 + i``).
     q_lens : [bs]
         Query tokens per request (1 for DECODE; the extend lengths for EXTEND; the accept
         lengths for DRAFT_EXTEND).
@@ -114,8 +116,22 @@ class Batch:
         return int(self.input_ids.size)
 
     @property
+    def draft_steps(self) -> int:
+        """KV writes per query token: 1, or the forward steps of a DRAFT_DECODE batch."""
+        return self.out_cache_loc.size // self.num_tokens if self.num_tokens else 1
+
+    @property
+    def out_cache_loc_steps(self) -> np.ndarray:
+        """``out_cache_loc`` as ``[num_tokens, draft_steps]``."""
+        return self.out_cache_loc.reshape(self.num_tokens, self.draft_steps)
+
+    @property
     def kv_positions(self) -> np.ndarray:
-        """Where each query token's KV slot sits in its request: the last ``q_len`` positions."""
+        """Position of each ``out_cache_loc`` entry: the last ``q_len`` positions of the request;
+        for DRAFT_DECODE ``seq_len - 1 + step`` for every branch."""
+        if self.mode is ForwardMode.DRAFT_DECODE:
+            first = np.repeat(self.seq_lens - 1, self.q_lens)
+            return (first[:, None] + np.arange(self.draft_steps)).reshape(-1)
         starts = np.repeat(self.seq_lens - self.q_lens, self.q_lens)
         offsets = np.arange(self.num_tokens) - np.repeat(np.cumsum(self.q_lens) - self.q_lens, self.q_lens)
         return starts + offsets
@@ -123,6 +139,8 @@ class Batch:
     @property
     def positions(self) -> np.ndarray:
         """RoPE position of every query token (``kv_positions``, or prefix + depth in a tree)."""
+        if self.mode is ForwardMode.DRAFT_DECODE:
+            return np.repeat(self.seq_lens - 1, self.q_lens)
         if self.tree_mask is None:
             return self.kv_positions
         depth = self.tree_mask.sum(axis=2).reshape(-1) - 1
@@ -133,8 +151,10 @@ class Batch:
         for name in ("req_pool_indices", "q_lens"):
             if getattr(self, name).size != bs:
                 raise ValueError(f"Batch.{name} has {getattr(self, name).size} rows, seq_lens has {bs}")
-        if self.out_cache_loc.size != n:
-            raise ValueError(f"Batch.out_cache_loc has {self.out_cache_loc.size} entries, input_ids {n}")
+        locs = self.out_cache_loc.size
+        draft = self.mode is ForwardMode.DRAFT_DECODE and n and locs and locs % n == 0
+        if locs != n and not draft:
+            raise ValueError(f"Batch.out_cache_loc has {locs} entries, input_ids {n}")
         if int(self.q_lens.sum()) != n:
             raise ValueError(f"sum(q_lens) = {int(self.q_lens.sum())} but there are {n} input_ids")
         if bs and int(self.q_lens.min()) < 1:
@@ -155,12 +175,12 @@ class Batch:
                 f"req_pool_indices must be distinct within a batch: row {int(rows[counts > 1][0])} "
                 f"appears {int(counts.max())} times"
             )
-        if int(self.seq_lens.max()) > limits.max_context_len:
+        end = int(self.kv_positions.max()) + 1
+        if end > limits.max_context_len:
             raise ValueError(
-                f"sequence past max context: seq_len {int(self.seq_lens.max())} > "
-                f"max_context_len {limits.max_context_len}"
+                f"sequence past max context: seq_len {end} > max_context_len {limits.max_context_len}"
             )
-        short = self.seq_lens < self.q_lens
+        short = self.seq_lens < (1 if self.mode is ForwardMode.DRAFT_DECODE else self.q_lens)
         if short.any():
             i = int(np.argmax(short))
             raise ValueError(

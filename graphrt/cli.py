@@ -1,4 +1,4 @@
-"""``graphrt demo`` and ``graphrt bench``."""
+"""``graphrt demo``, ``bench``, ``inspect`` and ``debug``; the implementations live in tools/."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--page-size", type=int, default=16)
     demo.add_argument("--max-context-len", type=int, default=512)
     demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
+    demo.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (JSON + .npz)")
     bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
     bench.add_argument("--device", default=None)
     bench.add_argument("--batch-sizes", default="1,8,64")
@@ -25,11 +26,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--iters", type=int, default=50)
     bench.add_argument("--backend", default=None)
     bench.add_argument("--out", default="bench/results")
+    inspect = sub.add_parser("inspect", help="a snapshot's facts as tables on stdout")
+    inspect.add_argument("path")
+    inspect.add_argument("--width", type=int, default=None, help="console width (default: terminal)")
+    inspect.add_argument("--no-kernels", action="store_true", help="skip the per-graph kernel tables")
+    inspect.add_argument("--all-graphs", action="store_true", help="kernel tables for every bucket")
+    debug = sub.add_parser("debug", help="graph-debug TUI over a snapshot (or a fresh CPU demo run)")
+    debug.add_argument("path", nargs="?", default=None)
+    debug.add_argument("--screenshots", default=None, metavar="DIR", help="save one SVG per view and exit")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from graphrt.tools.demo import run_demo
 
         return run_demo(args)
+    if args.command == "inspect":
+        from graphrt.tools.inspect import run_inspect
+
+        return run_inspect(args)
+    if args.command == "debug":  # NOTE: the only command that imports Textual
+        try:
+            from graphrt.tools.tui.app import run_debug
+        except ImportError as err:
+            parser.exit(
+                2, f"graphrt debug needs Textual ({err}); pip install 'textual>=0.80' or use inspect\n"
+            )
+        return run_debug(args)
     from graphrt.tools.bench import run_bench
 
     return run_bench(args)

@@ -15,7 +15,8 @@ from graphrt.metadata import StepMetadata
 class ForwardContext:
     """Per-step handle passed as ``ctx`` to ``forward(input_ids, positions, ctx)``.
 
-    ``local``: the chunked-local virtual batch of this step, when the runtime has one.
+    ``local``: the step's chunked-local virtual batch, when the runtime has one.
+    ``layer_scalars``: where per-layer kernel scalars (window, chunk) are recorded.
     """
 
     def __init__(
@@ -24,9 +25,10 @@ class ForwardContext:
         kv: PagedKVCache,
         backend: AttentionBackend,
         local: LocalStep | None = None,
+        layer_scalars: dict[str, Any] | None = None,
     ) -> None:
         self.meta, self.kv, self.backend, self.local = meta, kv, backend, local
-        self._layer_scalars: dict[str, Any] = {}
+        self.layer_scalars = {} if layer_scalars is None else layer_scalars
 
     @property
     def mode(self):
@@ -53,14 +55,13 @@ class ForwardContext:
         scale = q.shape[-1] ** -0.5
         meta, extra = self.meta, {}
         if window is not None:
-            self._layer_scalars[f"layer{layer_id}.window"] = window
+            if self.meta.cascade is not None:
+                raise ValueError(
+                    f"layer {layer_id}: sliding window {window} with a token tree (topk > 1) is not supported"
+                )
+            self.layer_scalars[f"layer{layer_id}.window"] = window
             extra["window"] = window
         if chunk is not None:
-            self._layer_scalars[f"layer{layer_id}.chunk"] = chunk
             meta = local_metadata(self.local, layer_id, chunk)
+            self.layer_scalars[f"layer{layer_id}.chunk"] = chunk
         return self.backend.forward(q, self.kv.k[layer_id], self.kv.v[layer_id], meta, scale, **extra)
-
-    def host_scalars(self) -> dict[str, Any]:
-        """Per-layer scalars the forward passed (model constants, frozen into a graph)."""
-        local = {} if self.local is None else self.local.owner.host_scalars()
-        return local | self._layer_scalars

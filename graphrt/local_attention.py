@@ -13,12 +13,15 @@ request with ``q_len 1`` whose KV is the part of its chunk up to and including `
 It is exact for any causal chain of query tokens (DECODE, TARGET_VERIFY with ``topk 1``,
 DRAFT_EXTEND): token ``t`` alone decides what it sees, and sibling tokens of the same request
 are earlier positions of the same sequence, already recorded in ``req_to_token`` by
-:func:`graphrt.metadata.derive`. For DECODE it is exactly Llama-4's virtual batch. Every
+:func:`graphrt.metadata.record_slots`. A DRAFT_DECODE chain re-derives the batch before each
+draft step's forward (one buffer set, rewritten in graph order). For DECODE it is exactly Llama-4's virtual batch. Every
 shape is a function of the graph key (``num_tokens`` rows, ``chunk_pages`` columns), so the
 same update runs inside the captured graph and on the eager path; it rewrites every row of
 the bucket, so a batch that shrinks leaves nothing stale. ``chunk_start`` is page-aligned
 because ``attention_chunk_size % page_size == 0`` (checked), which keeps the table in page
 units. Trees (``topk > 1``) are not chains and are refused by :class:`RuntimeConfig`.
+(FA3 also has a native ``attention_chunk`` argument; the virtual batch is used so that the
+reference backend and FA3 read the same metadata.)
 """
 
 from __future__ import annotations
@@ -70,100 +73,84 @@ def check_chunk(chunk_size: int | None, page_size: int) -> None:
         )
 
 
-class LocalAttention:
-    """Owns the local buffer family (allocated once, at the runtime's maximum dims)."""
+@dataclass(frozen=True, slots=True)
+class LocalGeometry:
+    """Chunk and page size of the local family (from :class:`RuntimeConfig`)."""
 
-    def __init__(
-        self,
-        chunk_size: int,
-        page_size: int,
-        dims: Dims,
-        device: torch.device,
-        dummy_page: int,
-        req_to_token: ReqToToken,
-    ) -> None:
-        check_chunk(chunk_size, page_size)
-        self.chunk_size, self.page_size, self.device = chunk_size, page_size, device
+    chunk_size: int
+    page_size: int
+
+    def __post_init__(self) -> None:
+        check_chunk(self.chunk_size, self.page_size)
+
+    def chunk_pages(self, max_pages: int) -> int:
         # NOTE: a chunk longer than the context never fills; the table needs no more columns
         # than a full-context request has pages.
-        self.chunk_pages = min(chunk_size // page_size, dims.max_pages)
-        self.dummy_page, self.req_to_token = dummy_page, req_to_token
-        self.specs = local_specs(self.chunk_pages)
-        self.buffers = StaticBuffers("local", self.specs, LocalBuffers, dims, device)
+        return min(self.chunk_size // self.page_size, max_pages)
 
-    @classmethod
-    def create(cls, config: Any, dims: Dims, device: torch.device, dummy_page: int, r2t: ReqToToken):
-        """The family for ``config`` (a :class:`RuntimeConfig`), or None without chunking."""
-        if config.attention_chunk_size is None:
-            return None
-        return cls(config.attention_chunk_size, config.page_size, dims, device, dummy_page, r2t)
+    def family(self, dims: Dims, device: torch.device) -> StaticBuffers:
+        """The local buffer family, allocated once at ``dims``."""
+        return StaticBuffers(
+            "local", local_specs(self.chunk_pages(dims.max_pages)), LocalBuffers, dims, device
+        )
 
-    def view(self, bucket: int, tokens_per_req: int) -> LocalBuffers:
-        return self.buffers.view(bucket, tokens_per_req)
 
-    def fresh(self, num_tokens: int) -> LocalBuffers:
-        """Exact-size buffers for the eager path."""
-        dims = Dims(1, num_tokens, self.chunk_pages, 0)
-        tensors = {s.name: torch.empty(s.size(dims), dtype=s.dtype, device=self.device) for s in self.specs}
-        return LocalBuffers(**tensors)
+def local_geometry(config: Any) -> LocalGeometry | None:
+    """The local geometry of ``config`` (a :class:`RuntimeConfig`), or None without chunking."""
+    if config.attention_chunk_size is None:
+        return None
+    return LocalGeometry(config.attention_chunk_size, config.page_size)
 
-    def bind(self, meta: StepMetadata, local: LocalBuffers) -> LocalStep:
-        """The local half of one step: ``meta``'s fields with the virtual batch's buffers."""
-        # NOTE: mode DECODE: every virtual request has one query token, so backends take
-        # their plain decode path (no tree / cascade branch).
-        local_meta = dataclasses.replace(meta, mode=ForwardMode.DECODE, buffers=local, max_seqlen_q=1)
-        return LocalStep(self, local_meta)
 
-    def poisoned(self, bucket: int, tokens_per_req: int) -> list[str]:
-        return [f"local.{name}" for name in self.buffers.poisoned(bucket, tokens_per_req)]
+def derive_local(
+    step: StepBuffers, local: LocalBuffers, req_to_token: ReqToToken, geometry: LocalGeometry, dummy_page: int
+) -> None:
+    """Write every row of ``local`` from this step's buffers (after ``record_slots``).
 
-    def derive(self, step: StepBuffers, local: LocalBuffers) -> None:
-        """Write every row of ``local`` from this step's buffers (run after ``derive``).
-
-        In place and sync-free: it runs inside the captured graph on the graph path.
-        """
-        r2t, ps = self.req_to_token, self.page_size
-        req = step.req_id_per_token
-        token = torch.arange(req.shape[0], device=req.device)
-        cu = step.cu_seqlens_q.long()
-        # NOTE: the KV position and request row of each token exactly as metadata.derive
-        # computes them (a ragged tail goes to the dummy request at position 0).
-        valid = token < cu[-1]
-        kv_pos = torch.where(valid, step.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
-        rows = torch.where(valid, step.req_pool_indices[req], r2t.dummy_req)
-        start = kv_pos - kv_pos % self.chunk_size
-        seqlen = kv_pos - start + 1
-        local.cache_seqlens.copy_(seqlen)
-        cols = start[:, None] + torch.arange(self.chunk_pages, device=req.device)[None, :] * ps
-        used = cols <= kv_pos[:, None]  # page j holds a key of this virtual request
-        cols = cols.clamp_(max=r2t.max_context_len - 1)
-        pages = torch.div(r2t.table[rows[:, None], cols], ps, rounding_mode="floor")
-        local.page_table.copy_(torch.where(used, pages, self.dummy_page))
-        torch.arange(local.cu_seqlens_q.shape[0], out=local.cu_seqlens_q)
-
-    def host_scalars(self) -> dict[str, Any]:
-        return {
-            "local.chunk_size": self.chunk_size,
-            "local.chunk_pages": self.chunk_pages,
-            "local.max_seqlen_q": 1,
-        }
+    In place and sync-free: it runs inside the captured graph on the graph path.
+    """
+    r2t, ps, chunk = req_to_token, geometry.page_size, geometry.chunk_size
+    req = step.req_id_per_token
+    token = torch.arange(req.shape[0], device=req.device)
+    cu = step.cu_seqlens_q.long()
+    # NOTE: the KV position and request row of each token exactly as metadata.record_slots
+    # computes them (a ragged tail goes to the dummy request at position 0).
+    valid = token < cu[-1]
+    kv_pos = torch.where(valid, step.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
+    rows = torch.where(valid, step.req_pool_indices[req], r2t.dummy_req)
+    start = kv_pos - kv_pos % chunk
+    local.cache_seqlens.copy_(kv_pos - start + 1)
+    j = torch.arange(local.page_table.shape[1], device=req.device)
+    cols = start[:, None] + j[None, :] * ps
+    used = cols <= kv_pos[:, None]  # page j holds a key of this virtual request
+    cols = cols.clamp_(max=r2t.max_context_len - 1)
+    pages = torch.div(r2t.table[rows[:, None], cols], ps, rounding_mode="floor")
+    local.page_table.copy_(torch.where(used, pages, dummy_page))
+    torch.arange(local.cu_seqlens_q.shape[0], out=local.cu_seqlens_q)
 
 
 @dataclass(frozen=True, slots=True)
 class LocalStep:
-    """A bound local family: what a :class:`ForwardContext` hands local layers."""
+    """The virtual batch of one step: what a :class:`ForwardContext` hands local layers."""
 
-    owner: LocalAttention
+    chunk_size: int
     meta: StepMetadata
 
-    def derive(self, step: StepBuffers) -> None:
-        self.owner.derive(step, self.meta.buffers)
+    @classmethod
+    def bind(cls, meta: StepMetadata, local: LocalBuffers, chunk_size: int) -> LocalStep:
+        """``meta``'s fields with the virtual batch's buffers (one query token per request)."""
+        # NOTE: mode DECODE and no cascade: every virtual request is one query token, so the
+        # backends take their plain decode path.
+        local_meta = dataclasses.replace(
+            meta, mode=ForwardMode.DECODE, buffers=local, max_seqlen_q=1, cascade=None
+        )
+        return cls(chunk_size, local_meta)
 
     def metadata(self, layer_id: int, chunk: int) -> StepMetadata:
-        if chunk != self.owner.chunk_size:
+        if chunk != self.chunk_size:
             raise ValueError(
                 f"layer {layer_id} uses attention_chunk_size {chunk}, but the runtime's local "
-                f"buffers were built for {self.owner.chunk_size}"
+                f"buffers were built for {self.chunk_size}"
             )
         return self.meta
 

@@ -16,6 +16,7 @@ import torch
 
 from graphrt.batch import Batch
 from graphrt.buffers import BufferSpec, Dims, PadRule
+from graphrt.cascade import CascadeBuffers
 from graphrt.kv_cache import ReqToToken
 from graphrt.modes import ForwardMode
 
@@ -53,15 +54,24 @@ class StepBuffers:
 
 @dataclass(frozen=True, slots=True)
 class StepMetadata:
-    """What the attention backends read: buffers plus host scalars (rule 4: key-derived)."""
+    """What the attention backends read: buffers plus host scalars (rule 4: key-derived).
+
+    ``cascade`` is set for token trees (``topk > 1``): the backend then attends the prefix
+    through ``buffers`` and each token's expand list through ``cascade``, and merges.
+    """
 
     mode: ForwardMode
     buffers: StepBuffers
     max_seqlen_q: int
     page_size: int
+    cascade: CascadeBuffers | None = None
 
     def host_scalars(self) -> dict[str, Any]:
-        return {"max_seqlen_q": self.max_seqlen_q, "page_size": self.page_size}
+        return {
+            "max_seqlen_q": self.max_seqlen_q,
+            "page_size": self.page_size,
+            "cascade": self.cascade is not None,
+        }
 
 
 def write_host(
@@ -82,7 +92,7 @@ def write_host(
     host["input_ids"][n:tokens] = 0
     host["positions"][:n] = batch.positions
     host["positions"][n:tokens] = 0
-    host["out_cache_loc"][:n] = batch.out_cache_loc
+    host["out_cache_loc"][:n] = batch.out_cache_loc_steps[:, 0]
     host["out_cache_loc"][n:tokens] = pad["dummy_slot"]
     req_id = host["req_id_per_token"]
     req_id[:n] = np.repeat(np.arange(bs), batch.q_lens)
@@ -98,13 +108,12 @@ def write_host(
     cu[bs + 1 : rows + 1] = n + pad_q * np.arange(1, rows - bs + 1)
 
 
-def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
-    """Device half of the update: record this step's slots, then gather the page table.
+def record_slots(buffers: StepBuffers, req_to_token: ReqToToken) -> None:
+    """Write this step's KV slots into ``req_to_token`` (device; inside the graph).
 
     Token ``t`` of row ``r`` has its KV at position ``cache_seqlens[r] - cu_seqlens_q[r + 1]
     + t`` of request ``req_pool_indices[r]``. Tokens past ``cu_seqlens_q[-1]`` (a ragged
-    tail) are routed to the dummy request. Runs inside the captured region on the graph
-    path: in-place, no allocation that outlives the step, no host sync.
+    tail) are routed to the dummy request. In-place, no host sync.
     """
     req = buffers.req_id_per_token
     token = torch.arange(req.shape[0], device=req.device)
@@ -113,8 +122,18 @@ def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> No
     kv_pos = torch.where(valid, buffers.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
     rows = torch.where(valid, buffers.req_pool_indices[req], req_to_token.dummy_req)
     req_to_token.table.index_put_((rows, kv_pos), buffers.out_cache_loc.to(torch.int32))
+
+
+def gather_page_table(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
+    """``page_table[r, j] = req_to_token[req_pool_indices[r], j * page_size] // page_size``."""
     starts = req_to_token.table[buffers.req_pool_indices[:, None], req_to_token.page_starts[None, :]]
     torch.div(starts, page_size, rounding_mode="floor", out=buffers.page_table)
+
+
+def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
+    """Device half of the update: record this step's slots, then gather the page table."""
+    record_slots(buffers, req_to_token)
+    gather_page_table(buffers, req_to_token, page_size)
 
 
 def fresh_buffers(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 
 from graphrt.attention import select_backend
 from graphrt.batch import Batch, Limits
-from graphrt.buffers import Dims, MemoryReport, StaticBuffers
+from graphrt.buffers import Dims, MemoryReport
 from graphrt.capture import (
     BucketPolicy,
     CaptureEngine,
@@ -23,21 +22,13 @@ from graphrt.capture import (
     GraphInfo,
 )
 from graphrt.config import RuntimeConfig
-from graphrt.context import ForwardContext
+from graphrt.families import Families
 from graphrt.kv_cache import PagedKVCache, ReqToToken
-from graphrt.local_attention import LocalAttention
-from graphrt.metadata import (
-    STEP_SPECS,
-    StepBuffers,
-    StepMetadata,
-    derive,
-    fresh_buffers,
-    write_host,
-)
+from graphrt.local_attention import local_geometry
 from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
+from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.progress import capture_progress
-
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
+from graphrt.telemetry import Telemetry
 
 
 class GraphFallbackError(RuntimeError):
@@ -123,8 +114,9 @@ class GraphRuntime:
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
-        self.buffers = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, self.device)
-        self.local = LocalAttention.create(config, dims, self.device, kv.dummy_page, req_to_token)
+        self.families = Families(dims, self.device, config.speculative, local_geometry(config))
+        self.buffers = self.families.step
+        self.env = StepEnv(forward, kv, req_to_token, self.backend, config.page_size, local_geometry(config))
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -134,6 +126,7 @@ class GraphRuntime:
         )
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
+        self.telemetry = Telemetry()
 
     def capacity(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's tokens-per-request)."""
@@ -146,19 +139,33 @@ class GraphRuntime:
         one token. Their ``seq_len`` equals their query length, so no position is negative.
         """
         pad_q = 1 if MODES[mode].ragged else self.capacity(mode)
+        # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of a
+        # cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
+        prefix = 1 if mode is ForwardMode.DRAFT_DECODE or self._cascade(mode) else 0
         return {
             "dummy_slot": self.kv.dummy_slot,
             "dummy_page": self.kv.dummy_page,
             "dummy_req": self.req_to_token.dummy_req,
             "pad_q_len": pad_q,
-            "pad_seq_len": pad_q,
+            "pad_seq_len": 1 + prefix if mode is ForwardMode.DRAFT_DECODE else pad_q + prefix,
+            "pad_prefix_len": 1,
         }
+
+    def _cascade(self, mode: ForwardMode) -> bool:
+        return self.families.cascade in self.families.used_by(mode)
 
     def check_geometry(self, batch: Batch) -> None:
         """Raise ``ValueError`` when the batch's query lengths do not fit its mode."""
         want = tokens_per_req(batch.mode, self.config.speculative) if MODES[batch.mode].graphed else None
         if want is None or not batch.bs:
             return
+        tree = self.families.cascade is not None and batch.mode is ForwardMode.TARGET_VERIFY
+        if tree != (batch.tree_mask is not None):
+            need = "needs Batch.tree_mask (topk > 1)" if tree else "takes no tree_mask (topk 1: a chain)"
+            raise ValueError(f"{batch.mode.name} {need}")
+        steps = self.config.speculative.draft_forwards if self.config.speculative else 0
+        if batch.mode is ForwardMode.DRAFT_DECODE and batch.draft_steps != steps:
+            raise ValueError(f"DRAFT_DECODE writes {steps} slot(s) per token, got {batch.draft_steps}")
         q = batch.q_lens
         if MODES[batch.mode].ragged and (q.max() > want):
             raise ValueError(f"{batch.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
@@ -186,24 +193,28 @@ class GraphRuntime:
 
     def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
         tpr = self.capacity(mode)
-        view = self.buffers.view(bucket, tpr)
-        meta = StepMetadata(mode, view, max_seqlen_q=tpr, page_size=self.config.page_size)
+        inputs = self.families.view(mode, bucket, tpr)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
         self._write(_empty_batch(mode), bucket, tpr)
-        local = self.local and self.local.bind(meta, self.local.view(bucket, tpr))
-        ctx = ForwardContext(meta, self.kv, self.backend, local)
-
-        def step() -> torch.Tensor:
-            derive(view, self.req_to_token, self.config.page_size)
-            if local:
-                local.derive(view)
-            return self.forward(view.input_ids, view.positions, ctx)
-
-        graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
-        graph.info.host_scalars = meta.host_scalars() | self.backend.host_scalars() | ctx.host_scalars()
+        program = PROGRAMS[mode]
+        graph, out = self.engine.capture(
+            (mode, bucket), lambda: program(self.env, mode, inputs, tpr), self.config.warmup
+        )
+        graph.info.host_scalars = self._host_scalars(mode, tpr, inputs.cascade is not None)
         self.dispatcher.add(mode, bucket, graph)
         self._outputs[(mode, bucket)] = out
+
+    def _host_scalars(self, mode: ForwardMode, max_q: int, cascade: bool) -> dict[str, Any]:
+        """Every Python value the step's kernels receive, all functions of the graph key."""
+        found: dict[str, Any] = {
+            "max_seqlen_q": max_q,
+            "page_size": self.config.page_size,
+            "cascade": cascade,
+        }
+        if mode is ForwardMode.DRAFT_DECODE and self.config.speculative:
+            found["draft_steps"] = self.config.speculative.draft_forwards
+        return found | self.backend.host_scalars() | self.env.layer_scalars
 
     # ---- steps ---------------------------------------------------------------------------
     def run(self, batch: Batch, *, eager: bool = False) -> torch.Tensor:
@@ -221,26 +232,27 @@ class GraphRuntime:
             if self.config.strict:
                 raise GraphFallbackError(chosen.reason)
             self.dispatcher.count_fallback(chosen)
+            self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
             return self._eager(batch)
         bucket, graph = chosen
         tpr = self.capacity(batch.mode)
         _check_host_scalars(batch, graph.info.host_scalars)
+        start = time.perf_counter()
         self._write(batch, bucket, tpr)
+        updated = time.perf_counter()
         with torch.no_grad():
             graph.replay()
+        self.telemetry.replayed(batch.mode.name, batch.bs, bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(bucket, tpr)
+            self._check_poison(batch.mode, bucket, tpr)
         self.dispatcher.count_replay(batch.mode)
         return self._outputs[(batch.mode, bucket)][: batch.num_tokens].clone()
 
     def _write(self, batch: Batch, bucket: int, tpr: int) -> None:
-        self.buffers.wait_host_free()
         if self.config.debug:
-            self.buffers.poison()
-            if self.local:
-                self.local.buffers.poison()
-        write_host(batch, self.buffers.host_full, bucket, bucket * tpr, self.pad_values(batch.mode))
-        self.buffers.upload()
+            for family in self.families.used_by(batch.mode):
+                family.poison()
+        self.families.write(batch, bucket, bucket * tpr, self.pad_values(batch.mode))
 
     def _eager(self, batch: Batch) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
@@ -248,23 +260,25 @@ class GraphRuntime:
         # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
         # with collectives or side effects sees the same call shape either way.
         rows = max(batch.bs, 1)
-        buffers = fresh_buffers(batch, rows, self.config.max_pages, pad, self.device)
+        tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
+        dims = Dims(rows, tokens, self.config.max_pages, self.config.max_context_len)
+        families = Families(dims, self.device, self.config.speculative, local_geometry(self.config))
+        families.write(batch, rows, tokens, pad)
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
-        meta = StepMetadata(batch.mode, buffers, max_seqlen_q=max_q, page_size=self.config.page_size)
-        local = self.local and self.local.bind(meta, self.local.fresh(buffers.input_ids.shape[0]))
         with torch.no_grad():
-            derive(buffers, self.req_to_token, self.config.page_size)
-            if local:
-                local.derive(buffers)
-            out = self.forward(
-                buffers.input_ids, buffers.positions, ForwardContext(meta, self.kv, self.backend, local)
-            )
+            out = PROGRAMS[batch.mode](self.env, batch.mode, families.full(batch.mode), max_q)
         return out[: batch.num_tokens]
 
-    def _check_poison(self, bucket: int, tpr: int) -> None:
-        left = self.buffers.poisoned(bucket, tpr) + (self.local.poisoned(bucket, tpr) if self.local else [])
+    def _check_poison(self, mode: ForwardMode, bucket: int, tpr: int) -> None:
+        left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, tpr)]
         if left:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+
+    def snapshot(self, path: str, **facts: Any) -> Any:
+        """Write a debug snapshot (JSON + ``.npz``); see :func:`graphrt.snapshot.take_snapshot`."""
+        from graphrt.snapshot import take_snapshot
+
+        return take_snapshot(self, path, **facts)
 
     def stats(self) -> RuntimeStats:
         fallbacks: dict[str, dict[str, int]] = {}

@@ -15,7 +15,7 @@ from graphrt import Batch, ForwardMode, GraphRuntime, PoisonLeft, RuntimeConfig
 from graphrt.attention import available_backends, select_backend
 from graphrt.buffers import Dims
 from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
-from graphrt.local_attention import LocalAttention
+from graphrt.local_attention import LocalGeometry, LocalStep, derive_local
 from graphrt.models import TinyLlama, preset
 from graphrt.models.stack import build_stack
 from graphrt.modes import SpecGeometry
@@ -28,14 +28,14 @@ SEQ_LENS = [C - 1, C, C + 1, C + 2, 2 * C, 2 * C + 1, CONTEXT]
 MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
 
-def local_for(case: PagedCase, page_size: int) -> tuple[LocalAttention, object]:
-    """The local family over ``case`` and its metadata for the case's exact token rows."""
-    tokens = sum(case.q_lens)
-    dims = Dims(len(case.seq_lens), tokens, -(-CONTEXT // page_size), CONTEXT)
-    local = LocalAttention(C, page_size, dims, case.q.device, case.dummy_page, case.req_to_token)
-    step = local.bind(case.meta, local.fresh(tokens))
-    step.derive(case.buffers)
-    return local, step
+def local_for(case: PagedCase, page_size: int) -> LocalStep:
+    """The local family at the case's exact size, derived, and bound to the case's metadata."""
+    dims = Dims(len(case.seq_lens), sum(case.q_lens), -(-CONTEXT // page_size), CONTEXT)
+    geometry = LocalGeometry(C, page_size)
+    family = geometry.family(dims, case.q.device)
+    local = family.view_type(**family.full)
+    derive_local(case.buffers, local, case.req_to_token, geometry, case.dummy_page)
+    return LocalStep.bind(case.meta, local, C)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -43,7 +43,7 @@ def local_for(case: PagedCase, page_size: int) -> tuple[LocalAttention, object]:
 def test_local_backends_match_oracle(device: torch.device, page_size: int, q_lens: list[int]) -> None:
     """Every backend, reading the same local buffers, equals dense chunk-masked attention."""
     case = paged_case(device, page_size, CONTEXT, SEQ_LENS, q_lens)
-    _, step = local_for(case, page_size)
+    step = local_for(case, page_size)
     expected = oracle(case, lambda p: p - p % C)
     assert not torch.allclose(expected, oracle(case, lambda p: 0)), "no token is past a chunk edge"
     atol = tolerance(device)
@@ -61,16 +61,17 @@ def test_local_page_table_is_in_page_units(page_size: int) -> None:
     """Each token's table row: its chunk's pages (slot // page_size), then the dummy page."""
     q_lens = [1, 4, 2, 3, 4, 2, 4]
     case = paged_case(torch.device("cpu"), page_size, CONTEXT, SEQ_LENS, q_lens)
-    local, step = local_for(case, page_size)
+    step = local_for(case, page_size)
     b = step.meta.buffers
-    assert local.chunk_pages == C // page_size and b.page_table.shape == (sum(q_lens), C // page_size)
+    chunk_pages = C // page_size
+    assert b.page_table.shape == (sum(q_lens), chunk_pages)
     t = 0
     for slots, n, q_len in zip(case.slots, SEQ_LENS, q_lens, strict=True):
         for p in range(n - q_len, n):
             start = p - p % C
             want = [
                 slots[start + j * page_size] // page_size if start + j * page_size <= p else case.dummy_page
-                for j in range(local.chunk_pages)
+                for j in range(chunk_pages)
             ]
             assert b.page_table[t].tolist() == want, f"token at position {p}"
             assert int(b.cache_seqlens[t]) == p - start + 1
@@ -102,7 +103,7 @@ def test_local_replay_matches_eager_across_chunk_edges(device: torch.device, pag
         runtime = setup.runtime
         rng = np.random.default_rng(page_size)
         prefill(setup, list(range(6)), [CONTEXT] * 6, rng)
-        view = runtime.local.view(4, 1)
+        view = runtime.families.local.view(4, 1)
         ptrs = [view.page_table.data_ptr(), view.cache_seqlens.data_ptr(), view.cu_seqlens_q.data_ptr()]
         reqs = [4, 0, 2]
         for step in range(4):  # lengths 31..34 / 63..66 / 30..33
@@ -143,8 +144,8 @@ def test_shrinking_batch_leaves_no_stale_local_row(device: torch.device) -> None
             parity_step(setup, decode_batch(setup, reqs, lens, rng), device)
         except PoisonLeft as exc:
             pytest.fail(f"bs {bs}: {exc}")
-        assert runtime.local.buffers.pad_violations(4, 1, bs, pad) == []
-        view = runtime.local.view(4, 1)
+        assert runtime.families.local.pad_violations(4, 1, bs, pad) == []
+        view = runtime.families.local.view(4, 1)
         assert view.cache_seqlens[bs:].tolist() == [1] * (4 - bs)
     # NOTE: an IDLE step (bs 0) replays its all-padding graph: every row reads the dummy page.
     empty = np.zeros(0, dtype=np.int64)
@@ -153,7 +154,7 @@ def test_shrinking_batch_leaves_no_stale_local_row(device: torch.device) -> None
     )
     assert runtime.run(idle).shape == (0, setup.model.vocab_size)
     assert runtime.stats().replays["IDLE"] == 1
-    assert (runtime.local.view(4, 1).page_table == setup.kv.dummy_page).all()
+    assert (runtime.families.local.view(4, 1).page_table == setup.kv.dummy_page).all()
 
 
 def test_chunk_must_be_a_multiple_of_page_size() -> None:
@@ -180,6 +181,6 @@ def test_local_model_without_local_buffers_is_refused() -> None:
     kv = PagedKVCache(shape, torch.float32, cpu)
     r2t = ReqToToken(2, CONTEXT, 16, kv.dummy_slot, cpu)
     runtime = GraphRuntime(model, kv, r2t, config)
-    assert runtime.local is None
+    assert runtime.families.local is None
     with pytest.raises(ValueError, match=r"set RuntimeConfig.attention_chunk_size=32"):
         runtime.capture()

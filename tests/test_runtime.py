@@ -102,6 +102,7 @@ def test_pad_rows_after_shrink_in_bucket(device: torch.device, page_size: int) -
         "dummy_req": 8,
         "pad_q_len": 1,
         "pad_seq_len": 1,
+        "pad_prefix_len": 1,
     }
     v = runtime.buffers.view(8)
     # real rows

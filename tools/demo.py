@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphrt.engine import Engine
+from graphrt.parity import parity_sweep
 from graphrt.tools.env import environment
 
 
@@ -36,10 +37,20 @@ def run_demo(args: argparse.Namespace) -> int:
     for engine in (graphed, eager):  # NOTE: one untimed warm pass (allocator, kernels' JIT)
         engine.generate(prompts[:2], 2)
         engine.logits.clear()
+    graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times, not launches
     out_graph = graphed.generate(prompts, budgets)
     out_eager = eager.generate(prompts, budgets)
     console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
+    if args.snapshot:
+        write_snapshot(graphed, args.snapshot)
+        console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
     return 0 if out_graph == out_eager else 1
+
+
+def write_snapshot(engine: Engine, path: str) -> None:
+    """Check parity on every captured bucket (idle engine), then snapshot the runtime."""
+    parity = parity_sweep(engine.runtime)
+    engine.runtime.snapshot(path, environment=environment(engine.device), parity=parity)
 
 
 def _max_logit_diff(a: Engine, b: Engine) -> float:
@@ -96,4 +107,4 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
     return table
 
 
-__all__ = ["demo_prompts", "run_demo"]
+__all__ = ["demo_prompts", "run_demo", "write_snapshot"]

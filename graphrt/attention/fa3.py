@@ -28,9 +28,10 @@ class FA3Backend:
     name = "fa3"
 
     def __init__(self) -> None:
+        from sgl_kernel import merge_state_v2
         from sgl_kernel.flash_attn import flash_attn_with_kvcache
 
-        self._kernel = flash_attn_with_kvcache
+        self._kernel, self._merge = flash_attn_with_kvcache, merge_state_v2
 
     def forward(
         self,
@@ -41,6 +42,8 @@ class FA3Backend:
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:
+        if meta.cascade is not None:
+            return self._cascade(q, k_cache, v_cache, meta, scale)
         b = meta.buffers
         # NOTE: num_splits=0 lets FA3 pick splits from shapes (page-table width), never from
         # data, so the choice made at capture holds for every replay.
@@ -57,6 +60,39 @@ class FA3Backend:
             window_size=(-1, -1) if window is None else (window, 0),
             num_splits=0,
         )
+
+    def _cascade(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: StepMetadata, scale: float
+    ) -> torch.Tensor:
+        """Prefix through the page table (non-causal) + expand lists over single slots, merged."""
+        b, c = meta.buffers, meta.cascade
+        assert c is not None
+        common = {"softmax_scale": scale, "causal": False, "num_splits": 0, "return_softmax_lse": True}
+        o_pre, lse_pre, *_ = self._kernel(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            page_table=b.page_table,
+            cache_seqlens=c.prefix_seqlens,
+            cu_seqlens_q=b.cu_seqlens_q,
+            max_seqlen_q=meta.max_seqlen_q,
+            **common,
+        )
+        # NOTE: the expand part sees the cache as pages of one slot, so its table lists slots.
+        slots = (-1, 1, *k_cache.shape[2:])
+        o_x, lse_x, *_ = self._kernel(
+            q=q,
+            k_cache=k_cache.view(slots),
+            v_cache=v_cache.view(slots),
+            page_table=c.expand_table,
+            cache_seqlens=c.expand_seqlens,
+            cu_seqlens_q=c.expand_cu_seqlens_q,
+            max_seqlen_q=1,
+            **common,
+        )
+        # NOTE: varlen FA3 returns lse as [heads, tokens]; merge_state wants [tokens, heads].
+        out, _ = self._merge(o_pre, lse_pre.t().contiguous(), o_x, lse_x.t().contiguous())
+        return out
 
     def host_scalars(self) -> dict[str, Any]:
         return {"fa3.causal": True, "fa3.num_splits": 0}

@@ -15,6 +15,44 @@ from graphrt.attention.base import register
 from graphrt.metadata import StepMetadata
 
 
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention of ``q [B, Q, hq, d]`` over ``k``/``v [B, L, kvh, d]``.
+
+    ``allowed [B, Q, L]`` bool. Returns ``out [B, Q, hq, d]`` float32 and ``lse [B, Q, hq]``
+    (natural log-sum-exp of the scaled scores; ``-inf`` where a row allows no key, whose
+    output is then 0).
+    """
+    bs, nq, hq, d = q.shape
+    kvh = k.shape[2]
+    # NOTE: GQA by grouping query heads (head h reads kv head h // group), no K/V repeat.
+    qg = q.float().view(bs, nq, kvh, hq // kvh, d)
+    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k.float()) * scale
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None])
+    out = torch.einsum("bkgql,blkd->bqkgd", probs, v.float()).reshape(bs, nq, hq, d)
+    return out, lse.permute(0, 3, 1, 2).reshape(bs, nq, hq)
+
+
+def paged_keys(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``[bs, max_pages * page_size, kvh, d]`` keys and values through the page table.
+
+    Values past each sequence are zeroed so stale or poisoned pages cannot leak NaN (0 * NaN).
+    """
+    bs = page_table.shape[0]
+    page_size, kvh, d = k_cache.shape[1:]
+    offsets = torch.arange(page_size, device=page_table.device)
+    slots = (page_table.long()[:, :, None] * page_size + offsets).view(bs, -1)
+    k = k_cache.view(-1, kvh, d)[slots]
+    v = v_cache.view(-1, kvh, d)[slots]
+    keys = torch.arange(slots.shape[1], device=slots.device)
+    return k, v.masked_fill((keys[None, :] >= seq_lens.long()[:, None])[:, :, None, None], 0.0)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -31,28 +69,50 @@ def paged_attention(
     query tokens, which are the last ``q_lens[b]`` positions (default: all ``max_q``); query
     rows past ``q_lens[b]`` are padding (their output is meaningless and dropped by callers).
     ``window``: a query at position ``p`` sees keys ``p - window … p`` only. Returns
-    ``[bs, max_q, hq, d]``.
+    ``[bs, max_q, hq, d]`` in ``q``'s dtype.
     """
-    bs, max_q, hq, d = q.shape
-    page_size, kvh = k_cache.shape[1], k_cache.shape[2]
-    offsets = torch.arange(page_size, device=q.device)
-    slots = (page_table.long()[:, :, None] * page_size + offsets).view(bs, -1)
-    # NOTE: GQA by grouping query heads (head h reads kv head h // group), no K/V repeat.
-    qg = q.float().view(bs, max_q, kvh, hq // kvh, d)
-    k = k_cache.view(-1, kvh, d)[slots].float()
-    v = v_cache.view(-1, kvh, d)[slots].float()
-    keys = torch.arange(slots.shape[1], device=q.device)
-    # NOTE: zero V past each sequence so stale or poisoned pages cannot leak NaN through 0 * NaN.
-    v = v.masked_fill((keys[None, :] >= seq_lens.long()[:, None])[:, :, None, None], 0.0)
-    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k) * scale
+    max_q = q.shape[1]
+    k, v = paged_keys(k_cache, v_cache, page_table, seq_lens)
+    keys = torch.arange(k.shape[1], device=q.device)
     q_len = torch.full_like(seq_lens, max_q) if q_lens is None else q_lens
     q_pos = (seq_lens - q_len).long()[:, None] + torch.arange(max_q, device=q.device)
     allowed = keys[None, None, :] <= q_pos[:, :, None]  # causal, hence also < seq_len
     if window is not None:
         allowed &= keys[None, None, :] >= q_pos[:, :, None] - window
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
-    out = torch.einsum("bkgql,blkd->bqkgd", scores.softmax(dim=-1), v).reshape(bs, max_q, hq, d)
-    return out.to(q.dtype)
+    return masked_attention(q, k, v, allowed, scale)[0].to(q.dtype)
+
+
+def merge_states(
+    o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """Merge two partial attentions ``o [T, h, d]`` with their ``lse [T, h]`` (torch merge_state)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    finite = lse.nan_to_num(neginf=0.0)
+    w_a = torch.exp(lse_a - finite).nan_to_num(0.0)[..., None]
+    w_b = torch.exp(lse_b - finite).nan_to_num(0.0)[..., None]
+    return o_a.float() * w_a + o_b.float() * w_b
+
+
+def cascade_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: StepMetadata, scale: float
+) -> torch.Tensor:
+    """Tree attention: the shared prefix (non-causal) merged with each token's expand list."""
+    b, c = meta.buffers, meta.cascade
+    assert c is not None
+    padded, _, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
+    k, v = paged_keys(k_cache, v_cache, b.page_table, c.prefix_seqlens)
+    keys = torch.arange(k.shape[1], device=q.device)
+    allowed = (keys[None, :] < c.prefix_seqlens.long()[:, None])[:, None, :].expand(-1, padded.shape[1], -1)
+    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale)
+    o_pre, lse_pre = unpad_queries(o_pre, index, q.shape[0]), unpad_queries(lse_pre, index, q.shape[0])
+    kvh, d = k_cache.shape[2:]
+    slots = c.expand_table.long()
+    width = torch.arange(slots.shape[1], device=q.device)
+    allowed = (width[None, :] < c.expand_seqlens.long()[:, None])[:, None, :]
+    k_x, v_x = k_cache.view(-1, kvh, d)[slots], v_cache.view(-1, kvh, d)[slots]
+    v_x = v_x.masked_fill(~allowed[:, 0, :, None, None], 0.0)
+    o_x, lse_x = masked_attention(q[:, None], k_x, v_x, allowed, scale)
+    return merge_states(o_pre, lse_pre, o_x[:, 0], lse_x[:, 0]).to(q.dtype)
 
 
 def pad_queries(
@@ -75,6 +135,7 @@ def pad_queries(
 def unpad_queries(out: torch.Tensor, index: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """Inverse of :func:`pad_queries`: padded rows land in a dropped trailing row."""
     packed = out.new_zeros(num_tokens + 1, *out.shape[2:])
+    # NOTE: pad entries of index all name the dropped row num_tokens.
     packed.index_copy_(0, index.reshape(-1), out.reshape(-1, *out.shape[2:]))
     return packed[:num_tokens]
 
@@ -91,6 +152,8 @@ class ReferenceBackend:
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:
+        if meta.cascade is not None:
+            return cascade_attention(q, k_cache, v_cache, meta, scale)
         b = meta.buffers
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
         out = paged_attention(padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window)

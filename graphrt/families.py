@@ -1,0 +1,118 @@
+"""The static buffer families of a runtime and which modes write which.
+
+``step`` serves every mode; ``cascade`` (expand lists and prefix lengths) exists when the
+speculative geometry has ``topk > 1`` and serves TARGET_VERIFY and DRAFT_DECODE; ``draft``
+(every draft step's KV slots) serves DRAFT_DECODE. The eager path builds the same families
+at the step's exact size, so both paths share every write and derive function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from graphrt.batch import Batch
+from graphrt.buffers import BufferSpec, Dims, MemoryReport, PadRule, StaticBuffers
+from graphrt.cascade import CascadeBuffers, cascade_specs, write_tree_host
+from graphrt.local_attention import LocalBuffers, LocalGeometry
+from graphrt.metadata import STEP_SPECS, StepBuffers, write_host
+from graphrt.modes import ForwardMode, SpecGeometry
+
+TREE_MODES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_DECODE)
+
+
+def draft_specs(steps: int) -> tuple[BufferSpec, ...]:
+    return (
+        BufferSpec(
+            "draft_loc", ("max_tokens", steps), torch.int64, PadRule("const", "dummy_slot"), host=True
+        ),
+    )
+
+
+@dataclass(slots=True)
+class DraftBuffers:
+    """``draft_loc [T, steps]`` int64: the KV slot of each branch token at every draft step."""
+
+    draft_loc: torch.Tensor
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything one step's graph reads besides weights and the KV cache."""
+
+    step: StepBuffers
+    cascade: CascadeBuffers | None
+    draft: DraftBuffers | None
+    local: LocalBuffers | None = None
+
+
+class Families:
+    """The runtime's buffer families, allocated once at ``dims`` (or exactly, for eager)."""
+
+    def __init__(
+        self, dims: Dims, device: torch.device, spec: SpecGeometry | None, local: LocalGeometry | None = None
+    ) -> None:
+        self.spec = spec
+        self.step = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, device)
+        self.cascade = None
+        self.draft = None
+        if spec is not None and spec.topk > 1:
+            width = max(spec.num_draft_tokens, spec.draft_forwards)
+            self.cascade = StaticBuffers("cascade", cascade_specs(width), CascadeBuffers, dims, device)
+        if spec is not None and spec.draft_forwards > 0:
+            self.draft = StaticBuffers("draft", draft_specs(spec.draft_forwards), DraftBuffers, dims, device)
+        # NOTE: chunked-local attention: derived on the device by every mode's program.
+        self.local = None if local is None else local.family(dims, device)
+
+    def used_by(self, mode: ForwardMode) -> list[StaticBuffers]:
+        """The families ``mode`` writes and reads (its update touches nothing else)."""
+        used = [self.step]
+        if self.cascade is not None and mode in TREE_MODES:
+            used.append(self.cascade)
+        if self.draft is not None and mode is ForwardMode.DRAFT_DECODE:
+            used.append(self.draft)
+        if self.local is not None:
+            used.append(self.local)
+        return used
+
+    def view(self, mode: ForwardMode, bucket: int, tokens_per_req: int) -> StepInputs:
+        views = {f.family: f.view(bucket, tokens_per_req) for f in self.used_by(mode)}
+        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), views.get("local"))
+
+    def full(self, mode: ForwardMode) -> StepInputs:
+        """Whole-allocation views (the eager path allocates families at the exact size)."""
+        views = {f.family: f.view_type(**f.full) for f in self.used_by(mode)}
+        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), views.get("local"))
+
+    def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
+        """Host half of the update for every family the mode uses, then one copy each."""
+        used = self.used_by(batch.mode)
+        for family in used:
+            family.wait_host_free()
+        write_host(batch, self.step.host_full, rows, tokens, pad)
+        if self.cascade in used:
+            _write_cascade(batch, self.cascade.host_full, tokens, pad["dummy_slot"])
+        if self.draft in used:
+            loc = self.draft.host_full["draft_loc"]
+            loc[:tokens] = pad["dummy_slot"]
+            loc[: batch.num_tokens] = batch.out_cache_loc_steps
+        for family in used:
+            family.upload()
+
+    def memory_reports(self) -> tuple[MemoryReport, ...]:
+        return tuple(
+            f.memory_report() for f in (self.step, self.cascade, self.draft, self.local) if f is not None
+        )
+
+
+def _write_cascade(batch: Batch, host: dict[str, np.ndarray], tokens: int, dummy_slot: int) -> None:
+    if batch.tree_mask is not None or batch.mode is ForwardMode.TARGET_VERIFY:
+        write_tree_host(batch, host, tokens, dummy_slot)
+        return
+    # NOTE: DRAFT_DECODE derives its expand lists per step inside the graph; only the
+    # one-query-per-token offsets are read from here.
+    host["expand_table"][:tokens] = dummy_slot
+    host["expand_seqlens"][:tokens] = 1
+    host["expand_cu_seqlens_q"][: tokens + 1] = np.arange(tokens + 1)

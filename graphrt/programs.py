@@ -1,0 +1,110 @@
+"""What runs inside one step's graph, per mode: one table, no if/elif over modes.
+
+A program takes the step's inputs (bucket views on the graph path, exact-size buffers on
+the eager path) and returns the step's output. Every program first runs the device half of
+the update (slots into ``req_to_token``, page table, cascade prefix), then the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from graphrt.attention.base import AttentionBackend
+from graphrt.cascade import derive_prefix, draft_step_cascade
+from graphrt.context import ForwardContext
+from graphrt.families import StepInputs
+from graphrt.kv_cache import PagedKVCache, ReqToToken
+from graphrt.local_attention import LocalBuffers, LocalGeometry, LocalStep, derive_local
+from graphrt.metadata import StepBuffers, StepMetadata, derive, gather_page_table, record_slots
+from graphrt.modes import ForwardMode
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnv:
+    """What a program needs besides its inputs."""
+
+    forward: ForwardFn
+    kv: PagedKVCache
+    req_to_token: ReqToToken
+    backend: AttentionBackend
+    page_size: int
+    local: LocalGeometry | None = None
+    #: Per-layer scalars (window, chunk) the model passed; model constants, kept per graph.
+    layer_scalars: dict = field(default_factory=dict)
+
+    def call(
+        self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, local: LocalBuffers | None
+    ) -> torch.Tensor:
+        """Run the model; with ``local`` buffers, first derive this step's virtual batch."""
+        bound = None
+        if local is not None:
+            assert self.local is not None, "local buffers without a local geometry"
+            derive_local(buffers, local, self.req_to_token, self.local, self.kv.dummy_page)
+            bound = LocalStep.bind(meta, local, self.local.chunk_size)
+        ctx = ForwardContext(meta, self.kv, self.backend, bound, self.layer_scalars)
+        return self.forward(input_ids, buffers.positions, ctx)
+
+
+def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
+    """DECODE, TARGET_VERIFY (chain or tree), DRAFT_EXTEND, IDLE: one model forward.
+
+    Returns the forward's output for every token row (``[T, ...]``).
+    """
+    b = inputs.step
+    derive(b, env.req_to_token, env.page_size)
+    if inputs.cascade is not None:
+        # NOTE: a verify tree is the last max_q (= num_draft_tokens) positions of each request.
+        derive_prefix(inputs.cascade, b.cache_seqlens, max_q)
+    meta = StepMetadata(mode, b, max_q, env.page_size, inputs.cascade)
+    return env.call(b, meta, b.input_ids, inputs.local)
+
+
+def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
+    """DRAFT_DECODE: every draft step in one graph, each step's token the argmax of the last.
+
+    Step ``i`` of a chain attends ``seq_len + i`` keys through the page table; in a tree
+    (``topk > 1``) each branch attends the shared prefix plus its own draft slots ``0..i``.
+    Returns the draft tokens ``[T, steps]`` int64.
+    """
+    b, draft = inputs.step, inputs.draft
+    assert draft is not None, "DRAFT_DECODE needs the draft buffer family"
+    loc = draft.draft_loc
+    steps = [
+        dataclasses.replace(
+            b, positions=b.positions + i, out_cache_loc=loc[:, i], cache_seqlens=b.cache_seqlens + i
+        )
+        for i in range(loc.shape[1])
+    ]
+    tree = inputs.cascade is not None
+    if not tree:
+        for step in steps:  # NOTE: chain drafts own positions seq_len-1+i of their request
+            record_slots(step, env.req_to_token)
+    gather_page_table(b, env.req_to_token, env.page_size)
+    if tree:
+        derive_prefix(inputs.cascade, b.cache_seqlens, 1)
+    tokens, out = b.input_ids, []
+    for i, step in enumerate(steps):
+        cascade = draft_step_cascade(inputs.cascade, loc, i) if tree else None
+        meta = StepMetadata(mode, step, max_q, env.page_size, cascade)
+        logits = env.call(step, meta, tokens, inputs.local)
+        tokens = logits.argmax(dim=-1)
+        out.append(tokens)
+    return torch.stack(out, dim=1)
+
+
+Program = Callable[[StepEnv, ForwardMode, StepInputs, int], torch.Tensor]
+
+PROGRAMS: dict[ForwardMode, Program] = {
+    ForwardMode.DECODE: forward_once,
+    ForwardMode.TARGET_VERIFY: forward_once,
+    ForwardMode.DRAFT_DECODE: draft_loop,
+    ForwardMode.DRAFT_EXTEND: forward_once,
+    ForwardMode.IDLE: forward_once,
+    ForwardMode.EXTEND: forward_once,
+}

@@ -1,0 +1,126 @@
+"""The snapshot schema: plain frozen dataclasses, written as JSON by ``graphrt.snapshot``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphrt.parity import ParityResult
+from graphrt.telemetry import StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class KernelFacts:
+    """A kernel (CUDA) or recorded op (emulated) with its count; launch dims only on CUDA."""
+
+    name: str
+    count: int
+    grid: str = ""
+    block: str = ""
+    smem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferRead:
+    """A static-buffer view a graph reads: the bucket's slice, at its captured address."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    address: int
+
+
+@dataclass(frozen=True, slots=True)
+class GraphFacts:
+    mode: str
+    bucket: int
+    tokens_per_req: int
+    capture_ms: float
+    pool_bytes: int
+    num_nodes: int
+    replays: int
+    kernels: tuple[KernelFacts, ...]
+    host_scalars: dict[str, Any]
+    reads: tuple[BufferRead, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackFacts:
+    mode: str
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferFacts:
+    """One declared static buffer at its full (allocation) size."""
+
+    name: str
+    shape: tuple[str | int, ...]  # symbolic, as declared
+    size: tuple[int, ...]
+    dtype: str
+    pad_kind: str
+    pad_value: int | float | str
+    host: bool
+    nbytes: int
+    offset: int  # bytes from the start of the arena
+    address: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFacts:
+    family: str
+    arena_bytes: int
+    host_arena_bytes: int
+    total_bytes: int
+    buffers: tuple[BufferFacts, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ContentsFacts:
+    """Which step the ``.npz`` contents were written by: rows ``bs..bucket`` are pad rows.
+
+    ``bucket`` is None when nothing was replayed yet (the contents are then capture's).
+    """
+
+    file: str
+    mode: str
+    bucket: int | None
+    bs: int
+    tokens_per_req: int
+    pad_values: dict[str, int]
+    violations: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryFacts:
+    capacity: int
+    sync: bool
+    steps: dict[str, int]
+    records: tuple[StepRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything ``graphrt debug`` and ``graphrt inspect`` show; ``arrays`` come from the ``.npz``."""
+
+    version: int
+    created: str
+    environment: dict[str, Any]
+    engine: str
+    backend: str
+    config: dict[str, Any]
+    graphs: tuple[GraphFacts, ...]
+    fallbacks: tuple[FallbackFacts, ...]
+    replays: dict[str, int]
+    eager: dict[str, int]
+    memory: MemoryFacts
+    contents: ContentsFacts
+    telemetry: TelemetryFacts
+    parity: tuple[ParityResult, ...]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def graph(self, mode: str, bucket: int) -> GraphFacts | None:
+        return next((g for g in self.graphs if g.mode == mode and g.bucket == bucket), None)

@@ -1,0 +1,82 @@
+"""Per-step timings in a bounded ring: what each replay cost and why a step ran eagerly."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import torch
+
+#: Steps kept by default; older records drop off the ring (counters keep counting).
+DEFAULT_CAPACITY = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of :meth:`GraphRuntime.run`.
+
+    ``update_us`` is the host write plus the upload launch. ``launch_us`` is the host time of
+    ``graph.replay()``: on CUDA that is the launch only, on the emulated engine the whole
+    replay. ``replay_us`` is measured up to a device sync, only when ``Telemetry.sync`` is on.
+    A fallback step has ``bucket`` None, zero times and the dispatcher's reason.
+    """
+
+    mode: str
+    bs: int
+    bucket: int | None
+    update_us: float
+    launch_us: float
+    replay_us: float | None = None
+    fallback: str | None = None
+
+
+class Telemetry:
+    """A ring of :class:`StepRecord` plus counters over every step ever recorded.
+
+    Parameters
+    ----------
+    capacity : int
+        Records kept.
+    sync : bool
+        Synchronize the device after each replay to measure ``replay_us``; costs throughput,
+        so only demos and debugging turn it on.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, sync: bool = False) -> None:
+        self.records: deque[StepRecord] = deque(maxlen=capacity)
+        self.sync = sync
+        self.steps: Counter[str] = Counter()
+        self.fallbacks: Counter[tuple[str, str]] = Counter()
+
+    @property
+    def capacity(self) -> int:
+        return self.records.maxlen or 0
+
+    def replayed(
+        self, mode: str, bs: int, bucket: int, start: float, updated: float, device: torch.device
+    ) -> None:
+        """Record a replay whose update began at ``start`` and whose launch began at ``updated``.
+
+        Both are ``time.perf_counter()`` readings; the launch is taken to end now.
+        """
+        launched = time.perf_counter()
+        replay_us = None
+        if self.sync:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            replay_us = (time.perf_counter() - updated) * 1e6
+        self.steps[mode] += 1
+        self.records.append(
+            StepRecord(mode, bs, bucket, (updated - start) * 1e6, (launched - updated) * 1e6, replay_us)
+        )
+
+    def fell_back(self, mode: str, bs: int, reason: str) -> None:
+        """Record a step that ran eagerly because no graph fits it."""
+        self.steps[mode] += 1
+        self.fallbacks[(mode, reason)] += 1
+        self.records.append(StepRecord(mode, bs, None, 0.0, 0.0, None, reason))
+
+    def last_replay(self) -> StepRecord | None:
+        """The most recent replayed step still in the ring."""
+        return next((r for r in reversed(self.records) if r.bucket is not None), None)

@@ -1,0 +1,270 @@
+"""Rows of text from a snapshot, shared by ``graphrt inspect`` (rich) and ``graphrt debug`` (Textual).
+
+Nothing here imports Textual: the GPU box runs ``inspect`` without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphrt.snapshot import GraphFacts, Snapshot
+
+Row = tuple[str, ...]
+
+GRAPH_COLUMNS = (
+    "mode",
+    "bucket",
+    "captured",
+    "capture ms",
+    "pool MiB",
+    "nodes",
+    "replays",
+    "fallbacks",
+    "parity",
+)
+KERNEL_COLUMNS = ("kernel / op", "count", "grid", "block", "smem")
+READ_COLUMNS = ("buffer", "shape", "dtype", "address")
+BUFFER_COLUMNS = ("buffer", "declared", "size", "dtype", "pad rule", "written", "bytes", "offset", "address")
+PARITY_COLUMNS = (
+    "mode",
+    "bucket",
+    "bs",
+    "max |diff|",
+    "tol",
+    "first > tol (token, col)",
+    "worst at",
+    "status",
+)
+FALLBACK_COLUMNS = ("mode", "reason", "count")
+RECENT_COLUMNS = ("#", "mode", "bs", "bucket", "update µs", "launch µs", "replay µs", "fallback")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def parity_status(snap: Snapshot, mode: str, bucket: int) -> str:
+    res = next((p for p in snap.parity if p.mode == mode and p.bucket == bucket), None)
+    if res is None:
+        return "-"
+    if res.first_bad is None:
+        return f"ok {res.max_diff:.1e}"
+    return f"FAIL {res.max_diff:.1e} @ {res.first_bad}"
+
+
+def _fallbacks_by_bucket(snap: Snapshot) -> dict[tuple[str, int | None], int]:
+    """Fallback steps in the telemetry ring per (mode, bucket they would fit; None: none fits)."""
+    buckets = sorted({g.bucket for g in snap.graphs})
+    out: dict[tuple[str, int | None], int] = {}
+    for r in snap.telemetry.records:
+        if r.fallback is not None:
+            fit = next((b for b in buckets if b >= r.bs), None)
+            out[(r.mode, fit)] = out.get((r.mode, fit), 0) + 1
+    return out
+
+
+def graph_rows(snap: Snapshot) -> list[Row]:
+    """The mode × bucket grid: one row per captured or fallen-back (mode, bucket)."""
+    buckets = sorted({g.bucket for g in snap.graphs})
+    fallbacks = _fallbacks_by_bucket(snap)
+    modes = sorted({g.mode for g in snap.graphs} | {f.mode for f in snap.fallbacks})
+    rows: list[Row] = []
+    for mode in modes:
+        for bucket in buckets:
+            g = snap.graph(mode, bucket)
+            fb = str(fallbacks.get((mode, bucket), 0))
+            if g is None:
+                rows.append((mode, str(bucket), "no", "-", "-", "-", "-", fb, "-"))
+                continue
+            rows.append(
+                (
+                    mode,
+                    str(bucket),
+                    "yes",
+                    f"{g.capture_ms:.1f}",
+                    _mib(g.pool_bytes),
+                    str(g.num_nodes),
+                    str(g.replays),
+                    fb,
+                    parity_status(snap, mode, bucket),
+                )
+            )
+        if fallbacks.get((mode, None)):
+            big = f">{buckets[-1]}" if buckets else "any"
+            rows.append((mode, big, "no", "-", "-", "-", "-", str(fallbacks[(mode, None)]), "-"))
+    return rows
+
+
+def kernel_rows(graph: GraphFacts) -> list[Row]:
+    kernels = sorted(graph.kernels, key=lambda k: (-k.count, k.name))
+    return [(k.name, str(k.count), k.grid or "-", k.block or "-", k.smem or "-") for k in kernels]
+
+
+def host_scalar_rows(graph: GraphFacts) -> list[Row]:
+    return [(k, repr(v)) for k, v in sorted(graph.host_scalars.items())]
+
+
+def read_rows(graph: GraphFacts) -> list[Row]:
+    return [(r.name, "×".join(map(str, r.shape)), r.dtype, f"0x{r.address:x}") for r in graph.reads]
+
+
+def buffer_rows(snap: Snapshot) -> list[Row]:
+    return [
+        (
+            b.name,
+            "[" + ", ".join(map(str, b.shape)) + "]",
+            "×".join(map(str, b.size)),
+            b.dtype,
+            f"{b.pad_kind} {b.pad_value}" if b.pad_kind != "free" else "free",
+            "host" if b.host else "device",
+            str(b.nbytes),
+            str(b.offset),
+            f"0x{b.address:x}",
+        )
+        for b in snap.memory.buffers
+    ]
+
+
+# ---- buffer contents -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class BufferRows:
+    """One buffer's rows for a bucket. ``status`` per row: real, pad, pad! (breaks the rule), stale."""
+
+    name: str
+    bucket: int
+    values: tuple[str, ...]
+    status: tuple[str, ...]
+
+    @property
+    def broken(self) -> list[int]:
+        return [i for i, s in enumerate(self.status) if s == "pad!"]
+
+
+def _rows_for(dim: str | int, bs: int, tpr: int) -> int | None:
+    if not isinstance(dim, str) or dim.partition("+")[0] not in ("max_bs", "max_tokens"):
+        return None
+    name, _, extra = dim.partition("+")
+    return (bs if name == "max_bs" else bs * tpr) + int(extra or 0)
+
+
+def _fmt(row: np.ndarray, limit: int = 12) -> str:
+    flat = np.atleast_1d(row).ravel()
+    text = " ".join(str(v) for v in flat[:limit])
+    return text + (f" … (+{flat.size - limit})" if flat.size > limit else "")
+
+
+def buffer_contents(snap: Snapshot, name: str, bucket: int) -> BufferRows | None:
+    """Rows ``[:bucket]`` of ``name`` as written by the snapshot's last step, pad rows checked."""
+    spec = next((b for b in snap.memory.buffers if b.name == name), None)
+    if spec is None or name not in snap.arrays:
+        return None
+    c = snap.contents
+    written = c.bucket if c.bucket is not None else 0
+    n = _rows_for(spec.shape[0], bucket, c.tokens_per_req)
+    real = _rows_for(spec.shape[0], c.bs, c.tokens_per_req)
+    end = _rows_for(spec.shape[0], written, c.tokens_per_req)
+    arr = snap.arrays[name]
+    if n is None or real is None or end is None:  # NOTE: no batch axis: every row is real
+        return BufferRows(name, bucket, tuple(_fmt(r) for r in arr), ("real",) * len(arr))
+    arr = arr[: min(n, len(arr))]
+    value = c.pad_values.get(spec.pad_value, 0) if isinstance(spec.pad_value, str) else spec.pad_value
+    status = []
+    for i, row in enumerate(arr):
+        if i < real:
+            status.append("real")
+        elif i >= end:
+            status.append("stale")
+        elif spec.pad_kind == "const":
+            status.append("pad" if np.all(row == value) else "pad!")
+        elif spec.pad_kind == "step":
+            status.append("pad" if i == 0 or row - arr[i - 1] == value else "pad!")
+        else:
+            status.append("pad")
+    return BufferRows(name, bucket, tuple(_fmt(r) for r in arr), tuple(status))
+
+
+# ---- replays and parity ----------------------------------------------------------------------
+def percentiles(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
+    return f"p50 {p50:.1f}  p90 {p90:.1f}  p99 {p99:.1f}  max {max(values):.1f}"
+
+
+def replay_summary(snap: Snapshot) -> list[Row]:
+    replays = [r for r in snap.telemetry.records if r.bucket is not None]
+    synced = [r.replay_us for r in replays if r.replay_us is not None]
+    rows = [
+        ("steps recorded", f"{len(snap.telemetry.records)} (ring of {snap.telemetry.capacity})"),
+        ("replays / fallbacks", f"{len(replays)} / {len(snap.telemetry.records) - len(replays)}"),
+        ("update µs", percentiles([r.update_us for r in replays])),
+        ("launch µs", percentiles([r.launch_us for r in replays])),
+    ]
+    if synced:
+        rows.append(("replay µs (synced)", percentiles(synced)))
+    return rows
+
+
+def histogram(values: Sequence[float], bins: int = 8, width: int = 30) -> list[str]:
+    """Text histogram, one line per bin: ``lo–hi µs  ████  count``."""
+    if not values:
+        return ["(no replays recorded)"]
+    counts, edges = np.histogram(np.asarray(values), bins=bins)
+    top = max(int(counts.max()), 1)
+    return [
+        f"{edges[i]:8.1f}–{edges[i + 1]:<8.1f} {'█' * round(width * c / top):<{width}} {c}"
+        for i, c in enumerate(counts)
+    ]
+
+
+def recent_rows(snap: Snapshot, n: int = 50) -> list[Row]:
+    records = list(snap.telemetry.records)[-n:]
+    first = len(snap.telemetry.records) - len(records)
+    return [
+        (
+            str(first + i),
+            r.mode,
+            str(r.bs),
+            "-" if r.bucket is None else str(r.bucket),
+            f"{r.update_us:.1f}",
+            f"{r.launch_us:.1f}",
+            "-" if r.replay_us is None else f"{r.replay_us:.1f}",
+            r.fallback or "",
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+def fallback_rows(snap: Snapshot) -> list[Row]:
+    return [(f.mode, f.reason, str(f.count)) for f in snap.fallbacks]
+
+
+def parity_rows(snap: Snapshot) -> list[Row]:
+    return [
+        (
+            p.mode,
+            str(p.bucket),
+            str(p.bs),
+            f"{p.max_diff:.3g}",
+            f"{p.tol:g}",
+            "-" if p.first_bad is None else str(tuple(p.first_bad)),
+            "-" if p.worst is None else str(tuple(p.worst)),
+            "ok" if p.first_bad is None else "FAIL",
+        )
+        for p in sorted(snap.parity, key=lambda p: (p.mode, p.bucket))
+    ]
+
+
+def header_rows(snap: Snapshot) -> list[Row]:
+    env = snap.environment
+    cfg = snap.config
+    return [
+        ("snapshot", f"version {snap.version}, {snap.created}"),
+        ("device", f"{env.get('device')} (torch {env.get('torch')}, sgl-kernel {env.get('sgl_kernel')})"),
+        ("engine / backend", f"{snap.engine} / {snap.backend}"),
+        ("config", ", ".join(f"{k}={v}" for k, v in cfg.items())),
+        ("static buffers", f"{snap.memory.total_bytes} B declared, arena {snap.memory.arena_bytes} B"),
+    ]

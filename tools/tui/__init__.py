@@ -1,0 +1,1 @@
+"""``graphrt debug``: a Textual app over a snapshot, one module per view (imports Textual)."""

@@ -1,0 +1,58 @@
+"""View 2, Graph detail: kernels (or recorded ops), host scalars, static buffers it reads."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Static
+
+from graphrt.snapshot import GraphFacts
+from graphrt.tools import report
+from graphrt.tools.tui.base import View, fill, table
+
+
+class DetailView(View):
+    keys_help = "[ ]: prev/next graph"
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        yield table("detail-kernels")
+        yield Static(id="detail-scalars")
+        yield table("detail-reads")
+
+    def on_mount(self) -> None:
+        graphs = self.ordered()
+        self.current: GraphFacts | None = graphs[-1] if graphs else None
+        self.refresh_view()
+
+    def ordered(self) -> list[GraphFacts]:
+        return sorted(self.snap.graphs, key=lambda g: (g.mode, g.bucket))
+
+    def show(self, mode: str, bucket: int) -> None:
+        self.current = self.snap.graph(mode, bucket)
+        self.refresh_view()
+
+    def step(self, delta: int) -> None:
+        graphs = self.ordered()
+        if graphs and self.current is not None:
+            i = graphs.index(self.current)
+            self.current = graphs[(i + delta) % len(graphs)]
+            self.refresh_view()
+
+    def refresh_view(self) -> None:
+        g = self.current
+        title = self.query_one("#detail-title", Static)
+        if g is None:
+            title.update("[b]Graph detail[/b]  no graphs captured")
+            return
+        source = "CUDA graph debug dump" if self.snap.engine == "cuda" else "emulated engine's recorded ops"
+        title.update(
+            f"[b]Graph detail[/b]  {g.mode} bucket {g.bucket}  {g.num_nodes} nodes, "
+            f"{len(g.kernels)} distinct kernels ({source}), captured in {g.capture_ms:.1f} ms, "
+            f"{g.replays} replays"
+        )
+        kernels = [r for r in report.kernel_rows(g) if self.matches(r[0])]
+        fill(self.query_one("#detail-kernels", DataTable), report.KERNEL_COLUMNS, kernels)
+        scalars = ", ".join(f"{k}={v}" for k, v in report.host_scalar_rows(g)) or "none"
+        self.query_one("#detail-scalars", Static).update(f"[b]host scalars at capture[/b]  {scalars}")
+        reads = [r for r in report.read_rows(g) if self.matches(r[0])]
+        fill(self.query_one("#detail-reads", DataTable), report.READ_COLUMNS, reads)
