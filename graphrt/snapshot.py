@@ -19,7 +19,7 @@ import torch
 
 from graphrt.buffers import StaticBuffers
 from graphrt.capture import GraphInfo
-from graphrt.modes import MODES, ForwardMode
+from graphrt.modes import ForwardMode
 from graphrt.parity import ParityResult
 from graphrt.snapshot_schema import (
     BufferFacts,
@@ -218,7 +218,7 @@ def _launch(launch: str) -> tuple[str, str, str]:
 
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
-    tpr = MODES[mode].tokens_per_req or 1
+    tpr = runtime.capacity(mode)
     view = runtime.buffers.view(bucket, tpr)
     reads = tuple(
         BufferRead(s.name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
@@ -265,7 +265,7 @@ def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: s
     mode = ForwardMode[last.mode] if last else next(iter(runtime.config.capture_modes), ForwardMode.DECODE)
     bucket = bucket if bucket is not None else (last.bucket if last else None)
     bs = bs if bs is not None else (last.bs if last else 0)
-    tpr = MODES[mode].tokens_per_req or 1
+    tpr = runtime.capacity(mode)
     pad = runtime.pad_values(mode)
     violations = runtime.buffers.pad_violations(bucket, tpr, bs, pad) if bucket else []
     return ContentsFacts(file, mode.name, bucket, bs, tpr, pad, tuple(violations))

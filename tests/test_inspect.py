@@ -27,7 +27,7 @@ def test_inspect_prints_every_view(snap_path: Path, capsys: pytest.CaptureFixtur
     grid = [ln for ln in lines if ln.startswith("│ DECODE │")]
     assert [ln.split("│")[2].strip() for ln in grid[:4]] == ["1", "2", "4", ">4"]
     assert "ok " in grid[0] and "yes" in grid[0] and grid[3].split("│")[8].strip() == "1"
-    assert "DECODE bucket 4: " in out and "host scalars: max_seqlen_q=1, page_size=16" in out
+    assert "DECODE bucket 4: " in out and "host scalars: cascade=False, max_seqlen_q=1" in out
     assert "index_put_" in out and "[max_bs+1]" in out and "const dummy_slot" in out
     assert "pad violations: ['cache_seqlens']" in out
     contents = next(ln for ln in lines if ln.startswith("│ cache_seqlens ") and "│ 3 " in ln)

@@ -36,7 +36,7 @@ def test_facts(taken: tuple[Setup, Snapshot, Path]) -> None:
     setup, snap, _ = taken
     assert sorted(g.bucket for g in snap.graphs) == list(BUCKETS)
     g4 = snap.graph("DECODE", 4)
-    assert g4 is not None and g4.host_scalars == {"max_seqlen_q": 1, "page_size": 16}
+    assert g4 is not None and g4.host_scalars == {"max_seqlen_q": 1, "page_size": 16, "cascade": False}
     assert {k.name for k in g4.kernels} >= {"index_put_", "mm", "embedding"}
     view = setup.runtime.buffers.view(4, 1)
     assert {r.name: r.address for r in g4.reads} == {
