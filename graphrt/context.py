@@ -64,4 +64,5 @@ class ForwardContext:
         if chunk is not None:
             meta = local_metadata(self.local, layer_id, chunk)
             self.layer_scalars[f"layer{layer_id}.chunk"] = chunk
+            self.layer_scalars["local.max_seqlen_q"] = meta.max_seqlen_q
         return self.backend.forward(q, self.kv.k[layer_id], self.kv.v[layer_id], meta, scale, **extra)
