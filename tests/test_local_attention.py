@@ -20,7 +20,7 @@ from graphrt.models import TinyLlama, preset
 from graphrt.models.stack import build_stack
 from graphrt.modes import SpecGeometry
 from tests.local_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
-from tests.util import backends, build_runtime, decode_batch, prefill, spec_batch
+from tests.util import backends, build_runtime, decode_batch, prefill, slot_of, spec_batch
 
 C = preset("tiny-llama-local").attention_chunk_size
 CONTEXT = 3 * C
@@ -184,3 +184,38 @@ def test_local_model_without_local_buffers_is_refused() -> None:
     assert runtime.families.local is None
     with pytest.raises(ValueError, match=r"set RuntimeConfig.attention_chunk_size=32"):
         runtime.capture()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_local_draft_decode_equals_greedy_decode_steps(device: torch.device, page_size: int) -> None:
+    """DRAFT_DECODE re-derives the virtual batch before each draft step inside one graph:
+    its drafts equal eager DECODE + argmax step by step, with steps crossing edges 32, 64."""
+    spec = SpecGeometry(num_steps=4)  # 3 draft forwards
+    setup = _local_runtime(
+        device, "reference", page_size, modes=(ForwardMode.DRAFT_DECODE,), speculative=spec
+    )
+    rng = np.random.default_rng(13)
+    prefill(setup, list(range(6)), [CONTEXT] * 6, rng)
+    reqs, lens = [5, 1, 3], [C - 2, C - 1, 2 * C - 1]  # step i sits at position lens + i
+    locs = [slot_of(setup, r, n + i) for r, n in zip(reqs, lens, strict=True) for i in range(3)]
+    batch = Batch.create(
+        ForwardMode.DRAFT_DECODE,
+        input_ids=rng.integers(0, setup.model.vocab_size, 3),
+        seq_lens=[n + 1 for n in lens],
+        req_pool_indices=reqs,
+        out_cache_loc=locs,
+        q_lens=[1, 1, 1],
+    )
+    drafted = setup.runtime.run(batch).cpu()
+    assert setup.runtime.stats().replays == {"DRAFT_DECODE": 1}
+    tokens = batch.input_ids
+    for i in range(spec.draft_forwards):
+        step = Batch.create(
+            ForwardMode.DECODE,
+            input_ids=tokens,
+            seq_lens=[n + 1 + i for n in lens],
+            req_pool_indices=reqs,
+            out_cache_loc=[slot_of(setup, r, n + i) for r, n in zip(reqs, lens, strict=True)],
+        )
+        tokens = setup.runtime.run(step, eager=True).argmax(-1).cpu().numpy()
+        assert drafted[:, i].tolist() == tokens.tolist(), f"draft step {i}"
