@@ -26,6 +26,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--iters", type=int, default=50)
     bench.add_argument("--backend", default=None)
     bench.add_argument("--out", default="bench/results")
+    spec = sub.add_parser(
+        "bench-spec", help="verify / draft step times eager vs graph; JSON under bench/results/"
+    )
+    spec.add_argument("--device", default=None)
+    spec.add_argument("--batch-sizes", default="1,8,32")
+    spec.add_argument("--context", type=int, default=512, help="KV length of every request")
+    spec.add_argument("--iters", type=int, default=30)
+    spec.add_argument("--backend", default=None)
+    spec.add_argument("--out", default="bench/results")
     inspect = sub.add_parser("inspect", help="a snapshot's facts as tables on stdout")
     inspect.add_argument("path")
     inspect.add_argument("--width", type=int, default=None, help="console width (default: terminal)")
@@ -51,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 2, f"graphrt debug needs Textual ({err}); pip install 'textual>=0.80' or use inspect\n"
             )
         return run_debug(args)
+    if args.command == "bench-spec":
+        from graphrt.tools.bench_spec import run_bench_spec
+
+        return run_bench_spec(args)
     from graphrt.tools.bench import run_bench
 
     return run_bench(args)

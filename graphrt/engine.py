@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ from graphrt.config import RuntimeConfig
 from graphrt.models.stack import build_stack
 from graphrt.modes import ForwardMode
 from graphrt.runtime import CaptureReport
+from graphrt.speculative import SpecOptions, SpecRunner, SpecState
 
 
 @dataclass(slots=True)
@@ -26,6 +29,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     req_idx: int = -1
     pages: list[int] = field(default_factory=list)
+    spec: SpecState = field(default_factory=SpecState)
 
     @property
     def done(self) -> bool:
@@ -45,6 +49,11 @@ class EngineStats:
     decode_seconds: float
     prefill_steps: int
     generated_tokens: int
+    draft_replays: dict[str, int] = field(default_factory=dict)
+    verify_steps: int = 0  # per request: one draft → verify → extend round
+    acceptance_rate: float = 0.0  # accepted drafts / proposed drafts
+    mean_accept_length: float = 0.0  # tokens committed per request per round (incl. the bonus)
+    accepted_per_position: tuple[int, ...] = ()
 
 
 class Engine:
@@ -60,6 +69,11 @@ class Engine:
         Capture and replay graphs; ``False`` runs every step eagerly.
     max_batch_size, page_size, max_context_len : int
         Running requests, KV page size, longest sequence (prompt + new tokens).
+    speculative : dict, optional
+        Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft", "num_steps": k,
+        "topk": 1, "num_draft_tokens": k + 1, "draft_init": "target" | "seed", "draft_seed": 1}``.
+        ``draft_init="target"`` gives the draft the target's weights by name (early exit). Each round is DRAFT_DECODE →
+        TARGET_VERIFY → DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
     """
 
     def __init__(
@@ -76,15 +90,20 @@ class Engine:
         buckets: Sequence[int] | None = None,
         record_logits: bool = False,
         show_progress: bool = False,
+        speculative: dict[str, Any] | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        spec = SpecOptions.parse(speculative) if speculative is not None else None
         config = RuntimeConfig(
             max_batch_size=max_batch_size,
             max_context_len=max_context_len,
             page_size=page_size,
             buckets=tuple(buckets) if buckets else None,
-            capture_modes=(ForwardMode.DECODE,) if use_graphs else (),
+            capture_modes=((ForwardMode.TARGET_VERIFY,) if spec else (ForwardMode.DECODE,))
+            if use_graphs
+            else (),
             backend=backend,
+            speculative=spec.geometry if spec else None,
         )
         stack = build_stack(model, self.device, config, seed=seed)
         self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
@@ -92,6 +111,9 @@ class Engine:
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(show_progress) if use_graphs else None
         )
+        self.spec: SpecRunner | None = None
+        if spec is not None:
+            self.spec = self._draft_runner(spec, config, show_progress)
         self.max_context_len, self.page_size = max_context_len, page_size
         self._free_reqs = deque(range(max_batch_size))
         self._free_pages = deque(range(self.kv.dummy_page))
@@ -101,6 +123,30 @@ class Engine:
         self.finished: dict[int, Request] = {}
         self.logits: dict[int, list[torch.Tensor]] = {}
         self._decode_steps, self._decode_seconds, self._prefill_steps = 0, 0.0, 0
+
+    def _draft_runner(self, spec: SpecOptions, config: RuntimeConfig, show_progress: bool) -> SpecRunner:
+        """The draft model's stack (same pages and request rows as the target's) and runner."""
+        modes = (ForwardMode.DRAFT_EXTEND,) + (
+            (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
+        )
+        draft_config = dataclasses.replace(config, capture_modes=modes if self.use_graphs else ())
+        draft = build_stack(spec.draft_model, self.device, draft_config, seed=spec.draft_seed)
+        self.draft_model = draft.model
+        if spec.draft_init == "target":
+            # NOTE: a shallower preset of the same width becomes the target's first layers plus
+            # its head (self-speculative early exit); the same preset becomes a copy.
+            own = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, p in draft.model.named_parameters():
+                    p.copy_(own[name])
+        if self.use_graphs:
+            draft.runtime.capture(show_progress)
+        return SpecRunner(self.runtime, draft.runtime, spec, config.page_size)
+
+    @property
+    def _lookahead(self) -> int:
+        """KV positions a request may write past its last token (a verify's drafts)."""
+        return self.spec.geometry.num_draft_tokens if self.spec else 0
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, prompt: Sequence[int], max_new_tokens: int) -> int:
@@ -114,10 +160,10 @@ class Engine:
             raise ValueError(f"token id {bad[0]} out of range [0, {vocab})")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if len(tokens) + max_new_tokens > self.max_context_len:
+        if len(tokens) + max_new_tokens + self._lookahead > self.max_context_len:
             raise ValueError(
-                f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens} exceeds "
-                f"max_context_len {self.max_context_len}"
+                f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens} "
+                f"+ {self._lookahead} draft tokens exceeds max_context_len {self.max_context_len}"
             )
         req = Request(next(self._ids), tokens, max_new_tokens)
         self.waiting.append(req)
@@ -144,8 +190,10 @@ class Engine:
         admitted = self._admit()
         if admitted:
             produced = self._prefill(admitted)
+            if self.spec is not None:
+                self.spec.start([r for r in admitted if not r.done], eager=not self.use_graphs)
         elif self.running:
-            produced = self._decode(self.running)
+            produced = self._decode(self.running) if self.spec is None else self._spec_round(self.running)
         else:
             return []
         self._retire()
@@ -155,7 +203,7 @@ class Engine:
         admitted = []
         while self.waiting and self._free_reqs:
             req = self.waiting[0]
-            need = -(-(len(req.prompt) + req.max_new_tokens) // self.page_size)
+            need = -(-(len(req.prompt) + req.max_new_tokens + self._lookahead) // self.page_size)
             if need > len(self._free_pages):
                 break
             self.waiting.popleft()
@@ -199,6 +247,16 @@ class Engine:
         self._decode_steps += 1
         return produced
 
+    def _spec_round(self, reqs: list[Request]) -> list[tuple[int, int]]:
+        assert self.spec is not None
+        start = time.perf_counter()
+        new = self.spec.round(reqs, eager=not self.use_graphs)
+        self._decode_seconds += time.perf_counter() - start
+        self._decode_steps += 1
+        for r, tokens in zip(reqs, new, strict=True):
+            r.output.extend(tokens)
+        return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
+
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[tuple[int, int]]:
         tokens = logits.argmax(dim=-1).tolist()
         if self.record_logits:
@@ -218,7 +276,7 @@ class Engine:
     def stats(self) -> EngineStats:
         rt = self.runtime.stats()
         generated = sum(len(r.output) for r in (*self.finished.values(), *self.running))
-        return EngineStats(
+        stats = EngineStats(
             rt.replays,
             rt.eager,
             rt.fallbacks,
@@ -226,4 +284,15 @@ class Engine:
             self._decode_seconds,
             self._prefill_steps,
             generated,
+        )
+        if self.spec is None:
+            return stats
+        acc = self.spec.stats
+        return dataclasses.replace(
+            stats,
+            draft_replays=self.spec.draft.stats().replays,
+            verify_steps=acc.verify_steps,
+            acceptance_rate=acc.rate,
+            mean_accept_length=acc.mean_accept_length,
+            accepted_per_position=tuple(acc.per_position),
         )

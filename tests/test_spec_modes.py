@@ -223,7 +223,7 @@ def test_shrink_inside_bucket_leaves_nothing_stale(device: torch.device) -> None
             rt.run(batch)  # debug=True raises PoisonLeft if a buffer kept poison
             tpr, pad = rt.capacity(batch.mode), rt.pad_values(batch.mode)
             step = rt.buffers
-            bad = step.pad_violations(4, tpr, len(reqs), pad) if not M.DRAFT_EXTEND == batch.mode else []
+            bad = step.pad_violations(4, tpr, len(reqs), pad) if batch.mode != M.DRAFT_EXTEND else []
             assert bad == [], (batch.mode, bad)
             view = step.view(4, tpr)
             assert (view.req_pool_indices[len(reqs) :] == pad["dummy_req"]).all()

@@ -31,7 +31,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
+def slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
     pos = np.arange(start, stop)
     return (req * pages_per_req + pos // PAGE_SIZE) * PAGE_SIZE + pos % PAGE_SIZE
 
@@ -44,7 +44,7 @@ def _runtime(device: torch.device, max_bs: int, context: int, backend: str | Non
     return build_stack("tiny-llama", device, config).runtime
 
 
-def _time(fn: Callable[[], object], iters: int, device: torch.device, host_only: bool = False) -> float:
+def time_us(fn: Callable[[], object], iters: int, device: torch.device, host_only: bool = False) -> float:
     """Median microseconds of ``fn()``: to the device being done, or (``host_only``) to return."""
     samples = []
     for _ in range(iters):
@@ -71,7 +71,7 @@ def run_bench(args: argparse.Namespace) -> int:
             input_ids=rng.integers(0, 512, args.context),
             seq_lens=[args.context],
             req_pool_indices=[req],
-            out_cache_loc=_slots(req, pages_per_req, 0, args.context),
+            out_cache_loc=slots(req, pages_per_req, 0, args.context),
             q_lens=[args.context],
         )
         runtime.run(prompt)
@@ -83,12 +83,12 @@ def run_bench(args: argparse.Namespace) -> int:
             seq_lens=[args.context + 1] * bs,
             req_pool_indices=list(range(bs)),
             out_cache_loc=np.concatenate(
-                [_slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
+                [slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
             ),
         )
-        eager_us = _time(lambda b=batch: runtime.run(b, eager=True), args.iters, device)
-        graph_us = _time(lambda b=batch: runtime.run(b), args.iters, device)
-        host_us = _time(lambda b=batch: runtime.run(b), args.iters, device, host_only=True)
+        eager_us = time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device)
+        graph_us = time_us(lambda b=batch: runtime.run(b), args.iters, device)
+        host_us = time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True)
         diff = (runtime.run(batch) - runtime.run(batch, eager=True)).abs().max().item()
         rows.append(
             {

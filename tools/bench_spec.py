@@ -1,0 +1,188 @@
+"""``graphrt bench-spec``: speculative step times (verify, draft decode, draft extend), eager vs graph.
+
+A target (tiny-llama) and a draft (tiny-llama-draft) runtime are prefilled to ``context``
+tokens per request; each mode's step is timed from ``runtime.run(batch)`` to a synced output,
+for a chain (``topk 1``) and a tree (``topk 2``, cascade + merge_state). Results go to
+``bench/results/spec_<device>_<backend>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
+from graphrt.models.stack import build_stack
+from graphrt.modes import SpecGeometry
+from graphrt.tools.bench import PAGE_SIZE, slots, time_us
+from graphrt.tools.env import environment
+
+M = ForwardMode
+GEOMETRIES = (SpecGeometry(num_steps=3), SpecGeometry(num_steps=3, topk=2, num_draft_tokens=6))
+
+
+def _tree(spec: SpecGeometry) -> np.ndarray:
+    """Root plus ``topk`` chains, branch-major, cut to ``num_draft_tokens`` (ancestor-closed)."""
+    n, steps = spec.num_draft_tokens, spec.num_steps
+    parent = [-1] + [0 if (k - 1) % steps == 0 else k - 1 for k in range(1, 1 + spec.topk * steps)]
+    mask = np.zeros((n, n), dtype=bool)
+    for k in range(n):
+        p = k
+        while p >= 0:
+            mask[k, p], p = True, parent[p]
+    return mask
+
+
+def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, backend: str | None):
+    config = RuntimeConfig(
+        max_batch_size=max_bs,
+        max_context_len=ctx + 64,
+        page_size=PAGE_SIZE,
+        backend=backend,
+        speculative=spec,
+        capture_modes=(M.TARGET_VERIFY,),
+    )
+    target = build_stack("tiny-llama", device, config).runtime
+    draft_config = RuntimeConfig(
+        **{
+            f: getattr(config, f)
+            for f in ("max_batch_size", "max_context_len", "page_size", "backend", "speculative")
+        },
+        capture_modes=(M.DRAFT_DECODE, M.DRAFT_EXTEND),
+    )
+    draft = build_stack("tiny-llama-draft", device, draft_config, seed=1).runtime
+    return target, draft
+
+
+def _prefill(rt: GraphRuntime, reqs: int, ctx: int, rng: np.random.Generator) -> None:
+    per = rt.config.max_pages
+    for r in range(reqs):
+        rt.run(
+            Batch.create(
+                M.EXTEND,
+                input_ids=rng.integers(0, 512, ctx),
+                seq_lens=[ctx],
+                req_pool_indices=[r],
+                out_cache_loc=slots(r, per, 0, ctx),
+                q_lens=[ctx],
+            )
+        )
+
+
+def _batches(rt: GraphRuntime, spec: SpecGeometry, bs: int, ctx: int, rng: np.random.Generator) -> dict:
+    per, n, k, s = rt.config.max_pages, spec.num_draft_tokens, spec.topk, spec.draft_forwards
+    reqs = list(range(bs))
+    mask = np.broadcast_to(_tree(spec), (bs, n, n)).copy() if k > 1 else None
+    verify = Batch.create(
+        M.TARGET_VERIFY,
+        input_ids=rng.integers(0, 512, bs * n),
+        seq_lens=[ctx + n] * bs,
+        req_pool_indices=reqs,
+        q_lens=[n] * bs,
+        tree_mask=mask,
+        out_cache_loc=np.concatenate([slots(r, per, ctx, ctx + n) for r in reqs]),
+    )
+    # NOTE: tree branches write the same positions in scratch rows past the batch (own pages).
+    draft_rows = [[r] if k == 1 else [bs + j for j in range(k)] for r in reqs]
+    draft = Batch.create(
+        M.DRAFT_DECODE,
+        input_ids=rng.integers(0, 512, bs * k),
+        seq_lens=[ctx + 1] * bs,
+        req_pool_indices=reqs,
+        q_lens=[k] * bs,
+        out_cache_loc=np.concatenate([slots(w, per, ctx, ctx + s) for rows in draft_rows for w in rows]),
+    )
+    accept = rng.integers(1, n + 1, bs)
+    extend = Batch.create(
+        M.DRAFT_EXTEND,
+        input_ids=rng.integers(0, 512, int(accept.sum())),
+        seq_lens=ctx + accept,
+        req_pool_indices=reqs,
+        q_lens=accept,
+        out_cache_loc=np.concatenate(
+            [slots(r, per, ctx, ctx + a) for r, a in zip(reqs, accept, strict=True)]
+        ),
+    )
+    return {M.TARGET_VERIFY: verify, M.DRAFT_DECODE: draft, M.DRAFT_EXTEND: extend}
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def run_bench_spec(args: argparse.Namespace) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    rng, rows, env, backend = np.random.default_rng(0), [], environment(device), ""
+    for spec in GEOMETRIES:
+        target, draft = _runtimes(device, spec, max(sizes) + spec.topk, args.context, args.backend)
+        captures = [target.capture(show_progress=True), draft.capture(show_progress=True)]
+        backend = target.backend.name
+        for rt in (target, draft):
+            _prefill(rt, max(sizes) + spec.topk, args.context, rng)
+        for bs in sizes:
+            for mode, batch in _batches(target, spec, bs, args.context, rng).items():
+                rt = target if mode is M.TARGET_VERIFY else draft
+                eager = time_us(lambda b=batch, r=rt: r.run(b, eager=True), args.iters, device)
+                graph = time_us(lambda b=batch, r=rt: r.run(b), args.iters, device)
+                host = time_us(lambda b=batch, r=rt: r.run(b), args.iters, device, host_only=True)
+                rows.append(
+                    {
+                        "topk": spec.topk,
+                        "num_draft_tokens": spec.num_draft_tokens,
+                        "mode": mode.name,
+                        "bs": bs,
+                        "tokens": batch.num_tokens,
+                        "eager_us": eager,
+                        "graph_us": graph,
+                        "graph_host_us": host,
+                        "speedup": eager / graph,
+                        "max_abs_diff": _diff(rt.run(batch), rt.run(batch, eager=True)),
+                    }
+                )
+        rows[-1]["capture_seconds"] = sum(c.seconds for c in captures)
+    result = {
+        "bench": "spec_steps",
+        "target": "tiny-llama",
+        "draft": "tiny-llama-draft",
+        "num_steps": 3,
+        "context": args.context,
+        "page_size": PAGE_SIZE,
+        "iters": args.iters,
+        "backend": backend,
+        "env": env,
+        "rows": rows,
+    }
+    out = Path(args.out) / f"spec_{device.type}_{backend}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    _print(result, out)
+    return 0
+
+
+def _print(result: dict, out: Path) -> None:
+    table = Table(
+        title=f"speculative steps, context {result['context']} — {result['env']['device']}, {result['backend']}"
+    )
+    for col in ("topk", "mode", "bs", "tokens", "eager µs", "graph µs", "host µs", "speedup", "max |diff|"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        table.add_row(
+            str(r["topk"]),
+            r["mode"],
+            str(r["bs"]),
+            str(r["tokens"]),
+            f"{r['eager_us']:.0f}",
+            f"{r['graph_us']:.0f}",
+            f"{r['graph_host_us']:.0f}",
+            f"{r['speedup']:.1f}x",
+            f"{r['max_abs_diff']:.3g}",
+        )
+    Console().print(table)
+    Console().print(f"written to {out}")
