@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphrt.local_attention import check_chunk
 from graphrt.modes import MODES, ForwardMode, SpecGeometry, capacity_per_req
 
 
@@ -39,6 +40,9 @@ class RuntimeConfig:
         Keep each CUDA graph's debug dump to list its kernels.
     speculative : SpecGeometry, optional
         Draft/verify geometry; required to capture TARGET_VERIFY, DRAFT_DECODE, DRAFT_EXTEND.
+    attention_chunk_size : int, optional
+        Chunked-local attention (Llama-4): allocate the local buffer family for chunks of this
+        many positions (a multiple of ``page_size``). ``build_stack`` takes it from the model.
     """
 
     max_batch_size: int = 32
@@ -53,6 +57,7 @@ class RuntimeConfig:
     strict: bool = False
     record_kernels: bool = True
     speculative: SpecGeometry | None = None
+    attention_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context_len", "page_size"):
@@ -62,6 +67,12 @@ class RuntimeConfig:
             if not MODES[mode].graphed:
                 raise ValueError(f"mode {mode.name} is eager-only and cannot be captured")
             capacity_per_req(mode, self.speculative)  # raises when the geometry is missing
+        check_chunk(self.attention_chunk_size, self.page_size)
+        if self.attention_chunk_size is not None and self.speculative and self.speculative.topk > 1:
+            raise ValueError(
+                f"chunked-local attention (attention_chunk_size {self.attention_chunk_size}) "
+                f"supports chains only: speculative topk {self.speculative.topk} > 1"
+            )
 
     @property
     def max_tokens_per_req(self) -> int:

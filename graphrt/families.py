@@ -17,6 +17,7 @@ import torch
 from graphrt.batch import Batch
 from graphrt.buffers import BufferSpec, Dims, MemoryReport, PadRule, StaticBuffers
 from graphrt.cascade import CascadeBuffers, cascade_specs, write_tree_host
+from graphrt.local_attention import LocalBuffers, LocalGeometry
 from graphrt.metadata import STEP_SPECS, StepBuffers, write_host
 from graphrt.modes import ForwardMode, SpecGeometry
 
@@ -46,12 +47,20 @@ class StepInputs:
     cascade: CascadeBuffers | None
     draft: DraftBuffers | None
     extra: Any = None  # the attention kind's family (sparse MLA: top-k indices, scheduler)
+    local: LocalBuffers | None = None
 
 
 class Families:
     """The runtime's buffer families, allocated once at ``dims`` (or exactly, for eager)."""
 
-    def __init__(self, dims: Dims, device: torch.device, spec: SpecGeometry | None, kind: Any = None) -> None:
+    def __init__(
+        self,
+        dims: Dims,
+        device: torch.device,
+        spec: SpecGeometry | None,
+        kind: Any = None,
+        local: LocalGeometry | None = None,
+    ) -> None:
         self.spec = spec
         self.step = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, device)
         # NOTE: device-derived only (written inside the graph), so no host write or upload.
@@ -63,6 +72,8 @@ class Families:
             self.cascade = StaticBuffers("cascade", cascade_specs(width), CascadeBuffers, dims, device)
         if spec is not None and spec.draft_forwards > 0:
             self.draft = StaticBuffers("draft", draft_specs(spec.draft_forwards), DraftBuffers, dims, device)
+        # NOTE: chunked-local attention: derived on the device by every mode's program.
+        self.local = None if local is None else local.family(dims, device)
 
     def used_by(self, mode: ForwardMode) -> list[StaticBuffers]:
         """The families ``mode`` writes and reads (its update touches nothing else)."""
@@ -71,18 +82,20 @@ class Families:
             used.append(self.cascade)
         if self.draft is not None and mode is ForwardMode.DRAFT_DECODE:
             used.append(self.draft)
+        if self.local is not None:
+            used.append(self.local)
         return used
 
     def view(self, mode: ForwardMode, bucket: int, tokens_per_req: int) -> StepInputs:
         views = {f.family: f.view(bucket, tokens_per_req) for f in self.used_by(mode)}
         extra = self.extra.view(bucket, tokens_per_req) if self.extra is not None else None
-        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra)
+        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra, views.get("local"))
 
     def full(self, mode: ForwardMode) -> StepInputs:
         """Whole-allocation views (the eager path allocates families at the exact size)."""
         views = {f.family: f.view_type(**f.full) for f in self.used_by(mode)}
         extra = self.extra.view_type(**self.extra.full) if self.extra is not None else None
-        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra)
+        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra, views.get("local"))
 
     def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
         """Host half of the update for every family the mode uses, then one copy each."""
@@ -100,7 +113,7 @@ class Families:
             family.upload()
 
     def memory_reports(self) -> tuple[MemoryReport, ...]:
-        families = (self.step, self.cascade, self.draft, self.extra)
+        families = (self.step, self.cascade, self.draft, self.local, self.extra)
         return tuple(f.memory_report() for f in families if f is not None)
 
 

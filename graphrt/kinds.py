@@ -22,7 +22,7 @@ from graphrt.kv_cache import PagedKVCache, ReqToToken
 from graphrt.metadata import StepMetadata
 from graphrt.mla_cache import MLAKVCache
 from graphrt.sparse_context import SparseMLAContext
-from graphrt.sparse_metadata import SparseBuffers, fresh_sparse, sparse_specs
+from graphrt.sparse_metadata import SparseBuffers, sparse_specs
 
 
 class AttentionKind(Protocol):
@@ -34,11 +34,18 @@ class AttentionKind(Protocol):
         """The kind's own buffer family (allocated once, viewed per bucket), if any."""
         ...
 
-    def fresh_buffers(self, rows: int, tokens: int, device: torch.device) -> Any:
-        """Exact-size buffers of that family for one eager step."""
+    def context(
+        self,
+        meta: StepMetadata,
+        kv: Any,
+        backend: Any,
+        r2t: ReqToToken,
+        extra: Any,
+        local: Any,
+        layer_scalars: dict,
+    ) -> Any:
+        """The ``ctx`` the model's forward receives (``local``: chunked-local step, MHA only)."""
         ...
-
-    def context(self, meta: StepMetadata, kv: Any, backend: Any, r2t: ReqToToken, extra: Any) -> Any: ...
 
 
 class MHAKind:
@@ -50,13 +57,17 @@ class MHAKind:
     def static_buffers(self, dims: Dims, device: torch.device) -> None:
         return None
 
-    def fresh_buffers(self, rows: int, tokens: int, device: torch.device) -> None:
-        return None
-
     def context(
-        self, meta: StepMetadata, kv: PagedKVCache, backend: Any, r2t: ReqToToken, extra: None
+        self,
+        meta: StepMetadata,
+        kv: PagedKVCache,
+        backend: Any,
+        r2t: ReqToToken,
+        extra: None,
+        local: Any,
+        layer_scalars: dict,
     ) -> ForwardContext:
-        return ForwardContext(meta, kv, backend)
+        return ForwardContext(meta, kv, backend, local, layer_scalars)
 
 
 class SparseMLAKind:
@@ -76,12 +87,18 @@ class SparseMLAKind:
     def static_buffers(self, dims: Dims, device: torch.device) -> StaticBuffers:
         return StaticBuffers("sparse", self.specs, SparseBuffers, dims, device)
 
-    def fresh_buffers(self, rows: int, tokens: int, device: torch.device) -> SparseBuffers:
-        return fresh_sparse(self.specs, rows, tokens, device)
-
     def context(
-        self, meta: StepMetadata, kv: MLAKVCache, backend: Any, r2t: ReqToToken, extra: SparseBuffers
+        self,
+        meta: StepMetadata,
+        kv: MLAKVCache,
+        backend: Any,
+        r2t: ReqToToken,
+        extra: SparseBuffers,
+        local: Any,
+        layer_scalars: dict,
     ) -> SparseMLAContext:
+        # NOTE: DSA presets have neither sliding windows nor chunked-local layers.
+        assert local is None, "chunked-local attention is an MHA feature"
         return SparseMLAContext(meta, kv, backend, extra, r2t)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +18,7 @@ from graphrt.cascade import derive_prefix, draft_step_cascade
 from graphrt.context import ForwardContext
 from graphrt.families import StepInputs
 from graphrt.kv_cache import PagedKVCache, ReqToToken
+from graphrt.local_attention import LocalGeometry, LocalStep, derive_local
 from graphrt.metadata import StepBuffers, StepMetadata, derive, gather_page_table, record_slots
 from graphrt.modes import ForwardMode
 
@@ -34,12 +34,23 @@ class StepEnv:
     req_to_token: ReqToToken
     backend: AttentionBackend
     page_size: int
-    context: Callable[..., ForwardContext]  # the attention kind's: (meta, kv, backend, r2t, extra)
+    context: Callable[..., ForwardContext]  # the attention kind's: (meta, kv, backend, r2t, extra, ...)
+    local: LocalGeometry | None = None
+    #: Per-layer scalars (window, chunk) the model passed; model constants, kept per graph.
+    layer_scalars: dict = field(default_factory=dict)
 
     def call(
-        self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, extra: Any
+        self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, inputs: StepInputs
     ) -> torch.Tensor:
-        ctx = self.context(meta, self.kv, self.backend, self.req_to_token, extra)
+        """Run the model; with ``local`` buffers, first derive this step's virtual batch."""
+        bound = None
+        if inputs.local is not None:
+            assert self.local is not None, "local buffers without a local geometry"
+            derive_local(buffers, inputs.local, self.req_to_token, self.local, self.kv.dummy_page)
+            bound = LocalStep.bind(meta, inputs.local, self.local.chunk_size)
+        ctx = self.context(
+            meta, self.kv, self.backend, self.req_to_token, inputs.extra, bound, self.layer_scalars
+        )
         return self.forward(input_ids, buffers.positions, ctx)
 
 
@@ -54,7 +65,7 @@ def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int
         # NOTE: a verify tree is the last max_q (= num_draft_tokens) positions of each request.
         derive_prefix(inputs.cascade, b.cache_seqlens, max_q)
     meta = StepMetadata(mode, b, max_q, env.page_size, inputs.cascade)
-    return env.call(b, meta, b.input_ids, inputs.extra)
+    return env.call(b, meta, b.input_ids, inputs)
 
 
 def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
@@ -83,7 +94,8 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     tokens, out = b.input_ids, []
     for i, step in enumerate(steps):
         cascade = draft_step_cascade(inputs.cascade, loc, i) if tree else None
-        logits = env.call(step, StepMetadata(mode, step, max_q, env.page_size, cascade), tokens, inputs.extra)
+        meta = StepMetadata(mode, step, max_q, env.page_size, cascade)
+        logits = env.call(step, meta, tokens, inputs)
         tokens = logits.argmax(dim=-1)
         out.append(tokens)
     return torch.stack(out, dim=1)

@@ -24,6 +24,7 @@ from graphrt.config import RuntimeConfig
 from graphrt.families import Families
 from graphrt.kinds import attention_kind
 from graphrt.kv_cache import PagedKVCache, ReqToToken
+from graphrt.local_attention import local_geometry
 from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
 from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.progress import capture_progress
@@ -114,10 +115,13 @@ class GraphRuntime:
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
-        self.families = Families(dims, self.device, config.speculative, self.kind)
+        local = local_geometry(config)
+        self.families = Families(dims, self.device, config.speculative, self.kind, local)
         self.buffers = self.families.step
         self.extra = self.families.extra  # the attention kind's own family, if any
-        self.env = StepEnv(forward, kv, req_to_token, self.backend, config.page_size, self.kind.context)
+        self.env = StepEnv(
+            forward, kv, req_to_token, self.backend, config.page_size, self.kind.context, local
+        )
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -215,7 +219,7 @@ class GraphRuntime:
         }
         if mode is ForwardMode.DRAFT_DECODE and self.config.speculative:
             found["draft_steps"] = self.config.speculative.draft_forwards
-        return found | self.backend.host_scalars()
+        return found | self.backend.host_scalars() | self.env.layer_scalars
 
     # ---- steps ---------------------------------------------------------------------------
     def run(self, batch: Batch, *, eager: bool = False) -> torch.Tensor:
@@ -263,7 +267,7 @@ class GraphRuntime:
         rows = max(batch.bs, 1)
         tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
         dims = Dims(rows, tokens, self.config.max_pages, self.config.max_context_len)
-        families = Families(dims, self.device, self.config.speculative, self.kind)
+        families = Families(dims, self.device, self.config.speculative, self.kind, self.env.local)
         families.write(batch, rows, tokens, pad)
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():

@@ -16,7 +16,8 @@ class AttentionBackend(Protocol):
     ``forward`` takes ``q [num_tokens, num_q_heads, head_dim]`` and the layer's caches
     ``[num_pages, page_size, num_kv_heads, head_dim]`` and returns
     ``[num_tokens, num_q_heads, head_dim]`` in ``q``'s dtype. Query token ``i`` of request
-    ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally.
+    ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally; with
+    ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w, 0)``).
     """
 
     name: str
@@ -28,6 +29,7 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: StepMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...
 
     def host_scalars(self) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class FA3Backend:
         v_cache: torch.Tensor,
         meta: StepMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         if meta.cascade is not None:
             return self._cascade(q, k_cache, v_cache, meta, scale)
@@ -56,6 +57,7 @@ class FA3Backend:
             max_seqlen_q=meta.max_seqlen_q,
             softmax_scale=scale,
             causal=True,
+            window_size=(-1, -1) if window is None else (window, 0),
             num_splits=0,
         )
 

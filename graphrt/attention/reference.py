@@ -150,12 +150,13 @@ class ReferenceBackend:
         v_cache: torch.Tensor,
         meta: StepMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         if meta.cascade is not None:
             return cascade_attention(q, k_cache, v_cache, meta, scale)
         b = meta.buffers
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
-        out = paged_attention(padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens)
+        out = paged_attention(padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window)
         return unpad_queries(out, index, q.shape[0])
 
     def host_scalars(self) -> dict[str, Any]:

@@ -44,7 +44,9 @@ class Attention(nn.Module):
         q = apply_rope(q.view(-1, cfg.num_heads, cfg.head_dim), cos, sin)
         k = apply_rope(k.view(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
-        out = ctx.attention(self.layer_id, q, k, v)
+        out = ctx.attention(
+            self.layer_id, q, k, v, window=cfg.window(self.layer_id), chunk=cfg.chunk(self.layer_id)
+        )
         return self.o(out.reshape(-1, q_dim))
 
 

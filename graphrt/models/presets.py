@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +16,36 @@ class LlamaConfig:
     intermediate_size: int
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
+    #: Local layers see keys ``p - sliding_window … p`` (FA3 ``window_size=(w, 0)``).
+    sliding_window: int | None = None
+    #: Local layers attend within aligned chunks of this many positions (Llama-4).
+    attention_chunk_size: int | None = None
+    #: Layer ``i`` is global when ``(i + 1) % global_every == 0``; the others are local
+    #: (Llama-4: 4; Gemma-2's alternation: 2). Without a window or chunk every layer is global.
+    global_every: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("sliding_window", "attention_chunk_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None), got {value}")
+        if self.sliding_window is not None and self.attention_chunk_size is not None:
+            raise ValueError(
+                f"a model uses sliding_window ({self.sliding_window}) or attention_chunk_size "
+                f"({self.attention_chunk_size}), not both"
+            )
+        if self.global_every < 1:
+            raise ValueError(f"global_every must be >= 1, got {self.global_every}")
+
+    def is_local(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id`` uses the sliding window or chunked-local attention."""
+        return (layer_id + 1) % self.global_every != 0
+
+    def window(self, layer_id: int) -> int | None:
+        return self.sliding_window if self.is_local(layer_id) else None
+
+    def chunk(self, layer_id: int) -> int | None:
+        return self.attention_chunk_size if self.is_local(layer_id) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +105,10 @@ PRESETS: dict[str, LlamaConfig | DSAConfig] = {
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
 }
+# NOTE: same sizes as tiny-llama. The window (24) is not a multiple of 16, so its edge falls
+# inside a page; the chunk (32) spans two 16-token pages.
+PRESETS["tiny-llama-swa"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2)
+PRESETS["tiny-llama-local"] = replace(PRESETS["tiny-llama"], attention_chunk_size=32, global_every=4)
 
 
 def preset(name: str) -> LlamaConfig | DSAConfig:

@@ -8,6 +8,7 @@ import torch
 
 from graphrt.config import RuntimeConfig
 from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
+from graphrt.local_attention import with_model_chunk
 from graphrt.mla_cache import MLAKVCache, MLAShape
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.llama import TinyLlama
@@ -40,6 +41,7 @@ def build_stack(
     the model's dtype.
     """
     cfg = preset(name)
+    config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
