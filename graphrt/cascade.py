@@ -80,7 +80,7 @@ def draft_step_cascade(cascade: CascadeBuffers, draft_loc: torch.Tensor, step: i
     the graph's pool like any activation and is rebuilt on every replay.
     """
     width = step + 1
-    table = draft_loc[:, :width].to(torch.int32)
+    table = draft_loc[:, :width].to(torch.int32).contiguous()
     lens = torch.full_like(cascade.expand_seqlens[: table.shape[0]], width)
     return CascadeBuffers(
         table, lens, cascade.expand_cu_seqlens_q[: table.shape[0] + 1], cascade.prefix_seqlens
