@@ -203,9 +203,11 @@ class GraphRuntime:
         # dummy slot, and no real request's KV is touched by warm-up or capture.
         self._write(_empty_batch(mode), bucket, tpr)
         program = PROGRAMS[mode]
-        graph, out = self.engine.capture(
-            (mode, bucket), lambda: program(self.env, mode, inputs, tpr), self.config.warmup
-        )
+        def step() -> torch.Tensor:
+            with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
+                return program(self.env, mode, inputs, tpr)
+
+        graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
         graph.info.host_scalars = self._host_scalars(mode, tpr, inputs.cascade is not None)
         self.dispatcher.add(mode, bucket, graph)
         self._outputs[(mode, bucket)] = out
