@@ -203,6 +203,7 @@ class GraphRuntime:
         # dummy slot, and no real request's KV is touched by warm-up or capture.
         self._write(_empty_batch(mode), bucket, tpr)
         program = PROGRAMS[mode]
+
         def step() -> torch.Tensor:
             with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
                 return program(self.env, mode, inputs, tpr)

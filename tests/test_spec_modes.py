@@ -12,6 +12,7 @@ from tests.util import Setup, build_runtime, prefill, slot_of, spec_batch
 
 M = ForwardMode
 CONTEXT, ROWS = 64, 8
+SCRATCH = 12  # NOTE: rows ROWS.. hold tree branches, one row per (request, branch): no slot is shared
 
 
 def chain_tree(steps: int, topk: int) -> np.ndarray:
@@ -35,7 +36,7 @@ def setup_for(device: torch.device, spec: SpecGeometry, page_size: int = 16, **k
         speculative=spec,
         buckets=(1, 2, 4),
         max_batch_size=4,
-        max_reqs=ROWS,
+        max_reqs=ROWS + SCRATCH,
         page_size=page_size,
         max_context_len=CONTEXT,
         model="tiny-llama-draft",
@@ -66,12 +67,13 @@ def verify_batch(setup: Setup, spec: SpecGeometry, reqs: list[int], lens: list[i
 
 
 def draft_batch(setup: Setup, spec: SpecGeometry, reqs: list[int], lens: list[int], rng) -> Batch:
-    """Branch ``j`` of request ``r`` writes its step ``i`` at position ``lens[r] + i`` of row
-    ``r`` (chain) or of scratch row ``ROWS - 1 - j`` (tree), so every write is page-aligned."""
+    """Branch ``j`` of the ``b``-th request ``r`` writes its step ``i`` at position ``lens[r] + i``
+    of row ``r`` (chain) or of its own scratch row ``ROWS + b * topk + j`` (tree): page-aligned,
+    and no two branches share a slot."""
     steps, k = spec.draft_forwards, spec.topk
     locs = [
-        slot_of(setup, r if k == 1 else ROWS - 1 - j, lens[r] + i)
-        for r in reqs
+        slot_of(setup, r if k == 1 else ROWS + b * k + j, lens[r] + i)
+        for b, r in enumerate(reqs)
         for j in range(k)
         for i in range(steps)
     ]
@@ -192,7 +194,7 @@ def test_tree_draft_branch_equals_its_own_chain(device: torch.device) -> None:
                     input_ids=[token],
                     seq_lens=[lens[r] + 1 + i],
                     req_pool_indices=[scratch],
-                    out_cache_loc=[slot_of(setup, ROWS - 1 - j, lens[r] + i)],
+                    out_cache_loc=[slot_of(setup, ROWS + b * spec.topk + j, lens[r] + i)],
                 )
                 token = int(setup.runtime.run(step, eager=True).argmax(-1))
                 assert int(drafted[b * spec.topk + j, i]) == token, (r, j, i)

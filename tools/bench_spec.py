@@ -48,7 +48,8 @@ def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, b
         speculative=spec,
         capture_modes=(M.TARGET_VERIFY,),
     )
-    target = build_stack("tiny-llama", device, config).runtime
+    rows = max_bs * (1 + spec.topk)  # NOTE: every tree branch gets a scratch row of its own
+    target = build_stack("tiny-llama", device, config, max_reqs=rows).runtime
     draft_config = RuntimeConfig(
         **{
             f: getattr(config, f)
@@ -56,7 +57,7 @@ def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, b
         },
         capture_modes=(M.DRAFT_DECODE, M.DRAFT_EXTEND),
     )
-    draft = build_stack("tiny-llama-draft", device, draft_config, seed=1).runtime
+    draft = build_stack("tiny-llama-draft", device, draft_config, max_reqs=rows, seed=1).runtime
     return target, draft
 
 
@@ -89,7 +90,7 @@ def _batches(rt: GraphRuntime, spec: SpecGeometry, bs: int, ctx: int, rng: np.ra
         out_cache_loc=np.concatenate([slots(r, per, ctx, ctx + n) for r in reqs]),
     )
     # NOTE: tree branches write the same positions in scratch rows past the batch (own pages).
-    draft_rows = [[r] if k == 1 else [bs + j for j in range(k)] for r in reqs]
+    draft_rows = [[r] if k == 1 else [bs + r * k + j for j in range(k)] for r in reqs]
     draft = Batch.create(
         M.DRAFT_DECODE,
         input_ids=rng.integers(0, 512, bs * k),
@@ -121,11 +122,11 @@ def run_bench_spec(args: argparse.Namespace) -> int:
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     rng, rows, env, backend = np.random.default_rng(0), [], environment(device), ""
     for spec in GEOMETRIES:
-        target, draft = _runtimes(device, spec, max(sizes) + spec.topk, args.context, args.backend)
+        target, draft = _runtimes(device, spec, max(sizes), args.context, args.backend)
         captures = [target.capture(show_progress=True), draft.capture(show_progress=True)]
         backend = target.backend.name
         for rt in (target, draft):
-            _prefill(rt, max(sizes) + spec.topk, args.context, rng)
+            _prefill(rt, max(sizes), args.context, rng)
         for bs in sizes:
             for mode, batch in _batches(target, spec, bs, args.context, rng).items():
                 rt = target if mode is M.TARGET_VERIFY else draft
