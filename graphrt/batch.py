@@ -187,6 +187,12 @@ class Batch:
                 f"seq_len {int(self.seq_lens[i])} < q_len {int(self.q_lens[i])} in request {i} "
                 "(seq_lens include the step's tokens)"
             )
+        slots, counts = np.unique(self.out_cache_loc, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"out_cache_loc must be distinct: slot {int(slots[counts > 1][0])} is written "
+                f"{int(counts.max())} times in one step"
+            )
         if limits.vocab_size is not None:
             _in_range("input_ids", self.input_ids, 0, limits.vocab_size, what="token id")
         ps = limits.page_size

@@ -292,5 +292,16 @@ def test_speculative_bad_input_is_rejected(device: torch.device) -> None:
             q_lens=[2],
             tree_mask=np.ones((1, 2, 2), dtype=bool),
         )
+    twice = spec_batch(setup, M.DRAFT_EXTEND, [0, 1], [lens[0] + 1, lens[1] + 1], [1, 1], rng)
+    twice = Batch.create(
+        M.DRAFT_EXTEND,
+        input_ids=twice.input_ids,
+        seq_lens=twice.seq_lens,
+        req_pool_indices=twice.req_pool_indices,
+        out_cache_loc=[twice.out_cache_loc[0]] * 2,
+        q_lens=twice.q_lens,
+    )
+    with pytest.raises(ValueError, match=r"out_cache_loc must be distinct: slot \d+ is written 2 times"):
+        setup.runtime.run(twice)
     with pytest.raises(ValueError, match=r"num_draft_tokens 9 must lie in \[2, 1 \+ topk \* num_steps = 5\]"):
         SpecGeometry(num_steps=2, topk=2, num_draft_tokens=9)
