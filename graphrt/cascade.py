@@ -43,6 +43,23 @@ class CascadeBuffers:
     prefix_seqlens: torch.Tensor
 
 
+def chain_tree_mask(num_steps: int, topk: int, num_draft_tokens: int | None = None) -> np.ndarray:
+    """Ancestor-or-self mask ``[n, n]`` of a root with ``topk`` chains of ``num_steps`` drafts.
+
+    Tokens are branch-major (root, chain 0, chain 1, …); cutting to ``num_draft_tokens`` keeps
+    it ancestor-closed. This is the tree DRAFT_DECODE with ``topk > 1`` produces.
+    """
+    full = 1 + topk * num_steps
+    n = full if num_draft_tokens is None else num_draft_tokens
+    parent = [-1] + [0 if (k - 1) % num_steps == 0 else k - 1 for k in range(1, full)]
+    mask = np.zeros((n, n), dtype=bool)
+    for k in range(n):
+        p = k
+        while p >= 0:
+            mask[k, p], p = True, parent[p]
+    return mask
+
+
 def write_tree_host(batch: Batch, host: dict[str, np.ndarray], tokens: int, dummy_slot: int) -> None:
     """Expand lists of a TARGET_VERIFY tree: token ``i`` reads the slots of its ancestors.
 

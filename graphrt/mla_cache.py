@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrt.kv_cache import PagedSlots
+
 KV_LORA_RANK = 512
 ROPE_DIM = 64
 QK_DIM = KV_LORA_RANK + ROPE_DIM  # 576
@@ -67,7 +69,7 @@ def dequantize_fp8(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat((nope, rope), dim=-1).view(*lead, QK_DIM)
 
 
-class MLAKVCache:
+class MLAKVCache(PagedSlots):
     """Per-layer latent caches ``[num_pages, page_size, 1, 576 | 656]`` plus indexer keys.
 
     Parameters
@@ -95,24 +97,8 @@ class MLAKVCache:
         ]
 
     @property
-    def page_size(self) -> int:
-        return self.shape.page_size
-
-    @property
     def index_topk(self) -> int:
         return self.shape.index_topk
-
-    @property
-    def dummy_page(self) -> int:
-        return self.shape.num_pages - 1
-
-    @property
-    def dummy_slot(self) -> int:
-        return self.dummy_page * self.shape.page_size
-
-    @property
-    def num_live_slots(self) -> int:
-        return self.dummy_slot
 
     @property
     def bytes_per_token(self) -> int:

@@ -7,24 +7,13 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
+from graphrt.cascade import chain_tree_mask
 from graphrt.modes import SpecGeometry
 from tests.util import Setup, build_runtime, prefill, slot_of, spec_batch
 
 M = ForwardMode
 CONTEXT, ROWS = 64, 8
 SCRATCH = 12  # NOTE: rows ROWS.. hold tree branches, one row per (request, branch): no slot is shared
-
-
-def chain_tree(steps: int, topk: int) -> np.ndarray:
-    """Ancestor-or-self mask of a root with ``topk`` chains of ``steps`` tokens (branch-major)."""
-    n = 1 + topk * steps
-    parent = [-1] + [0 if (k - 1) % steps == 0 else k - 1 for k in range(1, n)]
-    mask = np.zeros((n, n), dtype=bool)
-    for k in range(n):
-        p = k
-        while p >= 0:
-            mask[k, p], p = True, parent[p]
-    return mask
 
 
 def setup_for(device: torch.device, spec: SpecGeometry, page_size: int = 16, **kw: object) -> Setup:
@@ -54,7 +43,7 @@ def verify_batch(setup: Setup, spec: SpecGeometry, reqs: list[int], lens: list[i
     n = spec.num_draft_tokens
     mask = None
     if spec.topk > 1:
-        mask = np.broadcast_to(chain_tree(spec.num_steps, spec.topk)[:n, :n], (len(reqs), n, n)).copy()
+        mask = np.broadcast_to(chain_tree_mask(spec.num_steps, spec.topk, n), (len(reqs), n, n)).copy()
     return Batch.create(
         M.TARGET_VERIFY,
         input_ids=rng.integers(0, setup.model.vocab_size, len(reqs) * n),

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
+from graphrt.cascade import chain_tree_mask
 from graphrt.models.stack import build_stack
 from graphrt.modes import SpecGeometry
 from graphrt.tools.bench import PAGE_SIZE, slots, time_us
@@ -25,18 +26,6 @@ from graphrt.tools.env import environment
 
 M = ForwardMode
 GEOMETRIES = (SpecGeometry(num_steps=3), SpecGeometry(num_steps=3, topk=2, num_draft_tokens=6))
-
-
-def _tree(spec: SpecGeometry) -> np.ndarray:
-    """Root plus ``topk`` chains, branch-major, cut to ``num_draft_tokens`` (ancestor-closed)."""
-    n, steps = spec.num_draft_tokens, spec.num_steps
-    parent = [-1] + [0 if (k - 1) % steps == 0 else k - 1 for k in range(1, 1 + spec.topk * steps)]
-    mask = np.zeros((n, n), dtype=bool)
-    for k in range(n):
-        p = k
-        while p >= 0:
-            mask[k, p], p = True, parent[p]
-    return mask
 
 
 def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, backend: str | None):
@@ -79,7 +68,7 @@ def _prefill(rt: GraphRuntime, reqs: int, ctx: int, rng: np.random.Generator) ->
 def _batches(rt: GraphRuntime, spec: SpecGeometry, bs: int, ctx: int, rng: np.random.Generator) -> dict:
     per, n, k, s = rt.config.max_pages, spec.num_draft_tokens, spec.topk, spec.draft_forwards
     reqs = list(range(bs))
-    mask = np.broadcast_to(_tree(spec), (bs, n, n)).copy() if k > 1 else None
+    mask = np.broadcast_to(chain_tree_mask(spec.num_steps, k, n), (bs, n, n)).copy() if k > 1 else None
     verify = Batch.create(
         M.TARGET_VERIFY,
         input_ids=rng.integers(0, 512, bs * n),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrt.models.llama import MLP, RMSNorm, apply_rope
+from graphrt.models.llama import MLP, RMSNorm, apply_rope, seeded
 from graphrt.models.presets import DSAConfig
 from graphrt.sparse_context import SparseMLAContext
 
@@ -92,18 +92,7 @@ class TinyDSA(nn.Module):
 
     @classmethod
     def from_seed(cls, cfg: DSAConfig, seed: int, device: torch.device, dtype: torch.dtype) -> TinyDSA:
-        """Random weights from ``seed``, std ``1/sqrt(fan_in)`` (fan_in: the contracted dim)."""
-        model = cls(cfg)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    continue
-                fan_in = 1 if "embed" in name else (p.shape[-2] if p.dim() == 3 else p.shape[-1])
-                p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
-        model = model.to(device=device, dtype=dtype).eval()
-        model.inv_freq = model.inv_freq.float()  # NOTE: RoPE angles stay float32 in any dtype
-        return model
+        return seeded(cls(cfg), seed, device, dtype)
 
     @property
     def vocab_size(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -76,6 +78,23 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
+    """Random weights from ``seed``, std ``1/sqrt(fan_in)`` (the contracted dim), norms at 1.
+
+    Logits get a usable spread; ``inv_freq`` (RoPE angles) stays float32 in any dtype.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                continue
+            fan_in = 1 if "embed" in name else (p.shape[-2] if p.dim() == 3 else p.shape[-1])
+            p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = model.inv_freq.float()
+    return model
+
+
 class TinyLlama(nn.Module):
     """``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``."""
 
@@ -91,18 +110,7 @@ class TinyLlama(nn.Module):
 
     @classmethod
     def from_seed(cls, cfg: LlamaConfig, seed: int, device: torch.device, dtype: torch.dtype) -> TinyLlama:
-        """Random weights from ``seed`` (std 1/sqrt(fan_in): logits with a usable spread)."""
-        model = cls(cfg)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    continue
-                fan_in = p.shape[-1] if "embed" not in name else 1
-                p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
-        model = model.to(device=device, dtype=dtype).eval()
-        model.inv_freq = model.inv_freq.float()  # NOTE: RoPE angles stay float32 in any dtype
-        return model
+        return seeded(cls(cfg), seed, device, dtype)
 
     @property
     def vocab_size(self) -> int:
