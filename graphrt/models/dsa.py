@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrt.models.llama import MLP, RMSNorm, apply_rope, seeded
+from graphrt.models.llama import Decoder, RMSNorm, apply_rope
 from graphrt.models.presets import DSAConfig
 from graphrt.sparse_context import SparseMLAContext
 
@@ -62,48 +62,8 @@ class MLAAttention(nn.Module):
         return self.o(out.reshape(-1, cfg.num_heads * cfg.v_head_dim))
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: DSAConfig, layer_id: int) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.attn = MLAAttention(cfg, layer_id)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = MLP(cfg)  # type: ignore[arg-type]
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: SparseMLAContext
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
-        return x + self.mlp(self.mlp_norm(x))
-
-
-class TinyDSA(nn.Module):
-    """``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``."""
+class TinyDSA(Decoder):
+    """A DSA decoder: MLA with a lightning indexer through ``ctx.index_topk`` / ``ctx.sparse_mla``."""
 
     def __init__(self, cfg: DSAConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        exponent = torch.arange(0, cfg.qk_rope_dim, 2, dtype=torch.float64) / cfg.qk_rope_dim
-        self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
-
-    @classmethod
-    def from_seed(cls, cfg: DSAConfig, seed: int, device: torch.device, dtype: torch.dtype) -> TinyDSA:
-        return seeded(cls(cfg), seed, device, dtype)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: SparseMLAContext
-    ) -> torch.Tensor:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        cos, sin = freqs.cos(), freqs.sin()
-        x = self.embed(input_ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        return self.lm_head(self.norm(x)).float()
+        super().__init__(cfg, cfg.qk_rope_dim, lambda i: MLAAttention(cfg, i))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -64,16 +65,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.attn = Attention(cfg, layer_id)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = MLP(cfg)
+    """Pre-norm residual block around any attention module with ``forward(x, cos, sin, ctx)``."""
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
+    def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(hidden_size, eps)
+        self.attn = attn
+        self.mlp_norm = RMSNorm(hidden_size, eps)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: Any) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -95,31 +96,43 @@ def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype
     return model
 
 
-class TinyLlama(nn.Module):
-    """``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``."""
+class Decoder(nn.Module):
+    """Embedding, ``num_layers`` blocks, final norm and LM head; the attention is the model's.
 
-    def __init__(self, cfg: LlamaConfig) -> None:
+    ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``.
+    """
+
+    def __init__(self, cfg: Any, rope_dim: int, attention: Callable[[int], nn.Module]) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg)) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+        exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim
         self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
 
     @classmethod
-    def from_seed(cls, cfg: LlamaConfig, seed: int, device: torch.device, dtype: torch.dtype) -> TinyLlama:
+    def from_seed(cls, cfg: Any, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
         return seeded(cls(cfg), seed, device, dtype)
 
     @property
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         cos, sin = freqs.cos(), freqs.sin()
         x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, ctx)
         return self.lm_head(self.norm(x)).float()
+
+
+class TinyLlama(Decoder):
+    """A Llama-style decoder: GQA attention through ``ctx.attention``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__(cfg, cfg.head_dim, lambda i: Attention(cfg, i))
