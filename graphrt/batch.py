@@ -169,12 +169,7 @@ class Batch:
         if self.bs == 0:
             return
         _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
-        rows, counts = np.unique(self.req_pool_indices, return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(
-                f"req_pool_indices must be distinct within a batch: row {int(rows[counts > 1][0])} "
-                f"appears {int(counts.max())} times"
-            )
+        _distinct("req_pool_indices", self.req_pool_indices, "row")
         end = int(self.kv_positions.max()) + 1
         if end > limits.max_context_len:
             raise ValueError(
@@ -187,12 +182,7 @@ class Batch:
                 f"seq_len {int(self.seq_lens[i])} < q_len {int(self.q_lens[i])} in request {i} "
                 "(seq_lens include the step's tokens)"
             )
-        slots, counts = np.unique(self.out_cache_loc, return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(
-                f"out_cache_loc must be distinct: slot {int(slots[counts > 1][0])} is written "
-                f"{int(counts.max())} times in one step"
-            )
+        _distinct("out_cache_loc", self.out_cache_loc, "slot")
         if limits.vocab_size is not None:
             _in_range("input_ids", self.input_ids, 0, limits.vocab_size, what="token id")
         ps = limits.page_size
@@ -206,6 +196,16 @@ class Batch:
                 f"out_cache_loc breaks page alignment: slot {int(self.out_cache_loc[i])} for position "
                 f"{int(positions[i])} (slot % {ps} must equal position % {ps})"
             )
+
+
+def _distinct(name: str, arr: np.ndarray, what: str) -> None:
+    """Raise when a value repeats (two requests in one row, two tokens in one KV slot)."""
+    values, counts = np.unique(arr, return_counts=True)
+    if (counts > 1).any():
+        value = int(values[counts > 1][0])
+        raise ValueError(
+            f"{name} must be distinct within a batch: {what} {value} appears {int(counts.max())} times"
+        )
 
 
 def _in_range(name: str, arr: np.ndarray, lo: int, hi: int, what: str = "value") -> None:

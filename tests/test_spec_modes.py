@@ -9,7 +9,7 @@ import torch
 from graphrt import Batch, ForwardMode
 from graphrt.cascade import chain_tree_mask
 from graphrt.modes import SpecGeometry
-from tests.util import Setup, build_runtime, prefill, slot_of, spec_batch
+from tests.util import Setup, build_runtime, prefill, remade, slot_of, spec_batch
 
 M = ForwardMode
 CONTEXT, ROWS = 64, 8
@@ -125,15 +125,7 @@ def test_tree_shaped_as_chain_equals_causal_verify(device: torch.device) -> None
         batch = verify_batch(setup, chain, [2, 0], lens, rng)
         if spec.topk > 1:
             mask = np.broadcast_to(np.tril(np.ones((4, 4), dtype=bool)), (2, 4, 4)).copy()
-            batch = Batch.create(
-                M.TARGET_VERIFY,
-                input_ids=batch.input_ids,
-                seq_lens=batch.seq_lens,
-                req_pool_indices=batch.req_pool_indices,
-                out_cache_loc=batch.out_cache_loc,
-                q_lens=batch.q_lens,
-                tree_mask=mask,
-            )
+            batch = remade(batch, tree_mask=mask)
         outs.append(setup.runtime.run(batch))
     tol = 3e-2 if device.type == "cuda" else 1e-4
     torch.testing.assert_close(outs[1], outs[0], atol=tol, rtol=tol)
@@ -247,15 +239,7 @@ def test_speculative_bad_input_is_rejected(device: torch.device) -> None:
     with pytest.raises(ValueError, match=r"TARGET_VERIFY needs Batch.tree_mask"):
         setup.runtime.run(chain)
     short = spec_batch(setup, M.TARGET_VERIFY, [0], [lens[0] + 3], [3], rng)
-    short = Batch.create(
-        M.TARGET_VERIFY,
-        input_ids=short.input_ids,
-        seq_lens=short.seq_lens,
-        req_pool_indices=short.req_pool_indices,
-        out_cache_loc=short.out_cache_loc,
-        q_lens=short.q_lens,
-        tree_mask=np.tril(np.ones((1, 3, 3), dtype=bool)),
-    )
+    short = remade(short, tree_mask=np.tril(np.ones((1, 3, 3), dtype=bool)))
     with pytest.raises(ValueError, match=r"takes 4 token\(s\) per request, got q_len 3"):
         setup.runtime.run(short)
     long = spec_batch(setup, M.DRAFT_EXTEND, [0], [lens[0] + 5], [5], rng)
@@ -282,15 +266,10 @@ def test_speculative_bad_input_is_rejected(device: torch.device) -> None:
             tree_mask=np.ones((1, 2, 2), dtype=bool),
         )
     twice = spec_batch(setup, M.DRAFT_EXTEND, [0, 1], [lens[0] + 1, lens[1] + 1], [1, 1], rng)
-    twice = Batch.create(
-        M.DRAFT_EXTEND,
-        input_ids=twice.input_ids,
-        seq_lens=twice.seq_lens,
-        req_pool_indices=twice.req_pool_indices,
-        out_cache_loc=[twice.out_cache_loc[0]] * 2,
-        q_lens=twice.q_lens,
-    )
-    with pytest.raises(ValueError, match=r"out_cache_loc must be distinct: slot \d+ is written 2 times"):
+    twice = remade(twice, out_cache_loc=[twice.out_cache_loc[0]] * 2)
+    with pytest.raises(
+        ValueError, match=r"out_cache_loc must be distinct within a batch: slot \d+ appears 2 times"
+    ):
         setup.runtime.run(twice)
     with pytest.raises(ValueError, match=r"num_draft_tokens 9 must lie in \[2, 1 \+ topk \* num_steps = 5\]"):
         SpecGeometry(num_steps=2, topk=2, num_draft_tokens=9)

@@ -125,3 +125,10 @@ def spec_batch(
         ],
         q_lens=list(q_lens),
     )
+
+
+def remade(batch: Batch, **changes: object) -> Batch:
+    """``batch`` rebuilt through ``Batch.create`` (so every check runs) with some fields changed."""
+    fields = ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc", "q_lens", "tree_mask")
+    kwargs = {f: getattr(batch, f) for f in fields} | changes
+    return Batch.create(batch.mode, **kwargs)  # type: ignore[arg-type]
