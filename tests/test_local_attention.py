@@ -19,7 +19,7 @@ from graphrt.local_attention import LocalGeometry, LocalStep, derive_local
 from graphrt.models import TinyLlama, preset
 from graphrt.models.stack import build_stack
 from graphrt.modes import SpecGeometry
-from tests.local_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
+from tests.paged_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
 from tests.util import backends, build_runtime, decode_batch, prefill, slot_of, spec_batch
 
 C = preset("tiny-llama-local").attention_chunk_size

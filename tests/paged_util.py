@@ -1,4 +1,5 @@
-"""Shared by the sliding-window and chunked-local tests: a paged case and a dense oracle."""
+"""A paged attention case on shuffled pages and a dense float64 oracle, shared by the backend,
+sliding-window and chunked-local tests."""
 
 from __future__ import annotations
 
