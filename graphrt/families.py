@@ -8,6 +8,7 @@ at the step's exact size, so both paths share every write and derive function.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,20 @@ class Families:
         if self.local is not None:
             used.append(self.local)
         return used
+
+    @classmethod
+    def exact(
+        cls, batch: Batch, rows: int, pad: dict[str, int], dims: Dims, device: torch.device, **kw: Any
+    ) -> StepInputs:
+        """The eager path: families sized for exactly this step (``rows`` requests), written.
+
+        ``dims`` gives ``max_pages`` / ``max_context_len``; ``kw`` are ``spec``, ``kind``, ``local``.
+        """
+        tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
+        exact = dataclasses.replace(dims, max_bs=rows, max_tokens=tokens)
+        families = cls(exact, device, kw.get("spec"), kw.get("kind"), kw.get("local"))
+        families.write(batch, rows, tokens, pad)
+        return families.full(batch.mode)
 
     def view(self, mode: ForwardMode, bucket: int, tokens_per_req: int) -> StepInputs:
         views = {f.family: f.view(bucket, tokens_per_req) for f in self.used_by(mode)}

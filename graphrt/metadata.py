@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from graphrt.batch import Batch
-from graphrt.buffers import BufferSpec, Dims, PadRule
+from graphrt.buffers import BufferSpec, PadRule
 from graphrt.cascade import CascadeBuffers
 from graphrt.kv_cache import ReqToToken
 from graphrt.modes import ForwardMode
@@ -134,17 +134,3 @@ def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> No
     """Device half of the update: record this step's slots, then gather the page table."""
     record_slots(buffers, req_to_token)
     gather_page_table(buffers, req_to_token, page_size)
-
-
-def fresh_buffers(
-    batch: Batch, rows: int, max_pages: int, pad: dict[str, int], device: torch.device
-) -> StepBuffers:
-    """Exact-size metadata for the eager path: ``rows`` requests (``bs``, or 1 for IDLE)."""
-    tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
-    dims = Dims(rows, tokens, max_pages, 0)
-    host = {s.name: np.empty(s.size(dims), dtype=np.int64) for s in STEP_SPECS if s.host}
-    write_host(batch, host, rows, tokens, pad)
-    dtypes = {s.name: s.dtype for s in STEP_SPECS}
-    tensors = {k: torch.from_numpy(v).to(device=device, dtype=dtypes[k]) for k, v in host.items()}
-    page_table = torch.empty(rows, max_pages, dtype=torch.int32, device=device)
-    return StepBuffers(page_table=page_table, **tensors)

@@ -267,14 +267,19 @@ class GraphRuntime:
         pad = self.pad_values(batch.mode)
         # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
         # with collectives or side effects sees the same call shape either way.
-        rows = max(batch.bs, 1)
-        tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
-        dims = Dims(rows, tokens, self.config.max_pages, self.config.max_context_len)
-        families = Families(dims, self.device, self.config.speculative, self.kind, self.env.local)
-        families.write(batch, rows, tokens, pad)
+        inputs = Families.exact(
+            batch,
+            max(batch.bs, 1),
+            pad,
+            self.families.step.dims,
+            self.device,
+            spec=self.config.speculative,
+            kind=self.kind,
+            local=self.env.local,
+        )
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():
-            out = PROGRAMS[batch.mode](self.env, batch.mode, families.full(batch.mode), max_q)
+            out = PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q)
         return out[: batch.num_tokens]
 
     def _check_poison(self, mode: ForwardMode, bucket: int, tpr: int) -> None:

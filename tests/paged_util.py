@@ -10,8 +10,10 @@ import numpy as np
 import torch
 
 from graphrt import Batch, ForwardMode
+from graphrt.buffers import Dims
+from graphrt.families import Families
 from graphrt.kv_cache import ReqToToken
-from graphrt.metadata import StepBuffers, StepMetadata, derive, fresh_buffers
+from graphrt.metadata import StepBuffers, StepMetadata, derive
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 
@@ -62,7 +64,7 @@ def paged_case(
         q_lens=q_lens,
     )
     pad = {"dummy_slot": dummy_slot, "dummy_req": len(seq_lens), "pad_q_len": 1, "pad_seq_len": 1}
-    buffers = fresh_buffers(batch, batch.bs, max_pages, pad, device)
+    buffers = Families.exact(batch, batch.bs, pad, Dims(0, 0, max_pages, context), device).step
     derive(buffers, r2t, page_size)
     meta = StepMetadata(mode, buffers, max_seqlen_q=max(q_lens), page_size=page_size)
     q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen).to(device, dtype)
