@@ -23,8 +23,8 @@ class Dims:
     max_pages: int
     max_context_len: int
 
-    def for_bucket(self, bucket: int, tokens_per_req: int) -> Dims:
-        return replace(self, max_bs=bucket, max_tokens=bucket * tokens_per_req)
+    def for_bucket(self, bucket: int, rows_per_req: int) -> Dims:
+        return replace(self, max_bs=bucket, max_tokens=bucket * rows_per_req)
 
     def resolve(self, dim: str | int) -> int:
         """Evaluate ``"max_bs"``, ``"max_bs+1"`` or a plain int."""

@@ -105,15 +105,15 @@ class StaticBuffers(Generic[T]):
         nbytes = spec.nbytes(self.dims)
         return arena[offset : offset + nbytes].view(spec.dtype).view(spec.size(self.dims))
 
-    def view(self, bucket: int, tokens_per_req: int = 1) -> T:
+    def view(self, bucket: int, rows_per_req: int = 1) -> T:
         """Typed views for one bucket: each buffer sliced along dim 0. Cached per bucket."""
-        key = (bucket, tokens_per_req)
+        key = (bucket, rows_per_req)
         if key not in self._views:
-            dims = self.dims.for_bucket(bucket, tokens_per_req)
+            dims = self.dims.for_bucket(bucket, rows_per_req)
             if not 1 <= bucket <= self.dims.max_bs or dims.max_tokens > self.dims.max_tokens:
                 # NOTE: slicing past the allocation would silently give a short view.
                 raise ValueError(
-                    f"bucket {bucket} x {tokens_per_req} tokens exceeds the allocation {self.dims}"
+                    f"bucket {bucket} x {rows_per_req} tokens exceeds the allocation {self.dims}"
                 )
             views = {s.name: self.full[s.name][: s.size(dims)[0]] for s in self.specs}
             self._views[key] = self.view_type(**views)
@@ -143,9 +143,9 @@ class StaticBuffers(Generic[T]):
         for arr in self.host_full.values():
             arr.fill(POISON_FLOAT if arr.dtype.kind == "f" else POISON_INT)
 
-    def poisoned(self, bucket: int, tokens_per_req: int = 1) -> list[str]:
+    def poisoned(self, bucket: int, rows_per_req: int = 1) -> list[str]:
         """Names of buffers whose bucket view still holds poison (debug mode; syncs)."""
-        view = self.view(bucket, tokens_per_req)
+        view = self.view(bucket, rows_per_req)
         found = []
         for spec in self.specs:
             t = getattr(view, spec.name)
@@ -155,11 +155,11 @@ class StaticBuffers(Generic[T]):
         return found
 
     def pad_violations(
-        self, bucket: int, tokens_per_req: int, bs: int, pad_values: Mapping[str, int]
+        self, bucket: int, rows_per_req: int, bs: int, pad_values: Mapping[str, int]
     ) -> list[str]:
         """Names of buffers whose padded rows break their :class:`PadRule` (syncs)."""
-        view = self.view(bucket, tokens_per_req)
-        rows = {"max_bs": bs, "max_tokens": bs * tokens_per_req}
+        view = self.view(bucket, rows_per_req)
+        rows = {"max_bs": bs, "max_tokens": bs * rows_per_req}
         bad = []
         for spec in self.specs:
             first = spec.shape[0]

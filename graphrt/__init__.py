@@ -1,11 +1,15 @@
-"""graphrt: LLM decoding as a replay of pre-captured CUDA graphs."""
+"""graphrt: LLM decoding as a replay of pre-captured CUDA graphs.
 
-from graphrt.batch import Batch, Limits
-from graphrt.config import RuntimeConfig
-from graphrt.context import ForwardContext
+Subpackages follow the data path of one step: ``step`` (modes, batch, config) → ``kv``
+(caches, request table) → ``metadata`` (buffer families) → ``attention`` (kinds, contexts,
+backends) → ``runtime`` (capture, update, replay) → ``engine`` (requests and scheduling);
+``models`` defines models, ``debug`` holds snapshots and parity sweeps (never imported by the
+runtime). ``graphrt.buffers`` and ``graphrt.capture`` know nothing of models or attention.
+"""
+
+from graphrt.attention import ForwardContext
 from graphrt.engine import Engine, EngineStats
-from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
-from graphrt.modes import MODES, ForwardMode
+from graphrt.kv import KVShape, PagedKVCache, ReqToToken
 from graphrt.runtime import (
     CaptureReport,
     GraphFallbackError,
@@ -14,6 +18,7 @@ from graphrt.runtime import (
     PoisonLeft,
     RuntimeStats,
 )
+from graphrt.step import MODES, Batch, ForwardMode, Limits, RuntimeConfig
 
 __version__ = "0.1.0"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.mla_cache import QK_DIM, MLAKVCache, MLAShape
+from graphrt.kv.mla import QK_DIM, MLAKVCache, MLAShape
 from graphrt.tools.mla_inputs import decode_meta, random_slots, sparse_for
 
 __all__ = ["decode_meta", "filled_cache", "random_slots", "sparse_for"]

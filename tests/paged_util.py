@@ -11,9 +11,9 @@ import torch
 
 from graphrt import Batch, ForwardMode
 from graphrt.buffers import Dims
-from graphrt.families import Families
-from graphrt.kv_cache import ReqToToken
+from graphrt.kv import ReqToToken
 from graphrt.metadata import StepBuffers, StepMetadata, derive
+from graphrt.metadata.families import Families
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 

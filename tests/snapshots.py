@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from graphrt.parity import parity_sweep
-from graphrt.snapshot import Snapshot
+from graphrt.debug.parity import parity_sweep
+from graphrt.debug.snapshot import Snapshot, take_snapshot
 from tests.util import Setup, build_runtime, decode_batch, prefill
 
 #: Largest bucket 4; bs 5 falls back to eager with the reason "bs 5 > largest bucket 4".
@@ -34,7 +34,7 @@ def take(directory: Path, corrupt: bool = False) -> tuple[Setup, Snapshot, Path]
     if corrupt:
         setup.runtime.buffers.full["cache_seqlens"][LAST_BS] = 99
     path = directory / "snap.json"
-    snap = setup.runtime.snapshot(
-        str(path), environment={"device": "cpu", "torch": torch.__version__}, parity=parity
+    snap = take_snapshot(
+        setup.runtime, str(path), environment={"device": "cpu", "torch": torch.__version__}, parity=parity
     )
     return setup, snap, path

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphrt import ForwardMode
-from graphrt.modes import SpecGeometry
+from graphrt.step.modes import SpecGeometry
 from tests.util import Setup, build_runtime, decode_batch, prefill, slot_of, spec_batch
 
 DECODE, VERIFY = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY

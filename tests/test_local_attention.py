@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode, GraphRuntime, PoisonLeft, RuntimeConfig
-from graphrt.attention import available_backends, select_backend
+from graphrt.attention import LocalStep, available_backends, select_backend
 from graphrt.buffers import Dims
-from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
-from graphrt.local_attention import LocalGeometry, LocalStep, derive_local
+from graphrt.engine.stack import build_stack
+from graphrt.kv import KVShape, PagedKVCache, ReqToToken
+from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.models import TinyLlama, preset
-from graphrt.models.stack import build_stack
-from graphrt.modes import SpecGeometry
+from graphrt.step.modes import SpecGeometry
 from tests.paged_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
 from tests.util import backends, build_runtime, decode_batch, prefill, slot_of, spec_batch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.mla_cache import FP8_BYTES, QK_DIM, MLAKVCache, MLAShape, dequantize_fp8, quantize_fp8
+from graphrt.kv.mla import FP8_BYTES, QK_DIM, MLAKVCache, MLAShape, dequantize_fp8, quantize_fp8
 
 
 def test_fp8_layout_is_656_bytes_with_exact_rope() -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from graphrt.attention import available_backends, select_backend
 from graphrt.attention.flashmla import flashmla_available
-from graphrt.attention.mla import SparseMLAReference, available_sparse_backends, select_sparse_backend
-from graphrt.mla_cache import KV_LORA_RANK, QK_DIM
+from graphrt.attention.mla import SparseMLAReference
+from graphrt.kv.mla import KV_LORA_RANK, QK_DIM
 from tests.mla_util import decode_meta, filled_cache, random_slots, sparse_for
 
 SCALE = 128**-0.5
@@ -54,11 +55,11 @@ def test_reference_all_invalid_row_is_zero_and_poison_free(device: torch.device)
 
 def test_selection_errors_list_available() -> None:
     cpu = torch.device("cpu")
-    assert available_sparse_backends(cpu, "fp8") == ["reference"]
+    assert available_backends(cpu, "sparse_mla", layout="fp8", num_heads=4) == ["reference"]
     with pytest.raises(ValueError, match="available: reference"):
-        select_sparse_backend("flashmla", cpu, "fp8", 4)
+        select_backend("flashmla", cpu, "sparse_mla", layout="fp8", num_heads=4)
     with pytest.raises(ValueError, match="unknown sparse-MLA backend"):
-        select_sparse_backend("nope", cpu, "bf16", 4)
+        select_backend("nope", cpu, "sparse_mla", layout="bf16", num_heads=4)
 
 
 needs_flashmla = pytest.mark.skipif(
@@ -95,8 +96,8 @@ def test_flashmla_matches_reference(layout: str, padded: int, api: str, q_len: i
 
 def test_slot_width_rounded_with_minus_one_tail(device: torch.device) -> None:
     """A kernel that needs 128-wide index rows gets index_topk 64 padded with −1 columns."""
-    from graphrt.kv_cache import ReqToToken
-    from graphrt.sparse_metadata import fresh_sparse, select_topk, sparse_specs
+    from graphrt.kv import ReqToToken
+    from graphrt.metadata.sparse import fresh_sparse, select_topk, sparse_specs
 
     sparse = fresh_sparse(sparse_specs(64, 0, 128), 1, 2, device)
     assert sparse.topk_indices.shape == (2, 64) and sparse.topk_slots.shape == (2, 128)

@@ -13,7 +13,7 @@ import torch
 from graphrt import ForwardMode
 from graphrt.attention import available_backends, select_backend
 from graphrt.models import LlamaConfig, preset
-from graphrt.modes import SpecGeometry
+from graphrt.step.modes import SpecGeometry
 from tests.paged_util import HEAD_DIM, oracle, paged_case, parity_step, tolerance
 from tests.util import backends, build_runtime, decode_batch, prefill, spec_batch
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphrt.parity import _result, probe_sizes
-from graphrt.snapshot import SNAPSHOT_VERSION, SnapshotVersionError, load_snapshot, npz_path
-from graphrt.snapshot_schema import Snapshot
-from graphrt.telemetry import Telemetry
+from graphrt.debug.parity import _result, probe_sizes
+from graphrt.debug.schema import Snapshot
+from graphrt.debug.snapshot import SNAPSHOT_VERSION, SnapshotVersionError, load_snapshot, npz_path
+from graphrt.runtime.telemetry import Telemetry
 from graphrt.tools import report
 from tests.snapshots import BUCKETS, LAST_BS, take
 from tests.util import Setup
@@ -99,7 +99,7 @@ def test_unknown_version_fails_clearly(
 
 
 def test_launch_dims_split() -> None:
-    from graphrt.snapshot import _launch
+    from graphrt.debug.snapshot import _launch
 
     assert _launch("6,{32,16},0") == ("6", "{32,16}", "0")
     assert _launch("") == ("", "", "")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
-from graphrt.cascade import chain_tree_mask
-from graphrt.modes import SpecGeometry
+from graphrt.metadata.cascade import chain_tree_mask
+from graphrt.step.modes import SpecGeometry
 from tests.util import Setup, build_runtime, prefill, remade, slot_of, spec_batch
 
 M = ForwardMode
@@ -204,7 +204,7 @@ def test_shrink_inside_bucket_leaves_nothing_stale(device: torch.device) -> None
             draft_batch(setup, spec, reqs, lens, rng),
         ):
             rt.run(batch)  # debug=True raises PoisonLeft if a buffer kept poison
-            tpr, pad = rt.capacity(batch.mode), rt.pad_values(batch.mode)
+            tpr, pad = rt.rows_per_req(batch.mode), rt.pad_values(batch.mode)
             step = rt.buffers
             bad = step.pad_violations(4, tpr, len(reqs), pad) if batch.mode != M.DRAFT_EXTEND else []
             assert bad == [], (batch.mode, bad)

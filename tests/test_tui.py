@@ -11,7 +11,7 @@ pytest.importorskip("textual")
 
 from textual.widgets import DataTable, Input, Static
 
-from graphrt.snapshot import load_snapshot
+from graphrt.debug.snapshot import load_snapshot
 from graphrt.tools.tui.app import VIEWS, GraphDebugApp
 from graphrt.tools.tui.screenshots import save_screenshots
 from tests.snapshots import take

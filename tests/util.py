@@ -10,9 +10,9 @@ import torch
 
 from graphrt import Batch, ForwardMode, GraphRuntime, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.attention import available_backends
+from graphrt.engine.stack import build_stack
 from graphrt.models import TinyLlama
-from graphrt.models.stack import build_stack
-from graphrt.modes import SpecGeometry
+from graphrt.step.modes import SpecGeometry
 
 
 def backends(device: torch.device) -> list[str]:

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
-from graphrt.models.stack import build_stack
+from graphrt.engine.stack import build_stack
 from graphrt.tools.env import environment
 
 PAGE_SIZE = 16

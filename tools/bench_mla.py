@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from graphrt.attention.flashmla import FlashMLABackend
-from graphrt.mla_cache import FP8_BYTES, KV_LORA_RANK, QK_DIM, MLAKVCache, MLAShape
+from graphrt.kv.mla import FP8_BYTES, KV_LORA_RANK, QK_DIM, MLAKVCache, MLAShape
 from graphrt.tools.env import environment
 from graphrt.tools.mla_inputs import decode_meta, random_slots, sparse_for
 

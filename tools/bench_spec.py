@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
-from graphrt.cascade import chain_tree_mask
-from graphrt.models.stack import build_stack
-from graphrt.modes import SpecGeometry
+from graphrt.engine.stack import build_stack
+from graphrt.metadata.cascade import chain_tree_mask
+from graphrt.step.modes import SpecGeometry
 from graphrt.tools.bench import PAGE_SIZE, slots, time_us
 from graphrt.tools.env import environment
 

@@ -8,8 +8,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from graphrt.engine import Engine
-from graphrt.parity import parity_sweep
+from graphrt.debug import parity_sweep, take_snapshot
+from graphrt.engine.engine import Engine
 from graphrt.tools.env import environment
 
 
@@ -50,7 +50,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def write_snapshot(engine: Engine, path: str) -> None:
     """Check parity on every captured bucket (idle engine), then snapshot the runtime."""
     parity = parity_sweep(engine.runtime)
-    engine.runtime.snapshot(path, environment=environment(engine.device), parity=parity)
+    take_snapshot(engine.runtime, path, environment=environment(engine.device), parity=parity)
 
 
 def _max_logit_diff(a: Engine, b: Engine) -> float:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from graphrt.snapshot import GraphFacts, Snapshot, SnapshotVersionError, load_snapshot
+from graphrt.debug.snapshot import GraphFacts, Snapshot, SnapshotVersionError, load_snapshot
 from graphrt.tools import report
 
 

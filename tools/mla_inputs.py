@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from graphrt.metadata import StepBuffers, StepMetadata
-from graphrt.modes import ForwardMode
-from graphrt.sparse_metadata import SparseBuffers, fresh_sparse, sparse_specs
+from graphrt.metadata.sparse import SparseBuffers, fresh_sparse, sparse_specs
+from graphrt.step.modes import ForwardMode
 
 
 def random_slots(

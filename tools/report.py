@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphrt.snapshot import GraphFacts, Snapshot
+from graphrt.debug.snapshot import GraphFacts, Snapshot
 
 Row = tuple[str, ...]
 

@@ -1,13 +1,12 @@
-"""The attention-backend contract and selection by availability."""
+"""The MHA/GQA attention-backend contract (selection lives in :mod:`graphrt.attention.registry`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from graphrt.metadata import StepMetadata
+from graphrt.metadata.base import StepMetadata
 
 
 class AttentionBackend(Protocol):
@@ -35,32 +34,3 @@ class AttentionBackend(Protocol):
     def host_scalars(self) -> dict[str, Any]:
         """Python values this backend hands to its kernels beyond the metadata's."""
         ...
-
-
-#: name -> (is available on this device?, factory). Ordered by preference.
-_REGISTRY: dict[str, tuple[Callable[[torch.device], bool], Callable[[], AttentionBackend]]] = {}
-
-
-def register(name: str, available: Callable[[torch.device], bool]):
-    def wrap(factory: Callable[[], AttentionBackend]) -> Callable[[], AttentionBackend]:
-        assert name not in _REGISTRY, f"backend {name} registered twice"
-        _REGISTRY[name] = (available, factory)
-        return factory
-
-    return wrap
-
-
-def available_backends(device: torch.device) -> list[str]:
-    return [name for name, (ok, _) in _REGISTRY.items() if ok(device)]
-
-
-def select_backend(name: str | None, device: torch.device) -> AttentionBackend:
-    """The named backend, or the first available one; errors list what is available."""
-    usable = available_backends(device)
-    if name is None:
-        name = usable[0]
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown attention backend {name!r}; known: {', '.join(_REGISTRY)}")
-    if name not in usable:
-        raise ValueError(f"backend {name!r} is not available on {device}; available: {', '.join(usable)}")
-    return _REGISTRY[name][1]()

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from graphrt.attention.base import register
-from graphrt.metadata import StepMetadata
+from graphrt.attention.registry import register
+from graphrt.metadata.base import StepMetadata
 
 
 def fa3_available(device: torch.device) -> bool:
@@ -98,4 +98,4 @@ class FA3Backend:
         return {"fa3.causal": True, "fa3.num_splits": 0}
 
 
-register("fa3", fa3_available)(FA3Backend)
+register("mha", "fa3", fa3_available)(FA3Backend)

@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
-from graphrt.attention.mla import register
-from graphrt.metadata import StepMetadata
-from graphrt.mla_cache import KV_LORA_RANK, QK_DIM, MLAKVCache
-from graphrt.modes import MODES
-from graphrt.sparse_metadata import SparseBuffers
+from graphrt.attention.registry import register
+from graphrt.kv.mla import KV_LORA_RANK, QK_DIM, MLAKVCache
+from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.sparse import SparseBuffers
+from graphrt.step.modes import MODES
 
 HEAD_CHOICES = (64, 128)
 # NOTE: SM90 sparse prefill asserts topk % 128 == 0 (2 x B_TOPK); sparse decode needs 64.
 TOPK_MULTIPLE = 128
 
 
-def flashmla_available(device: torch.device, layout: str) -> bool:
+def flashmla_available(device: torch.device, layout: str, **_: Any) -> bool:
     if device.type != "cuda" or importlib.util.find_spec("sgl_kernel") is None:
         return False
     if torch.cuda.get_device_capability(device)[0] not in (9, 10):
@@ -143,7 +143,7 @@ class FlashMLABackend:
         }
 
 
-register("flashmla", flashmla_available)(FlashMLABackend)
-register("flashmla-schedmeta", flashmla_available)(
+register("sparse_mla", "flashmla", flashmla_available)(FlashMLABackend)
+register("sparse_mla", "flashmla-schedmeta", flashmla_available)(
     lambda num_heads, layout: FlashMLABackend(num_heads, layout, api="schedmeta")
 )

@@ -1,4 +1,4 @@
-"""The sparse-MLA backend contract, selection by availability, and the torch reference.
+"""The sparse-MLA backend contract and the torch reference.
 
 A sparse-MLA backend attends each query token over the ``index_topk`` KV slots its indexer
 chose (``topk_slots``, −1 = no key), in the absorbed MQA form FlashMLA uses: one shared
@@ -7,14 +7,14 @@ latent row ``[576]`` per token is both the key and (its first 512 values) the va
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from graphrt.metadata import StepMetadata
-from graphrt.mla_cache import KV_LORA_RANK, MLAKVCache
-from graphrt.sparse_metadata import SparseBuffers
+from graphrt.attention.registry import register
+from graphrt.kv.mla import KV_LORA_RANK, MLAKVCache
+from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.sparse import SparseBuffers
 
 
 class SparseMLABackend(Protocol):
@@ -45,41 +45,6 @@ class SparseMLABackend(Protocol):
     ) -> torch.Tensor: ...
 
     def host_scalars(self) -> dict[str, Any]: ...
-
-
-Available = Callable[[torch.device, str], bool]
-#: name -> (available on (device, layout)?, factory(num_heads, layout)). Ordered by preference.
-_REGISTRY: dict[str, tuple[Available, Callable[[int, str], SparseMLABackend]]] = {}
-
-
-def register(name: str, available: Available):
-    def wrap(factory: Callable[[int, str], SparseMLABackend]) -> Callable[[int, str], SparseMLABackend]:
-        assert name not in _REGISTRY, f"sparse-MLA backend {name} registered twice"
-        _REGISTRY[name] = (available, factory)
-        return factory
-
-    return wrap
-
-
-def available_sparse_backends(device: torch.device, layout: str) -> list[str]:
-    names = [name for name, (ok, _) in _REGISTRY.items() if ok(device, layout)]
-    return sorted(names, key=lambda n: n == "reference")  # NOTE: the oracle is the last resort
-
-
-def select_sparse_backend(
-    name: str | None, device: torch.device, layout: str, num_heads: int
-) -> SparseMLABackend:
-    """The named sparse-MLA backend, or the first available; errors list what is available."""
-    usable = available_sparse_backends(device, layout)
-    name = name or usable[0]
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown sparse-MLA backend {name!r}; known: {', '.join(_REGISTRY)}")
-    if name not in usable:
-        raise ValueError(
-            f"sparse-MLA backend {name!r} is not available on {device} with a {layout} KV cache; "
-            f"available: {', '.join(usable)}"
-        )
-    return _REGISTRY[name][1](num_heads, layout)
 
 
 def sparse_attention(
@@ -130,4 +95,4 @@ class SparseMLAReference:
         return {}
 
 
-register("reference", lambda device, layout: True)(SparseMLAReference)
+register("sparse_mla", "reference", lambda device, **need: True)(SparseMLAReference)

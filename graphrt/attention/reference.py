@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from graphrt.attention.base import register
-from graphrt.metadata import StepMetadata
+from graphrt.attention.registry import register
+from graphrt.metadata.base import StepMetadata
 
 
 def masked_attention(
@@ -163,4 +163,4 @@ class ReferenceBackend:
         return {}
 
 
-register("reference", lambda device: True)(ReferenceBackend)
+register("mha", "reference", lambda device: True)(ReferenceBackend)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from graphrt.attention.sparse_context import SparseMLAContext
 from graphrt.models.llama import Decoder, RMSNorm, apply_rope
 from graphrt.models.presets import DSAConfig
-from graphrt.sparse_context import SparseMLAContext
 
 
 class Indexer(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphrt.context import ForwardContext
+from graphrt.attention.context import ForwardContext
 from graphrt.models.presets import LlamaConfig
 
 

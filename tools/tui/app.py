@@ -11,7 +11,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import ContentSwitcher, Input, Static
 
-from graphrt.snapshot import Snapshot, SnapshotVersionError, load_snapshot
+from graphrt.debug.snapshot import Snapshot, SnapshotVersionError, load_snapshot
 from graphrt.tools.tui.base import View
 from graphrt.tools.tui.buffers import BuffersView
 from graphrt.tools.tui.detail import DetailView
@@ -119,7 +119,7 @@ class GraphDebugApp(App[None]):
 
 def demo_snapshot(directory: str) -> Path:
     """A small CPU demo run (emulated graphs), snapshotted into ``directory``."""
-    from graphrt.engine import Engine
+    from graphrt.engine.engine import Engine
     from graphrt.tools.demo import demo_prompts, write_snapshot
 
     engine = Engine("tiny-llama", device="cpu", max_batch_size=8, max_context_len=128)

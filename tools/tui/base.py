@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import DataTable
 
-from graphrt.snapshot import Snapshot
+from graphrt.debug.snapshot import Snapshot
 
 Row = Sequence[str]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
-from graphrt.snapshot import GraphFacts
+from graphrt.debug.snapshot import GraphFacts
 from graphrt.tools import report
 from graphrt.tools.tui.base import View, fill, table
 

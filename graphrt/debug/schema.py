@@ -1,4 +1,4 @@
-"""The snapshot schema: plain frozen dataclasses, written as JSON by ``graphrt.snapshot``."""
+"""The snapshot schema: plain frozen dataclasses, written as JSON by ``graphrt.debug.snapshot``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,28 @@ from typing import Any
 
 import numpy as np
 
-from graphrt.parity import ParityResult
-from graphrt.telemetry import StepRecord
+from graphrt.runtime.telemetry import StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ParityResult:
+    """One batch through the graph of ``(mode, bucket)`` and eagerly, compared on real rows.
+
+    ``first_bad`` is the first ``(token, column)`` in row-major order where
+    ``|graph - eager| > tol``; ``worst`` is where the difference is largest.
+    """
+
+    mode: str
+    bucket: int
+    bs: int
+    max_diff: float
+    tol: float
+    first_bad: tuple[int, int] | None
+    worst: tuple[int, int] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.first_bad is None
 
 
 @dataclass(frozen=True, slots=True)

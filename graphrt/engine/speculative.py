@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.batch import Batch
-from graphrt.modes import ForwardMode, SpecGeometry
 from graphrt.runtime import GraphRuntime
+from graphrt.step.batch import Batch
+from graphrt.step.modes import ForwardMode, SpecGeometry
 
 
 @dataclass(frozen=True, slots=True)

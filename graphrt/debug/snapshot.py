@@ -1,6 +1,6 @@
 """Versioned debug snapshots: JSON for the facts, ``.npz`` beside it for buffer contents.
 
-The schema is the dataclasses of ``graphrt.snapshot_schema`` (``Snapshot`` at the top); docs/snapshot.md describes it
+The schema is the dataclasses of ``graphrt.debug.schema`` (``Snapshot`` at the top); docs/snapshot.md describes it
 field by field. A reader refuses any ``version`` other than :data:`SNAPSHOT_VERSION`.
 """
 
@@ -19,9 +19,8 @@ import torch
 
 from graphrt.buffers import StaticBuffers
 from graphrt.capture import GraphInfo
-from graphrt.modes import ForwardMode
-from graphrt.parity import ParityResult
-from graphrt.snapshot_schema import (
+from graphrt.debug.parity import ParityResult
+from graphrt.debug.schema import (
     BufferFacts,
     BufferRead,
     ContentsFacts,
@@ -32,9 +31,10 @@ from graphrt.snapshot_schema import (
     Snapshot,
     TelemetryFacts,
 )
+from graphrt.step.modes import ForwardMode
 
 if TYPE_CHECKING:
-    from graphrt.runtime import GraphRuntime
+    from graphrt.runtime.runtime import GraphRuntime
 
 #: Bumped on any change a version-1 reader would misread (renamed, retyped or removed fields).
 SNAPSHOT_VERSION = 1
@@ -155,7 +155,7 @@ def take_snapshot(
     environment : dict, optional
         Device and library versions (``graphrt.tools.env.environment``); default: torch only.
     parity : tuple of ParityResult
-        Results of :func:`graphrt.parity.check_parity` / ``parity_sweep`` to include.
+        Results of :func:`graphrt.debug.check_parity` / ``parity_sweep`` to include.
     bucket, bs : int, optional
         The step the buffer contents are described as; default: the last replay.
 
@@ -218,7 +218,7 @@ def _launch(launch: str) -> tuple[str, str, str]:
 
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
-    tpr = runtime.capacity(mode)
+    tpr = runtime.rows_per_req(mode)
     view = runtime.buffers.view(bucket, tpr)
     reads = tuple(
         BufferRead(s.name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
@@ -265,7 +265,7 @@ def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: s
     mode = ForwardMode[last.mode] if last else next(iter(runtime.config.capture_modes), ForwardMode.DECODE)
     bucket = bucket if bucket is not None else (last.bucket if last else None)
     bs = bs if bs is not None else (last.bs if last else 0)
-    tpr = runtime.capacity(mode)
+    tpr = runtime.rows_per_req(mode)
     pad = runtime.pad_values(mode)
     violations = runtime.buffers.pad_violations(bucket, tpr, bs, pad) if bucket else []
     return ContentsFacts(file, mode.name, bucket, bs, tpr, pad, tuple(violations))

@@ -12,32 +12,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from graphrt.batch import Batch
-from graphrt.buffers import BufferSpec, Dims, MemoryReport, PadRule, StaticBuffers
-from graphrt.cascade import CascadeBuffers, cascade_specs, write_tree_host
-from graphrt.local_attention import LocalBuffers, LocalGeometry
-from graphrt.metadata import STEP_SPECS, StepBuffers, write_host
-from graphrt.modes import ForwardMode, SpecGeometry
-
-TREE_MODES = (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_DECODE)
-
-
-def draft_specs(steps: int) -> tuple[BufferSpec, ...]:
-    return (
-        BufferSpec(
-            "draft_loc", ("max_tokens", steps), torch.int64, PadRule("const", "dummy_slot"), host=True
-        ),
-    )
-
-
-@dataclass(slots=True)
-class DraftBuffers:
-    """``draft_loc [T, steps]`` int64: the KV slot of each branch token at every draft step."""
-
-    draft_loc: torch.Tensor
+from graphrt.buffers import Dims, MemoryReport, StaticBuffers
+from graphrt.metadata.base import CascadeBuffers, StepBuffers
+from graphrt.metadata.cascade import cascade_specs, write_cascade_host
+from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
+from graphrt.metadata.local import LocalBuffers, LocalGeometry
+from graphrt.metadata.step import STEP_SPECS, write_host
+from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput
 
 
 @dataclass(slots=True)
@@ -79,9 +63,9 @@ class Families:
     def used_by(self, mode: ForwardMode) -> list[StaticBuffers]:
         """The families ``mode`` writes and reads (its update touches nothing else)."""
         used = [self.step]
-        if self.cascade is not None and mode in TREE_MODES:
+        if self.cascade is not None and MODES[mode].tree is not TreeInput.NONE:
             used.append(self.cascade)
-        if self.draft is not None and mode is ForwardMode.DRAFT_DECODE:
+        if self.draft is not None and MODES[mode].draft_steps:
             used.append(self.draft)
         if self.local is not None:
             used.append(self.local)
@@ -101,9 +85,9 @@ class Families:
         families.write(batch, rows, tokens, pad)
         return families.full(batch.mode)
 
-    def view(self, mode: ForwardMode, bucket: int, tokens_per_req: int) -> StepInputs:
-        views = {f.family: f.view(bucket, tokens_per_req) for f in self.used_by(mode)}
-        extra = self.extra.view(bucket, tokens_per_req) if self.extra is not None else None
+    def view(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> StepInputs:
+        views = {f.family: f.view(bucket, rows_per_req) for f in self.used_by(mode)}
+        extra = self.extra.view(bucket, rows_per_req) if self.extra is not None else None
         return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra, views.get("local"))
 
     def full(self, mode: ForwardMode) -> StepInputs:
@@ -119,25 +103,12 @@ class Families:
             family.wait_host_free()
         write_host(batch, self.step.host_full, rows, tokens, pad)
         if self.cascade in used:
-            _write_cascade(batch, self.cascade.host_full, tokens, pad["dummy_slot"])
+            write_cascade_host(batch, self.cascade.host_full, tokens, pad["dummy_slot"])
         if self.draft in used:
-            loc = self.draft.host_full["draft_loc"]
-            loc[:tokens] = pad["dummy_slot"]
-            loc[: batch.num_tokens] = batch.out_cache_loc_steps
+            write_draft_host(batch, self.draft.host_full, tokens, pad["dummy_slot"])
         for family in used:
             family.upload()
 
     def memory_reports(self) -> tuple[MemoryReport, ...]:
         families = (self.step, self.cascade, self.draft, self.local, self.extra)
         return tuple(f.memory_report() for f in families if f is not None)
-
-
-def _write_cascade(batch: Batch, host: dict[str, np.ndarray], tokens: int, dummy_slot: int) -> None:
-    if batch.tree_mask is not None or batch.mode is ForwardMode.TARGET_VERIFY:
-        write_tree_host(batch, host, tokens, dummy_slot)
-        return
-    # NOTE: DRAFT_DECODE derives its expand lists per step inside the graph; only the
-    # one-query-per-token offsets are read from here.
-    host["expand_table"][:tokens] = dummy_slot
-    host["expand_seqlens"][:tokens] = 1
-    host["expand_cu_seqlens_q"][: tokens + 1] = np.arange(tokens + 1)

@@ -4,70 +4,25 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from graphrt.batch import Batch, Limits
-from graphrt.buffers import Dims, MemoryReport
-from graphrt.capture import (
-    BucketPolicy,
-    CaptureEngine,
-    Dispatcher,
-    EmulatedEngine,
-    Fallback,
-    GraphInfo,
-)
-from graphrt.config import RuntimeConfig
-from graphrt.families import Families
-from graphrt.kinds import attention_kind
-from graphrt.kv_cache import PagedKVCache, ReqToToken
-from graphrt.local_attention import local_geometry
-from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
-from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
-from graphrt.progress import capture_progress
-from graphrt.telemetry import Telemetry
-
-
-class GraphFallbackError(RuntimeError):
-    """``strict=True`` and no captured graph fits the step."""
-
-
-class HostScalarMismatch(RuntimeError):
-    """A replay would need a host scalar other than the one frozen into the graph."""
-
-
-class PoisonLeft(RuntimeError):
-    """Debug mode: a buffer the replay read was not written by the update."""
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureReport:
-    engine: str
-    backend: str
-    graphs: tuple[GraphInfo, ...]
-    seconds: float
-    buffers: MemoryReport
-
-    @property
-    def pool_bytes(self) -> int:
-        return sum(g.pool_bytes for g in self.graphs)
-
-    def __str__(self) -> str:
-        return (
-            f"{len(self.graphs)} graphs ({self.engine} engine, {self.backend} backend) in "
-            f"{self.seconds:.2f} s; pool {self.pool_bytes / 2**20:.1f} MiB; "
-            f"static buffers {self.buffers.total_bytes} B"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeStats:
-    replays: dict[str, int]
-    eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)
-    fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count
+from graphrt.attention import attention_kind
+from graphrt.buffers import Dims
+from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, Fallback
+from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.metadata.families import Families
+from graphrt.metadata.local import local_geometry
+from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
+from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
+from graphrt.runtime.progress import capture_progress
+from graphrt.runtime.report import CaptureReport, RuntimeStats
+from graphrt.runtime.telemetry import Telemetry
+from graphrt.step.batch import Batch, Limits
+from graphrt.step.config import RuntimeConfig
+from graphrt.step.modes import MODES, ForwardMode, TreeInput, rows_per_req, tokens_per_req
 
 
 def make_engine(name: str | None, device: torch.device, record_kernels: bool) -> CaptureEngine:
@@ -114,7 +69,7 @@ class GraphRuntime:
         self.engine = make_engine(config.engine, self.device, config.record_kernels)
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         max_bs = self.dispatcher.policy.largest
-        dims = Dims(max_bs, max_bs * config.max_tokens_per_req, config.max_pages, config.max_context_len)
+        dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local = local_geometry(config)
         self.families = Families(dims, self.device, config.speculative, self.kind, local)
         self.buffers = self.families.step
@@ -133,9 +88,9 @@ class GraphRuntime:
         self._eager_steps: Counter[ForwardMode] = Counter()
         self.telemetry = Telemetry()
 
-    def capacity(self, mode: ForwardMode) -> int:
+    def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's tokens-per-request)."""
-        return capacity_per_req(mode, self.config.speculative)
+        return rows_per_req(mode, self.config.speculative)
 
     def pad_values(self, mode: ForwardMode) -> dict[str, int]:
         """Values padded rows hold (DESIGN rule 3), by the names the pad rules use.
@@ -143,16 +98,17 @@ class GraphRuntime:
         Pad requests of uniform modes carry the mode's query length; those of ragged modes
         one token. Their ``seq_len`` equals their query length, so no position is negative.
         """
-        pad_q = 1 if MODES[mode].ragged else self.capacity(mode)
+        pad_q = 1 if MODES[mode].ragged else self.rows_per_req(mode)
         # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of a
         # cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
-        prefix = 1 if mode is ForwardMode.DRAFT_DECODE or self._cascade(mode) else 0
+        drafts = MODES[mode].draft_steps
+        prefix = 1 if drafts or self._cascade(mode) else 0
         return {
             "dummy_slot": self.kv.dummy_slot,
             "dummy_page": self.kv.dummy_page,
             "dummy_req": self.req_to_token.dummy_req,
             "pad_q_len": pad_q,
-            "pad_seq_len": 1 + prefix if mode is ForwardMode.DRAFT_DECODE else pad_q + prefix,
+            "pad_seq_len": 1 + prefix if drafts else pad_q + prefix,
             "pad_prefix_len": 1,
         }
 
@@ -164,12 +120,12 @@ class GraphRuntime:
         want = tokens_per_req(batch.mode, self.config.speculative) if MODES[batch.mode].graphed else None
         if want is None or not batch.bs:
             return
-        tree = self.families.cascade is not None and batch.mode is ForwardMode.TARGET_VERIFY
+        tree = self.families.cascade is not None and MODES[batch.mode].tree is TreeInput.MASK
         if tree != (batch.tree_mask is not None):
             need = "needs Batch.tree_mask (topk > 1)" if tree else "takes no tree_mask (topk 1: a chain)"
             raise ValueError(f"{batch.mode.name} {need}")
         steps = self.config.speculative.draft_forwards if self.config.speculative else 0
-        if batch.mode is ForwardMode.DRAFT_DECODE and batch.draft_steps != steps:
+        if MODES[batch.mode].draft_steps and batch.draft_steps != steps:
             raise ValueError(f"DRAFT_DECODE writes {steps} slot(s) per token, got {batch.draft_steps}")
         q = batch.q_lens
         if MODES[batch.mode].ragged and (q.max() > want):
@@ -197,19 +153,19 @@ class GraphRuntime:
         )
 
     def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
-        tpr = self.capacity(mode)
-        inputs = self.families.view(mode, bucket, tpr)
+        rows_per_req = self.rows_per_req(mode)
+        inputs = self.families.view(mode, bucket, rows_per_req)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
-        self._write(_empty_batch(mode), bucket, tpr)
+        self._write(_empty_batch(mode), bucket, rows_per_req)
         program = PROGRAMS[mode]
 
         def step() -> torch.Tensor:
             with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
-                return program(self.env, mode, inputs, tpr)
+                return program(self.env, mode, inputs, rows_per_req)
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
-        graph.info.host_scalars = self._host_scalars(mode, tpr, inputs.cascade is not None)
+        graph.info.host_scalars = self._host_scalars(mode, rows_per_req, inputs.cascade is not None)
         self.dispatcher.add(mode, bucket, graph)
         self._outputs[(mode, bucket)] = out
 
@@ -220,9 +176,9 @@ class GraphRuntime:
             "page_size": self.config.page_size,
             "cascade": cascade,
         }
-        if mode is ForwardMode.DRAFT_DECODE and self.config.speculative:
+        if MODES[mode].draft_steps and self.config.speculative:
             found["draft_steps"] = self.config.speculative.draft_forwards
-        return found | self.backend.host_scalars() | self.env.layer_scalars
+        return found | self.backend.host_scalars() | self.env.scalars.as_dict()
 
     # ---- steps ---------------------------------------------------------------------------
     def run(self, batch: Batch, *, eager: bool = False) -> torch.Tensor:
@@ -243,24 +199,24 @@ class GraphRuntime:
             self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
             return self._eager(batch)
         bucket, graph = chosen
-        tpr = self.capacity(batch.mode)
+        rows_per_req = self.rows_per_req(batch.mode)
         _check_host_scalars(batch, graph.info.host_scalars)
         start = time.perf_counter()
-        self._write(batch, bucket, tpr)
+        self._write(batch, bucket, rows_per_req)
         updated = time.perf_counter()
         with torch.no_grad():
             graph.replay()
         self.telemetry.replayed(batch.mode.name, batch.bs, bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(batch.mode, bucket, tpr)
+            self._check_poison(batch.mode, bucket, rows_per_req)
         self.dispatcher.count_replay(batch.mode)
         return self._outputs[(batch.mode, bucket)][: batch.num_tokens].clone()
 
-    def _write(self, batch: Batch, bucket: int, tpr: int) -> None:
+    def _write(self, batch: Batch, bucket: int, rows_per_req: int) -> None:
         if self.config.debug:
             for family in self.families.used_by(batch.mode):
                 family.poison()
-        self.families.write(batch, bucket, bucket * tpr, self.pad_values(batch.mode))
+        self.families.write(batch, bucket, bucket * rows_per_req, self.pad_values(batch.mode))
 
     def _eager(self, batch: Batch) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
@@ -282,16 +238,10 @@ class GraphRuntime:
             out = PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q)
         return out[: batch.num_tokens]
 
-    def _check_poison(self, mode: ForwardMode, bucket: int, tpr: int) -> None:
-        left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, tpr)]
+    def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
+        left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]
         if left:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
-
-    def snapshot(self, path: str, **facts: Any) -> Any:
-        """Write a debug snapshot (JSON + ``.npz``); see :func:`graphrt.snapshot.take_snapshot`."""
-        from graphrt.snapshot import take_snapshot
-
-        return take_snapshot(self, path, **facts)
 
     def stats(self) -> RuntimeStats:
         fallbacks: dict[str, dict[str, int]] = {}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphrt.local_attention import check_chunk
-from graphrt.modes import MODES, ForwardMode, SpecGeometry, capacity_per_req
+from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, rows_per_req
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +65,7 @@ class RuntimeConfig:
         for mode in self.capture_modes:
             if not MODES[mode].graphed:
                 raise ValueError(f"mode {mode.name} is eager-only and cannot be captured")
-            capacity_per_req(mode, self.speculative)  # raises when the geometry is missing
+            rows_per_req(mode, self.speculative)  # raises when the geometry is missing
         check_chunk(self.attention_chunk_size, self.page_size)
         if self.attention_chunk_size is not None and self.speculative and self.speculative.topk > 1:
             raise ValueError(
@@ -75,11 +74,24 @@ class RuntimeConfig:
             )
 
     @property
-    def max_tokens_per_req(self) -> int:
+    def max_rows_per_req(self) -> int:
         """Token rows per request the static buffers hold (the widest captured mode)."""
-        return max((capacity_per_req(m, self.speculative) for m in self.capture_modes), default=1)
+        return max((rows_per_req(m, self.speculative) for m in self.capture_modes), default=1)
 
     @property
     def max_pages(self) -> int:
         """Pages a request of ``max_context_len`` tokens spans (page_table width)."""
         return -(-self.max_context_len // self.page_size)
+
+
+def check_chunk(chunk_size: int | None, page_size: int) -> None:
+    """Raise ``ValueError`` unless ``chunk_size`` is None or a positive multiple of ``page_size``."""
+    if chunk_size is None:
+        return
+    if chunk_size < 1:
+        raise ValueError(f"attention_chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size % page_size:
+        raise ValueError(
+            f"attention_chunk_size {chunk_size} must be a multiple of page_size {page_size} "
+            "(the local page table is in page units and chunks must start on a page)"
+        )

@@ -7,7 +7,7 @@ Layouts (per token, per layer):
   4 ``float32`` scales (one per 128 values), 64 ``bfloat16`` RoPE values. Quantised on write.
 
 Beside it lives the indexer's key cache (``[slots, index_dim]``, the model's dtype), written
-at the same ``out_cache_loc``. As in :class:`~graphrt.kv_cache.PagedKVCache`, the last page is
+at the same ``out_cache_loc``. As in :class:`~graphrt.kv.PagedKVCache`, the last page is
 the dummy page and its first slot the dummy slot.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kv_cache import PagedSlots
+from graphrt.kv.paged import PagedSlots
 
 KV_LORA_RANK = 512
 ROPE_DIM = 64

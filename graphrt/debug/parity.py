@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from graphrt.batch import Batch
 from graphrt.capture import Fallback
-from graphrt.modes import ForwardMode
+from graphrt.debug.schema import ParityResult
+from graphrt.step.batch import Batch
+from graphrt.step.modes import ForwardMode
 
 if TYPE_CHECKING:
-    from graphrt.runtime import GraphRuntime
-
-
-@dataclass(frozen=True, slots=True)
-class ParityResult:
-    """One batch through the graph of ``(mode, bucket)`` and eagerly, compared on real rows.
-
-    ``first_bad`` is the first ``(token, column)`` in row-major order where
-    ``|graph - eager| > tol``; ``worst`` is where the difference is largest.
-    """
-
-    mode: str
-    bucket: int
-    bs: int
-    max_diff: float
-    tol: float
-    first_bad: tuple[int, int] | None
-    worst: tuple[int, int] | None
-
-    @property
-    def ok(self) -> bool:
-        return self.first_bad is None
+    from graphrt.runtime.runtime import GraphRuntime
 
 
 def default_tol(dtype: torch.dtype) -> float:

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 
 from graphrt.attention.mla import SparseMLABackend
-from graphrt.kv_cache import ReqToToken
-from graphrt.metadata import StepMetadata
-from graphrt.mla_cache import MLAKVCache
-from graphrt.sparse_metadata import SparseBuffers, query_positions, select_topk
+from graphrt.kv import ReqToToken
+from graphrt.kv.mla import MLAKVCache
+from graphrt.metadata.base import StepMetadata, token_rows
+from graphrt.metadata.sparse import SparseBuffers, select_topk
 
 _UNPLANNED = object()
 
@@ -55,10 +55,9 @@ class SparseMLAContext:
         step = self.meta.buffers
         self.kv.index_k[layer_id].index_copy_(0, step.out_cache_loc, k.to(self.kv.index_k[layer_id].dtype))
         if self._positions is None:
-            self._positions = query_positions(step)
+            self._positions = token_rows(step, self.req_to_token.dummy_req)
         rows, kv_pos = self._positions
-        safe_rows = torch.where(rows < 0, self.req_to_token.dummy_req, rows)
-        slots = self.req_to_token.table[safe_rows].long()  # [T, max_context_len]
+        slots = self.req_to_token.table[rows].long()  # [T, max_context_len]
         keys = self.kv.index_k[layer_id][slots].float()
         logits = torch.einsum("thd,tjd->thj", q.float(), keys).relu()
         scores = torch.einsum("thj,th->tj", logits, weights.float())

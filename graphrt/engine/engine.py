@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.batch import Batch
-from graphrt.config import RuntimeConfig
-from graphrt.models.stack import build_stack
-from graphrt.modes import ForwardMode
+from graphrt.engine.speculative import SpecOptions, SpecRunner, SpecState
+from graphrt.engine.stack import build_stack
 from graphrt.runtime import CaptureReport
-from graphrt.speculative import SpecOptions, SpecRunner, SpecState
+from graphrt.step.batch import Batch
+from graphrt.step.config import RuntimeConfig
+from graphrt.step.modes import ForwardMode
 
 
 @dataclass(slots=True)

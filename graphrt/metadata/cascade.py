@@ -10,13 +10,13 @@ branch's own draft slots ``0..i`` (device, inside the graph).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from graphrt.batch import Batch
 from graphrt.buffers import BufferSpec, PadRule
+from graphrt.metadata.base import CascadeBuffers
+from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES, TreeInput
 
 
 def cascade_specs(width: int) -> tuple[BufferSpec, ...]:
@@ -29,18 +29,6 @@ def cascade_specs(width: int) -> tuple[BufferSpec, ...]:
         BufferSpec("expand_cu_seqlens_q", ("max_tokens+1",), torch.int32, PadRule("step", 1), host=True),
         BufferSpec("prefix_seqlens", ("max_bs",), torch.int32, PadRule("const", "pad_prefix_len")),
     )
-
-
-@dataclass(slots=True)
-class CascadeBuffers:
-    """``expand_table [T, width]`` int32 KV slots (page size 1), ``expand_seqlens [T]``,
-    ``expand_cu_seqlens_q [T + 1]`` (``arange``: one query per expand request) and
-    ``prefix_seqlens [bs]`` (keys before the tree), all int32."""
-
-    expand_table: torch.Tensor
-    expand_seqlens: torch.Tensor
-    expand_cu_seqlens_q: torch.Tensor
-    prefix_seqlens: torch.Tensor
 
 
 def chain_tree_mask(num_steps: int, topk: int, num_draft_tokens: int | None = None) -> np.ndarray:
@@ -102,3 +90,15 @@ def draft_step_cascade(cascade: CascadeBuffers, draft_loc: torch.Tensor, step: i
     return CascadeBuffers(
         table, lens, cascade.expand_cu_seqlens_q[: table.shape[0] + 1], cascade.prefix_seqlens
     )
+
+
+def write_cascade_host(batch: Batch, host: dict[str, np.ndarray], tokens: int, dummy_slot: int) -> None:
+    """The host half of the cascade family for ``batch``'s mode (see :class:`TreeInput`)."""
+    if MODES[batch.mode].tree is TreeInput.MASK:
+        write_tree_host(batch, host, tokens, dummy_slot)
+        return
+    # NOTE: DRAFT_DECODE derives its expand lists per step inside the graph; only the
+    # one-query-per-token offsets are read from here.
+    host["expand_table"][:tokens] = dummy_slot
+    host["expand_seqlens"][:tokens] = 1
+    host["expand_cu_seqlens_q"][: tokens + 1] = np.arange(tokens + 1)

@@ -8,17 +8,13 @@ path calls the same two functions on fresh, exact-size arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import torch
 
-from graphrt.batch import Batch
 from graphrt.buffers import BufferSpec, PadRule
-from graphrt.cascade import CascadeBuffers
-from graphrt.kv_cache import ReqToToken
-from graphrt.modes import ForwardMode
+from graphrt.kv import ReqToToken
+from graphrt.metadata.base import StepBuffers, token_rows
+from graphrt.step.batch import Batch
 
 STEP_SPECS = (
     BufferSpec("input_ids", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
@@ -31,47 +27,6 @@ STEP_SPECS = (
     BufferSpec("page_table", ("max_bs", "max_pages"), torch.int32, PadRule("const", "dummy_page")),
 )
 HOST_FIELDS = tuple(s.name for s in STEP_SPECS if s.host)
-
-
-@dataclass(slots=True)
-class StepBuffers:
-    """Per-step metadata tensors (bucket views on the graph path, fresh on the eager path).
-
-    ``input_ids``, ``positions``, ``out_cache_loc``, ``req_id_per_token``: ``[num_tokens]``
-    int64; ``req_pool_indices`` ``[bs]`` int64; ``cache_seqlens`` ``[bs]`` int32;
-    ``cu_seqlens_q`` ``[bs + 1]`` int32; ``page_table`` ``[bs, max_pages]`` int32.
-    """
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    out_cache_loc: torch.Tensor
-    req_id_per_token: torch.Tensor
-    req_pool_indices: torch.Tensor
-    cache_seqlens: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    page_table: torch.Tensor
-
-
-@dataclass(frozen=True, slots=True)
-class StepMetadata:
-    """What the attention backends read: buffers plus host scalars (rule 4: key-derived).
-
-    ``cascade`` is set for token trees (``topk > 1``): the backend then attends the prefix
-    through ``buffers`` and each token's expand list through ``cascade``, and merges.
-    """
-
-    mode: ForwardMode
-    buffers: StepBuffers
-    max_seqlen_q: int
-    page_size: int
-    cascade: CascadeBuffers | None = None
-
-    def host_scalars(self) -> dict[str, Any]:
-        return {
-            "max_seqlen_q": self.max_seqlen_q,
-            "page_size": self.page_size,
-            "cascade": self.cascade is not None,
-        }
 
 
 def write_host(
@@ -115,12 +70,7 @@ def record_slots(buffers: StepBuffers, req_to_token: ReqToToken) -> None:
     + t`` of request ``req_pool_indices[r]``. Tokens past ``cu_seqlens_q[-1]`` (a ragged
     tail) are routed to the dummy request. In-place, no host sync.
     """
-    req = buffers.req_id_per_token
-    token = torch.arange(req.shape[0], device=req.device)
-    cu = buffers.cu_seqlens_q.long()
-    valid = token < cu[-1]
-    kv_pos = torch.where(valid, buffers.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
-    rows = torch.where(valid, buffers.req_pool_indices[req], req_to_token.dummy_req)
+    rows, kv_pos = token_rows(buffers, req_to_token.dummy_req)
     req_to_token.table.index_put_((rows, kv_pos), buffers.out_cache_loc.to(torch.int32))
 
 

@@ -67,25 +67,48 @@ def _spec(field: str) -> Tokens:
     return tokens
 
 
+class TreeInput(Enum):
+    """How a ``topk > 1`` token tree reaches a mode's cascade family."""
+
+    NONE = "none"  # the mode never runs a tree
+    MASK = "mask"  # host ``Batch.tree_mask`` (TARGET_VERIFY)
+    DRAFT_SLOTS = "draft_slots"  # each branch's own draft slots, derived in the graph (DRAFT_DECODE)
+
+
 @dataclass(frozen=True, slots=True)
 class ModeSpec:
-    """One row of the mode table.
+    """One row of the mode table: everything mode-specific, so no code branches on a mode.
 
     ``tokens`` gives the query tokens per request from the geometry: exact for uniform
     modes, the maximum for ``ragged`` ones. ``None``: any length (EXTEND, eager only).
+    ``implicit_q_len``: a batch may omit ``q_lens`` (one token per request).
+    ``draft_steps``: the step runs every draft step; ``out_cache_loc`` holds one slot per
+    token per step, all branches of a request sit at position ``seq_len - 1`` and a pad row
+    keeps a one-token prefix. ``tree``: where a ``topk > 1`` tree's expand lists come from.
+    ``idle``: a step of this mode has no requests.
     """
 
     graphed: bool
     ragged: bool
     tokens: Tokens | None
+    implicit_q_len: bool = False
+    draft_steps: bool = False
+    tree: TreeInput = TreeInput.NONE
+    idle: bool = False
 
 
 MODES: dict[ForwardMode, ModeSpec] = {
-    ForwardMode.DECODE: ModeSpec(graphed=True, ragged=False, tokens=lambda _: 1),
-    ForwardMode.TARGET_VERIFY: ModeSpec(graphed=True, ragged=False, tokens=_spec("num_draft_tokens")),
-    ForwardMode.DRAFT_DECODE: ModeSpec(graphed=True, ragged=False, tokens=_spec("topk")),
+    ForwardMode.DECODE: ModeSpec(graphed=True, ragged=False, tokens=lambda _: 1, implicit_q_len=True),
+    ForwardMode.TARGET_VERIFY: ModeSpec(
+        graphed=True, ragged=False, tokens=_spec("num_draft_tokens"), tree=TreeInput.MASK
+    ),
+    ForwardMode.DRAFT_DECODE: ModeSpec(
+        graphed=True, ragged=False, tokens=_spec("topk"), draft_steps=True, tree=TreeInput.DRAFT_SLOTS
+    ),
     ForwardMode.DRAFT_EXTEND: ModeSpec(graphed=True, ragged=True, tokens=_spec("num_draft_tokens")),
-    ForwardMode.IDLE: ModeSpec(graphed=True, ragged=False, tokens=lambda _: 0),
+    ForwardMode.IDLE: ModeSpec(
+        graphed=True, ragged=False, tokens=lambda _: 0, implicit_q_len=True, idle=True
+    ),
     ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None),
 }
 
@@ -96,6 +119,6 @@ def tokens_per_req(mode: ForwardMode, spec: SpecGeometry | None) -> int | None:
     return None if tokens is None else tokens(spec)
 
 
-def capacity_per_req(mode: ForwardMode, spec: SpecGeometry | None) -> int:
+def rows_per_req(mode: ForwardMode, spec: SpecGeometry | None) -> int:
     """Token rows per request a graph of ``mode`` holds (>= 1: IDLE still has pad rows)."""
     return max(tokens_per_req(mode, spec) or 1, 1)

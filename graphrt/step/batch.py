@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.modes import ForwardMode
+from graphrt.step.modes import MODES, ForwardMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,7 @@ class Batch:
         }
         bs = arrays["seq_lens"].size
         if q_lens is None:
-            if mode not in (ForwardMode.DECODE, ForwardMode.IDLE):
+            if not MODES[mode].implicit_q_len:
                 raise ValueError(f"mode {mode.name} needs q_lens (query tokens per request)")
             q_lens = np.ones(bs, dtype=np.int64)
         arrays["q_lens"] = _host_ints("q_lens", q_lens)
@@ -129,7 +129,7 @@ class Batch:
     def kv_positions(self) -> np.ndarray:
         """Position of each ``out_cache_loc`` entry: the last ``q_len`` positions of the request;
         for DRAFT_DECODE ``seq_len - 1 + step`` for every branch."""
-        if self.mode is ForwardMode.DRAFT_DECODE:
+        if MODES[self.mode].draft_steps:
             first = np.repeat(self.seq_lens - 1, self.q_lens)
             return (first[:, None] + np.arange(self.draft_steps)).reshape(-1)
         starts = np.repeat(self.seq_lens - self.q_lens, self.q_lens)
@@ -139,7 +139,7 @@ class Batch:
     @property
     def positions(self) -> np.ndarray:
         """RoPE position of every query token (``kv_positions``, or prefix + depth in a tree)."""
-        if self.mode is ForwardMode.DRAFT_DECODE:
+        if MODES[self.mode].draft_steps:
             return np.repeat(self.seq_lens - 1, self.q_lens)
         if self.tree_mask is None:
             return self.kv_positions
@@ -152,14 +152,14 @@ class Batch:
             if getattr(self, name).size != bs:
                 raise ValueError(f"Batch.{name} has {getattr(self, name).size} rows, seq_lens has {bs}")
         locs = self.out_cache_loc.size
-        draft = self.mode is ForwardMode.DRAFT_DECODE and n and locs and locs % n == 0
+        draft = MODES[self.mode].draft_steps and n and locs and locs % n == 0
         if locs != n and not draft:
             raise ValueError(f"Batch.out_cache_loc has {locs} entries, input_ids {n}")
         if int(self.q_lens.sum()) != n:
             raise ValueError(f"sum(q_lens) = {int(self.q_lens.sum())} but there are {n} input_ids")
         if bs and int(self.q_lens.min()) < 1:
             raise ValueError(f"every request needs >= 1 query token, got q_lens min {self.q_lens.min()}")
-        if self.mode is ForwardMode.IDLE and bs:
+        if MODES[self.mode].idle and bs:
             raise ValueError(f"an IDLE step has no requests, got bs {bs}")
 
     def check(self, limits: Limits) -> None:
@@ -175,7 +175,7 @@ class Batch:
             raise ValueError(
                 f"sequence past max context: seq_len {end} > max_context_len {limits.max_context_len}"
             )
-        short = self.seq_lens < (1 if self.mode is ForwardMode.DRAFT_DECODE else self.q_lens)
+        short = self.seq_lens < (1 if MODES[self.mode].draft_steps else self.q_lens)
         if short.any():
             i = int(np.argmax(short))
             raise ValueError(

@@ -13,7 +13,7 @@ request with ``q_len 1`` whose KV is the part of its chunk up to and including `
 It is exact for any causal chain of query tokens (DECODE, TARGET_VERIFY with ``topk 1``,
 DRAFT_EXTEND): token ``t`` alone decides what it sees, and sibling tokens of the same request
 are earlier positions of the same sequence, already recorded in ``req_to_token`` by
-:func:`graphrt.metadata.record_slots`. A DRAFT_DECODE chain re-derives the batch before each
+:func:`graphrt.metadata.step.record_slots`. A DRAFT_DECODE chain re-derives the batch before each
 draft step's forward (one buffer set, rewritten in graph order). For DECODE it is exactly Llama-4's virtual batch. Every
 shape is a function of the graph key (``num_tokens`` rows, ``chunk_pages`` columns), so the
 same update runs inside the captured graph and on the eager path; it rewrites every row of
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from graphrt.buffers import BufferSpec, Dims, PadRule, StaticBuffers
-from graphrt.kv_cache import ReqToToken
-from graphrt.metadata import StepBuffers, StepMetadata
-from graphrt.modes import ForwardMode
+from graphrt.kv import ReqToToken
+from graphrt.metadata.base import StepBuffers, token_rows
+from graphrt.step.config import check_chunk
 
 
 def local_specs(chunk_pages: int) -> tuple[BufferSpec, ...]:
@@ -58,19 +58,6 @@ class LocalBuffers:
     cache_seqlens: torch.Tensor
     cu_seqlens_q: torch.Tensor
     page_table: torch.Tensor
-
-
-def check_chunk(chunk_size: int | None, page_size: int) -> None:
-    """Raise ``ValueError`` unless ``chunk_size`` is None or a positive multiple of ``page_size``."""
-    if chunk_size is None:
-        return
-    if chunk_size < 1:
-        raise ValueError(f"attention_chunk_size must be >= 1, got {chunk_size}")
-    if chunk_size % page_size:
-        raise ValueError(
-            f"attention_chunk_size {chunk_size} must be a multiple of page_size {page_size} "
-            "(the local page table is in page units and chunks must start on a page)"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,60 +96,17 @@ def derive_local(
 
     In place and sync-free: it runs inside the captured graph on the graph path.
     """
-    r2t, ps, chunk = req_to_token, geometry.page_size, geometry.chunk_size
-    req = step.req_id_per_token
-    token = torch.arange(req.shape[0], device=req.device)
-    cu = step.cu_seqlens_q.long()
-    # NOTE: the KV position and request row of each token exactly as metadata.record_slots
-    # computes them (a ragged tail goes to the dummy request at position 0).
-    valid = token < cu[-1]
-    kv_pos = torch.where(valid, step.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
-    rows = torch.where(valid, step.req_pool_indices[req], r2t.dummy_req)
+    ps, chunk = geometry.page_size, geometry.chunk_size
+    rows, kv_pos = token_rows(step, req_to_token.dummy_req)
     start = kv_pos - kv_pos % chunk
     local.cache_seqlens.copy_(kv_pos - start + 1)
-    j = torch.arange(local.page_table.shape[1], device=req.device)
+    j = torch.arange(local.page_table.shape[1], device=kv_pos.device)
     cols = start[:, None] + j[None, :] * ps
     used = cols <= kv_pos[:, None]  # page j holds a key of this virtual request
-    cols = cols.clamp_(max=r2t.max_context_len - 1)
-    pages = torch.div(r2t.table[rows[:, None], cols], ps, rounding_mode="floor")
+    cols = cols.clamp_(max=req_to_token.max_context_len - 1)
+    pages = torch.div(req_to_token.table[rows[:, None], cols], ps, rounding_mode="floor")
     local.page_table.copy_(torch.where(used, pages, dummy_page))
     torch.arange(local.cu_seqlens_q.shape[0], out=local.cu_seqlens_q)
-
-
-@dataclass(frozen=True, slots=True)
-class LocalStep:
-    """The virtual batch of one step: what a :class:`ForwardContext` hands local layers."""
-
-    chunk_size: int
-    meta: StepMetadata
-
-    @classmethod
-    def bind(cls, meta: StepMetadata, local: LocalBuffers, chunk_size: int) -> LocalStep:
-        """``meta``'s fields with the virtual batch's buffers (one query token per request)."""
-        # NOTE: mode DECODE and no cascade: every virtual request is one query token, so the
-        # backends take their plain decode path.
-        local_meta = dataclasses.replace(
-            meta, mode=ForwardMode.DECODE, buffers=local, max_seqlen_q=1, cascade=None
-        )
-        return cls(chunk_size, local_meta)
-
-    def metadata(self, layer_id: int, chunk: int) -> StepMetadata:
-        if chunk != self.chunk_size:
-            raise ValueError(
-                f"layer {layer_id} uses attention_chunk_size {chunk}, but the runtime's local "
-                f"buffers were built for {self.chunk_size}"
-            )
-        return self.meta
-
-
-def local_metadata(local: LocalStep | None, layer_id: int, chunk: int) -> StepMetadata:
-    """The virtual batch a chunked layer attends with; a clear error without local buffers."""
-    if local is None:
-        raise ValueError(
-            f"layer {layer_id} uses chunked-local attention (attention_chunk_size {chunk}) but the "
-            f"runtime has no local buffers: set RuntimeConfig.attention_chunk_size={chunk}"
-        )
-    return local.metadata(layer_id, chunk)
 
 
 def with_model_chunk(config: Any, chunk: int | None) -> Any:

@@ -11,18 +11,12 @@ from typing import Any, Protocol
 
 import torch
 
-from graphrt.attention import (
-    flashmla,  # noqa: F401  (registers the FlashMLA sparse backends)
-    select_backend,
-)
-from graphrt.attention.mla import select_sparse_backend
+from graphrt.attention.context import ContextInputs, ForwardContext
+from graphrt.attention.registry import select_backend
+from graphrt.attention.sparse_context import SparseMLAContext
 from graphrt.buffers import Dims, StaticBuffers
-from graphrt.context import ForwardContext
-from graphrt.kv_cache import PagedKVCache, ReqToToken
-from graphrt.metadata import StepMetadata
-from graphrt.mla_cache import MLAKVCache
-from graphrt.sparse_context import SparseMLAContext
-from graphrt.sparse_metadata import SparseBuffers, sparse_specs
+from graphrt.kv import MLAKVCache
+from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 
 
 class AttentionKind(Protocol):
@@ -34,17 +28,8 @@ class AttentionKind(Protocol):
         """The kind's own buffer family (allocated once, viewed per bucket), if any."""
         ...
 
-    def context(
-        self,
-        meta: StepMetadata,
-        kv: Any,
-        backend: Any,
-        r2t: ReqToToken,
-        extra: Any,
-        local: Any,
-        layer_scalars: dict,
-    ) -> Any:
-        """The ``ctx`` the model's forward receives (``local``: chunked-local step, MHA only)."""
+    def context(self, inputs: ContextInputs) -> Any:
+        """The ``ctx`` the model's forward receives."""
         ...
 
 
@@ -52,22 +37,13 @@ class MHAKind:
     name = "mha"
 
     def select_backend(self, name: str | None, device: torch.device) -> Any:
-        return select_backend(name, device)
+        return select_backend(name, device, self.name)
 
     def static_buffers(self, dims: Dims, device: torch.device) -> None:
         return None
 
-    def context(
-        self,
-        meta: StepMetadata,
-        kv: PagedKVCache,
-        backend: Any,
-        r2t: ReqToToken,
-        extra: None,
-        local: Any,
-        layer_scalars: dict,
-    ) -> ForwardContext:
-        return ForwardContext(meta, kv, backend, local, layer_scalars)
+    def context(self, inputs: ContextInputs) -> ForwardContext:
+        return ForwardContext.from_inputs(inputs)
 
 
 class SparseMLAKind:
@@ -80,26 +56,19 @@ class SparseMLAKind:
         self.specs: tuple = ()
 
     def select_backend(self, name: str | None, device: torch.device) -> Any:
-        backend = select_sparse_backend(name, device, self.kv.layout, self.kv.shape.num_heads)
+        backend = select_backend(
+            name, device, self.name, layout=self.kv.layout, num_heads=self.kv.shape.num_heads
+        )
         self.specs = sparse_specs(self.kv.index_topk, backend.padded_heads, backend.slot_multiple)
         return backend
 
     def static_buffers(self, dims: Dims, device: torch.device) -> StaticBuffers:
         return StaticBuffers("sparse", self.specs, SparseBuffers, dims, device)
 
-    def context(
-        self,
-        meta: StepMetadata,
-        kv: MLAKVCache,
-        backend: Any,
-        r2t: ReqToToken,
-        extra: SparseBuffers,
-        local: Any,
-        layer_scalars: dict,
-    ) -> SparseMLAContext:
+    def context(self, inputs: ContextInputs) -> SparseMLAContext:
         # NOTE: DSA presets have neither sliding windows nor chunked-local layers.
-        assert local is None, "chunked-local attention is an MHA feature"
-        return SparseMLAContext(meta, kv, backend, extra, r2t)
+        assert inputs.local is None, "chunked-local attention is an MHA feature"
+        return SparseMLAContext(inputs.meta, inputs.kv, inputs.backend, inputs.extra, inputs.req_to_token)
 
 
 def attention_kind(kv: Any) -> AttentionKind:

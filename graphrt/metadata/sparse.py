@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.buffers import BufferSpec, Dims, PadRule
-from graphrt.kv_cache import ReqToToken
-from graphrt.metadata import StepBuffers
-from graphrt.mla_cache import QK_DIM
+from graphrt.kv import ReqToToken
+from graphrt.kv.mla import QK_DIM
 
 #: Rows of FlashMLA's tile-scheduler metadata buffer: at least one part per SM of any GPU.
 MAX_SM_PARTS = 256
@@ -68,21 +67,6 @@ def fresh_sparse(
     return SparseBuffers(**{s.name: torch.zeros(s.size(dims), dtype=s.dtype, device=device) for s in specs})
 
 
-def query_positions(step: StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query token: its ``req_to_token`` row and its KV position (as ``derive`` computes).
-
-    Tokens past ``cu_seqlens_q[-1]`` (a ragged tail) map to row −1, position 0; callers route
-    them to the dummy request.
-    """
-    req = step.req_id_per_token
-    token = torch.arange(req.shape[0], device=req.device)
-    cu = step.cu_seqlens_q.long()
-    valid = token < cu[-1]
-    kv_pos = torch.where(valid, step.cache_seqlens.long()[req] - cu[req + 1] + token, 0)
-    rows = torch.where(valid, step.req_pool_indices[req], -1)
-    return rows, kv_pos
-
-
 def select_topk(
     scores: torch.Tensor, kv_pos: torch.Tensor, out: SparseBuffers, rows: torch.Tensor, table: ReqToToken
 ) -> None:
@@ -102,7 +86,6 @@ def select_topk(
     values, index = torch.topk(scores, k, dim=-1)
     index = torch.where(values == float("-inf"), -1, index)
     out.topk_indices.copy_(index)
-    rows = torch.where(rows < 0, table.dummy_req, rows)
     slots = table.table[rows[:, None], index.clamp(0, table.max_context_len - 1)]
     out.topk_slots[:, :k].copy_(torch.where(index < 0, -1, slots))
     if out.topk_slots.shape[1] > k:

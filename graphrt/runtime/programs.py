@@ -10,19 +10,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from graphrt.attention.base import AttentionBackend
-from graphrt.cascade import derive_prefix, draft_step_cascade
-from graphrt.context import ForwardContext
-from graphrt.families import StepInputs
-from graphrt.kv_cache import PagedKVCache, ReqToToken
-from graphrt.local_attention import LocalGeometry, LocalStep, derive_local
-from graphrt.metadata import StepBuffers, StepMetadata, derive, gather_page_table, record_slots
-from graphrt.modes import ForwardMode
+from graphrt.attention import ContextInputs, LocalStep, ScalarLog
+from graphrt.kv import ReqToToken
+from graphrt.metadata.base import StepBuffers, StepMetadata
+from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
+from graphrt.metadata.families import StepInputs
+from graphrt.metadata.local import LocalGeometry, derive_local
+from graphrt.metadata.step import derive, gather_page_table, record_slots
+from graphrt.step.modes import ForwardMode
 
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, ForwardContext], torch.Tensor]
+#: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +32,14 @@ class StepEnv:
     """What a program needs besides its inputs."""
 
     forward: ForwardFn
-    kv: PagedKVCache
+    kv: Any  # the attention kind's cache (PagedKVCache or MLAKVCache)
     req_to_token: ReqToToken
-    backend: AttentionBackend
+    backend: Any  # the attention kind's backend
     page_size: int
-    context: Callable[..., ForwardContext]  # the attention kind's: (meta, kv, backend, r2t, extra, ...)
+    context: Callable[[ContextInputs], Any]  # the attention kind's ctx builder
     local: LocalGeometry | None = None
     #: Per-layer scalars (window, chunk) the model passed; model constants, kept per graph.
-    layer_scalars: dict = field(default_factory=dict)
+    scalars: ScalarLog = field(default_factory=ScalarLog)
 
     def call(
         self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, inputs: StepInputs
@@ -49,7 +51,7 @@ class StepEnv:
             derive_local(buffers, inputs.local, self.req_to_token, self.local, self.kv.dummy_page)
             bound = LocalStep.bind(meta, inputs.local, self.local.chunk_size)
         ctx = self.context(
-            meta, self.kv, self.backend, self.req_to_token, inputs.extra, bound, self.layer_scalars
+            ContextInputs(meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.extra, bound)
         )
         return self.forward(input_ids, buffers.positions, ctx)
 

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.config import RuntimeConfig
-from graphrt.kv_cache import KVShape, PagedKVCache, ReqToToken
-from graphrt.local_attention import with_model_chunk
-from graphrt.mla_cache import MLAKVCache, MLAShape
+from graphrt.kv import KVShape, PagedKVCache, ReqToToken
+from graphrt.kv.mla import MLAKVCache, MLAShape
+from graphrt.metadata.local import with_model_chunk
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import DSAConfig, preset
 from graphrt.runtime import GraphRuntime
+from graphrt.step.config import RuntimeConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,6 @@ def build_stack(
         model = TinyLlama.from_seed(cfg, seed, device, dtype)
         shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
         kv = PagedKVCache(shape, dtype, device)
-    r2t = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
-    runtime = GraphRuntime(model, kv, r2t, config, vocab_size=cfg.vocab_size)
-    return ModelStack(model, kv, r2t, runtime)
+    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
+    runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
+    return ModelStack(model, kv, req_to_token, runtime)

@@ -1,0 +1,150 @@
+"""What a model's forward receives as ``ctx``, and the one typed object every context is built from.
+
+:class:`ContextInputs` gathers one step's attention inputs (metadata, cache, backend, request
+table, the kind's own buffers, the chunked-local virtual batch, the scalar log); an attention
+kind turns it into the context its models call: :class:`ForwardContext` for MHA/GQA here,
+:class:`~graphrt.attention.sparse_context.SparseMLAContext` for DSA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphrt.attention.base import AttentionBackend
+from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.local import LocalBuffers
+from graphrt.step.modes import ForwardMode
+
+
+class ScalarLog:
+    """Per-layer kernel scalars a model passes (window, chunk): model constants.
+
+    The runtime records them at capture with the graph's host scalars (DESIGN rule 4).
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
+    def record(self, key: str, value: Any) -> None:
+        self._values[key] = value
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStep:
+    """The chunked-local virtual batch of one step: what local layers attend with."""
+
+    chunk_size: int
+    meta: StepMetadata
+
+    @classmethod
+    def bind(cls, meta: StepMetadata, local: LocalBuffers, chunk_size: int) -> LocalStep:
+        """``meta``'s fields with the virtual batch's buffers (one query token per request)."""
+        # NOTE: mode DECODE and no cascade: every virtual request is one query token, so the
+        # backends take their plain decode path.
+        local_meta = dataclasses.replace(
+            meta, mode=ForwardMode.DECODE, buffers=local, max_seqlen_q=1, cascade=None
+        )
+        return cls(chunk_size, local_meta)
+
+    def metadata(self, layer_id: int, chunk: int) -> StepMetadata:
+        if chunk != self.chunk_size:
+            raise ValueError(
+                f"layer {layer_id} uses attention_chunk_size {chunk}, but the runtime's local "
+                f"buffers were built for {self.chunk_size}"
+            )
+        return self.meta
+
+
+def local_metadata(local: LocalStep | None, layer_id: int, chunk: int) -> StepMetadata:
+    """The virtual batch a chunked layer attends with; a clear error without local buffers."""
+    if local is None:
+        raise ValueError(
+            f"layer {layer_id} uses chunked-local attention (attention_chunk_size {chunk}) but the "
+            f"runtime has no local buffers: set RuntimeConfig.attention_chunk_size={chunk}"
+        )
+    return local.metadata(layer_id, chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextInputs:
+    """One step's attention inputs; an attention kind builds its ``ctx`` from these.
+
+    ``kv``: the kind's cache; ``backend``: the kind's backend; ``extra``: the kind's own
+    buffer family view (sparse MLA), if any; ``local``: the chunked-local virtual batch.
+    """
+
+    meta: StepMetadata
+    kv: Any
+    backend: Any
+    req_to_token: ReqToToken
+    scalars: ScalarLog
+    extra: Any = None
+    local: LocalStep | None = None
+
+
+class ForwardContext:
+    """Per-step handle passed as ``ctx`` to ``forward(input_ids, positions, ctx)`` (MHA/GQA).
+
+    ``local``: the step's chunked-local virtual batch, when the runtime has one.
+    ``scalars``: where per-layer kernel scalars (window, chunk) are recorded.
+    """
+
+    def __init__(
+        self,
+        meta: StepMetadata,
+        kv: PagedKVCache,
+        backend: AttentionBackend,
+        local: LocalStep | None = None,
+        scalars: ScalarLog | None = None,
+    ) -> None:
+        self.meta, self.kv, self.backend, self.local = meta, kv, backend, local
+        self.scalars = ScalarLog() if scalars is None else scalars
+
+    @classmethod
+    def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
+        return cls(inputs.meta, inputs.kv, inputs.backend, inputs.local, inputs.scalars)
+
+    @property
+    def mode(self) -> ForwardMode:
+        return self.meta.mode
+
+    def attention(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        window: int | None = None,
+        chunk: int | None = None,
+    ) -> torch.Tensor:
+        """Store ``k``/``v`` at ``out_cache_loc``, then attend.
+
+        ``q [num_tokens, num_q_heads, head_dim]``, ``k``/``v [num_tokens, num_kv_heads,
+        head_dim]``; returns ``[num_tokens, num_q_heads, head_dim]``. ``window``: a query at
+        position ``p`` sees keys ``p - window … p`` (sliding window); ``chunk``: it sees keys
+        from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
+        """
+        self.kv.store(layer_id, self.meta.buffers.out_cache_loc, k, v)
+        scale = q.shape[-1] ** -0.5
+        meta, extra = self.meta, {}
+        if window is not None:
+            if self.meta.cascade is not None:
+                raise ValueError(
+                    f"layer {layer_id}: sliding window {window} with a token tree (topk > 1) is not supported"
+                )
+            self.scalars.record(f"layer{layer_id}.window", window)
+            extra["window"] = window
+        if chunk is not None:
+            meta = local_metadata(self.local, layer_id, chunk)
+            self.scalars.record(f"layer{layer_id}.chunk", chunk)
+            self.scalars.record("local.max_seqlen_q", meta.max_seqlen_q)
+        return self.backend.forward(q, self.kv.k[layer_id], self.kv.v[layer_id], meta, scale, **extra)

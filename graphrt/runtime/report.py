@@ -1,0 +1,39 @@
+"""What capture and stepping report: graphs captured, replays, eager steps and fallbacks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphrt.buffers import MemoryReport
+from graphrt.capture import GraphInfo
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureReport:
+    """What :meth:`GraphRuntime.capture` recorded: one :class:`GraphInfo` per (mode, bucket)."""
+
+    engine: str
+    backend: str
+    graphs: tuple[GraphInfo, ...]
+    seconds: float
+    buffers: MemoryReport
+
+    @property
+    def pool_bytes(self) -> int:
+        return sum(g.pool_bytes for g in self.graphs)
+
+    def __str__(self) -> str:
+        return (
+            f"{len(self.graphs)} graphs ({self.engine} engine, {self.backend} backend) in "
+            f"{self.seconds:.2f} s; pool {self.pool_bytes / 2**20:.1f} MiB; "
+            f"static buffers {self.buffers.total_bytes} B"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStats:
+    """Steps per mode: replayed, run eagerly, and fallbacks by reason."""
+
+    replays: dict[str, int]
+    eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)
+    fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count

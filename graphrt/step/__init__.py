@@ -1,0 +1,31 @@
+"""The vocabulary of one step: forward modes and the mode table, the batch and its limits, the config.
+
+Host only. A :class:`Batch` holds one step's inputs as numpy arrays and checks them against
+:class:`Limits` before anything is written; :data:`MODES` says, per :class:`ForwardMode`, how
+many query tokens a request has and everything else that differs between modes.
+"""
+
+from graphrt.step.batch import Batch, Limits
+from graphrt.step.config import RuntimeConfig
+from graphrt.step.modes import (
+    MODES,
+    ForwardMode,
+    ModeSpec,
+    SpecGeometry,
+    TreeInput,
+    rows_per_req,
+    tokens_per_req,
+)
+
+__all__ = [
+    "MODES",
+    "Batch",
+    "ForwardMode",
+    "Limits",
+    "ModeSpec",
+    "RuntimeConfig",
+    "SpecGeometry",
+    "TreeInput",
+    "rows_per_req",
+    "tokens_per_req",
+]
