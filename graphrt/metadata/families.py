@@ -21,7 +21,16 @@ from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
 from graphrt.metadata.local import LocalBuffers, LocalGeometry
 from graphrt.metadata.step import STEP_SPECS, write_host
 from graphrt.step.batch import Batch
-from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput
+from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, rows_per_req
+
+
+@dataclass(frozen=True, slots=True)
+class Dummies:
+    """The reserved places pad rows use: never a live slot, page or request row."""
+
+    slot: int
+    page: int
+    req: int
 
 
 @dataclass(slots=True)
@@ -70,6 +79,26 @@ class Families:
         if self.local is not None:
             used.append(self.local)
         return used
+
+    def pad_values(self, mode: ForwardMode, dummies: Dummies) -> dict[str, int]:
+        """Values padded rows of ``mode`` hold, by the names the pad rules use (DESIGN rule 3).
+
+        Pad requests of uniform modes carry the mode's query length; those of ragged modes
+        one token. Their ``seq_len`` covers their queries, so no position is negative.
+        """
+        spec = MODES[mode]
+        pad_q = 1 if spec.ragged else rows_per_req(mode, self.spec)
+        # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of a
+        # cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
+        prefix = 1 if spec.draft_steps or self.cascade in self.used_by(mode) else 0
+        return {
+            "dummy_slot": dummies.slot,
+            "dummy_page": dummies.page,
+            "dummy_req": dummies.req,
+            "pad_q_len": pad_q,
+            "pad_seq_len": 1 + prefix if spec.draft_steps else pad_q + prefix,
+            "pad_prefix_len": 1,
+        }
 
     @classmethod
     def exact(

@@ -13,7 +13,7 @@ from graphrt.attention import attention_kind
 from graphrt.buffers import Dims
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, Fallback
 from graphrt.kv import PagedKVCache, ReqToToken
-from graphrt.metadata.families import Families
+from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.local import local_geometry
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
 from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
@@ -22,7 +22,7 @@ from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry
 from graphrt.step.batch import Batch, Limits
 from graphrt.step.config import RuntimeConfig
-from graphrt.step.modes import MODES, ForwardMode, TreeInput, rows_per_req, tokens_per_req
+from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
 
 def make_engine(name: str | None, device: torch.device, record_kernels: bool) -> CaptureEngine:
@@ -83,56 +83,25 @@ class GraphRuntime:
             config.page_size,
             kv.num_live_slots,
             vocab_size,
+            config.speculative,
+            tree=self.families.cascade is not None,
         )
+        self._pads: dict[ForwardMode, dict[str, int]] = {}
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
         self.telemetry = Telemetry()
 
     def rows_per_req(self, mode: ForwardMode) -> int:
-        """Token rows per request in a graph of ``mode`` (the view's tokens-per-request)."""
+        """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
         return rows_per_req(mode, self.config.speculative)
 
     def pad_values(self, mode: ForwardMode) -> dict[str, int]:
-        """Values padded rows hold (DESIGN rule 3), by the names the pad rules use.
-
-        Pad requests of uniform modes carry the mode's query length; those of ragged modes
-        one token. Their ``seq_len`` equals their query length, so no position is negative.
-        """
-        pad_q = 1 if MODES[mode].ragged else self.rows_per_req(mode)
-        # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of a
-        # cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
-        drafts = MODES[mode].draft_steps
-        prefix = 1 if drafts or self._cascade(mode) else 0
-        return {
-            "dummy_slot": self.kv.dummy_slot,
-            "dummy_page": self.kv.dummy_page,
-            "dummy_req": self.req_to_token.dummy_req,
-            "pad_q_len": pad_q,
-            "pad_seq_len": 1 + prefix if drafts else pad_q + prefix,
-            "pad_prefix_len": 1,
-        }
-
-    def _cascade(self, mode: ForwardMode) -> bool:
-        return self.families.cascade in self.families.used_by(mode)
-
-    def check_geometry(self, batch: Batch) -> None:
-        """Raise ``ValueError`` when the batch's query lengths do not fit its mode."""
-        want = tokens_per_req(batch.mode, self.config.speculative) if MODES[batch.mode].graphed else None
-        if want is None or not batch.bs:
-            return
-        tree = self.families.cascade is not None and MODES[batch.mode].tree is TreeInput.MASK
-        if tree != (batch.tree_mask is not None):
-            need = "needs Batch.tree_mask (topk > 1)" if tree else "takes no tree_mask (topk 1: a chain)"
-            raise ValueError(f"{batch.mode.name} {need}")
-        steps = self.config.speculative.draft_forwards if self.config.speculative else 0
-        if MODES[batch.mode].draft_steps and batch.draft_steps != steps:
-            raise ValueError(f"DRAFT_DECODE writes {steps} slot(s) per token, got {batch.draft_steps}")
-        q = batch.q_lens
-        if MODES[batch.mode].ragged and (q.max() > want):
-            raise ValueError(f"{batch.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
-        if not MODES[batch.mode].ragged and (q != want).any():
-            bad = int(q[q != want][0])
-            raise ValueError(f"{batch.mode.name} takes {want} token(s) per request, got q_len {bad}")
+        """Values padded rows of ``mode`` hold (DESIGN rule 3), by the names the pad rules use."""
+        pads = self._pads.get(mode)
+        if pads is None:
+            dummies = Dummies(self.kv.dummy_slot, self.kv.dummy_page, self.req_to_token.dummy_req)
+            pads = self._pads[mode] = self.families.pad_values(mode, dummies)
+        return pads
 
     # ---- capture -------------------------------------------------------------------------
     def capture(self, show_progress: bool = False) -> CaptureReport:
@@ -188,7 +157,6 @@ class GraphRuntime:
         with its reason) when none fits. Invalid batches raise before anything is written.
         """
         batch.check(self.limits)
-        self.check_geometry(batch)
         if eager or not MODES[batch.mode].graphed:
             return self._eager(batch)
         chosen = self.dispatcher.select(batch.mode, batch.bs)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.step.modes import MODES, ForwardMode
+from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, tokens_per_req
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,9 @@ class Limits:
     page_size: int
     num_live_slots: int
     vocab_size: int | None = None
+    speculative: SpecGeometry | None = None
+    #: The runtime has a cascade family: TARGET_VERIFY batches are token trees.
+    tree: bool = False
 
 
 def _host_ints(name: str, value: Any) -> np.ndarray:
@@ -168,6 +171,7 @@ class Batch:
             raise ValueError(f"batch too large: bs {self.bs} > max_reqs {limits.max_reqs}")
         if self.bs == 0:
             return
+        self._check_geometry(limits)
         _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
         _distinct("req_pool_indices", self.req_pool_indices, "row")
         end = int(self.kv_positions.max()) + 1
@@ -196,6 +200,26 @@ class Batch:
                 f"out_cache_loc breaks page alignment: slot {int(self.out_cache_loc[i])} for position "
                 f"{int(positions[i])} (slot % {ps} must equal position % {ps})"
             )
+
+    def _check_geometry(self, limits: Limits) -> None:
+        """Raise ``ValueError`` when the query lengths, tree mask or draft slots do not fit the mode."""
+        spec = MODES[self.mode]
+        want = tokens_per_req(self.mode, limits.speculative) if spec.graphed else None
+        if want is None:
+            return
+        tree = limits.tree and spec.tree is TreeInput.MASK
+        if tree != (self.tree_mask is not None):
+            need = "needs Batch.tree_mask (topk > 1)" if tree else "takes no tree_mask (topk 1: a chain)"
+            raise ValueError(f"{self.mode.name} {need}")
+        steps = limits.speculative.draft_forwards if limits.speculative else 0
+        if spec.draft_steps and self.draft_steps != steps:
+            raise ValueError(f"{self.mode.name} writes {steps} slot(s) per token, got {self.draft_steps}")
+        q = self.q_lens
+        if spec.ragged and q.max() > want:
+            raise ValueError(f"{self.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
+        if not spec.ragged and (q != want).any():
+            bad = int(q[q != want][0])
+            raise ValueError(f"{self.mode.name} takes {want} token(s) per request, got q_len {bad}")
 
 
 def _distinct(name: str, arr: np.ndarray, what: str) -> None:
