@@ -1,4 +1,8 @@
-"""Graphs per (mode, bucket): bucket policy, dispatch, and the CUDA and emulated engines."""
+"""Graphs per (mode, bucket): bucket policy, dispatch, and the CUDA and emulated engines.
+
+The lowest layer beside ``graphrt.buffers``: a graph key is opaque here, and nothing of
+models or attention is imported.
+"""
 
 from graphrt.capture.buckets import BucketPolicy, default_buckets
 from graphrt.capture.dispatch import Dispatcher, Fallback

@@ -1,1 +1,1 @@
-"""Command-line tools: demo, bench (and, later, the graph-debug TUI)."""
+"""Command-line tools on top of the runtime: demo, benches, ``inspect`` and the graph-debug TUI."""

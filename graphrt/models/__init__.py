@@ -1,4 +1,9 @@
-"""Built-in models."""
+"""Model definitions: what runs inside the graph between the metadata update and the output.
+
+A model's forward is ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, vocab]``
+and calls ``ctx.attention(layer_id, q, k, v)`` (MHA/GQA) or ``ctx.index_topk`` +
+``ctx.sparse_mla`` (DSA) per layer; presets name the built-in shapes with random weights.
+"""
 
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import PRESETS, LlamaConfig, preset
