@@ -1,0 +1,107 @@
+"""Model ops with one torch definition (CPU path and oracle) and sgl-kernel's fused kernels on GPU.
+
+Each op picks the fused kernel when the tensor is on CUDA in bf16/fp16 and ``sgl_kernel``
+imports; otherwise the torch code below runs. Both compute in float32 and round once to the
+input dtype, so they agree to bf16 rounding (tested per op on the GPU). None of them syncs
+the host or allocates outside the graph pool, so all of them capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+import torch
+
+FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _sgl() -> ModuleType | None:
+    try:
+        return importlib.import_module("sgl_kernel")
+    except (ImportError, OSError, RuntimeError):
+        return None
+
+
+def fused(x: torch.Tensor) -> ModuleType | None:
+    """``sgl_kernel`` when its fused ops apply to ``x`` (CUDA, bf16/fp16), else None."""
+    if not x.is_cuda or x.dtype not in FUSED_DTYPES:
+        return None
+    return _sgl()
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x) * weight`` over the last dim, float32 inside, ``x``'s dtype out."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x [T, H]`` with ``weight [H]``; returns ``[T, H]`` in ``x``'s dtype."""
+    sgl = fused(x)
+    if sgl is None:
+        return rms_norm_ref(x, weight, eps)
+    return sgl.rmsnorm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual += x``; returns ``(rms_norm(residual), residual)``.
+
+    On GPU one fused kernel does both in place (``x`` is overwritten with the normed value);
+    the torch path returns new tensors. Callers use the returned pair either way.
+    """
+    sgl = fused(x)
+    if sgl is None:
+        residual = residual + x
+        return rms_norm_ref(residual, weight, eps), residual
+    sgl.fused_add_rmsnorm(x, residual, weight, eps)
+    return x, residual
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [T, 2 I]`` (gate first); returns ``[T, I]``."""
+    sgl = fused(gate_up)
+    if sgl is None or gate_up.shape[-1] * gate_up.element_size() % 16:
+        return silu_and_mul_ref(gate_up)
+    return sgl.silu_and_mul(gate_up)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[T, rotary_dim]``: the cos half then the sin half of each token's angles, in ``dtype``.
+
+    Computed in float32 from ``inv_freq [rotary_dim / 2]`` and rounded once, as transformers does.
+    """
+    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def apply_rope_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [T, heads, head_dim]`` by NeoX halves (``rotate_half``); returns a new tensor."""
+    cos, sin = cos_sin[:, None, :].float().chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX RoPE on ``q [T, Hq, D]`` and ``k [T, Hk, D]`` with this step's ``cos_sin [T, D]``.
+
+    On GPU sgl-kernel's ``rotary_embedding`` rotates both in place, reading row ``t`` of
+    ``cos_sin`` for token ``t``; the torch path returns rotated copies.
+    """
+    sgl = fused(q)
+    if sgl is None or not (q.is_contiguous() and k.is_contiguous()):
+        return apply_rope_ref(q, cos_sin), apply_rope_ref(k, cos_sin)
+    rows = torch.arange(q.shape[0], device=q.device)
+    head_dim = q.shape[-1]
+    sgl.rotary_embedding(rows, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, cos_sin, True)
+    return q, k
