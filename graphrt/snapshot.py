@@ -19,6 +19,7 @@ import torch
 
 from graphrt.buffers import StaticBuffers
 from graphrt.capture import GraphInfo
+from graphrt.capture.kernels import split_launch
 from graphrt.modes import ForwardMode
 from graphrt.parity import ParityResult
 from graphrt.snapshot_schema import (
@@ -202,20 +203,6 @@ def _config_value(value: Any) -> Any:
     return _name(value) if isinstance(value, ForwardMode) else value
 
 
-def _launch(launch: str) -> tuple[str, str, str]:
-    """``"6,{32,16},0"`` → grid ``6``, block ``{32,16}``, smem ``0`` (commas in braces kept)."""
-    parts, depth, cur = [], 0, ""
-    for ch in launch:
-        depth += (ch == "{") - (ch == "}")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return (*parts, "", "", "")[:3] if launch else ("", "", "")
-
-
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
     tpr = runtime.capacity(mode)
@@ -225,7 +212,12 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
         for s in runtime.buffers.specs
         for t in [getattr(view, s.name)]
     )
-    kernels = tuple(KernelFacts(k.name, k.count, *_launch(k.launch)) for k in info.kernels)
+    kernels = tuple(
+        KernelFacts(k.name, k.count, *split_launch(k.launch), time_us=k.time_us)
+        if k.launch
+        else KernelFacts(k.name, k.count, time_us=k.time_us)
+        for k in info.kernels
+    )
     return GraphFacts(
         _name(mode),
         bucket,

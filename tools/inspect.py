@@ -75,7 +75,7 @@ def render(snap: Snapshot, console: Console, kernels: bool = True, every_graph: 
     _contents(snap, console)
     console.print(_table("replays", ("", "value"), report.replay_summary(snap)))
     launches = [r.launch_us for r in snap.telemetry.records if r.bucket is not None]
-    console.print("launch µs histogram\n" + "\n".join(report.histogram(launches)))
+    console.print("launch time histogram\n" + "\n".join(report.histogram(launches)))
     fallbacks = report.fallback_rows(snap) or [("-", "(none)", "0")]
     console.print(_table("eager fallbacks", report.FALLBACK_COLUMNS, fallbacks))
     parity = report.parity_rows(snap) or [("-",) * len(report.PARITY_COLUMNS)]
