@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
 from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.progress import capture_progress
 from graphrt.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
 
 
 class GraphFallbackError(RuntimeError):
@@ -188,13 +191,22 @@ class GraphRuntime:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
         graphs = tuple(g.info for g in self.dispatcher.graphs.values())
-        return CaptureReport(
+        report = CaptureReport(
             self.engine.name,
             self.backend.name,
             graphs,
             time.perf_counter() - start,
             self.buffers.memory_report(),
         )
+        log.info(
+            "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",
+            len(graphs),
+            report.seconds,
+            report.pool_bytes / 2**20,
+            report.engine,
+            report.backend,
+        )
+        return report
 
     def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
         tpr = self.capacity(mode)
@@ -210,6 +222,7 @@ class GraphRuntime:
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
         graph.info.host_scalars = self._host_scalars(mode, tpr, inputs.cascade is not None)
+        log.debug("captured %s bs=%d in %.1f ms", mode.name, bucket, graph.info.capture_seconds * 1e3)
         self.dispatcher.add(mode, bucket, graph)
         self._outputs[(mode, bucket)] = out
 
@@ -240,6 +253,7 @@ class GraphRuntime:
             if self.config.strict:
                 raise GraphFallbackError(chosen.reason)
             self.dispatcher.count_fallback(chosen)
+            log.debug("%s bs=%d runs eagerly: %s", batch.mode.name, batch.bs, chosen.reason)
             self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
             return self._eager(batch)
         bucket, graph = chosen

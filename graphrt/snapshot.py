@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import types
 import typing
 from datetime import datetime, timezone
@@ -36,6 +37,8 @@ from graphrt.snapshot_schema import (
 
 if TYPE_CHECKING:
     from graphrt.runtime import GraphRuntime
+
+log = logging.getLogger(__name__)
 
 #: Bumped on any change a version-1 reader would misread (renamed, retyped or removed fields).
 SNAPSHOT_VERSION = 1
@@ -190,6 +193,7 @@ def take_snapshot(
         arrays=_arrays(runtime.buffers, contents),
     )
     save_snapshot(snapshot, path)
+    log.info("snapshot of %d graphs written to %s (+ %s)", len(snapshot.graphs), path, npz_path(path).name)
     return snapshot
 
 

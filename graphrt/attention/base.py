@@ -50,6 +50,11 @@ def register(name: str, available: Callable[[torch.device], bool]):
     return wrap
 
 
+def known_backends() -> list[str]:
+    """Every registered backend name, available here or not."""
+    return list(_REGISTRY)
+
+
 def available_backends(device: torch.device) -> list[str]:
     return [name for name, (ok, _) in _REGISTRY.items() if ok(device)]
 

@@ -61,6 +61,11 @@ def register(name: str, available: Available):
     return wrap
 
 
+def known_sparse_backends() -> list[str]:
+    """Every registered sparse-MLA backend name, available here or not."""
+    return list(_REGISTRY)
+
+
 def available_sparse_backends(device: torch.device, layout: str) -> list[str]:
     names = [name for name, (ok, _) in _REGISTRY.items() if ok(device, layout)]
     return sorted(names, key=lambda n: n == "reference")  # NOTE: the oracle is the last resort
