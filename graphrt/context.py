@@ -32,6 +32,7 @@ class ForwardContext:
 
     @property
     def mode(self):
+        """The step's :class:`~graphrt.modes.ForwardMode`."""
         return self.meta.mode
 
     def attention(

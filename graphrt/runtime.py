@@ -48,6 +48,8 @@ class PoisonLeft(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class CaptureReport:
+    """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers."""
+
     engine: str
     backend: str
     graphs: tuple[GraphInfo, ...]
@@ -56,6 +58,7 @@ class CaptureReport:
 
     @property
     def pool_bytes(self) -> int:
+        """Graph memory-pool bytes of every graph together."""
         return sum(g.pool_bytes for g in self.graphs)
 
     def __str__(self) -> str:
@@ -68,6 +71,8 @@ class CaptureReport:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeStats:
+    """What :meth:`GraphRuntime.stats` reports, keyed by mode name."""
+
     replays: dict[str, int]
     eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)
     fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count
@@ -308,6 +313,7 @@ class GraphRuntime:
         return take_snapshot(self, path, **facts)
 
     def stats(self) -> RuntimeStats:
+        """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
         fallbacks: dict[str, dict[str, int]] = {}
         for fb, n in self.dispatcher.fallbacks.items():
             fallbacks.setdefault(fb.mode.name, {})[fb.reason] = n
