@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import tempfile
 import time
@@ -14,7 +15,9 @@ from typing import Any
 import torch
 
 from graphrt.capture.graph import GraphInfo
-from graphrt.capture.kernels import parse_dot
+from graphrt.capture.kernels import parse_dot, with_times
+
+log = logging.getLogger(__name__)
 
 
 class CudaGraph:
@@ -70,8 +73,34 @@ class CudaEngine:
             graph.instantiate()
         seconds = time.perf_counter() - start
         nodes, kernels = self._kernels(graph) if self.record_kernels else (0, ())
+        if self.record_kernels and kernels:
+            kernels = with_times(kernels, self._kernel_times(graph))
         pool_bytes = torch.cuda.memory_reserved(self.device) - reserved
         return CudaGraph(graph, GraphInfo(key, seconds, pool_bytes, nodes, kernels)), out
+
+    def _kernel_times(self, graph: torch.cuda.CUDAGraph) -> dict[str, float]:
+        """GPU µs per kernel name in one profiled replay; empty when the profiler sees none.
+
+        NOTE: capture left the buffers holding an all-padding batch, so this replay writes only
+        the dummy KV slot, like the warm-up did.
+        """
+        from torch.profiler import ProfilerActivity, profile
+
+        times: dict[str, float] = {}
+        try:
+            torch.cuda.synchronize(self.device)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                graph.replay()
+                torch.cuda.synchronize(self.device)
+            for event in prof.events():
+                if str(getattr(event, "device_type", "")).endswith("CUDA"):
+                    us = getattr(event, "device_time", None)
+                    if us is None:
+                        us = getattr(event, "cuda_time", 0.0)
+                    times[event.name] = times.get(event.name, 0.0) + float(us)
+        except Exception as err:  # NOTE: times are a debugging aid; capture must not fail on them
+            log.warning("kernel times not recorded: %s", err)
+        return times
 
     @staticmethod
     def _kernels(graph: torch.cuda.CUDAGraph) -> tuple[int, tuple]:

@@ -9,11 +9,17 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True, slots=True)
 class KernelCount:
-    """One kernel (or recorded op) of a graph, with how often it appears."""
+    """One kernel (or recorded op) of a graph, with how often it appears.
+
+    ``launch`` is ``"grid,block,smem"`` on CUDA (distinct values of a grouped kernel joined by
+    ``" | "``), empty on the emulated engine. ``time_us`` is the GPU time of all ``count``
+    launches in one profiled replay, when recorded.
+    """
 
     name: str
     count: int
-    launch: str = ""  # "<<<grid,block,smem>>>" on CUDA; empty on the emulated engine
+    launch: str = ""
+    time_us: float | None = None
 
 
 @dataclass(slots=True)

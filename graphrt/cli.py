@@ -1,49 +1,129 @@
-"""``graphrt demo``, ``bench``, ``inspect`` and ``debug``; the implementations live in tools/."""
+"""``graphrt demo``, ``bench``, ``bench-spec``, ``inspect`` and ``debug``.
+
+The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
+command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
+names the flag, the value and what is allowed, and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Sequence
 
+from graphrt import __version__
+from graphrt.tools.cli_args import (
+    AUTO,
+    LOG_LEVELS,
+    Parser,
+    UsageError,
+    backend_names,
+    batch_sizes,
+    configure_logging,
+    device_name,
+    fail,
+    model_names,
+    positive_int,
+)
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="graphrt", description="LLM decode as CUDA-graph replays")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="generate with graphs and eagerly; compare tokens and speed")
-    demo.add_argument("--model", default="tiny-llama")
-    demo.add_argument("--device", default=None)
-    demo.add_argument("--prompts", type=int, default=16)
-    demo.add_argument("--max-new-tokens", type=int, default=32)
-    demo.add_argument("--max-batch-size", type=int, default=32)
-    demo.add_argument("--page-size", type=int, default=16)
-    demo.add_argument("--max-context-len", type=int, default=512)
-    demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
-    demo.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (JSON + .npz)")
-    bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
-    bench.add_argument("--device", default=None)
-    bench.add_argument("--batch-sizes", default="1,8,64")
-    bench.add_argument("--context", type=int, default=512, help="KV length of every request")
-    bench.add_argument("--iters", type=int, default=50)
-    bench.add_argument("--backend", default=None)
-    bench.add_argument("--out", default="bench/results")
-    spec = sub.add_parser(
-        "bench-spec", help="verify / draft step times eager vs graph; JSON under bench/results/"
+log = logging.getLogger(__name__)
+TUI_HINT = "graphrt debug needs Textual: pip install 'graphrt[tui]' (or use graphrt inspect PATH)"
+
+
+def _common(log: bool = True) -> Parser:
+    common = Parser(add_help=False)
+    if log:
+        common.add_argument(
+            "--log-level", choices=LOG_LEVELS, default="warning", help="graphrt log messages shown on stderr"
+        )
+    return common
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
     )
-    spec.add_argument("--device", default=None)
-    spec.add_argument("--batch-sizes", default="1,8,32")
-    spec.add_argument("--context", type=int, default=512, help="KV length of every request")
-    spec.add_argument("--iters", type=int, default=30)
-    spec.add_argument("--backend", default=None)
-    spec.add_argument("--out", default="bench/results")
-    inspect = sub.add_parser("inspect", help="a snapshot's facts as tables on stdout")
-    inspect.add_argument("path")
-    inspect.add_argument("--width", type=int, default=None, help="console width (default: terminal)")
+    p.add_argument(
+        "--backend",
+        choices=backend_names(),
+        default=AUTO,
+        help="attention backend; auto: FA3 when sgl_kernel imports, else the torch reference",
+    )
+
+
+def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
+    p = sub.add_parser(
+        "demo", parents=[common], help="generate with graphs and eagerly; compare tokens (and speed on a GPU)"
+    )
+    p.add_argument(
+        "--model", choices=model_names(), default="tiny-llama", help="built-in preset (random weights)"
+    )
+    _device_args(p)
+    p.add_argument("--prompts", type=positive_int, default=16, help="random prompts of 4..64 tokens (seed 0)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens generated per prompt")
+    p.add_argument(
+        "--random-lengths",
+        action="store_true",
+        help="draw each prompt's budget from [max-new-tokens/4, max-new-tokens] (seed 0), so requests finish at different steps",
+    )
+    p.add_argument(
+        "--max-batch-size", type=positive_int, default=32, help="running requests (largest bucket)"
+    )
+    p.add_argument("--page-size", type=positive_int, default=16, help="KV cache page size in tokens")
+    p.add_argument("--max-context-len", type=positive_int, default=512, help="longest prompt + new tokens")
+    p.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (PATH + .npz)")
+
+
+def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes: str, iters: int) -> None:
+    what = "decode" if name == "bench" else "verify / draft decode / draft extend"
+    p = sub.add_parser(name, parents=[common], help=f"{what} step time, eager vs graph; JSON under --out")
+    _device_args(p)
+    p.add_argument("--batch-sizes", type=batch_sizes, default=sizes, help="comma-separated batch sizes")
+    p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
+    p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
+    p.add_argument(
+        "--out",
+        default="bench/results",
+        metavar="DIR",
+        help="results directory (created; a new file per run)",
+    )
+
+
+def build_parser() -> Parser:
+    """The ``graphrt`` parser with every sub-command."""
+    parser = Parser(prog="graphrt", description="LLM decoding as replays of pre-captured CUDA graphs")
+    parser.add_argument("--version", action="version", version=f"graphrt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    common = _common()
+    _add_demo(sub, common)
+    _add_bench(sub, common, "bench", "1,8,64", 50)
+    _add_bench(sub, common, "bench-spec", "1,8,32", 30)
+    inspect = sub.add_parser("inspect", parents=[common], help="a snapshot's facts as tables on stdout")
+    inspect.add_argument("path", metavar="PATH", help="snapshot JSON (its .npz beside it)")
+    inspect.add_argument(
+        "--width",
+        type=positive_int,
+        default=None,
+        help="console width (default: terminal, or 140 when piped)",
+    )
     inspect.add_argument("--no-kernels", action="store_true", help="skip the per-graph kernel tables")
     inspect.add_argument("--all-graphs", action="store_true", help="kernel tables for every bucket")
-    debug = sub.add_parser("debug", help="graph-debug TUI over a snapshot (or a fresh CPU demo run)")
-    debug.add_argument("path", nargs="?", default=None)
-    debug.add_argument("--screenshots", default=None, metavar="DIR", help="save one SVG per view and exit")
-    args = parser.parse_args(argv)
+    inspect.add_argument(
+        "--full-names", action="store_true", help="kernel names with every template argument"
+    )
+    debug = sub.add_parser(
+        "debug", parents=[common], help="graph-debug TUI over a snapshot (needs the tui extra)"
+    )
+    debug.add_argument(
+        "path", nargs="?", default=None, metavar="PATH", help="snapshot JSON (default: a fresh CPU demo run)"
+    )
+    debug.add_argument(
+        "--screenshots", default=None, metavar="DIR", help="save one SVG per view into DIR and exit"
+    )
+    return parser
+
+
+def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
     if args.command == "demo":
         from graphrt.tools.demo import run_demo
 
@@ -55,10 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "debug":  # NOTE: the only command that imports Textual
         try:
             from graphrt.tools.tui.app import run_debug
-        except ImportError as err:
-            parser.exit(
-                2, f"graphrt debug needs Textual ({err}); pip install 'textual>=0.80' or use inspect\n"
-            )
+        except ImportError:
+            return fail("graphrt debug", RuntimeError(TUI_HINT))
         return run_debug(args)
     if args.command == "bench-spec":
         from graphrt.tools.bench_spec import run_bench_spec
@@ -67,3 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from graphrt.tools.bench import run_bench
 
     return run_bench(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``graphrt`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # NOTE: --help, --version and bad values; returned, not raised
+        return int(done.code or 0)
+    configure_logging(args.log_level)
+    try:
+        return _dispatch(parser, args)
+    except (UsageError, ValueError) as err:
+        # NOTE: ValueError: a combination of values the runtime refuses (its message says which)
+        log.debug("%s failed", args.command, exc_info=True)
+        return fail(f"graphrt {args.command}", err)

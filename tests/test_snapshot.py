@@ -99,7 +99,7 @@ def test_unknown_version_fails_clearly(
 
 
 def test_launch_dims_split() -> None:
-    from graphrt.debug.snapshot import _launch
+    from graphrt.capture.kernels import split_launch
 
-    assert _launch("6,{32,16},0") == ("6", "{32,16}", "0")
-    assert _launch("") == ("", "", "")
+    assert split_launch("6,{32,16},0") == ("6", "{32,16}", "0")
+    assert split_launch("") == ("", "", "")

@@ -1,34 +1,27 @@
 """``graphrt bench``: tiny-llama decode step time, eager vs graph replay, per batch size.
 
-Each step is timed from ``runtime.run(batch)`` to its output being ready (device synced),
-so it includes validation, the host update, the upload and the replay (or eager forward).
-Results go to ``bench/results/decode_<device>_<backend>.json``.
+Each step is timed from ``runtime.run(batch)`` to its output being ready, so it includes
+validation, the host update, the upload and the replay (or eager forward); p10/p50/p90 of
+``--iters`` steps. Each run writes ``<out>/decode_<device>_<backend>_<UTC time>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
-from graphrt.tools.env import environment
+from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
+from graphrt.tools.cli_args import resolve_backend, resolve_device
+from graphrt.tools.console import bench_progress, wide_console
 
 PAGE_SIZE = 16
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
@@ -44,71 +37,66 @@ def _runtime(device: torch.device, max_bs: int, context: int, backend: str | Non
     return build_stack("tiny-llama", device, config).runtime
 
 
-def time_us(fn: Callable[[], object], iters: int, device: torch.device, host_only: bool = False) -> float:
-    """Median microseconds of ``fn()``: to the device being done, or (``host_only``) to return."""
-    samples = []
-    for _ in range(iters):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        if not host_only:
-            _sync(device)
-        samples.append((time.perf_counter() - start) * 1e6)
-    _sync(device)
-    return statistics.median(samples)
+def _measure(runtime: GraphRuntime, batch: Batch, iters: int, device: torch.device) -> dict[str, Any]:
+    eager = time_us(lambda: runtime.run(batch, eager=True), iters, device)
+    graph = time_us(lambda: runtime.run(batch), iters, device)
+    host = time_us(lambda: runtime.run(batch), iters, device, host_only=True)
+    diff = (runtime.run(batch).float() - runtime.run(batch, eager=True).float()).abs().max().item()
+    e, g = percentiles(eager), percentiles(graph)
+    return {
+        "eager_us": e,
+        "graph_us": g,
+        "graph_host_us": percentiles(host),
+        "speedup": e["p50"] / g["p50"],
+        "max_abs_diff": diff,
+    }
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    sizes = [int(s) for s in args.batch_sizes.split(",")]
-    runtime = _runtime(device, max(sizes), args.context, args.backend)
+    """``graphrt bench``: writes a new result file under ``args.out`` and prints its table."""
+    device = resolve_device(args.device)
+    backend = resolve_backend(args.backend, device)
+    sizes = list(args.batch_sizes)
+    runtime = _runtime(device, max(sizes), args.context, backend)
     report = runtime.capture(show_progress=True)
     pages_per_req = runtime.config.max_pages
     rng = np.random.default_rng(0)
-    for req in range(max(sizes)):  # prefill every request to `context` tokens, one at a time
-        prompt = Batch.create(
-            ForwardMode.EXTEND,
-            input_ids=rng.integers(0, 512, args.context),
-            seq_lens=[args.context],
-            req_pool_indices=[req],
-            out_cache_loc=slots(req, pages_per_req, 0, args.context),
-            q_lens=[args.context],
-        )
-        runtime.run(prompt)
     rows = []
-    for bs in sizes:
-        batch = Batch.create(
-            ForwardMode.DECODE,
-            input_ids=rng.integers(0, 512, bs),
-            seq_lens=[args.context + 1] * bs,
-            req_pool_indices=list(range(bs)),
-            out_cache_loc=np.concatenate(
-                [slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
-            ),
-        )
-        eager_us = time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device)
-        graph_us = time_us(lambda b=batch: runtime.run(b), args.iters, device)
-        host_us = time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True)
-        diff = (runtime.run(batch) - runtime.run(batch, eager=True)).abs().max().item()
-        rows.append(
-            {
-                "bs": bs,
-                "eager_us": eager_us,
-                "graph_us": graph_us,
-                "graph_host_us": host_us,
-                "speedup": eager_us / graph_us,
-                "max_abs_diff": diff,
-            }
-        )
+    with bench_progress() as progress:
+        task = progress.add_task("prefill", total=max(sizes) + len(sizes))
+        for req in range(max(sizes)):  # prefill every request to `context` tokens, one at a time
+            prompt = Batch.create(
+                ForwardMode.EXTEND,
+                input_ids=rng.integers(0, 512, args.context),
+                seq_lens=[args.context],
+                req_pool_indices=[req],
+                out_cache_loc=slots(req, pages_per_req, 0, args.context),
+                q_lens=[args.context],
+            )
+            runtime.run(prompt)
+            progress.advance(task)
+        for bs in sizes:
+            progress.update(task, description=f"DECODE bs={bs}")
+            batch = Batch.create(
+                ForwardMode.DECODE,
+                input_ids=rng.integers(0, 512, bs),
+                seq_lens=[args.context + 1] * bs,
+                req_pool_indices=list(range(bs)),
+                out_cache_loc=np.concatenate(
+                    [slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
+                ),
+            )
+            rows.append({"bs": bs, **_measure(runtime, batch, args.iters, device)})
+            progress.advance(task)
     result = {
-        "bench": "decode_step",
+        **header("decode_step", args, device),
         "model": "tiny-llama",
         "context": args.context,
         "page_size": PAGE_SIZE,
         "iters": args.iters,
+        "timer": "cuda events" if device.type == "cuda" else "perf_counter",
         "backend": runtime.backend.name,
         "engine": report.engine,
-        "env": environment(device),
         "capture": {
             "graphs": len(report.graphs),
             "buckets": list(runtime.dispatcher.policy.buckets),
@@ -127,9 +115,7 @@ def run_bench(args: argparse.Namespace) -> int:
         },
         "rows": rows,
     }
-    out = Path(args.out) / f"decode_{device.type}_{runtime.backend.name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(result, args.out, f"decode_{device.type}_{runtime.backend.name}")
     _print(result, out)
     return 0
 
@@ -140,17 +126,20 @@ def _print(result: dict, out: Path) -> None:
         title=f"decode step, tiny-llama, context {result['context']} — {env['device']}, {result['backend']}"
     )
     for col in ("bs", "eager µs", "graph µs", "graph host µs", "speedup", "max |diff|"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
         table.add_row(
             str(r["bs"]),
-            f"{r['eager_us']:.1f}",
-            f"{r['graph_us']:.1f}",
-            f"{r['graph_host_us']:.1f}",
+            fmt_us(r["eager_us"]),
+            fmt_us(r["graph_us"]),
+            fmt_us(r["graph_host_us"]),
             f"{r['speedup']:.2f}x",
             f"{r['max_abs_diff']:.3g}",
         )
-    console = Console()
+    table.caption = "µs: p50 (p10–p90) of each step, " + result["timer"]
+    if result["engine"] != "cuda":
+        table.caption += "; graphs are emulated on the CPU: the speedup is not a GPU speed"
+    console = wide_console()
     console.print(table)
     cap = result["capture"]
     console.print(

@@ -2,27 +2,28 @@
 
 A target (tiny-llama) and a draft (tiny-llama-draft) runtime are prefilled to ``context``
 tokens per request; each mode's step is timed from ``runtime.run(batch)`` to a synced output,
-for a chain (``topk 1``) and a tree (``topk 2``, cascade + merge_state). Results go to
-``bench/results/spec_<device>_<backend>.json``.
+for a chain (``topk 1``) and a tree (``topk 2``, cascade + merge_state). Each run writes
+``<out>/spec_<device>_<backend>_<UTC time>.json`` (p10/p50/p90 per step).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
-from graphrt.tools.bench import PAGE_SIZE, slots, time_us
-from graphrt.tools.env import environment
+from graphrt.tools.bench import PAGE_SIZE, slots
+from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
+from graphrt.tools.cli_args import resolve_backend, resolve_device
+from graphrt.tools.console import bench_progress, wide_console
 
 M = ForwardMode
 GEOMETRIES = (SpecGeometry(num_steps=3), SpecGeometry(num_steps=3, topk=2, num_draft_tokens=6))
@@ -106,52 +107,57 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
 
 
+def _measure(rt: GraphRuntime, batch: Batch, iters: int, device: torch.device) -> dict[str, Any]:
+    eager = percentiles(time_us(lambda: rt.run(batch, eager=True), iters, device))
+    graph = percentiles(time_us(lambda: rt.run(batch), iters, device))
+    host = percentiles(time_us(lambda: rt.run(batch), iters, device, host_only=True))
+    return {
+        "eager_us": eager,
+        "graph_us": graph,
+        "graph_host_us": host,
+        "speedup": eager["p50"] / graph["p50"],
+        "max_abs_diff": _diff(rt.run(batch), rt.run(batch, eager=True)),
+    }
+
+
 def run_bench_spec(args: argparse.Namespace) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    sizes = [int(x) for x in args.batch_sizes.split(",")]
-    rng, rows, env, backend = np.random.default_rng(0), [], environment(device), ""
-    for spec in GEOMETRIES:
-        target, draft = _runtimes(device, spec, max(sizes), args.context, args.backend)
-        captures = [target.capture(show_progress=True), draft.capture(show_progress=True)]
-        backend = target.backend.name
-        for rt in (target, draft):
-            _prefill(rt, max(sizes), args.context, rng)
-        for bs in sizes:
-            for mode, batch in _batches(target, spec, bs, args.context, rng).items():
-                rt = target if mode is M.TARGET_VERIFY else draft
-                eager = time_us(lambda b=batch, r=rt: r.run(b, eager=True), args.iters, device)
-                graph = time_us(lambda b=batch, r=rt: r.run(b), args.iters, device)
-                host = time_us(lambda b=batch, r=rt: r.run(b), args.iters, device, host_only=True)
-                rows.append(
-                    {
-                        "topk": spec.topk,
-                        "num_draft_tokens": spec.num_draft_tokens,
-                        "mode": mode.name,
-                        "bs": bs,
-                        "tokens": batch.num_tokens,
-                        "eager_us": eager,
-                        "graph_us": graph,
-                        "graph_host_us": host,
-                        "speedup": eager / graph,
-                        "max_abs_diff": _diff(rt.run(batch), rt.run(batch, eager=True)),
-                    }
-                )
-        rows[-1]["capture_seconds"] = sum(c.seconds for c in captures)
+    """``graphrt bench-spec``: writes a new result file under ``args.out`` and prints its table."""
+    device = resolve_device(args.device)
+    backend_arg = resolve_backend(args.backend, device)
+    sizes = list(args.batch_sizes)
+    rng, rows, engine, backend = np.random.default_rng(0), [], "", ""
+    with bench_progress() as progress:
+        task = progress.add_task("", total=len(GEOMETRIES) * len(sizes) * 3)
+        for spec in GEOMETRIES:
+            progress.update(task, description=f"topk {spec.topk}: capture + prefill")
+            target, draft = _runtimes(device, spec, max(sizes), args.context, backend_arg)
+            captures = [target.capture(), draft.capture()]
+            backend, engine = target.backend.name, target.engine.name
+            for rt in (target, draft):
+                _prefill(rt, max(sizes), args.context, rng)
+            for bs in sizes:
+                for mode, batch in _batches(target, spec, bs, args.context, rng).items():
+                    progress.update(task, description=f"topk {spec.topk} {mode.name} bs={bs}")
+                    rt = target if mode is M.TARGET_VERIFY else draft
+                    row = {"topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens, "mode": mode.name}
+                    row |= {"bs": bs, "tokens": batch.num_tokens, **_measure(rt, batch, args.iters, device)}
+                    rows.append(row)
+                    progress.advance(task)
+            rows[-1]["capture_seconds"] = sum(c.seconds for c in captures)
     result = {
-        "bench": "spec_steps",
+        **header("spec_steps", args, device),
         "target": "tiny-llama",
         "draft": "tiny-llama-draft",
         "num_steps": 3,
         "context": args.context,
         "page_size": PAGE_SIZE,
         "iters": args.iters,
+        "timer": "cuda events" if device.type == "cuda" else "perf_counter",
         "backend": backend,
-        "env": env,
+        "engine": engine,
         "rows": rows,
     }
-    out = Path(args.out) / f"spec_{device.type}_{backend}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(result, args.out, f"spec_{device.type}_{backend}")
     _print(result, out)
     return 0
 
@@ -161,18 +167,22 @@ def _print(result: dict, out: Path) -> None:
         title=f"speculative steps, context {result['context']} — {result['env']['device']}, {result['backend']}"
     )
     for col in ("topk", "mode", "bs", "tokens", "eager µs", "graph µs", "host µs", "speedup", "max |diff|"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for r in result["rows"]:
         table.add_row(
             str(r["topk"]),
             r["mode"],
             str(r["bs"]),
             str(r["tokens"]),
-            f"{r['eager_us']:.0f}",
-            f"{r['graph_us']:.0f}",
-            f"{r['graph_host_us']:.0f}",
+            fmt_us(r["eager_us"]),
+            fmt_us(r["graph_us"]),
+            fmt_us(r["graph_host_us"]),
             f"{r['speedup']:.1f}x",
             f"{r['max_abs_diff']:.3g}",
         )
-    Console().print(table)
-    Console().print(f"written to {out}")
+    table.caption = "µs: p50 (p10–p90) of each step, " + result["timer"]
+    if result["engine"] != "cuda":
+        table.caption += "; graphs are emulated on the CPU: the speedup is not a GPU speed"
+    console = wide_console()
+    console.print(table)
+    console.print(f"written to {out}")

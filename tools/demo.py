@@ -5,42 +5,75 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from graphrt.debug import parity_sweep, take_snapshot
-from graphrt.engine.engine import Engine
+from graphrt.engine import Engine
+from graphrt.tools.cli_args import UsageError, resolve_backend, resolve_device
 from graphrt.tools.env import environment
 
+#: Demo prompts take 4 .. PROMPT_MAX tokens.
+PROMPT_MAX = 64
 
-def demo_prompts(n: int, max_new: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """``n`` prompts of 4..64 tokens and per-prompt budgets in ``[max_new/4, max_new]``."""
+
+def demo_prompts(
+    n: int, max_new: int, vocab: int, seed: int = 0, random_lengths: bool = False
+) -> tuple[list[list[int]], list[int]]:
+    """``n`` prompts of 4..64 tokens and their budgets: ``max_new`` each, or drawn from
+    ``[max_new/4, max_new]`` with ``random_lengths``."""
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(0, vocab, int(rng.integers(4, 65))).tolist() for _ in range(n)]
+    prompts = [rng.integers(0, vocab, int(rng.integers(4, PROMPT_MAX + 1))).tolist() for _ in range(n)]
+    if not random_lengths:
+        return prompts, [max_new] * n
     budgets = rng.integers(max(1, max_new // 4), max_new + 1, n).tolist()
     return prompts, budgets
 
 
+def check_args(args: argparse.Namespace) -> tuple[torch.device, str | None]:
+    """The device and backend the demo runs on; raises :class:`UsageError` on a value it cannot use."""
+    room = args.max_context_len - PROMPT_MAX
+    if args.max_new_tokens > room:
+        allowed = (
+            f"is too many: prompts take up to {PROMPT_MAX} tokens and --max-context-len is "
+            f"{args.max_context_len}, so at most {max(room, 0)}; raise --max-context-len"
+        )
+        raise UsageError("--max-new-tokens", args.max_new_tokens, allowed)
+    device = resolve_device(args.device)
+    return device, resolve_backend(args.backend, device, args.model)
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    """``graphrt demo``: returns 0 when graphs and eager produce the same tokens, else 1."""
+    device, backend = check_args(args)
     console = Console()
     kwargs = dict(
-        device=args.device,
+        device=device,
         max_batch_size=args.max_batch_size,
         page_size=args.page_size,
         max_context_len=args.max_context_len,
-        backend=args.backend,
+        backend=backend,
         record_logits=True,
     )
     graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
-    prompts, budgets = demo_prompts(args.prompts, args.max_new_tokens, graphed.model.vocab_size)
-    for engine in (graphed, eager):  # NOTE: one untimed warm pass (allocator, kernels' JIT)
-        engine.generate(prompts[:2], 2)
-        engine.logits.clear()
-    graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times, not launches
-    out_graph = graphed.generate(prompts, budgets)
-    out_eager = eager.generate(prompts, budgets)
+    prompts, budgets = demo_prompts(
+        args.prompts, args.max_new_tokens, graphed.model.vocab_size, random_lengths=args.random_lengths
+    )
+    with console.status("warming up, then generating with graphs and eagerly"):
+        for engine in (graphed, eager):  # NOTE: one untimed warm pass (allocator, kernels' JIT)
+            engine.generate(prompts[:2], 2)
+            engine.logits.clear()
+        graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times
+        out_graph = graphed.generate(prompts, budgets)
+        out_eager = eager.generate(prompts, budgets)
     console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
+    if graphed.capture_report is not None and graphed.capture_report.engine != "cuda":
+        console.print(
+            "[yellow]note:[/] graphs are [b]emulated[/] on the CPU: this run checks that replays produce "
+            "the same tokens and logits as eager steps (correctness), not speed. Run on a GPU for the speedup."
+        )
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
@@ -71,9 +104,15 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
     env = environment(graphed.device)
     g_rate, e_rate = _rate(graphed), _rate(eager)
     stats = graphed.stats()
-    table = Table(title="graphrt demo: graphs vs eager", show_header=True)
-    table.add_column("", style="bold")
-    table.add_column("value")
+    speed = [
+        ("decode steps/s, graphs", f"{g_rate:,.1f}"),
+        ("decode steps/s, eager", f"{e_rate:,.1f}"),
+        ("speedup", f"{g_rate / e_rate:.2f}x" if e_rate else "-"),
+    ]
+    title = "graphs vs eager" if report.engine == "cuda" else "emulated graphs vs eager (correctness)"
+    table = Table(title=f"graphrt demo: {title}", show_header=True)
+    table.add_column("", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
     rows = [
         ("device", f"{env['device']} (torch {env['torch']})"),
         (
@@ -87,9 +126,7 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
         ("requests / tokens", f"{len(graphed.finished) - 2} / {stats.generated_tokens}"),
         ("tokens identical", "[green]yes[/]" if same else "[red]NO[/]"),
         ("max |logit diff|", f"{diff:.3g}"),
-        ("decode steps/s, graphs", f"{g_rate:,.1f}"),
-        ("decode steps/s, eager", f"{e_rate:,.1f}"),
-        ("speedup", f"{g_rate / e_rate:.2f}x" if e_rate else "-"),
+        *(speed if report.engine == "cuda" else [("speed", "not measured: emulated graphs (see note)")]),
         (
             "graphs captured",
             f"{len(report.graphs)} (buckets {', '.join(str(b) for b in rt.dispatcher.policy.buckets)})",
@@ -107,4 +144,4 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
     return table
 
 
-__all__ = ["demo_prompts", "run_demo", "write_snapshot"]
+__all__ = ["PROMPT_MAX", "check_args", "demo_prompts", "run_demo", "write_snapshot"]

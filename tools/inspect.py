@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -12,6 +13,8 @@ from rich.text import Text
 
 from graphrt.debug.snapshot import GraphFacts, Snapshot, SnapshotVersionError, load_snapshot
 from graphrt.tools import report
+from graphrt.tools.cli_args import UsageError
+from graphrt.tools.console import wide_console
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
@@ -23,9 +26,14 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) ->
     return table
 
 
-def _graph_detail(graph: GraphFacts, console: Console) -> None:
-    title = f"{graph.mode} bucket {graph.bucket}: {len(graph.kernels)} kernels, {graph.num_nodes} nodes"
-    table = _table(title, report.KERNEL_COLUMNS, report.kernel_rows(graph))
+def _graph_detail(graph: GraphFacts, console: Console, full_names: bool = False) -> None:
+    timed = sum(k.time_us or 0.0 for k in graph.kernels)
+    title = (
+        f"{graph.mode} bucket {graph.bucket}: {len({k.name for k in graph.kernels})} kernels, "
+        f"{graph.num_nodes} nodes"
+        + (f", {report.fmt_time(timed)} of kernel time per replay" if timed else "")
+    )
+    table = _table(title, report.KERNEL_COLUMNS, report.kernel_rows(graph, full_names))
     scalars = ", ".join(f"{k}={v}" for k, v in report.host_scalar_rows(graph)) or "none"
     table.caption, table.caption_justify = f"host scalars: {scalars}", "left"
     console.print(table)
@@ -60,13 +68,19 @@ def _contents(snap: Snapshot, console: Console) -> None:
     )
 
 
-def render(snap: Snapshot, console: Console, kernels: bool = True, every_graph: bool = False) -> None:
+def render(
+    snap: Snapshot,
+    console: Console,
+    kernels: bool = True,
+    every_graph: bool = False,
+    full_names: bool = False,
+) -> None:
     """Print every view of ``snap``: header, graphs, details, buffers, replays, parity."""
     console.print(_table("graphrt snapshot", ("", "value"), report.header_rows(snap)))
     console.print(_table("graphs (mode × bucket)", report.GRAPH_COLUMNS, report.graph_rows(snap)))
     if kernels:
         for graph in _detail_graphs(snap, every_graph):
-            _graph_detail(graph, console)
+            _graph_detail(graph, console, full_names)
         largest = max(snap.graphs, key=lambda g: g.bucket, default=None)
         if largest is not None:
             title = f"static buffers read by {largest.mode} bucket {largest.bucket}"
@@ -75,7 +89,7 @@ def render(snap: Snapshot, console: Console, kernels: bool = True, every_graph: 
     _contents(snap, console)
     console.print(_table("replays", ("", "value"), report.replay_summary(snap)))
     launches = [r.launch_us for r in snap.telemetry.records if r.bucket is not None]
-    console.print("launch µs histogram\n" + "\n".join(report.histogram(launches)))
+    console.print("launch time histogram\n" + "\n".join(report.histogram(launches)))
     fallbacks = report.fallback_rows(snap) or [("-", "(none)", "0")]
     console.print(_table("eager fallbacks", report.FALLBACK_COLUMNS, fallbacks))
     parity = report.parity_rows(snap) or [("-",) * len(report.PARITY_COLUMNS)]
@@ -83,15 +97,18 @@ def render(snap: Snapshot, console: Console, kernels: bool = True, every_graph: 
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    # NOTE: logs and CI are not terminals; rich would wrap them at 80 columns.
-    width = args.width or (None if sys.stdout.isatty() else 140)
-    console = Console(width=width) if width else Console()
+    console = wide_console(args.width)  # NOTE: logs and CI are not terminals: not 80 columns
+    if not Path(args.path).is_file():
+        raise UsageError(
+            "PATH", args.path, "is not a file: give a snapshot JSON (graphrt demo --snapshot PATH)"
+        )
     try:
         snap = load_snapshot(args.path)
-    except (SnapshotVersionError, FileNotFoundError) as err:
-        Console(stderr=True).print(f"[red]error:[/] {err}")
-        return 2
-    render(snap, console, kernels=not args.no_kernels, every_graph=args.all_graphs)
+    except (SnapshotVersionError, json.JSONDecodeError) as err:
+        raise UsageError("PATH", args.path, f"cannot be read: {err}") from err
+    render(
+        snap, console, kernels=not args.no_kernels, every_graph=args.all_graphs, full_names=args.full_names
+    )
     return 0
 
 

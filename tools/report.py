@@ -5,12 +5,13 @@ Nothing here imports Textual: the GPU box runs ``inspect`` without it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from graphrt.debug.snapshot import GraphFacts, Snapshot
+from graphrt.capture.kernels import short_name
+from graphrt.debug.snapshot import GraphFacts, KernelFacts, Snapshot
 
 Row = tuple[str, ...]
 
@@ -25,7 +26,8 @@ GRAPH_COLUMNS = (
     "fallbacks",
     "parity",
 )
-KERNEL_COLUMNS = ("kernel / op", "count", "grid", "block", "smem")
+# NOTE: the name goes last: template names are long, and the numbers must stay on screen.
+KERNEL_COLUMNS = ("count", "time", "share", "grid", "block", "smem", "kernel / op")
 READ_COLUMNS = ("buffer", "shape", "dtype", "address")
 BUFFER_COLUMNS = ("buffer", "declared", "size", "dtype", "pad rule", "written", "bytes", "offset", "address")
 PARITY_COLUMNS = (
@@ -39,11 +41,24 @@ PARITY_COLUMNS = (
     "status",
 )
 FALLBACK_COLUMNS = ("mode", "reason", "count")
-RECENT_COLUMNS = ("#", "mode", "bs", "bucket", "update µs", "launch µs", "replay µs", "fallback")
+RECENT_COLUMNS = ("#", "mode", "bs", "bucket", "update", "launch", "replay", "fallback")
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}"
+
+
+def fmt_time(us: float | None) -> str:
+    """Microseconds in the unit that reads best: ``850 ns``, ``12.3 µs``, ``4.20 ms``, ``1.50 s``."""
+    if us is None:
+        return "-"
+    if us < 1:
+        return f"{us * 1e3:.0f} ns"
+    if us < 1e3:
+        return f"{us:.3g} µs" if us < 100 else f"{us:.0f} µs"
+    if us < 1e6:
+        return f"{us / 1e3:.3g} ms" if us < 1e5 else f"{us / 1e3:.0f} ms"
+    return f"{us / 1e6:.3g} s"
 
 
 def parity_status(snap: Snapshot, mode: str, bucket: int) -> str:
@@ -98,9 +113,52 @@ def graph_rows(snap: Snapshot) -> list[Row]:
     return rows
 
 
-def kernel_rows(graph: GraphFacts) -> list[Row]:
-    kernels = sorted(graph.kernels, key=lambda k: (-k.count, k.name))
-    return [(k.name, str(k.count), k.grid or "-", k.block or "-", k.smem or "-") for k in kernels]
+def _grouped(kernels: Sequence[KernelFacts]) -> list[KernelFacts]:
+    """One entry per name (snapshots taken before grouping list a kernel once per launch dims)."""
+    by_name: dict[str, list[KernelFacts]] = {}
+    for k in kernels:
+        by_name.setdefault(k.name, []).append(k)
+
+    def joined(values: Iterable[str]) -> str:
+        return " | ".join(dict.fromkeys(p for v in values for p in v.split(" | ") if p))
+
+    out = []
+    for name, ks in by_name.items():
+        times = [k.time_us for k in ks if k.time_us is not None]
+        out.append(
+            KernelFacts(
+                name,
+                sum(k.count for k in ks),
+                joined(k.grid for k in ks),
+                joined(k.block for k in ks),
+                joined(k.smem for k in ks),
+                sum(times) if times else None,
+            )
+        )
+    return out
+
+
+def kernel_rows(graph: GraphFacts, full_names: bool = False) -> list[Row]:
+    """One row per kernel name: count, time, share of the graph's time, grid, block, smem, name.
+
+    Sorted by time when recorded, else by count. Names keep two levels of template
+    arguments unless ``full_names``.
+    """
+    kernels = _grouped(graph.kernels)
+    total = sum(k.time_us or 0.0 for k in kernels)
+    kernels.sort(key=lambda k: (-(k.time_us or 0.0), -k.count, k.name))
+    return [
+        (
+            str(k.count),
+            fmt_time(k.time_us),
+            f"{100 * k.time_us / total:.1f}%" if k.time_us is not None and total else "-",
+            k.grid or "-",
+            k.block or "-",
+            k.smem or "-",
+            k.name if full_names else short_name(k.name),
+        )
+        for k in kernels
+    ]
 
 
 def host_scalar_rows(graph: GraphFacts) -> list[Row]:
@@ -150,10 +208,24 @@ def _rows_for(dim: str | int, bs: int, tpr: int) -> int | None:
     return (bs if name == "max_bs" else bs * tpr) + int(extra or 0)
 
 
-def _fmt(row: np.ndarray, limit: int = 12) -> str:
+def _fmt(row: np.ndarray, limit: int = 12, read: int | None = None) -> str:
+    """Up to ``limit`` values; with ``read``, entries past it are counted as unread, not shown."""
     flat = np.atleast_1d(row).ravel()
+    if read is not None and read < flat.size:
+        shown = " ".join(str(v) for v in flat[: min(read, limit)])
+        more = f" … (+{read - limit})" if read > limit else ""
+        return f"{shown}{more} ┊ {flat.size - read} unread"
     text = " ".join(str(v) for v in flat[:limit])
     return text + (f" … (+{flat.size - limit})" if flat.size > limit else "")
+
+
+def _pages_read(snap: Snapshot, name: str, rows: int) -> list[int | None]:
+    """Per row of a page table, the entries its kernels read: ``ceil(cache_seqlens / page_size)``."""
+    page_size = snap.config.get("page_size")
+    lens = snap.arrays.get("cache_seqlens")
+    if name != "page_table" or not page_size or lens is None or lens.ndim != 1:
+        return [None] * rows
+    return [int(-(-int(lens[i]) // page_size)) if i < len(lens) else None for i in range(rows)]
 
 
 def buffer_contents(snap: Snapshot, name: str, bucket: int) -> BufferRows | None:
@@ -170,6 +242,7 @@ def buffer_contents(snap: Snapshot, name: str, bucket: int) -> BufferRows | None
     if n is None or real is None or end is None:  # NOTE: no batch axis: every row is real
         return BufferRows(name, bucket, tuple(_fmt(r) for r in arr), ("real",) * len(arr))
     arr = arr[: min(n, len(arr))]
+    read = _pages_read(snap, name, len(arr))
     value = c.pad_values.get(spec.pad_value, 0) if isinstance(spec.pad_value, str) else spec.pad_value
     status = []
     for i, row in enumerate(arr):
@@ -183,7 +256,8 @@ def buffer_contents(snap: Snapshot, name: str, bucket: int) -> BufferRows | None
             status.append("pad" if i == 0 or row - arr[i - 1] == value else "pad!")
         else:
             status.append("pad")
-    return BufferRows(name, bucket, tuple(_fmt(r) for r in arr), tuple(status))
+    values = tuple(_fmt(r, read=read[i] if status[i] != "stale" else None) for i, r in enumerate(arr))
+    return BufferRows(name, bucket, values, tuple(status))
 
 
 # ---- replays and parity ----------------------------------------------------------------------
@@ -191,7 +265,10 @@ def percentiles(values: Sequence[float]) -> str:
     if not values:
         return "-"
     p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
-    return f"p50 {p50:.1f}  p90 {p90:.1f}  p99 {p99:.1f}  max {max(values):.1f}"
+    return "  ".join(
+        f"{k} {fmt_time(float(v))}"
+        for k, v in (("p50", p50), ("p90", p90), ("p99", p99), ("max", max(values)))
+    )
 
 
 def replay_summary(snap: Snapshot) -> list[Row]:
@@ -200,22 +277,22 @@ def replay_summary(snap: Snapshot) -> list[Row]:
     rows = [
         ("steps recorded", f"{len(snap.telemetry.records)} (ring of {snap.telemetry.capacity})"),
         ("replays / fallbacks", f"{len(replays)} / {len(snap.telemetry.records) - len(replays)}"),
-        ("update µs", percentiles([r.update_us for r in replays])),
-        ("launch µs", percentiles([r.launch_us for r in replays])),
+        ("update", percentiles([r.update_us for r in replays])),
+        ("launch", percentiles([r.launch_us for r in replays])),
     ]
     if synced:
-        rows.append(("replay µs (synced)", percentiles(synced)))
+        rows.append(("replay (synced)", percentiles(synced)))
     return rows
 
 
 def histogram(values: Sequence[float], bins: int = 8, width: int = 30) -> list[str]:
-    """Text histogram, one line per bin: ``lo–hi µs  ████  count``."""
+    """Text histogram of µs values, one line per bin: ``lo – hi  ████  count`` (units scaled)."""
     if not values:
         return ["(no replays recorded)"]
     counts, edges = np.histogram(np.asarray(values), bins=bins)
     top = max(int(counts.max()), 1)
     return [
-        f"{edges[i]:8.1f}–{edges[i + 1]:<8.1f} {'█' * round(width * c / top):<{width}} {c}"
+        f"{fmt_time(float(edges[i])):>9} – {fmt_time(float(edges[i + 1])):<9} {'█' * round(width * c / top):<{width}} {c}"
         for i, c in enumerate(counts)
     ]
 
@@ -229,9 +306,9 @@ def recent_rows(snap: Snapshot, n: int = 50) -> list[Row]:
             r.mode,
             str(r.bs),
             "-" if r.bucket is None else str(r.bucket),
-            f"{r.update_us:.1f}",
-            f"{r.launch_us:.1f}",
-            "-" if r.replay_us is None else f"{r.replay_us:.1f}",
+            fmt_time(r.update_us),
+            fmt_time(r.launch_us),
+            fmt_time(r.replay_us),
             r.fallback or "",
         )
         for i, r in enumerate(records)

@@ -110,10 +110,12 @@ class ForwardContext:
 
     @classmethod
     def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
+        """The MHA/GQA context of one step's :class:`ContextInputs`."""
         return cls(inputs.meta, inputs.kv, inputs.backend, inputs.local, inputs.scalars)
 
     @property
     def mode(self) -> ForwardMode:
+        """The step's :class:`~graphrt.step.ForwardMode`."""
         return self.meta.mode
 
     def attention(

@@ -13,7 +13,7 @@ from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
 
 if TYPE_CHECKING:
-    from graphrt.runtime.runtime import GraphRuntime
+    from graphrt.runtime import GraphRuntime
 
 
 def default_tol(dtype: torch.dtype) -> float:

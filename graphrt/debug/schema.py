@@ -33,13 +33,19 @@ class ParityResult:
 
 @dataclass(frozen=True, slots=True)
 class KernelFacts:
-    """A kernel (CUDA) or recorded op (emulated) with its count; launch dims only on CUDA."""
+    """A kernel (CUDA) or recorded op (emulated) with its count; launch dims only on CUDA.
+
+    ``name`` is demangled with its template arguments; a kernel launched with several dims
+    lists the distinct values joined by ``" | "``. ``time_us``: GPU µs of all ``count``
+    launches in one profiled replay (CUDA, when recorded), else None.
+    """
 
     name: str
     count: int
     grid: str = ""
     block: str = ""
     smem: str = ""
+    time_us: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import types
 import typing
 from datetime import datetime, timezone
@@ -19,6 +20,7 @@ import torch
 
 from graphrt.buffers import StaticBuffers
 from graphrt.capture import GraphInfo
+from graphrt.capture.kernels import split_launch
 from graphrt.debug.parity import ParityResult
 from graphrt.debug.schema import (
     BufferFacts,
@@ -34,7 +36,9 @@ from graphrt.debug.schema import (
 from graphrt.step.modes import ForwardMode
 
 if TYPE_CHECKING:
-    from graphrt.runtime.runtime import GraphRuntime
+    from graphrt.runtime import GraphRuntime
+
+log = logging.getLogger(__name__)
 
 #: Bumped on any change a version-1 reader would misread (renamed, retyped or removed fields).
 SNAPSHOT_VERSION = 1
@@ -189,6 +193,7 @@ def take_snapshot(
         arrays=_arrays(runtime.buffers, contents),
     )
     save_snapshot(snapshot, path)
+    log.info("snapshot of %d graphs written to %s (+ %s)", len(snapshot.graphs), path, npz_path(path).name)
     return snapshot
 
 
@@ -202,20 +207,6 @@ def _config_value(value: Any) -> Any:
     return _name(value) if isinstance(value, ForwardMode) else value
 
 
-def _launch(launch: str) -> tuple[str, str, str]:
-    """``"6,{32,16},0"`` → grid ``6``, block ``{32,16}``, smem ``0`` (commas in braces kept)."""
-    parts, depth, cur = [], 0, ""
-    for ch in launch:
-        depth += (ch == "{") - (ch == "}")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return (*parts, "", "", "")[:3] if launch else ("", "", "")
-
-
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
     tpr = runtime.rows_per_req(mode)
@@ -225,7 +216,12 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
         for s in runtime.buffers.specs
         for t in [getattr(view, s.name)]
     )
-    kernels = tuple(KernelFacts(k.name, k.count, *_launch(k.launch)) for k in info.kernels)
+    kernels = tuple(
+        KernelFacts(k.name, k.count, *split_launch(k.launch), time_us=k.time_us)
+        if k.launch
+        else KernelFacts(k.name, k.count, time_us=k.time_us)
+        for k in info.kernels
+    )
     return GraphFacts(
         _name(mode),
         bucket,

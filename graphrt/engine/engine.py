@@ -42,6 +42,8 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
+    """What :meth:`Engine.stats` reports: runtime counters plus decode and speculative totals."""
+
     replays: dict[str, int]
     eager: dict[str, int]
     fallbacks: dict[str, dict[str, int]]
@@ -278,6 +280,7 @@ class Engine:
             self.finished[r.rid] = r
 
     def stats(self) -> EngineStats:
+        """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
         rt = self.runtime.stats()
         generated = sum(len(r.output) for r in (*self.finished.values(), *self.running))
         stats = EngineStats(

@@ -12,6 +12,8 @@ KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @dataclass(frozen=True, slots=True)
 class KVShape:
+    """Geometry of a paged MHA/GQA KV cache: layers, KV heads, head dim, pages."""
+
     num_layers: int
     num_kv_heads: int
     head_dim: int

@@ -28,4 +28,5 @@ class ReqToToken:
 
     @property
     def dummy_req(self) -> int:
+        """The reserved row pad requests use (one past the last real row)."""
         return self.max_reqs

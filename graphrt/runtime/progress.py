@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -21,6 +22,7 @@ def capture_progress(total: int, show: bool) -> Iterator[Callable[[str], None]]:
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, transient=False) as progress:
+    # NOTE: stderr, so that a command's stdout (tables, JSON) pipes cleanly
+    with Progress(*columns, transient=False, console=Console(stderr=True)) as progress:
         task = progress.add_task("", total=total)
         yield lambda label: progress.update(task, advance=1, description=label)

@@ -10,7 +10,7 @@ from graphrt.capture import GraphInfo
 
 @dataclass(frozen=True, slots=True)
 class CaptureReport:
-    """What :meth:`GraphRuntime.capture` recorded: one :class:`GraphInfo` per (mode, bucket)."""
+    """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers."""
 
     engine: str
     backend: str
@@ -20,6 +20,7 @@ class CaptureReport:
 
     @property
     def pool_bytes(self) -> int:
+        """Graph memory-pool bytes of every graph together."""
         return sum(g.pool_bytes for g in self.graphs)
 
     def __str__(self) -> str:
@@ -32,7 +33,7 @@ class CaptureReport:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeStats:
-    """Steps per mode: replayed, run eagerly, and fallbacks by reason."""
+    """What :meth:`GraphRuntime.stats` reports, keyed by mode name."""
 
     replays: dict[str, int]
     eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -23,6 +24,8 @@ from graphrt.runtime.telemetry import Telemetry
 from graphrt.step.batch import Batch, Limits
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
+
+log = logging.getLogger(__name__)
 
 
 def make_engine(name: str | None, device: torch.device, record_kernels: bool) -> CaptureEngine:
@@ -113,13 +116,22 @@ class GraphRuntime:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
         graphs = tuple(g.info for g in self.dispatcher.graphs.values())
-        return CaptureReport(
+        report = CaptureReport(
             self.engine.name,
             self.backend.name,
             graphs,
             time.perf_counter() - start,
             self.buffers.memory_report(),
         )
+        log.info(
+            "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",
+            len(graphs),
+            report.seconds,
+            report.pool_bytes / 2**20,
+            report.engine,
+            report.backend,
+        )
+        return report
 
     def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
         rows_per_req = self.rows_per_req(mode)
@@ -135,6 +147,7 @@ class GraphRuntime:
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
         graph.info.host_scalars = self._host_scalars(mode, rows_per_req, inputs.cascade is not None)
+        log.debug("captured %s bs=%d in %.1f ms", mode.name, bucket, graph.info.capture_seconds * 1e3)
         self.dispatcher.add(mode, bucket, graph)
         self._outputs[(mode, bucket)] = out
 
@@ -164,6 +177,7 @@ class GraphRuntime:
             if self.config.strict:
                 raise GraphFallbackError(chosen.reason)
             self.dispatcher.count_fallback(chosen)
+            log.debug("%s bs=%d runs eagerly: %s", batch.mode.name, batch.bs, chosen.reason)
             self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
             return self._eager(batch)
         bucket, graph = chosen
@@ -212,6 +226,7 @@ class GraphRuntime:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
 
     def stats(self) -> RuntimeStats:
+        """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
         fallbacks: dict[str, dict[str, int]] = {}
         for fb, n in self.dispatcher.fallbacks.items():
             fallbacks.setdefault(fb.mode.name, {})[fb.reason] = n

@@ -112,10 +112,12 @@ class Batch:
 
     @property
     def bs(self) -> int:
+        """Real requests in the step (``len(seq_lens)``)."""
         return int(self.seq_lens.size)
 
     @property
     def num_tokens(self) -> int:
+        """Query tokens in the step (``len(input_ids)``)."""
         return int(self.input_ids.size)
 
     @property

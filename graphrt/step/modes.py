@@ -8,6 +8,8 @@ from enum import Enum
 
 
 class ForwardMode(Enum):
+    """What a step computes; ``MODES`` says per mode how many tokens and whether it is graphed."""
+
     DECODE = "decode"
     TARGET_VERIFY = "target_verify"
     DRAFT_DECODE = "draft_decode"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 from typing import ClassVar
@@ -12,6 +13,7 @@ from textual.binding import Binding
 from textual.widgets import ContentSwitcher, Input, Static
 
 from graphrt.debug.snapshot import Snapshot, SnapshotVersionError, load_snapshot
+from graphrt.tools.cli_args import UsageError
 from graphrt.tools.tui.base import View
 from graphrt.tools.tui.buffers import BuffersView
 from graphrt.tools.tui.detail import DetailView
@@ -119,11 +121,11 @@ class GraphDebugApp(App[None]):
 
 def demo_snapshot(directory: str) -> Path:
     """A small CPU demo run (emulated graphs), snapshotted into ``directory``."""
-    from graphrt.engine.engine import Engine
+    from graphrt.engine import Engine
     from graphrt.tools.demo import demo_prompts, write_snapshot
 
     engine = Engine("tiny-llama", device="cpu", max_batch_size=8, max_context_len=128)
-    prompts, budgets = demo_prompts(6, 8, engine.model.vocab_size)
+    prompts, budgets = demo_prompts(6, 8, engine.model.vocab_size, random_lengths=True)
     engine.runtime.telemetry.sync = True
     engine.generate(prompts, budgets)
     path = Path(directory) / "demo.json"
@@ -132,13 +134,17 @@ def demo_snapshot(directory: str) -> Path:
 
 
 def run_debug(args: argparse.Namespace) -> int:
+    """``graphrt debug``: the app over ``args.path`` (or a fresh CPU demo run); 0 on success."""
+    if args.path and not Path(args.path).is_file():
+        raise UsageError(
+            "PATH", args.path, "is not a file: give a snapshot JSON (graphrt demo --snapshot PATH)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.path) if args.path else demo_snapshot(tmp)
         try:
             snap = load_snapshot(path)
-        except (SnapshotVersionError, FileNotFoundError) as err:
-            print(f"error: {err}")
-            return 2
+        except (SnapshotVersionError, json.JSONDecodeError) as err:
+            raise UsageError("PATH", str(path), f"cannot be read: {err}") from err
         app = GraphDebugApp(snap, str(args.path or "fresh CPU demo"))
         if args.screenshots:
             from graphrt.tools.tui.screenshots import save_screenshots

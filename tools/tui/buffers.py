@@ -42,7 +42,7 @@ class BuffersView(View):
     def refresh_view(self) -> None:
         m = self.snap.memory
         self.query_one("#buffers-title", Static).update(
-            f"[b]Buffers[/b]  family {m.family!r}: {len(m.buffers)} buffers, {m.total_bytes} B declared, "
+            f"[b]Buffers[/b] │ family {m.family!r}: {len(m.buffers)} buffers, {m.total_bytes} B declared, "
             f"arena {m.arena_bytes} B (device), {m.host_arena_bytes} B (pinned host mirror)"
         )
         self._rows = [r for r in report.buffer_rows(self.snap) if self.matches(r[0])]
@@ -57,7 +57,7 @@ class BuffersView(View):
         shown = report.buffer_contents(self.snap, self.selected, self.bucket) if self._rows else None
         contents = self.query_one("#buffers-contents", DataTable)
         if shown is None or c.bucket is None:
-            title.update("[b]contents[/b]  none: no replay before the snapshot, or its .npz is missing")
+            title.update("[b]contents[/b] │ none: no replay before the snapshot, or its .npz is missing")
             fill(contents, CONTENT_COLUMNS, [])
             return
         broken = (
@@ -65,7 +65,7 @@ class BuffersView(View):
         )
         title.update(
             f"[b]{self.selected}[/b] at bucket {self.bucket}  (last step: {c.mode} bs {c.bs} in bucket "
-            f"{c.bucket}; rows ≥ {c.bs} are pads)  {broken}"
+            f"{c.bucket}; rows ≥ {c.bs} are pads; ┊ marks page ids past a row's length, unread)  {broken}"
         )
         rows = [(str(i), s, v) for i, (s, v) in enumerate(zip(shown.status, shown.values, strict=True))]
         fill(contents, CONTENT_COLUMNS, rows, [STATUS_STYLE[s] for s in shown.status])

@@ -42,17 +42,19 @@ class DetailView(View):
         g = self.current
         title = self.query_one("#detail-title", Static)
         if g is None:
-            title.update("[b]Graph detail[/b]  no graphs captured")
+            title.update("[b]Graph detail[/b] │ no graphs captured")
             return
+        timed = sum(k.time_us or 0.0 for k in g.kernels)
         source = "CUDA graph debug dump" if self.snap.engine == "cuda" else "emulated engine's recorded ops"
         title.update(
-            f"[b]Graph detail[/b]  {g.mode} bucket {g.bucket}  {g.num_nodes} nodes, "
-            f"{len(g.kernels)} distinct kernels ({source}), captured in {g.capture_ms:.1f} ms, "
-            f"{g.replays} replays"
+            f"[b]Graph detail[/b] │ {g.mode} bucket {g.bucket}: {g.num_nodes} nodes, "
+            f"{len({k.name for k in g.kernels})} distinct kernels ({source}), "
+            f"captured in {report.fmt_time(g.capture_ms * 1e3)}, {g.replays} replays"
+            + (f", kernels {report.fmt_time(timed)} per replay" if timed else "")
         )
-        kernels = [r for r in report.kernel_rows(g) if self.matches(r[0])]
+        kernels = [r for r in report.kernel_rows(g) if self.matches(r[-1])]
         fill(self.query_one("#detail-kernels", DataTable), report.KERNEL_COLUMNS, kernels)
         scalars = ", ".join(f"{k}={v}" for k, v in report.host_scalar_rows(g)) or "none"
-        self.query_one("#detail-scalars", Static).update(f"[b]host scalars at capture[/b]  {scalars}")
+        self.query_one("#detail-scalars", Static).update(f"[b]host scalars at capture[/b] │ {scalars}")
         reads = [r for r in report.read_rows(g) if self.matches(r[0])]
         fill(self.query_one("#detail-reads", DataTable), report.READ_COLUMNS, reads)

@@ -32,7 +32,7 @@ class GraphsView(View):
         fill(self.query_one("#graphs-table", DataTable), report.GRAPH_COLUMNS, rows, styles)
         captured = sum(r[2] == "yes" for r in rows)
         self.query_one("#graphs-title", Static).update(
-            f"[b]Graphs[/b]  {captured} captured ({snap.engine} engine, {snap.backend} backend)  "
+            f"[b]Graphs[/b] │ {captured} captured ({snap.engine} engine, {snap.backend} backend)  "
             f"pool {sum(g.pool_bytes for g in snap.graphs) / 2**20:.1f} MiB  "
             f"fallbacks {sum(f.count for f in snap.fallbacks)}"
         )

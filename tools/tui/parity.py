@@ -24,6 +24,6 @@ class ParityView(View):
         else:
             text = f"{len(rows)} checks, [{'red' if failed else 'green'}]{failed} failed[/]; "
             text += "compared on real rows only; first > tol is (token, column) in row-major order"
-        self.query_one("#parity-title", Static).update(f"[b]Parity[/b]  graph vs eager: {text}")
+        self.query_one("#parity-title", Static).update(f"[b]Parity[/b] │ graph vs eager: {text}")
         styles = ["bold red" if r[7] == "FAIL" else "green" for r in rows]
         fill(self.query_one("#parity-table", DataTable), report.PARITY_COLUMNS, rows, styles)

@@ -24,13 +24,13 @@ class ReplaysView(View):
 
     def refresh_view(self) -> None:
         snap = self.snap
-        summary = "  ".join(f"[b]{k}[/b] {v}" for k, v in report.replay_summary(snap))
-        self.query_one("#replays-summary", Static).update(f"[b]Replays[/b]  {summary}")
+        summary = " · ".join(f"[b]{k}[/b] {v}" for k, v in report.replay_summary(snap))
+        self.query_one("#replays-summary", Static).update(f"[b]Replays[/b] │ {summary}")
         replays = [r for r in snap.telemetry.records if r.bucket is not None]
         timed = [r.replay_us for r in replays if r.replay_us is not None]
-        right = ("replay µs (synced)", timed) if timed else ("launch µs", [r.launch_us for r in replays])
+        right = ("replay time (synced)", timed) if timed else ("launch time", [r.launch_us for r in replays])
         for widget, (name, values) in (
-            ("#replays-hist-update", ("update µs", [r.update_us for r in replays])),
+            ("#replays-hist-update", ("update time", [r.update_us for r in replays])),
             ("#replays-hist-launch", right),
         ):
             self.query_one(widget, Static).update(

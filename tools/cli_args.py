@@ -1,0 +1,135 @@
+"""Argument types and checks for the ``graphrt`` commands.
+
+Every bad value ends the command with one line on stderr that names the flag, the value and
+what is allowed, and exit code 2 (argparse's convention), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from typing import NoReturn
+
+import torch
+
+#: ``--backend`` and ``--device`` values meaning "the best this machine has".
+AUTO = "auto"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class UsageError(Exception):
+    """A command-line value that cannot be used: ``flag``, ``value`` and what is allowed."""
+
+    def __init__(self, flag: str, value: object, allowed: str) -> None:
+        super().__init__(f"argument {flag}: {value!r} {allowed}")
+        self.flag, self.value, self.allowed = flag, value, allowed
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage block) and shown defaults."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---- argument types (argparse prefixes "argument --flag: ") ------------------------------
+def positive_int(text: str) -> int:
+    """An integer ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """``"1,8,64"`` → ``(1, 8, 64)``: comma-separated positive integers."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive integers (e.g. 1,8,64)"
+        )
+    return tuple(int(p) for p in parts)
+
+
+def device_name(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (availability is checked by :func:`resolve_device`)."""
+    if text != AUTO and not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use auto, cpu, cuda or cuda:N")
+    return text
+
+
+# ---- checks that need the machine ----------------------------------------------------------
+def resolve_device(value: str) -> torch.device:
+    """The device ``--device value`` names, after checking that this torch can use it."""
+    if value == AUTO:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(value)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU build" if torch.version.cuda is None else "a CUDA build, but no GPU is visible"
+            raise UsageError("--device", value, f"is not available: torch {torch.__version__} is {build}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UsageError("--device", value, f"is not available: {count} GPU(s), cuda:0..cuda:{count - 1}")
+    return device
+
+
+def resolve_backend(value: str, device: torch.device, model: str = "tiny-llama") -> str | None:
+    """``None`` for ``auto``; else ``value`` after checking it can run ``model`` on ``device``."""
+    from graphrt.attention import available_backends
+    from graphrt.models.presets import DSAConfig, preset
+
+    if value == AUTO:
+        return None
+    dsa = isinstance(preset(model), DSAConfig)
+    need = {"layout": "bf16", "num_heads": preset(model).num_heads} if dsa else {}
+    usable = available_backends(device, "sparse_mla" if dsa else "mha", **need)
+    if value not in usable:
+        why = " (sgl_kernel does not import here; pip install -e '.[gpu]')" if value == "fa3" else ""
+        raise UsageError(
+            "--backend", value, f"is not available on {device}{why}; available: {', '.join(usable)}"
+        )
+    return value
+
+
+def backend_names() -> list[str]:
+    """Every registered attention backend, for ``--backend`` choices."""
+    from graphrt.attention import PREFERENCE
+
+    return [AUTO, *dict.fromkeys(name for names in PREFERENCE.values() for name in names)]
+
+
+def model_names() -> list[str]:
+    """Every built-in preset, for ``--model`` choices."""
+    from graphrt.models.presets import PRESETS
+
+    return list(PRESETS)
+
+
+def configure_logging(level: str) -> None:
+    """``graphrt…`` loggers to stderr through rich, at ``level``; other libraries stay quiet."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("graphrt")
+    logger.handlers.clear()
+    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=level == "debug")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+def fail(prog: str, err: Exception) -> int:
+    """Print ``err`` as the one-line error of ``prog``; returns the exit code (2)."""
+    print(f"{prog}: error: {err}", file=sys.stderr)
+    return 2

@@ -1,0 +1,30 @@
+"""Consoles and progress bars for the commands: tables that never truncate, progress on stderr."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+#: Width of tables written to a pipe or file (rich would otherwise assume 80 columns).
+PIPE_WIDTH = 160
+
+
+def wide_console(width: int | None = None) -> Console:
+    """A stdout console ``width`` wide; when stdout is not a terminal, :data:`PIPE_WIDTH` wide."""
+    if width is None and not sys.stdout.isatty():
+        width = PIPE_WIDTH
+    return Console(width=width) if width else Console()
+
+
+def bench_progress() -> Progress:
+    """A progress bar on stderr: what runs now, done / total, elapsed time."""
+    return Progress(
+        TextColumn("[bold]measuring[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
