@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -18,12 +19,14 @@ from graphrt.capture import (
     Dispatcher,
     EmulatedEngine,
     Fallback,
+    Graph,
     GraphInfo,
 )
 from graphrt.config import RuntimeConfig
 from graphrt.families import Families
 from graphrt.kinds import attention_kind
 from graphrt.kv_cache import PagedKVCache, ReqToToken
+from graphrt.kv_ledger import KVWrites
 from graphrt.local_attention import local_geometry
 from graphrt.modes import MODES, ForwardMode, capacity_per_req, tokens_per_req
 from graphrt.programs import PROGRAMS, ForwardFn, StepEnv
@@ -132,6 +135,7 @@ class GraphRuntime:
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
         self.telemetry = Telemetry()
+        self._lock = threading.Lock()
 
     def capacity(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's tokens-per-request)."""
@@ -183,7 +187,7 @@ class GraphRuntime:
         """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""
         keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
         start = time.perf_counter()
-        with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
+        with self._lock, self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
             for mode, bucket in keys:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
@@ -229,22 +233,44 @@ class GraphRuntime:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
 
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
-        with its reason) when none fits. Invalid batches raise before anything is written.
+        with its reason) when none fits. Every check runs before anything is written: the
+        batch's limits and geometry, KV isolation (the step reads only positions its rows
+        have written and writes no slot another live row holds; ``KVIsolationError``) and the
+        graph's host scalars. The step's KV state is committed to ``req_to_token.ledger``
+        once it has run.
+
+        One step at a time: a lock serialises callers from several threads (each waits for
+        the step in flight), since every step shares the static buffers and the KV cache.
         """
-        batch.check(self.limits)
-        self.check_geometry(batch)
-        if eager or not MODES[batch.mode].graphed:
-            return self._eager(batch)
+        with self._lock:
+            batch.check(self.limits)
+            self.check_geometry(batch)
+            writes = KVWrites.of(batch, scratch=self._scratch(batch.mode))
+            self.req_to_token.ledger.check(writes)
+            chosen = None if eager or not MODES[batch.mode].graphed else self._select(batch)
+            try:
+                out = self._eager(batch) if chosen is None else self._replay(batch, *chosen)
+            except BaseException:
+                # NOTE: the step may have written positions >= start: they hold nothing valid.
+                self.req_to_token.ledger.truncate(writes.rows, writes.starts)
+                raise
+            self.req_to_token.ledger.commit(writes)
+            return out
+
+    def _select(self, batch: Batch) -> tuple[int, Graph] | None:
+        """The graph for ``batch`` (host scalars checked), or None: fall back to eager."""
         chosen = self.dispatcher.select(batch.mode, batch.bs)
         if isinstance(chosen, Fallback):
             if self.config.strict:
                 raise GraphFallbackError(chosen.reason)
             self.dispatcher.count_fallback(chosen)
             self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
-            return self._eager(batch)
-        bucket, graph = chosen
+            return None
+        _check_host_scalars(batch, chosen[1].info.host_scalars)
+        return chosen
+
+    def _replay(self, batch: Batch, bucket: int, graph: Graph) -> torch.Tensor:
         tpr = self.capacity(batch.mode)
-        _check_host_scalars(batch, graph.info.host_scalars)
         start = time.perf_counter()
         self._write(batch, bucket, tpr)
         updated = time.perf_counter()
@@ -255,6 +281,10 @@ class GraphRuntime:
             self._check_poison(batch.mode, bucket, tpr)
         self.dispatcher.count_replay(batch.mode)
         return self._outputs[(batch.mode, bucket)][: batch.num_tokens].clone()
+
+    def _scratch(self, mode: ForwardMode) -> bool:
+        """Tree drafts write their steps to scratch slots that enter no request row."""
+        return mode is ForwardMode.DRAFT_DECODE and self._cascade(mode)
 
     def _write(self, batch: Batch, bucket: int, tpr: int) -> None:
         if self.config.debug:
