@@ -129,4 +129,6 @@ class ReqToToken:
 
     def _check_row(self, name: str, row: int) -> None:
         if not 0 <= row < self.max_reqs:
-            raise ValueError(f"{name} {row} out of range [0, {self.max_reqs}) (row {self.max_reqs} is the dummy)")
+            raise ValueError(
+                f"{name} {row} out of range [0, {self.max_reqs}) (row {self.max_reqs} is the dummy)"
+            )

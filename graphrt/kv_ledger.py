@@ -52,7 +52,13 @@ class KVWrites:
         slot_req = np.repeat(np.arange(batch.bs), per_req)
         counts = np.zeros_like(starts) if scratch else per_req
         return cls(
-            batch.req_pool_indices, starts, counts, batch.out_cache_loc, slot_req, batch.kv_positions, not scratch
+            batch.req_pool_indices,
+            starts,
+            counts,
+            batch.out_cache_loc,
+            slot_req,
+            batch.kv_positions,
+            not scratch,
         )
 
 
