@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.batch import Batch, Limits
+from graphrt.batch import Batch, Limits, model_vocab_size
 from graphrt.buffers import Dims, MemoryReport
 from graphrt.capture import (
     BucketPolicy,
@@ -96,7 +96,9 @@ class GraphRuntime:
     req_to_token : ReqToToken
     config : RuntimeConfig
     vocab_size : int, optional
-        When given, token ids are checked against it.
+        Token ids are checked against it; default: the model's ``vocab_size`` attribute or its
+        first ``nn.Embedding`` (:func:`graphrt.batch.model_vocab_size`). Negative ids are
+        always refused.
     """
 
     def __init__(
@@ -130,7 +132,7 @@ class GraphRuntime:
             config.max_context_len,
             config.page_size,
             kv.num_live_slots,
-            vocab_size,
+            vocab_size if vocab_size is not None else model_vocab_size(forward),
         )
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
