@@ -1,15 +1,14 @@
 """Versioned debug snapshots: JSON for the facts, ``.npz`` beside it for buffer contents.
 
 The schema is the dataclasses of ``graphrt.snapshot_schema`` (``Snapshot`` at the top); docs/snapshot.md describes it
-field by field. A reader refuses any ``version`` other than :data:`SNAPSHOT_VERSION`.
+field by field. :mod:`graphrt.snapshot_reader` reads them back and refuses any ``version``
+other than :data:`SNAPSHOT_VERSION` and any damaged file (:class:`SnapshotError`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,13 @@ from graphrt.buffers import StaticBuffers
 from graphrt.capture import GraphInfo
 from graphrt.modes import ForwardMode
 from graphrt.parity import ParityResult
+from graphrt.snapshot_reader import (
+    SNAPSHOT_VERSION,
+    SnapshotError,
+    SnapshotVersionError,
+    load_snapshot,
+    npz_path,
+)
 from graphrt.snapshot_schema import (
     BufferFacts,
     BufferRead,
@@ -36,14 +42,6 @@ from graphrt.snapshot_schema import (
 if TYPE_CHECKING:
     from graphrt.runtime import GraphRuntime
 
-#: Bumped on any change a version-1 reader would misread (renamed, retyped or removed fields).
-SNAPSHOT_VERSION = 1
-
-
-class SnapshotVersionError(ValueError):
-    """The snapshot was written with a schema version this graphrt cannot read."""
-
-
 __all__ = [
     "SNAPSHOT_VERSION",
     "BufferFacts",
@@ -54,6 +52,7 @@ __all__ = [
     "KernelFacts",
     "MemoryFacts",
     "Snapshot",
+    "SnapshotError",
     "SnapshotVersionError",
     "TelemetryFacts",
     "load_snapshot",
@@ -61,11 +60,6 @@ __all__ = [
     "save_snapshot",
     "take_snapshot",
 ]
-
-
-def npz_path(path: str | Path) -> Path:
-    """Where the buffer contents of the snapshot at ``path`` live (same stem, ``.npz``)."""
-    return Path(path).with_suffix(".npz")
 
 
 def save_snapshot(snapshot: Snapshot, path: str | Path) -> None:
@@ -78,30 +72,6 @@ def save_snapshot(snapshot: Snapshot, path: str | Path) -> None:
     np.savez_compressed(npz_path(path), **snapshot.arrays)
 
 
-def load_snapshot(path: str | Path) -> Snapshot:
-    """Read a snapshot written by :func:`save_snapshot` (or ``GraphRuntime.snapshot``).
-
-    Raises
-    ------
-    SnapshotVersionError
-        The file's ``version`` is not :data:`SNAPSHOT_VERSION`.
-    """
-    path = Path(path)
-    data = json.loads(path.read_text())
-    found = data.get("version") if isinstance(data, dict) else None
-    if found != SNAPSHOT_VERSION:
-        raise SnapshotVersionError(
-            f"{path}: snapshot version {found!r} is not supported; this graphrt reads version "
-            f"{SNAPSHOT_VERSION}. Take a new snapshot (graphrt demo --snapshot PATH) or open it "
-            "with the graphrt release that wrote it."
-        )
-    arrays: dict[str, np.ndarray] = {}
-    if npz_path(path).exists():
-        with np.load(npz_path(path)) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    return _build(Snapshot, {**data, "arrays": arrays})
-
-
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -109,30 +79,6 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
-    return value
-
-
-def _build(tp: Any, value: Any) -> Any:
-    """Rebuild ``tp`` (a schema dataclass, tuple, optional or plain type) from JSON data."""
-    if value is None:
-        return None
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _build(inner[0], value) if len(inner) == 1 else value
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], v) for v in value)
-        return tuple(_build(a, v) for a, v in zip(args, value, strict=True))
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        return tp(
-            **{
-                f.name: _build(hints[f.name], value[f.name])
-                for f in dataclasses.fields(tp)
-                if f.name in value
-            }
-        )
     return value
 
 
