@@ -48,6 +48,10 @@ class KVWrites:
         """The writes of ``batch``; ``scratch``: a tree DRAFT_DECODE (drafts in scratch slots)."""
         draft = batch.mode is ForwardMode.DRAFT_DECODE
         starts = batch.seq_lens - 1 if draft else batch.seq_lens - batch.q_lens
+        if batch.out_cache_loc.size == batch.bs and not scratch:
+            # NOTE: one token per request (DECODE, a 1-step chain): no repeats needed.
+            req = np.arange(batch.bs)
+            return cls(batch.req_pool_indices, starts, batch.q_lens, batch.out_cache_loc, req, starts)
         per_req = batch.q_lens * batch.draft_steps
         slot_req = np.repeat(np.arange(batch.bs), per_req)
         counts = np.zeros_like(starts) if scratch else per_req
