@@ -159,3 +159,18 @@ def test_share_prefix_checks_its_arguments(setup: Setup) -> None:
         setup.req_to_token.share_prefix(0, 4, 2)
     with pytest.raises(ValueError, match=r"row -1 out of range"):
         setup.req_to_token.free(-1)
+
+
+def test_engine_frees_rows_of_finished_requests() -> None:
+    """The engine frees a finished request's row in target and draft, so later requests reuse
+    its row and pages (a prompt per row and more prompts than rows)."""
+    from graphrt import Engine
+
+    spec = {"draft_model": "tiny-llama-draft", "num_steps": 2}
+    engine = Engine("tiny-llama", device="cpu", max_batch_size=2, max_context_len=48, speculative=spec)
+    prompts = [[1 + i, 2, 3, 4 + i] for i in range(5)]
+    assert engine.generate(prompts, max_new_tokens=6) == [engine.generate([p], 6)[0] for p in prompts]
+    assert engine.spec is not None
+    for runtime in (engine.runtime, engine.spec.draft):
+        assert runtime.req_to_token.valid_lens.tolist() == [0, 0]
+        assert (runtime.req_to_token.ledger.owner == -1).all() and not runtime.req_to_token.ledger.refs.any()
