@@ -132,7 +132,8 @@ def take_snapshot(
             tuple(runtime.telemetry.records),
         ),
         parity=tuple(parity),
-        arrays=_arrays(runtime.buffers, contents),
+        families=tuple(_memory(f) for f in _families(runtime)),
+        arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)
     return snapshot
@@ -165,10 +166,11 @@ def _launch(launch: str) -> tuple[str, str, str]:
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
     tpr = runtime.capacity(mode)
-    view = runtime.buffers.view(bucket, tpr)
     reads = tuple(
-        BufferRead(s.name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
-        for s in runtime.buffers.specs
+        BufferRead(_key(family, s.name), tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
+        for family in _families(runtime, mode)
+        for view in [family.view(bucket, tpr)]
+        for s in family.specs
         for t in [getattr(view, s.name)]
     )
     kernels = tuple(KernelFacts(k.name, k.count, *_launch(k.launch)) for k in info.kernels)
@@ -184,6 +186,18 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
         dict(info.host_scalars),
         reads,
     )
+
+
+def _families(runtime: GraphRuntime, mode: ForwardMode | None = None) -> list[StaticBuffers]:
+    """Every buffer family of ``runtime`` (step first), or those a graph of ``mode`` reads."""
+    fam = runtime.families
+    used = fam.used_by(mode) if mode is not None else [fam.step, fam.cascade, fam.draft, fam.local]
+    return [f for f in (*used, fam.extra) if f is not None]
+
+
+def _key(family: StaticBuffers, name: str) -> str:
+    """A buffer's name in reads and arrays: bare for ``step``, ``family.name`` otherwise."""
+    return name if family.family == "step" else f"{family.family}.{name}"
 
 
 def _memory(buffers: StaticBuffers) -> MemoryFacts:
@@ -217,9 +231,22 @@ def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: s
     return ContentsFacts(file, mode.name, bucket, bs, tpr, pad, tuple(violations))
 
 
-def _arrays(buffers: StaticBuffers, contents: ContentsFacts) -> dict[str, np.ndarray]:
+def _arrays(runtime: GraphRuntime, contents: ContentsFacts) -> dict[str, np.ndarray]:
     # NOTE: full-size copies: a bucket's view is a prefix of each, so any bucket can be shown.
-    arrays = {name: t.detach().cpu().numpy() for name, t in buffers.full.items()}
+    arrays = {
+        _key(family, name): _host_copy(t) for family in _families(runtime) for name, t in family.full.items()
+    }
     arrays["_bucket"] = np.array(contents.bucket if contents.bucket is not None else -1)
     arrays["_bs"] = np.array(contents.bs)
     return arrays
+
+
+def _host_copy(t: torch.Tensor) -> np.ndarray:
+    """A numpy copy; bf16 as float32, other dtypes numpy lacks (fp8) as raw bytes."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy()
+    try:
+        return t.numpy()
+    except TypeError:
+        return t.contiguous().view(torch.uint8).numpy()

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from graphrt.snapshot import GraphFacts, Snapshot, SnapshotVersionError, load_snapshot
+from graphrt.snapshot import GraphFacts, Snapshot, SnapshotError, load_snapshot
 from graphrt.tools import report
 
 
@@ -72,6 +72,10 @@ def render(snap: Snapshot, console: Console, kernels: bool = True, every_graph: 
             title = f"static buffers read by {largest.mode} bucket {largest.bucket}"
             console.print(_table(title, report.READ_COLUMNS, report.read_rows(largest)))
     console.print(_table("static buffers", report.BUFFER_COLUMNS, report.buffer_rows(snap)))
+    for memory in snap.families:
+        if memory.family != snap.memory.family:
+            title = f"static buffers: {memory.family} family ({memory.total_bytes} B declared)"
+            console.print(_table(title, report.BUFFER_COLUMNS, report.memory_rows(memory)))
     _contents(snap, console)
     console.print(_table("replays", ("", "value"), report.replay_summary(snap)))
     launches = [r.launch_us for r in snap.telemetry.records if r.bucket is not None]
@@ -88,7 +92,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     console = Console(width=width) if width else Console()
     try:
         snap = load_snapshot(args.path)
-    except (SnapshotVersionError, FileNotFoundError) as err:
+    except SnapshotError as err:  # NOTE: unreadable, damaged or of another version
         Console(stderr=True).print(f"[red]error:[/] {err}")
         return 2
     render(snap, console, kernels=not args.no_kernels, every_graph=args.all_graphs)

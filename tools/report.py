@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphrt.snapshot import GraphFacts, Snapshot
+from graphrt.snapshot import GraphFacts, MemoryFacts, Snapshot
 
 Row = tuple[str, ...]
 
@@ -112,6 +112,11 @@ def read_rows(graph: GraphFacts) -> list[Row]:
 
 
 def buffer_rows(snap: Snapshot) -> list[Row]:
+    return memory_rows(snap.memory)
+
+
+def memory_rows(memory: MemoryFacts) -> list[Row]:
+    """One row per declared buffer of a family."""
     return [
         (
             b.name,
@@ -124,7 +129,7 @@ def buffer_rows(snap: Snapshot) -> list[Row]:
             str(b.offset),
             f"0x{b.address:x}",
         )
-        for b in snap.memory.buffers
+        for b in memory.buffers
     ]
 
 
