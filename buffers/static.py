@@ -10,15 +10,13 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
+from graphrt.buffers.poison import fill_host_poison, fill_poison, host_mirror, poisoned_mask
 from graphrt.buffers.spec import BufferSpec, Dims
 
 T = TypeVar("T")
 
 #: Every buffer starts on this byte boundary (kernels use vector loads on metadata rows).
 ALIGN = 256
-#: Debug poison: what a buffer holds where no update wrote it.
-POISON_INT = -123_456_789
-POISON_FLOAT = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +94,9 @@ class StaticBuffers(Generic[T]):
         self.host_arena = torch.zeros(host_end, dtype=torch.uint8, pin_memory=pin)
         self.full = {s.name: self._typed(self.arena, offsets[s.name], s) for s in self.specs}
         self.host_full = {
-            s.name: self._typed(self.host_arena, offsets[s.name], s).numpy() for s in self.specs if s.host
+            s.name: host_mirror(self._typed(self.host_arena, offsets[s.name], s))
+            for s in self.specs
+            if s.host
         }
         self._copy_done = torch.cuda.Event() if pin else None
         self._views: dict[tuple[int, int], T] = {}
@@ -120,7 +120,9 @@ class StaticBuffers(Generic[T]):
         return self._views[key]
 
     def host(self, name: str) -> np.ndarray:
-        """The pinned host mirror of a host-written buffer, full size (numpy, writable)."""
+        """The pinned host mirror of a host-written buffer, full size (numpy, writable).
+
+        A bf16 buffer's mirror holds raw bits (``uint16``; write ``buffers.poison.to_bits``)."""
         return self.host_full[name]
 
     def wait_host_free(self) -> None:
@@ -136,21 +138,20 @@ class StaticBuffers(Generic[T]):
             self._copy_done.record()
 
     def poison(self) -> None:
-        """Fill every buffer (device and host mirror) with a value no update writes."""
+        """Fill every buffer (device and host mirror) with its dtype's poison (``buffers.poison``)."""
         self.wait_host_free()
         for tensor in self.full.values():
-            tensor.fill_(POISON_FLOAT if tensor.is_floating_point() else POISON_INT)
-        for arr in self.host_full.values():
-            arr.fill(POISON_FLOAT if arr.dtype.kind == "f" else POISON_INT)
+            fill_poison(tensor)
+        dtypes = {s.name: s.dtype for s in self.specs}
+        for name, arr in self.host_full.items():
+            fill_host_poison(arr, dtypes[name])
 
     def poisoned(self, bucket: int, rows_per_req: int = 1) -> list[str]:
         """Names of buffers whose bucket view still holds poison (debug mode; syncs)."""
         view = self.view(bucket, rows_per_req)
         found = []
         for spec in self.specs:
-            t = getattr(view, spec.name)
-            bad = t.isnan() if t.is_floating_point() else t == POISON_INT
-            if bool(bad.any()):
+            if bool(poisoned_mask(getattr(view, spec.name)).any()):
                 found.append(spec.name)
         return found
 

@@ -5,8 +5,11 @@ arguments. Replay re-runs the recorded ops on the *same* tensors: results of fun
 are copied into the tensors captured as their outputs, in-place ops write their captured
 targets again, and views are not re-run (they alias storage that replay already updates).
 So, as with a CUDA graph, a replay sees in-place writes to captured inputs, never a tensor
-rebound in Python; Python scalars and branches are frozen at their capture values; and host
-syncs (``.item()``, ``.tolist()``, ``nonzero``, boolean masks) raise during capture.
+rebound in Python; Python scalars and branches are frozen at their capture values; and what
+a CUDA stream capture rejects raises :class:`CaptureSyncError` naming the op: host syncs
+(``.item()``, ``.tolist()``, ``nonzero``, ``x[mask]``, ``x[mask] = v``), device-to-host copies
+(``.cpu()``, ``.numpy()``, ``.to("cpu")``, ``copy_`` into host memory) and data-dependent
+sizes (``repeat_interleave`` without ``output_size``, ``bincount``, ``unique``).
 """
 
 from __future__ import annotations
@@ -38,17 +41,23 @@ SYNC_OPS = frozenset(
         aten.is_nonzero.default,
         aten.equal.default,
         aten.unique_consecutive.default,
+        aten._unique.default,
         aten._unique2.default,
+        aten.unique_dim.default,
+        aten.bincount.default,
     }
 )
 
 
-#: Ops that sync when one of their indices is a boolean mask (it is turned into ``nonzero``).
-MASK_OPS = frozenset({aten.index.Tensor})
+#: Ops that sync when one of their indices is a boolean mask (it is turned into ``nonzero``):
+#: ``x[mask]`` and ``x[mask] = v``.
+MASK_OPS = frozenset({aten.index.Tensor, aten.index_put_.default, aten.index_put.default})
+#: Copies that move data to the host when their source is on a device.
+COPY_OPS = frozenset({aten.copy_.default, aten._to_copy.default})
 
 
 class CaptureSyncError(RuntimeError):
-    """A host sync or data-dependent shape inside a captured region."""
+    """A host sync, device-to-host copy or data-dependent shape inside a captured region."""
 
 
 def _has_mask(func: Any, args: tuple) -> bool:
@@ -57,13 +66,54 @@ def _has_mask(func: Any, args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
 
 
+def _refusal(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """Why a CUDA stream capture would reject ``func``, or None."""
+    if func in SYNC_OPS or _has_mask(func, args):
+        return "needs a host sync or a data-dependent shape"
+    if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+        return "sizes its output from tensor data (pass output_size)"
+    if func in COPY_OPS:
+        src = args[1] if func is aten.copy_.default else args[0]
+        dst = args[0].device if func is aten.copy_.default else kwargs.get("device") or src.device
+        if src.device.type != "cpu" and torch.device(dst).type == "cpu":
+            return f"copies {src.device} memory to the host"
+    return None
+
+
+def _to_host(args: tuple, kwargs: dict) -> bool:
+    """``Tensor.to`` aimed at the host: the string ``"cpu"``, or a CPU device or tensor that
+    is not the tensor's own device (a device-to-host copy)."""
+    own = args[0].device
+    for a in (*args[1:], kwargs.get("device")):
+        if isinstance(a, str) and torch.device(a).type == "cpu":
+            return True
+        target = a.device if isinstance(a, torch.Tensor) else a
+        if isinstance(target, torch.device) and target.type == "cpu" and own.type != "cpu":
+            return True
+    return False
+
+
+#: Tensor methods that hand device memory to the host below the dispatcher (or as a no-op
+#: on a CPU tensor), refused one level up.
+HOST_METHODS = {
+    torch.Tensor.tolist: "Tensor.tolist",
+    torch.Tensor.cpu: "Tensor.cpu",
+    torch.Tensor.numpy: "Tensor.numpy",
+    torch.Tensor.__array__: "Tensor.__array__ (numpy conversion)",
+}
+
+
 class _HostReads(TorchFunctionMode):
-    # NOTE: ``Tensor.tolist`` reads a CPU tensor's memory below the dispatcher, so the
-    # recorder never sees it; refuse it one level up.
+    # NOTE: on a CPU tensor ``.cpu()``, ``.numpy()`` and ``.tolist()`` never reach the
+    # dispatcher, yet on a GPU each is a device-to-host copy a stream capture rejects.
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.tolist:
-            raise CaptureSyncError("Tensor.tolist needs a host sync; it cannot be captured")
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        name = HOST_METHODS.get(func)
+        if name is None and func is torch.Tensor.to and _to_host(args, kwargs):
+            name = "Tensor.to(cpu)"
+        if name is not None:
+            raise CaptureSyncError(f"{name} needs a host sync (device-to-host copy); it cannot be captured")
+        return func(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +141,9 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in SYNC_OPS or _has_mask(func, args):
-            raise CaptureSyncError(
-                f"{func} needs a host sync or a data-dependent shape; it cannot be captured"
-            )
+        why = _refusal(func, args, kwargs)
+        if why is not None:
+            raise CaptureSyncError(f"{func} {why}; it cannot be captured")
         out = func(*args, **kwargs)
         view, mutates = _is_view(func), _mutates(func)
         outs = (

@@ -194,6 +194,7 @@ def test_valid_base_batch_runs(setup: Setup) -> None:
     # the last live slot (page 31) is accepted; the error cases start at page 32
     ok = valid(setup, rows=[7], lens=[CONTEXT])
     assert ok["out_cache_loc"] == [DUMMY_PAGE * PAGE - 1]
+    prefill(setup, [7], [CONTEXT - 1], np.random.default_rng(7))  # the step reads row 7's KV
     setup.runtime.run(Batch.create(ForwardMode.DECODE, **ok))
 
 

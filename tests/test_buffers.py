@@ -198,7 +198,7 @@ def test_poison_lists_every_buffer_until_written(device: torch.device) -> None:
     buffers.poison()
     names = [spec.name for spec in buffers.specs]
     assert sorted(buffers.poisoned(bucket, TPR)) == sorted(names)
-    assert (buffers.host("seq_lens") == -123_456_789).all()
+    assert (buffers.host("seq_lens") == -(2**31)).all()  # int32 poison: its minimum
 
     view.seq_lens.fill_(1)
     names.remove("seq_lens")
@@ -210,7 +210,7 @@ def test_poison_lists_every_buffer_until_written(device: torch.device) -> None:
 
     # one stale element is enough to stay listed
     view.page_table.fill_(0)
-    view.page_table[-1, -1] = -123_456_789
+    view.page_table[-1, -1] = -(2**31)
     assert "page_table" in buffers.poisoned(bucket, TPR)
     view.page_table[-1, -1] = 0
     names.remove("page_table")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graphrt import ForwardMode, PoisonLeft
-from tests.util import Setup, backends, build_runtime, decode_batch, prefill
+from tests.util import Setup, backends, build_runtime, decode_batch, prefill, refill
 
 MAX_BS = 8
 MAX_CONTEXT = 64
@@ -78,6 +78,7 @@ def test_decode_graph_matches_eager(device: torch.device, page_size: int) -> Non
                 reqs = [int(r) for r in rng.choice(MAX_REQS, bs, replace=False)]
                 seq_lens = random_seq_lens(rng, bs)
                 seen_lens.update(seq_lens)
+                refill(setup, reqs, MAX_CONTEXT)  # NOTE: random lengths read any position
                 batch = decode_batch(setup, reqs, seq_lens, rng)
                 graph = runtime.dispatcher.graphs[(ForwardMode.DECODE, expected_bucket(bs))]
                 replays_before = graph.info.replays
@@ -116,6 +117,7 @@ def test_debug_poison_shrinking_batches(device: torch.device, page_size: int) ->
     tol = tolerance(device)
     for bs in range(MAX_BS, 0, -1):  # 8, 7, ..., 1: every bucket, shrinking inside each one
         reqs = [int(r) for r in rng.choice(MAX_REQS, bs, replace=False)]
+        refill(setup, reqs, MAX_CONTEXT)
         batch = decode_batch(setup, reqs, random_seq_lens(rng, bs), rng)
         out_eager = setup.runtime.run(batch, eager=True)
         try:

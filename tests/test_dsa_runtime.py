@@ -125,7 +125,7 @@ def test_sparse_buffers_keep_addresses(device: torch.device) -> None:
     setup = dsa(device, "fp8")
     extra = setup.runtime.extra
     rng = np.random.default_rng(4)
-    prefill(setup, [0, 1, 2], [30, 80, 130], rng)
+    prefill(setup, [0, 1, 2], [30, 81, 132], rng)  # row i first decodes at step i
     keys = [(b, t) for b in (1, 4) for t in (1, 3)]
     names = ("topk_indices", "topk_slots", "q_pad", "sched_meta", "num_splits")
     ptrs = {(k, n): getattr(extra.view(*k), n).data_ptr() for k in keys for n in names}

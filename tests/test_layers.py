@@ -21,18 +21,18 @@ import graphrt
 LAYERS: tuple[tuple[int, str], ...] = (
     (0, "graphrt.buffers"),
     (0, "graphrt.capture"),
-    (1, "graphrt.kv"),
     (1, "graphrt.step"),
-    (2, "graphrt.metadata"),
-    (3, "graphrt.attention"),
-    (4, "graphrt.models"),
-    (4, "graphrt.runtime"),
-    (5, "graphrt.engine"),
-    (6, "graphrt"),  # the package's own __init__: the public facade
-    (7, "graphrt.debug"),
-    (8, "graphrt.tools"),
-    (9, "graphrt.cli"),  # the console entry point: dispatches to tools
-    (10, "graphrt.__main__"),
+    (2, "graphrt.kv"),
+    (3, "graphrt.metadata"),
+    (4, "graphrt.attention"),
+    (5, "graphrt.models"),
+    (5, "graphrt.runtime"),
+    (6, "graphrt.engine"),
+    (7, "graphrt"),  # the package's own __init__: the public facade
+    (8, "graphrt.debug"),
+    (9, "graphrt.tools"),
+    (10, "graphrt.cli"),  # the console entry point: dispatches to tools
+    (11, "graphrt.__main__"),
 )
 
 

@@ -20,7 +20,7 @@ from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.models import TinyLlama, preset
 from graphrt.step.modes import SpecGeometry
 from tests.paged_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
-from tests.util import backends, build_runtime, decode_batch, prefill, slot_of, spec_batch
+from tests.util import backends, build_runtime, decode_batch, prefill, refill, slot_of, spec_batch
 
 C = preset("tiny-llama-local").attention_chunk_size
 CONTEXT = 3 * C
@@ -110,6 +110,7 @@ def test_local_replay_matches_eager_across_chunk_edges(device: torch.device, pag
             lens = [C - 1 + step, 2 * C - 1 + step, C - 2 + step]
             parity_step(setup, decode_batch(setup, reqs, lens, rng), device)
         for lens in ([C, C + 2, 2 * C], [C + 3, 2 * C + 1, CONTEXT]):
+            refill(setup, reqs, CONTEXT)  # NOTE: the verify reads positions the decodes dropped
             tv = spec_batch(setup, ForwardMode.TARGET_VERIFY, reqs, lens, [4] * 3, rng)
             parity_step(setup, tv, device)
             de = spec_batch(setup, ForwardMode.DRAFT_EXTEND, reqs, lens, [4, 2, 1], rng)
@@ -140,6 +141,7 @@ def test_shrinking_batch_leaves_no_stale_local_row(device: torch.device) -> None
     for bs in (4, 3, 2, 1):
         reqs = [int(r) for r in rng.choice(6, bs, replace=False)]
         lens = [int(n) for n in rng.choice(SEQ_LENS, bs)]
+        refill(setup, reqs, CONTEXT)
         try:
             parity_step(setup, decode_batch(setup, reqs, lens, rng), device)
         except PoisonLeft as exc:

@@ -16,7 +16,7 @@ from graphrt import (
     HostScalarMismatch,
 )
 from graphrt.metadata import StepBuffers
-from tests.util import Setup, build_runtime, decode_batch, prefill, slot_of
+from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill, slot_of
 
 DECODE = ForwardMode.DECODE
 BUCKETS = (1, 2, 4, 8)
@@ -61,13 +61,13 @@ def test_bucket_views_keep_addresses(device: torch.device) -> None:
     setup = build_runtime(device, max_context_len=CONTEXT)
     buffers = setup.runtime.buffers
     rng = np.random.default_rng(0)
-    lens = prefill_rows(setup, list(range(8)), rng)
+    prefill_rows(setup, list(range(8)), rng)
     views = {b: buffers.view(b) for b in BUCKETS}
     ptrs = {(b, f): getattr(views[b], f).data_ptr() for b in BUCKETS for f in FIELDS}
     arena_ptr = buffers.arena.data_ptr()
-    for step, bs in enumerate((8, 3, 5, 1, 2, 8, 6)):
+    for bs in (8, 3, 5, 1, 2, 8, 6):
         reqs = [int(r) for r in rng.choice(8, bs, replace=False)]
-        setup.runtime.run(decode_batch(setup, reqs, [lens[r] + step + 1 for r in reqs], rng))
+        setup.runtime.run(decode_batch(setup, reqs, next_lens(setup, reqs), rng))
     assert setup.runtime.stats().replays == {"DECODE": 7}
     assert buffers.arena.data_ptr() == arena_ptr
     for b in BUCKETS:

@@ -15,7 +15,7 @@ from graphrt.attention import available_backends, select_backend
 from graphrt.models import LlamaConfig, preset
 from graphrt.step.modes import SpecGeometry
 from tests.paged_util import HEAD_DIM, oracle, paged_case, parity_step, tolerance
-from tests.util import backends, build_runtime, decode_batch, prefill, spec_batch
+from tests.util import backends, build_runtime, decode_batch, prefill, refill, spec_batch
 
 W = preset("tiny-llama-swa").sliding_window
 EDGE = [W - 1, W, W + 1, W + 2, 2 * W, 2 * W + 1]
@@ -62,6 +62,7 @@ def test_window_replay_matches_eager(device: torch.device) -> None:
         prefill(setup, list(range(6)), [CONTEXT] * 6, rng)
         for lens in ([W - 1, W, W + 1], [W + 2, 2 * W, 2 * W + 1], [W + 3]):
             reqs = [int(r) for r in rng.choice(6, len(lens), replace=False)]
+            refill(setup, reqs, CONTEXT)
             parity_step(setup, decode_batch(setup, reqs, lens, rng), device)
             tv = spec_batch(setup, ForwardMode.TARGET_VERIFY, reqs, lens, [4] * len(lens), rng)
             parity_step(setup, tv, device)

@@ -163,11 +163,10 @@ def test_tree_draft_branch_equals_its_own_chain(device: torch.device) -> None:
     reqs = [0, 2]
     batch = draft_batch(setup, spec, reqs, lens, rng)
     drafted = setup.runtime.run(batch).cpu()
-    table = setup.req_to_token.table
     scratch = 4
     for b, r in enumerate(reqs):
         for j in range(spec.topk):
-            table[scratch, : lens[r]] = table[r, : lens[r]]
+            setup.req_to_token.share_prefix(r, scratch, lens[r])
             token = int(batch.input_ids[b * spec.topk + j])
             for i in range(spec.draft_forwards):
                 step = Batch.create(

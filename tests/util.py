@@ -91,6 +91,17 @@ def prefill(setup: Setup, reqs: Sequence[int], lens: Sequence[int], rng: np.rand
     setup.runtime.run(batch)
 
 
+def refill(setup: Setup, reqs: Sequence[int], length: int) -> None:
+    """Prefill rows ``reqs`` again from position 0 to ``length``, so the next step may read any
+    position below ``length`` whatever earlier steps on those rows dropped (KV isolation)."""
+    prefill(setup, reqs, [length] * len(reqs), np.random.default_rng(length))
+
+
+def next_lens(setup: Setup, reqs: Sequence[int]) -> list[int]:
+    """The seq_len of each row's next DECODE step: one past what the row validly holds."""
+    return [int(setup.req_to_token.valid_lens[r]) + 1 for r in reqs]
+
+
 def decode_batch(
     setup: Setup, reqs: Sequence[int], seq_lens: Sequence[int], rng: np.random.Generator
 ) -> Batch:

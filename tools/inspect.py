@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from graphrt.debug.snapshot import GraphFacts, Snapshot, SnapshotVersionError, load_snapshot
+from graphrt.debug.snapshot import GraphFacts, Snapshot, SnapshotError, load_snapshot
 from graphrt.tools import report
 from graphrt.tools.cli_args import UsageError
 from graphrt.tools.console import wide_console
@@ -86,6 +85,10 @@ def render(
             title = f"static buffers read by {largest.mode} bucket {largest.bucket}"
             console.print(_table(title, report.READ_COLUMNS, report.read_rows(largest)))
     console.print(_table("static buffers", report.BUFFER_COLUMNS, report.buffer_rows(snap)))
+    for memory in snap.families:
+        if memory.family != snap.memory.family:
+            title = f"static buffers: {memory.family} family ({memory.total_bytes} B declared)"
+            console.print(_table(title, report.BUFFER_COLUMNS, report.memory_rows(memory)))
     _contents(snap, console)
     console.print(_table("replays", ("", "value"), report.replay_summary(snap)))
     launches = [r.launch_us for r in snap.telemetry.records if r.bucket is not None]
@@ -104,7 +107,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         )
     try:
         snap = load_snapshot(args.path)
-    except (SnapshotVersionError, json.JSONDecodeError) as err:
+    except SnapshotError as err:  # NOTE: unreadable, damaged or of another version
         raise UsageError("PATH", args.path, f"cannot be read: {err}") from err
     render(
         snap, console, kernels=not args.no_kernels, every_graph=args.all_graphs, full_names=args.full_names

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphrt.capture.kernels import short_name
-from graphrt.debug.snapshot import GraphFacts, KernelFacts, Snapshot
+from graphrt.debug.snapshot import GraphFacts, KernelFacts, MemoryFacts, Snapshot
 
 Row = tuple[str, ...]
 
@@ -170,6 +170,11 @@ def read_rows(graph: GraphFacts) -> list[Row]:
 
 
 def buffer_rows(snap: Snapshot) -> list[Row]:
+    return memory_rows(snap.memory)
+
+
+def memory_rows(memory: MemoryFacts) -> list[Row]:
+    """One row per declared buffer of a family."""
     return [
         (
             b.name,
@@ -182,7 +187,7 @@ def buffer_rows(snap: Snapshot) -> list[Row]:
             str(b.offset),
             f"0x{b.address:x}",
         )
-        for b in snap.memory.buffers
+        for b in memory.buffers
     ]
 
 

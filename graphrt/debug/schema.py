@@ -146,6 +146,8 @@ class Snapshot:
     contents: ContentsFacts
     telemetry: TelemetryFacts
     parity: tuple[ParityResult, ...]
+    #: Every buffer family (step, cascade, draft, local, the attention kind's); ``memory`` is step.
+    families: tuple[MemoryFacts, ...] = ()
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

@@ -1,7 +1,8 @@
 """Versioned debug snapshots: JSON for the facts, ``.npz`` beside it for buffer contents.
 
 The schema is the dataclasses of ``graphrt.debug.schema`` (``Snapshot`` at the top); docs/snapshot.md describes it
-field by field. A reader refuses any ``version`` other than :data:`SNAPSHOT_VERSION`.
+field by field. :mod:`graphrt.debug.reader` reads them back and refuses any ``version``
+other than :data:`SNAPSHOT_VERSION` and any damaged file (:class:`SnapshotError`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import types
-import typing
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,13 @@ from graphrt.buffers import StaticBuffers
 from graphrt.capture import GraphInfo
 from graphrt.capture.kernels import split_launch
 from graphrt.debug.parity import ParityResult
+from graphrt.debug.reader import (
+    SNAPSHOT_VERSION,
+    SnapshotError,
+    SnapshotVersionError,
+    load_snapshot,
+    npz_path,
+)
 from graphrt.debug.schema import (
     BufferFacts,
     BufferRead,
@@ -38,16 +44,6 @@ from graphrt.step.modes import ForwardMode
 if TYPE_CHECKING:
     from graphrt.runtime import GraphRuntime
 
-log = logging.getLogger(__name__)
-
-#: Bumped on any change a version-1 reader would misread (renamed, retyped or removed fields).
-SNAPSHOT_VERSION = 1
-
-
-class SnapshotVersionError(ValueError):
-    """The snapshot was written with a schema version this graphrt cannot read."""
-
-
 __all__ = [
     "SNAPSHOT_VERSION",
     "BufferFacts",
@@ -58,6 +54,7 @@ __all__ = [
     "KernelFacts",
     "MemoryFacts",
     "Snapshot",
+    "SnapshotError",
     "SnapshotVersionError",
     "TelemetryFacts",
     "load_snapshot",
@@ -66,10 +63,7 @@ __all__ = [
     "take_snapshot",
 ]
 
-
-def npz_path(path: str | Path) -> Path:
-    """Where the buffer contents of the snapshot at ``path`` live (same stem, ``.npz``)."""
-    return Path(path).with_suffix(".npz")
+log = logging.getLogger(__name__)
 
 
 def save_snapshot(snapshot: Snapshot, path: str | Path) -> None:
@@ -82,30 +76,6 @@ def save_snapshot(snapshot: Snapshot, path: str | Path) -> None:
     np.savez_compressed(npz_path(path), **snapshot.arrays)
 
 
-def load_snapshot(path: str | Path) -> Snapshot:
-    """Read a snapshot written by :func:`save_snapshot` (or ``GraphRuntime.snapshot``).
-
-    Raises
-    ------
-    SnapshotVersionError
-        The file's ``version`` is not :data:`SNAPSHOT_VERSION`.
-    """
-    path = Path(path)
-    data = json.loads(path.read_text())
-    found = data.get("version") if isinstance(data, dict) else None
-    if found != SNAPSHOT_VERSION:
-        raise SnapshotVersionError(
-            f"{path}: snapshot version {found!r} is not supported; this graphrt reads version "
-            f"{SNAPSHOT_VERSION}. Take a new snapshot (graphrt demo --snapshot PATH) or open it "
-            "with the graphrt release that wrote it."
-        )
-    arrays: dict[str, np.ndarray] = {}
-    if npz_path(path).exists():
-        with np.load(npz_path(path)) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    return _build(Snapshot, {**data, "arrays": arrays})
-
-
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -113,30 +83,6 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
-    return value
-
-
-def _build(tp: Any, value: Any) -> Any:
-    """Rebuild ``tp`` (a schema dataclass, tuple, optional or plain type) from JSON data."""
-    if value is None:
-        return None
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _build(inner[0], value) if len(inner) == 1 else value
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], v) for v in value)
-        return tuple(_build(a, v) for a, v in zip(args, value, strict=True))
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        return tp(
-            **{
-                f.name: _build(hints[f.name], value[f.name])
-                for f in dataclasses.fields(tp)
-                if f.name in value
-            }
-        )
     return value
 
 
@@ -190,7 +136,8 @@ def take_snapshot(
             tuple(runtime.telemetry.records),
         ),
         parity=tuple(parity),
-        arrays=_arrays(runtime.buffers, contents),
+        families=tuple(_memory(f) for f in _families(runtime)),
+        arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)
     log.info("snapshot of %d graphs written to %s (+ %s)", len(snapshot.graphs), path, npz_path(path).name)
@@ -209,11 +156,12 @@ def _config_value(value: Any) -> Any:
 
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
-    tpr = runtime.rows_per_req(mode)
-    view = runtime.buffers.view(bucket, tpr)
+    rows_per_req = runtime.rows_per_req(mode)
     reads = tuple(
-        BufferRead(s.name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
-        for s in runtime.buffers.specs
+        BufferRead(_key(family, s.name), tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
+        for family in _families(runtime, mode)
+        for view in [family.view(bucket, rows_per_req)]
+        for s in family.specs
         for t in [getattr(view, s.name)]
     )
     kernels = tuple(
@@ -225,7 +173,7 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
     return GraphFacts(
         _name(mode),
         bucket,
-        tpr,
+        rows_per_req,
         info.capture_seconds * 1e3,
         info.pool_bytes,
         info.num_nodes,
@@ -234,6 +182,18 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
         dict(info.host_scalars),
         reads,
     )
+
+
+def _families(runtime: GraphRuntime, mode: ForwardMode | None = None) -> list[StaticBuffers]:
+    """Every buffer family of ``runtime`` (step first), or those a graph of ``mode`` reads."""
+    fam = runtime.families
+    used = fam.used_by(mode) if mode is not None else [fam.step, fam.cascade, fam.draft, fam.local]
+    return [f for f in (*used, fam.extra) if f is not None]
+
+
+def _key(family: StaticBuffers, name: str) -> str:
+    """A buffer's name in reads and arrays: bare for ``step``, ``family.name`` otherwise."""
+    return name if family.family == "step" else f"{family.family}.{name}"
 
 
 def _memory(buffers: StaticBuffers) -> MemoryFacts:
@@ -261,15 +221,28 @@ def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: s
     mode = ForwardMode[last.mode] if last else next(iter(runtime.config.capture_modes), ForwardMode.DECODE)
     bucket = bucket if bucket is not None else (last.bucket if last else None)
     bs = bs if bs is not None else (last.bs if last else 0)
-    tpr = runtime.rows_per_req(mode)
+    rows_per_req = runtime.rows_per_req(mode)
     pad = runtime.pad_values(mode)
-    violations = runtime.buffers.pad_violations(bucket, tpr, bs, pad) if bucket else []
-    return ContentsFacts(file, mode.name, bucket, bs, tpr, pad, tuple(violations))
+    violations = runtime.buffers.pad_violations(bucket, rows_per_req, bs, pad) if bucket else []
+    return ContentsFacts(file, mode.name, bucket, bs, rows_per_req, pad, tuple(violations))
 
 
-def _arrays(buffers: StaticBuffers, contents: ContentsFacts) -> dict[str, np.ndarray]:
+def _arrays(runtime: GraphRuntime, contents: ContentsFacts) -> dict[str, np.ndarray]:
     # NOTE: full-size copies: a bucket's view is a prefix of each, so any bucket can be shown.
-    arrays = {name: t.detach().cpu().numpy() for name, t in buffers.full.items()}
+    arrays = {
+        _key(family, name): _host_copy(t) for family in _families(runtime) for name, t in family.full.items()
+    }
     arrays["_bucket"] = np.array(contents.bucket if contents.bucket is not None else -1)
     arrays["_bs"] = np.array(contents.bs)
     return arrays
+
+
+def _host_copy(t: torch.Tensor) -> np.ndarray:
+    """A numpy copy; bf16 as float32, other dtypes numpy lacks (fp8) as raw bytes."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy()
+    try:
+        return t.numpy()
+    except TypeError:
+        return t.contiguous().view(torch.uint8).numpy()

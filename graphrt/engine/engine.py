@@ -275,6 +275,9 @@ class Engine:
     def _retire(self) -> None:
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
+            self.runtime.req_to_token.free(r.req_idx)
+            if self.spec is not None:
+                self.spec.draft.req_to_token.free(r.req_idx)
             self._free_reqs.append(r.req_idx)
             self._free_pages.extend(r.pages)
             self.finished[r.rid] = r

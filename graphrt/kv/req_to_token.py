@@ -1,8 +1,11 @@
-"""The request → KV-slot table, with a reserved dummy request row."""
+"""The request → KV-slot table, with a reserved dummy request row and a host ledger of what each row holds."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from graphrt.kv.ledger import KVLedger
 
 
 class ReqToToken:
@@ -11,6 +14,11 @@ class ReqToToken:
     Row ``max_reqs`` is the dummy request: every entry is the dummy slot, so padded rows
     gather the dummy page. Each step writes its own tokens' slots (``out_cache_loc``) into
     the table before the page table is gathered from it.
+
+    ``ledger`` (host) knows how many positions each row has validly written since it was
+    (re)assigned and which row holds each live slot; ``GraphRuntime.run`` checks every step
+    against it before writing anything (see :mod:`graphrt.kv.ledger`). A scheduler calls
+    :meth:`free` when a request finishes and :meth:`share_prefix` for prefix-cache hits.
     """
 
     def __init__(
@@ -25,8 +33,38 @@ class ReqToToken:
         self.table = torch.full((max_reqs + 1, max_context_len), dummy_slot, dtype=torch.int32, device=device)
         # NOTE: column j*page_size of a row holds the first slot of the row's page j.
         self.page_starts = torch.arange(0, max_context_len, page_size, device=device)
+        self.ledger = KVLedger(max_reqs, max_context_len, dummy_slot)
 
     @property
     def dummy_req(self) -> int:
         """The reserved row pad requests use (one past the last real row)."""
         return self.max_reqs
+
+    @property
+    def valid_lens(self) -> np.ndarray:
+        """``[max_reqs]`` int64: positions each row has validly written (read-only view)."""
+        view = self.ledger.valid_lens.view()
+        view.flags.writeable = False
+        return view
+
+    def free(self, row: int) -> None:
+        """Release ``row`` and its slots: it reads nothing until a step writes it from 0."""
+        self._check_row("row", row)
+        self.ledger.free(row)
+
+    def share_prefix(self, src: int, dst: int, length: int) -> None:
+        """Let row ``dst`` hold row ``src``'s positions ``0..length-1`` (a prefix-cache hit).
+
+        ``dst`` is freed first; the shared slots stay live while either row holds them, and
+        neither row may write them again (``dst`` writes its own slots from ``length`` on).
+        """
+        self._check_row("src", src)
+        self._check_row("dst", dst)
+        self.ledger.share_prefix(src, dst, length)
+        self.table[dst, :length] = self.table[src, :length]
+
+    def _check_row(self, name: str, row: int) -> None:
+        if not 0 <= row < self.max_reqs:
+            raise ValueError(
+                f"{name} {row} out of range [0, {self.max_reqs}) (row {self.max_reqs} is the dummy)"
+            )

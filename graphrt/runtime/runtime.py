@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -12,8 +13,9 @@ import torch
 
 from graphrt.attention import attention_kind
 from graphrt.buffers import Dims
-from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, Fallback
+from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, Fallback, Graph
 from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.local import local_geometry
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
@@ -21,7 +23,7 @@ from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry
-from graphrt.step.batch import Batch, Limits
+from graphrt.step.batch import Batch, Limits, model_vocab_size
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
@@ -51,7 +53,9 @@ class GraphRuntime:
     req_to_token : ReqToToken
     config : RuntimeConfig
     vocab_size : int, optional
-        When given, token ids are checked against it.
+        Token ids are checked against it; default: the model's ``vocab_size`` attribute or its
+        first ``nn.Embedding`` (:func:`graphrt.batch.model_vocab_size`). Negative ids are
+        always refused.
     """
 
     def __init__(
@@ -85,7 +89,7 @@ class GraphRuntime:
             config.max_context_len,
             config.page_size,
             kv.num_live_slots,
-            vocab_size,
+            vocab_size if vocab_size is not None else model_vocab_size(forward),
             config.speculative,
             tree=self.families.cascade is not None,
         )
@@ -93,6 +97,7 @@ class GraphRuntime:
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
         self.telemetry = Telemetry()
+        self._lock = threading.Lock()
 
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
@@ -111,7 +116,7 @@ class GraphRuntime:
         """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""
         keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
         start = time.perf_counter()
-        with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
+        with self._lock, self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
             for mode, bucket in keys:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
@@ -167,11 +172,31 @@ class GraphRuntime:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
 
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
-        with its reason) when none fits. Invalid batches raise before anything is written.
+        with its reason) when none fits. Every check runs before anything is written: the
+        batch's limits and geometry, KV isolation (the step reads only positions its rows
+        have written and writes no slot another live row holds; ``KVIsolationError``) and the
+        graph's host scalars. The step's KV state is committed to ``req_to_token.ledger``
+        once it has run.
+
+        One step at a time: a lock serialises callers from several threads (each waits for
+        the step in flight), since every step shares the static buffers and the KV cache.
         """
-        batch.check(self.limits)
-        if eager or not MODES[batch.mode].graphed:
-            return self._eager(batch)
+        with self._lock:
+            batch.check(self.limits)
+            writes = KVWrites.of(batch, scratch=self._scratch(batch.mode))
+            self.req_to_token.ledger.check(writes)
+            chosen = None if eager or not MODES[batch.mode].graphed else self._select(batch)
+            try:
+                out = self._eager(batch) if chosen is None else self._replay(batch, *chosen)
+            except BaseException:
+                # NOTE: the step may have written positions >= start: they hold nothing valid.
+                self.req_to_token.ledger.truncate(writes.rows, writes.starts)
+                raise
+            self.req_to_token.ledger.commit(writes)
+            return out
+
+    def _select(self, batch: Batch) -> tuple[int, Graph] | None:
+        """The graph for ``batch`` (host scalars checked), or None: fall back to eager."""
         chosen = self.dispatcher.select(batch.mode, batch.bs)
         if isinstance(chosen, Fallback):
             if self.config.strict:
@@ -179,10 +204,12 @@ class GraphRuntime:
             self.dispatcher.count_fallback(chosen)
             log.debug("%s bs=%d runs eagerly: %s", batch.mode.name, batch.bs, chosen.reason)
             self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
-            return self._eager(batch)
-        bucket, graph = chosen
+            return None
+        _check_host_scalars(batch, chosen[1].info.host_scalars)
+        return chosen
+
+    def _replay(self, batch: Batch, bucket: int, graph: Graph) -> torch.Tensor:
         rows_per_req = self.rows_per_req(batch.mode)
-        _check_host_scalars(batch, graph.info.host_scalars)
         start = time.perf_counter()
         self._write(batch, bucket, rows_per_req)
         updated = time.perf_counter()
@@ -193,6 +220,10 @@ class GraphRuntime:
             self._check_poison(batch.mode, bucket, rows_per_req)
         self.dispatcher.count_replay(batch.mode)
         return self._outputs[(batch.mode, bucket)][: batch.num_tokens].clone()
+
+    def _scratch(self, mode: ForwardMode) -> bool:
+        """Tree drafts write their steps to scratch slots that enter no request row."""
+        return MODES[mode].draft_steps and self.families.cascade in self.families.used_by(mode)
 
     def _write(self, batch: Batch, bucket: int, rows_per_req: int) -> None:
         if self.config.debug:

@@ -10,6 +10,8 @@ import torch
 
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, tokens_per_req
 
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -25,6 +27,22 @@ class Limits:
     tree: bool = False
 
 
+def model_vocab_size(forward: Any) -> int | None:
+    """The vocabulary a forward embeds: its ``vocab_size``, else its first ``nn.Embedding``.
+
+    Looks at ``forward`` and, for a bound method, its object. None when neither says.
+    """
+    for owner in (forward, getattr(forward, "__self__", None)):
+        size = getattr(owner, "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        if isinstance(owner, torch.nn.Module):
+            embedding = next((m for m in owner.modules() if isinstance(m, torch.nn.Embedding)), None)
+            if embedding is not None:
+                return int(embedding.num_embeddings)
+    return None
+
+
 def _host_ints(name: str, value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
@@ -35,10 +53,22 @@ def _host_ints(name: str, value: Any) -> np.ndarray:
         value = value.numpy()
     arr = np.asarray(value)
     if arr.size and arr.dtype.kind not in "iu":
+        _check_wide_ints(name, value)
         raise TypeError(f"Batch.{name} must hold integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"Batch.{name} must be 1-D, got shape {arr.shape}")
+    if arr.size and arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:
+        # NOTE: reported as given; the cast below would wrap 2**64-1 to -1.
+        raise ValueError(f"Batch.{name}: {int(arr.max())} does not fit int64 [{INT64_MIN}, {INT64_MAX}]")
     return arr.astype(np.int64, copy=False)
+
+
+def _check_wide_ints(name: str, value: Any) -> None:
+    """Python ints past int64 make numpy pick float64 or object: report them as given."""
+    if isinstance(value, (list, tuple)):
+        wide = [v for v in value if isinstance(v, int) and not INT64_MIN <= v <= INT64_MAX]
+        if wide:
+            raise ValueError(f"Batch.{name}: {wide[0]} does not fit int64 [{INT64_MIN}, {INT64_MAX}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +219,17 @@ class Batch:
                 "(seq_lens include the step's tokens)"
             )
         _distinct("out_cache_loc", self.out_cache_loc, "slot")
-        if limits.vocab_size is not None:
-            _in_range("input_ids", self.input_ids, 0, limits.vocab_size, what="token id")
+        vocab = INT64_MAX if limits.vocab_size is None else limits.vocab_size
+        _in_range("input_ids", self.input_ids, 0, vocab, what="token id")
         ps = limits.page_size
-        pages = self.out_cache_loc // ps
-        _in_range("out_cache_loc page", pages, 0, limits.num_live_slots // ps, what="page id")
+        pages, live = self.out_cache_loc // ps, limits.num_live_slots // ps
+        outside = (pages < 0) | (pages >= live)
+        if outside.any():
+            i = int(np.argmax(outside))
+            raise ValueError(
+                f"page id out of range in out_cache_loc page: {int(pages[i])} not in [0, {live}) "
+                f"(slot {int(self.out_cache_loc[i])} at out_cache_loc[{i}])"
+            )
         positions = self.kv_positions
         off = self.out_cache_loc % ps != positions % ps
         if off.any():

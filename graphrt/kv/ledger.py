@@ -1,0 +1,169 @@
+"""Which KV each request row validly holds: host arrays behind the isolation checks.
+
+A row's *valid length* counts the positions it has written since it was (re)assigned; every
+live slot records the row that wrote it (``owner``), the position it holds (the same in every
+row that shares it) and how many rows hold it (``refs``, > 1 only for shared prefixes).
+
+A step that writes positions ``p … p+q-1`` of a row needs the row valid up to ``p`` and leaves
+it valid up to ``p+q``: what the row held from ``p`` on is dropped and its slots released.
+It may write a slot only when no live row holds it, save the writing row itself at a position
+``>= p`` (dropped by this very step, as a verify rewrites its rejected drafts). Checks and
+commits are vectorised over the step's tokens: no per-request Python loop on the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES
+
+
+class KVIsolationError(ValueError):
+    """A step would read KV its row has not written, or write a slot another row holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVWrites:
+    """What one step reads and writes (host int64 arrays).
+
+    ``rows``, ``starts``, ``counts``: ``[bs]`` — request row, first position written (the step
+    reads the row's positions ``< start``), positions written into the row. ``slots``,
+    ``slot_req``, ``slot_pos``: ``[n]`` — every KV slot written, its request index, and its
+    position. ``recorded=False``: scratch slots (tree drafts) that enter no row.
+    """
+
+    rows: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    slots: np.ndarray
+    slot_req: np.ndarray
+    slot_pos: np.ndarray
+    recorded: bool = True
+
+    @classmethod
+    def of(cls, batch: Batch, scratch: bool = False) -> KVWrites:
+        """The writes of ``batch``; ``scratch``: a tree DRAFT_DECODE (drafts in scratch slots)."""
+        draft = MODES[batch.mode].draft_steps
+        starts = batch.seq_lens - 1 if draft else batch.seq_lens - batch.q_lens
+        if batch.out_cache_loc.size == batch.bs and not scratch:
+            # NOTE: one token per request (DECODE, a 1-step chain): no repeats needed.
+            req = np.arange(batch.bs)
+            return cls(batch.req_pool_indices, starts, batch.q_lens, batch.out_cache_loc, req, starts)
+        per_req = batch.q_lens * batch.draft_steps
+        slot_req = np.repeat(np.arange(batch.bs), per_req)
+        counts = np.zeros_like(starts) if scratch else per_req
+        return cls(
+            batch.req_pool_indices,
+            starts,
+            counts,
+            batch.out_cache_loc,
+            slot_req,
+            batch.kv_positions,
+            not scratch,
+        )
+
+
+class KVLedger:
+    """Host state of ``max_reqs`` request rows over ``num_slots`` live KV slots."""
+
+    def __init__(self, max_reqs: int, max_context_len: int, num_slots: int) -> None:
+        self.valid_lens = np.zeros(max_reqs, dtype=np.int64)
+        self.table = np.zeros((max_reqs, max_context_len), dtype=np.int32)  # host mirror of valid entries
+        self.owner = np.full(num_slots, -1, dtype=np.int64)  # row that wrote the slot, -1: free
+        self.refs = np.zeros(num_slots, dtype=np.int64)  # rows holding the slot
+        self.slot_pos = np.zeros(num_slots, dtype=np.int64)  # position the slot holds
+
+    # ---- checks (raise before anything is written) ---------------------------------------
+    def check(self, w: KVWrites) -> None:
+        """Raise :class:`KVIsolationError` naming the request, the position and the limit."""
+        valid = self.valid_lens[w.rows]
+        short = valid < w.starts
+        if short.any():
+            i = int(np.argmax(short))
+            row, start, have = int(w.rows[i]), int(w.starts[i]), int(valid[i])
+            raise KVIsolationError(
+                f"request {i} (row {row}) reads KV positions 0..{start - 1}, but row {row} has written "
+                f"only {have} position(s) since it was assigned: position {have} holds no KV of "
+                f"this request (limit {have})"
+            )
+        refs = self.refs[w.slots]
+        if refs.any():
+            self._check_slots(w, refs)
+
+    def _check_slots(self, w: KVWrites, refs: np.ndarray) -> None:
+        rows, starts = w.rows[w.slot_req], w.starts[w.slot_req]
+        held = self.slot_pos[w.slots]
+        # NOTE: the only holder allowed is the writing row itself at a position it drops now.
+        mine = (held >= starts) & (held < self.valid_lens[rows]) & (self.table[rows, held] == w.slots)
+        bad = refs > mine
+        if not bad.any():
+            return
+        t = int(np.argmax(bad))
+        i, slot, pos = int(w.slot_req[t]), int(w.slots[t]), int(held[t])
+        holder = self.holder(slot, exclude=int(rows[t]) if mine[t] else -1)
+        what = (
+            f"position {pos} of its own row, which the step reads (limit: writes start at {int(starts[t])})"
+            if holder == int(rows[t])
+            else f"position {pos} of live row {holder}; free that row (ReqToToken.free) before reusing its slots"
+        )
+        raise KVIsolationError(
+            f"request {i} (row {int(rows[t])}) writes KV slot {slot} at position {int(w.slot_pos[t])}, "
+            f"but slot {slot} holds {what}"
+        )
+
+    def holder(self, slot: int, exclude: int = -1) -> int:
+        """A row (other than ``exclude``) whose valid positions hold ``slot``; -1 if none."""
+        pos = int(self.slot_pos[slot])
+        hold = (self.table[:, pos] == slot) & (self.valid_lens > pos)
+        if 0 <= exclude < hold.size:
+            hold[exclude] = False
+        return int(np.argmax(hold)) if hold.any() else -1
+
+    # ---- state changes -------------------------------------------------------------------
+    def commit(self, w: KVWrites) -> None:
+        """Record an accepted step: rows truncated to ``starts``, then its positions added."""
+        self.truncate(w.rows, w.starts)
+        if w.recorded and w.slots.size:
+            rows = w.rows[w.slot_req]
+            self.table[rows, w.slot_pos] = w.slots
+            self.refs[w.slots] += 1  # NOTE: slots are distinct within a batch (Batch.check)
+            self.owner[w.slots] = rows
+            self.slot_pos[w.slots] = w.slot_pos
+        self.valid_lens[w.rows] = w.starts + w.counts
+
+    def truncate(self, rows: np.ndarray, keep: np.ndarray) -> None:
+        """Drop positions ``>= keep[i]`` of ``rows[i]`` and release the slots they held."""
+        valid = self.valid_lens[rows]
+        extra = valid - keep
+        if not (extra > 0).any():
+            return
+        extra = np.maximum(extra, 0)
+        row = np.repeat(rows, extra)
+        first = np.repeat(keep - np.cumsum(extra) + extra, extra)
+        slots = self.table[row, first + np.arange(row.size)]
+        np.subtract.at(self.refs, slots, 1)
+        self.owner[slots[self.refs[slots] == 0]] = -1
+        self.valid_lens[rows] = np.minimum(valid, keep)
+
+    def free(self, row: int) -> None:
+        """Release every slot of ``row``; it reads nothing until a step writes it again."""
+        self.truncate(np.array([row]), np.zeros(1, dtype=np.int64))
+
+    def share_prefix(self, src: int, dst: int, length: int) -> None:
+        """``dst`` (freed first) holds ``src``'s positions ``0..length-1``, sharing their slots."""
+        if not 0 <= length <= self.valid_lens[src]:
+            raise KVIsolationError(
+                f"share_prefix: row {src} has {int(self.valid_lens[src])} valid position(s), "
+                f"cannot share {length}"
+            )
+        if src == dst:
+            self.truncate(np.array([dst]), np.array([length]))
+            return
+        self.free(dst)
+        slots = self.table[src, :length]
+        self.table[dst, :length] = slots
+        self.refs[slots] += 1
+        self.valid_lens[dst] = length
