@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from graphrt.cli import main
-from graphrt.debug.snapshot import load_snapshot
+from graphrt.debug.snapshot import load_snapshot, take_snapshot
 from graphrt.step.modes import SpecGeometry
 from tests.test_spec_modes import setup_for
 
@@ -18,7 +18,7 @@ def tree_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A topk-2 runtime (step, cascade and draft families) with every spec mode captured."""
     setup = setup_for(torch.device("cpu"), SpecGeometry(num_steps=3, topk=2, num_draft_tokens=5))
     path = tmp_path_factory.mktemp("families") / "snap.json"
-    setup.runtime.snapshot(str(path))
+    take_snapshot(setup.runtime, str(path))
     return path
 
 
