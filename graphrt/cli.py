@@ -19,6 +19,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--max-context-len", type=int, default=512)
     demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
     demo.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (JSON + .npz)")
+    demo.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy (default); > 0 samples inside the graph"
+    )
+    demo.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
+    demo.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1: all)")
+    demo.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i (default 0)")
     bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
     bench.add_argument("--device", default=None)
     bench.add_argument("--batch-sizes", default="1,8,64")
@@ -45,8 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug.add_argument("--screenshots", default=None, metavar="DIR", help="save one SVG per view and exit")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from graphrt.tools.demo import run_demo
+        from graphrt.tools.demo import demo_sampling, run_demo
 
+        try:
+            args.sampling = demo_sampling(args)
+        except (TypeError, ValueError) as err:
+            parser.error(f"demo: {err}")
         return run_demo(args)
     if args.command == "inspect":
         from graphrt.tools.inspect import run_inspect
