@@ -1,8 +1,13 @@
 """Sampling through the runtime and the engine: in the graph, per request, reproducible by seed.
 
 A request's draw depends on (seed, position) only, so its tokens are the same alone or with
-other requests, in any bucket, graphed or eager. (Exact equality relies on its logits agreeing to
-far below the gap between the two best Gumbel-perturbed scores, as for greedy in test_engine.)
+other requests, in any bucket, graphed or eager — given the same logits. Exact equality across
+batch compositions therefore needs batch-invariant logits: float32 on the CPU agrees to ~1e-6,
+far below the gap between the two best Gumbel-perturbed scores (as for greedy in test_engine).
+bf16 on a GPU does not promise that (GEMMs differ per batch size), so those tests run in
+float32 only; on CUDA the sampler's own invariance is tested in test_sampler (captured vs eager,
+alone vs batched, on identical logits), and every test here that compares runs of identical
+batches runs there too.
 """
 
 from __future__ import annotations
@@ -50,8 +55,14 @@ def step(setup: Setup, lens: list[int], rows: list[int], params: list[SamplingPa
     )
 
 
+def float32_only(device: torch.device) -> None:
+    if device.type == "cuda":
+        pytest.skip("bf16 logits are not batch-invariant; see the module docstring")
+
+
 def test_decode_graph_returns_tokens_same_as_eager_in_any_bucket(sampled_rt: tuple[Setup, list[int]]) -> None:
     setup, lens = sampled_rt
+    float32_only(setup.runtime.device)
     rt = setup.runtime
     full = step(setup, lens, [0, 1, 2, 3], list(MIXED))
     tokens = rt.run(full)
@@ -136,6 +147,7 @@ def test_greedy_equivalents_give_greedy_tokens(engines: tuple[Engine, Engine]) -
 
 def test_same_seed_same_tokens_alone_batched_graphed_or_eager(engines: tuple[Engine, Engine]) -> None:
     graphed, eager = engines
+    float32_only(graphed.device)
     batched = graphed.generate(PROMPTS, NEW, SEEDED)  # continuous batching: buckets 4, 2, 1
     assert eager.generate(PROMPTS, NEW, SEEDED) == batched
     for i in (0, 3, 5):
@@ -158,12 +170,13 @@ def test_recorded_logits_engine_samples_the_same_tokens(engines: tuple[Engine, E
 
 def test_stop_tokens_end_a_request(engines: tuple[Engine, Engine]) -> None:
     graphed, _ = engines
-    free = graphed.generate(PROMPTS, NEW, SEEDED)
-    stops = [o[3] for o in free]
-    params = [SamplingParams(1.0, top_p=0.95, seed=100 + i, stop_token_ids=(s,)) for i, s in enumerate(stops)]
-    stopped = graphed.generate(PROMPTS, NEW, params)
-    for out, full, stop in zip(stopped, free, stops, strict=True):
-        assert out == full[: full.index(stop) + 1] and out[-1] == stop
+    for i in (0, 2, 4):  # NOTE: alone, so the stopped run sees the free run's batches
+        full = graphed.generate([PROMPTS[i]], NEW, SEEDED[i])[0]
+        stop = full[3]
+        params = SamplingParams(1.0, top_p=0.95, seed=100 + i, stop_token_ids=(stop, 100_000 % 512))
+        out = graphed.generate([PROMPTS[i]], NEW, params)[0]
+        first = min(full.index(t) for t in params.stop_token_ids if t in full)
+        assert out == full[: first + 1] and out[-1] in params.stop_token_ids
     greedy = graphed.generate(PROMPTS[:1], NEW)[0]
     assert (
         graphed.generate(PROMPTS[:1], NEW, SamplingParams(stop_token_ids=(greedy[1],)))[0]
