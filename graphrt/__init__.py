@@ -18,7 +18,7 @@ from graphrt.runtime import (
     PoisonLeft,
     RuntimeStats,
 )
-from graphrt.step import MODES, Batch, ForwardMode, Limits, RuntimeConfig
+from graphrt.step import MODES, Batch, ForwardMode, Limits, RuntimeConfig, SamplingParams
 
 __version__ = "0.1.0"
 
@@ -40,4 +40,5 @@ __all__ = [
     "ReqToToken",
     "RuntimeConfig",
     "RuntimeStats",
+    "SamplingParams",
 ]

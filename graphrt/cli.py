@@ -72,6 +72,10 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--page-size", type=positive_int, default=16, help="KV cache page size in tokens")
     p.add_argument("--max-context-len", type=positive_int, default=512, help="longest prompt + new tokens")
     p.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (PATH + .npz)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
+    p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
 
 
 def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes: str, iters: int) -> None:
@@ -125,8 +129,12 @@ def build_parser() -> Parser:
 
 def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from graphrt.tools.demo import run_demo
+        from graphrt.tools.demo import demo_sampling, run_demo
 
+        try:
+            args.sampling = demo_sampling(args)
+        except (TypeError, ValueError) as err:
+            parser.error(f"demo: {err}")
         return run_demo(args)
     if args.command == "inspect":
         from graphrt.tools.inspect import run_inspect

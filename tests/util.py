@@ -50,6 +50,7 @@ def build_runtime(
     modes: Sequence[ForwardMode] = (ForwardMode.DECODE,),
     speculative: SpecGeometry | None = None,
     kv_cache_dtype: str | None = None,
+    sample: bool = False,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -63,6 +64,7 @@ def build_runtime(
         debug=debug,
         strict=strict,
         warmup=1,
+        sample=sample,
     )
     stack = build_stack(model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype)
     runtime = stack.runtime

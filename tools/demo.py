@@ -11,6 +11,7 @@ from rich.table import Table
 
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
+from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import UsageError, resolve_backend, resolve_device
 from graphrt.tools.env import environment
 
@@ -31,6 +32,20 @@ def demo_prompts(
     return prompts, budgets
 
 
+def demo_sampling(args: argparse.Namespace) -> list[SamplingParams] | None:
+    """Per prompt ``SamplingParams`` from ``--temperature --top-k --top-p --seed`` (None: greedy).
+
+    Raises ``ValueError`` naming a bad value and its limit.
+    """
+    first = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
+    if first == SamplingParams(seed=args.seed):
+        return None
+    return [
+        SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed + i)
+        for i in range(args.prompts)
+    ]
+
+
 def check_args(args: argparse.Namespace) -> tuple[torch.device, str | None]:
     """The device and backend the demo runs on; raises :class:`UsageError` on a value it cannot use."""
     room = args.max_context_len - PROMPT_MAX
@@ -48,13 +63,16 @@ def run_demo(args: argparse.Namespace) -> int:
     """``graphrt demo``: returns 0 when graphs and eager produce the same tokens, else 1."""
     device, backend = check_args(args)
     console = Console()
+    sampling = getattr(args, "sampling", None)
     kwargs = dict(
         device=device,
         max_batch_size=args.max_batch_size,
         page_size=args.page_size,
         max_context_len=args.max_context_len,
         backend=backend,
-        record_logits=True,
+        # NOTE: an engine recording logits samples from them outside the graph; a sampled
+        # demo runs the in-graph sampler instead (tokens are compared, logits are not).
+        record_logits=sampling is None,
     )
     graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
@@ -66,9 +84,10 @@ def run_demo(args: argparse.Namespace) -> int:
             engine.generate(prompts[:2], 2)
             engine.logits.clear()
         graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times
-        out_graph = graphed.generate(prompts, budgets)
-        out_eager = eager.generate(prompts, budgets)
-    console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
+        out_graph = graphed.generate(prompts, budgets, sampling)
+        out_eager = eager.generate(prompts, budgets, sampling)
+    diff = _max_logit_diff(graphed, eager) if sampling is None else None
+    console.print(_table(graphed, eager, out_graph == out_eager, diff))
     if graphed.capture_report is not None and graphed.capture_report.engine != "cuda":
         console.print(
             "[yellow]note:[/] graphs are [b]emulated[/] on the CPU: this run checks that replays produce "
@@ -98,7 +117,7 @@ def _rate(engine: Engine) -> float:
     return s.decode_steps / s.decode_seconds if s.decode_seconds else 0.0
 
 
-def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
+def _table(graphed: Engine, eager: Engine, same: bool, diff: float | None) -> Table:
     rt, report = graphed.runtime, graphed.capture_report
     assert report is not None
     env = environment(graphed.device)
@@ -125,7 +144,7 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
         ),
         ("requests / tokens", f"{len(graphed.finished) - 2} / {stats.generated_tokens}"),
         ("tokens identical", "[green]yes[/]" if same else "[red]NO[/]"),
-        ("max |logit diff|", f"{diff:.3g}"),
+        ("max |logit diff|", "- (sampled in the graph)" if diff is None else f"{diff:.3g}"),
         *(speed if report.engine == "cuda" else [("speed", "not measured: emulated graphs (see note)")]),
         (
             "graphs captured",

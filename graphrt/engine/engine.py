@@ -13,12 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
 from graphrt.engine.speculative import SpecOptions, SpecRunner, SpecState
 from graphrt.engine.stack import build_stack
 from graphrt.runtime import CaptureReport
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
+from graphrt.step.sampling import SamplingParams, per_request
 
 
 @dataclass(slots=True)
@@ -30,10 +32,13 @@ class Request:
     req_idx: int = -1
     pages: list[int] = field(default_factory=list)
     spec: SpecState = field(default_factory=SpecState)
+    sampling: SamplingParams | None = None  # None: greedy
 
     @property
     def done(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
+        """At ``max_new_tokens``, or the last token is one of the request's stop tokens."""
+        stops = self.sampling.stop_token_ids if self.sampling is not None else ()
+        return len(self.output) >= self.max_new_tokens or bool(self.output and self.output[-1] in stops)
 
     def slots(self, start: int, stop: int, page_size: int) -> np.ndarray:
         pos = np.arange(start, stop)
@@ -59,7 +64,11 @@ class EngineStats:
 
 
 class Engine:
-    """Greedy generation with a built-in model; decode steps replay captured graphs.
+    """Generation with a built-in model; decode steps replay captured graphs.
+
+    Greedy by default; a request with :class:`graphrt.SamplingParams` is sampled inside the
+    DECODE graph (``RuntimeConfig(sample=True)``), its first token by the same sampler on the
+    eager prefill.
 
     Parameters
     ----------
@@ -109,6 +118,7 @@ class Engine:
             else (),
             backend=backend,
             speculative=spec.geometry if spec else None,
+            sample=spec is None,  # NOTE: speculative decoding stays greedy
         )
         stack = build_stack(model, self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype)
         self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
@@ -123,6 +133,7 @@ class Engine:
         self._free_reqs = deque(range(max_batch_size))
         self._free_pages = deque(range(self.kv.dummy_page))
         self._ids = itertools.count()
+        self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: dict[int, Request] = {}
@@ -154,8 +165,14 @@ class Engine:
         return self.spec.geometry.num_draft_tokens if self.spec else 0
 
     # ---- requests ------------------------------------------------------------------------
-    def add_request(self, prompt: Sequence[int], max_new_tokens: int) -> int:
-        """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input."""
+    def add_request(
+        self, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None
+    ) -> int:
+        """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input.
+
+        ``sampling``: None decodes greedily; a sampled request (``temperature > 0``) on a
+        speculative engine is refused (``ValueError``).
+        """
         vocab = self.model.vocab_size
         tokens = [int(t) for t in prompt]
         if not tokens:
@@ -171,18 +188,38 @@ class Engine:
                 f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens}{drafts} "
                 f"exceeds max_context_len {self.max_context_len}"
             )
-        req = Request(next(self._ids), tokens, max_new_tokens)
+        params = admit_params(sampling, speculative=self.spec is not None, vocab_size=vocab, rng=self._seeds)
+        req = Request(next(self._ids), tokens, max_new_tokens, sampling=params)
         self.waiting.append(req)
         return req.rid
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[list[int]]:
-        """Greedy completions of ``prompts`` (continuous batching; order preserved)."""
+        """Completions of ``prompts`` (continuous batching; order preserved).
+
+        Parameters
+        ----------
+        prompts : sequence of sequence of int
+            Token ids of each prompt.
+        max_new_tokens : int or sequence of int
+            Budget per prompt (one for all, or one each).
+        sampling : SamplingParams, sequence of SamplingParams, optional
+            None: greedy. One value for every prompt, or one per prompt. A request ends at its
+            budget or at a stop token (included in its output).
+
+        Returns
+        -------
+        list of list of int: the new tokens of each prompt.
+        """
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(limits) != len(prompts):
             raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
-        ids = [self.add_request(p, n) for p, n in zip(prompts, limits, strict=True)]
+        params = per_request(sampling, len(prompts))
+        ids = [self.add_request(p, n, s) for p, n, s in zip(prompts, limits, params, strict=True)]
         while self.waiting or self.running:
             self.step()
         return [self.finished[i].output for i in ids]
@@ -231,9 +268,9 @@ class Engine:
             ),
             q_lens=lens,
         )
-        logits = self.runtime.run(batch, eager=not self.use_graphs)
+        produced = self._run_and_sample(reqs, batch, np.cumsum(lens) - 1)
         self._prefill_steps += 1
-        return self._sample(reqs, logits[np.cumsum(lens) - 1])
+        return produced
 
     def _decode(self, reqs: list[Request]) -> list[tuple[int, int]]:
         seq_lens = [len(r.prompt) + len(r.output) for r in reqs]
@@ -247,8 +284,7 @@ class Engine:
             ),
         )
         start = time.perf_counter()
-        logits = self.runtime.run(batch, eager=not self.use_graphs)
-        produced = self._sample(reqs, logits)  # NOTE: reading tokens syncs, so timing is real
+        produced = self._run_and_sample(reqs, batch, np.arange(len(reqs)))  # NOTE: syncs: real timing
         self._decode_seconds += time.perf_counter() - start
         self._decode_steps += 1
         return produced
@@ -259,15 +295,29 @@ class Engine:
         new = self.spec.round(reqs, eager=not self.use_graphs)
         self._decode_seconds += time.perf_counter() - start
         self._decode_steps += 1
+        new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
         for r, tokens in zip(reqs, new, strict=True):
             r.output.extend(tokens)
         return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[tuple[int, int]]:
-        tokens = logits.argmax(dim=-1).tolist()
+    def _run_and_sample(self, reqs: list[Request], batch: Batch, last: np.ndarray) -> list[tuple[int, int]]:
+        """Run ``batch`` and append each request's next token (``last``: its last token row).
+
+        The runtime samples inside its program; an engine recording logits takes them and
+        applies the same sampler here, so its tokens are the same.
+        """
+        eager = not self.use_graphs
+        if self.runtime.config.sample and not self.record_logits:
+            batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
+            return self._append(reqs, self.runtime.run(batch, eager=eager).tolist())
+        logits = self.runtime.run(batch, eager=eager)[last]
+        tokens = host_tokens(logits, [r.sampling for r in reqs], batch.seq_lens)
         if self.record_logits:
             for r, row in zip(reqs, logits.float().cpu(), strict=True):
                 self.logits.setdefault(r.rid, []).append(row)
+        return self._append(reqs, tokens)
+
+    def _append(self, reqs: list[Request], tokens: list[int]) -> list[tuple[int, int]]:
         for r, t in zip(reqs, tokens, strict=True):
             r.output.append(t)
         return [(r.rid, t) for r, t in zip(reqs, tokens, strict=True)]

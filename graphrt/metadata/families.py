@@ -2,7 +2,8 @@
 
 ``step`` serves every mode; ``cascade`` (expand lists and prefix lengths) exists when the
 speculative geometry has ``topk > 1`` and serves TARGET_VERIFY and DRAFT_DECODE; ``draft``
-(every draft step's KV slots) serves DRAFT_DECODE. The eager path builds the same families
+(every draft step's KV slots) serves DRAFT_DECODE; ``sampling`` (per-request sampling parameters)
+exists with ``RuntimeConfig(sample=True)`` and serves the modes that sample (DECODE, EXTEND). The eager path builds the same families
 at the step's exact size, so both paths share every write and derive function.
 """
 
@@ -19,6 +20,7 @@ from graphrt.metadata.base import CascadeBuffers, StepBuffers
 from graphrt.metadata.cascade import cascade_specs, write_cascade_host
 from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
 from graphrt.metadata.local import LocalBuffers, LocalGeometry
+from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling_host
 from graphrt.metadata.step import STEP_SPECS, write_host
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, rows_per_req
@@ -42,6 +44,7 @@ class StepInputs:
     draft: DraftBuffers | None
     extra: Any = None  # the attention kind's family (sparse MLA: top-k indices, scheduler)
     local: LocalBuffers | None = None
+    sampling: SamplingBuffers | None = None
 
 
 class Families:
@@ -54,6 +57,7 @@ class Families:
         spec: SpecGeometry | None,
         kind: Any = None,
         local: LocalGeometry | None = None,
+        sample: bool = False,
     ) -> None:
         self.spec = spec
         self.step = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, device)
@@ -68,6 +72,9 @@ class Families:
             self.draft = StaticBuffers("draft", draft_specs(spec.draft_forwards), DraftBuffers, dims, device)
         # NOTE: chunked-local attention: derived on the device by every mode's program.
         self.local = None if local is None else local.family(dims, device)
+        self.sampling = (
+            StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, device) if sample else None
+        )
 
     def used_by(self, mode: ForwardMode) -> list[StaticBuffers]:
         """The families ``mode`` writes and reads (its update touches nothing else)."""
@@ -78,6 +85,8 @@ class Families:
             used.append(self.draft)
         if self.local is not None:
             used.append(self.local)
+        if self.sampling is not None and MODES[mode].samples:
+            used.append(self.sampling)
         return used
 
     def pad_values(self, mode: ForwardMode, dummies: Dummies) -> dict[str, int]:
@@ -106,24 +115,41 @@ class Families:
     ) -> StepInputs:
         """The eager path: families sized for exactly this step (``rows`` requests), written.
 
-        ``dims`` gives ``max_pages`` / ``max_context_len``; ``kw`` are ``spec``, ``kind``, ``local``.
+        ``dims`` gives ``max_pages`` / ``max_context_len``; ``kw`` are ``spec``, ``kind``, ``local``,
+        ``sample``.
         """
         tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
         exact = dataclasses.replace(dims, max_bs=rows, max_tokens=tokens)
-        families = cls(exact, device, kw.get("spec"), kw.get("kind"), kw.get("local"))
+        families = cls(
+            exact, device, kw.get("spec"), kw.get("kind"), kw.get("local"), kw.get("sample", False)
+        )
         families.write(batch, rows, tokens, pad)
         return families.full(batch.mode)
 
     def view(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> StepInputs:
         views = {f.family: f.view(bucket, rows_per_req) for f in self.used_by(mode)}
         extra = self.extra.view(bucket, rows_per_req) if self.extra is not None else None
-        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra, views.get("local"))
+        return StepInputs(
+            views["step"],
+            views.get("cascade"),
+            views.get("draft"),
+            extra,
+            views.get("local"),
+            views.get("sampling"),
+        )
 
     def full(self, mode: ForwardMode) -> StepInputs:
         """Whole-allocation views (the eager path allocates families at the exact size)."""
         views = {f.family: f.view_type(**f.full) for f in self.used_by(mode)}
         extra = self.extra.view_type(**self.extra.full) if self.extra is not None else None
-        return StepInputs(views["step"], views.get("cascade"), views.get("draft"), extra, views.get("local"))
+        return StepInputs(
+            views["step"],
+            views.get("cascade"),
+            views.get("draft"),
+            extra,
+            views.get("local"),
+            views.get("sampling"),
+        )
 
     def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
         """Host half of the update for every family the mode uses, then one copy each."""
@@ -135,9 +161,11 @@ class Families:
             write_cascade_host(batch, self.cascade.host_full, tokens, pad["dummy_slot"])
         if self.draft in used:
             write_draft_host(batch, self.draft.host_full, tokens, pad["dummy_slot"])
+        if self.sampling in used:
+            write_sampling_host(batch.sampling or (), batch.seq_lens, self.sampling.host_full, rows)
         for family in used:
             family.upload()
 
     def memory_reports(self) -> tuple[MemoryReport, ...]:
-        families = (self.step, self.cascade, self.draft, self.local, self.extra)
+        families = (self.step, self.cascade, self.draft, self.local, self.sampling, self.extra)
         return tuple(f.memory_report() for f in families if f is not None)

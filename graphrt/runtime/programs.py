@@ -2,7 +2,9 @@
 
 A program takes the step's inputs (bucket views on the graph path, exact-size buffers on
 the eager path) and returns the step's output. Every program first runs the device half of
-the update (slots into ``req_to_token``, page table, cascade prefix), then the model.
+the update (slots into ``req_to_token``, page table, cascade prefix), then the model. With a
+sampling family (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
+samples one token per request inside the same graph and returns :class:`Sampled`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,6 +23,7 @@ from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, gather_page_table, record_slots
+from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
@@ -103,13 +106,35 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     return torch.stack(out, dim=1)
 
 
-Program = Callable[[StepEnv, ForwardMode, StepInputs, int], torch.Tensor]
+class Sampled(NamedTuple):
+    """A sampling step's output: ``logits [T, V]`` of every token row and ``tokens [R]`` int64,
+    one sampled token per request row (drawn from its last token's logits)."""
+
+    logits: torch.Tensor
+    tokens: torch.Tensor
+
+
+Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
+
+
+def sampled(program: Program) -> Program:
+    """``program``, then (when the step has a sampling family) the sampler, in the same graph."""
+
+    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+        logits = program(env, mode, inputs, max_q)
+        if inputs.sampling is None:
+            return logits
+        last = inputs.step.cu_seqlens_q[1:].long() - 1  # [R] each request row's last token
+        return Sampled(logits, sample(logits[last], inputs.sampling))
+
+    return run
+
 
 PROGRAMS: dict[ForwardMode, Program] = {
-    ForwardMode.DECODE: forward_once,
+    ForwardMode.DECODE: sampled(forward_once),
     ForwardMode.TARGET_VERIFY: forward_once,
     ForwardMode.DRAFT_DECODE: draft_loop,
     ForwardMode.DRAFT_EXTEND: forward_once,
     ForwardMode.IDLE: forward_once,
-    ForwardMode.EXTEND: forward_once,
+    ForwardMode.EXTEND: sampled(forward_once),
 }

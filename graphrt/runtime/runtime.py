@@ -19,7 +19,7 @@ from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.local import local_geometry
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
-from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
+from graphrt.runtime.programs import PROGRAMS, ForwardFn, Sampled, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry
@@ -78,7 +78,7 @@ class GraphRuntime:
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local = local_geometry(config)
-        self.families = Families(dims, self.device, config.speculative, self.kind, local)
+        self.families = Families(dims, self.device, config.speculative, self.kind, local, config.sample)
         self.buffers = self.families.step
         self.extra = self.families.extra  # the attention kind's own family, if any
         self.env = StepEnv(
@@ -92,6 +92,7 @@ class GraphRuntime:
             vocab_size if vocab_size is not None else model_vocab_size(forward),
             config.speculative,
             tree=self.families.cascade is not None,
+            sample=config.sample,
         )
         self._pads: dict[ForwardMode, dict[str, int]] = {}
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
@@ -171,6 +172,9 @@ class GraphRuntime:
     def run(self, batch: Batch, *, eager: bool = False) -> torch.Tensor:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
 
+        A batch with ``Batch.sampling`` (runtime built with ``sample=True``) returns instead the
+        token sampled inside the program for each request: ``[bs]`` int64.
+
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
         with its reason) when none fits. Every check runs before anything is written: the
         batch's limits and geometry, KV isolation (the step reads only positions its rows
@@ -219,7 +223,7 @@ class GraphRuntime:
         if self.config.debug:
             self._check_poison(batch.mode, bucket, rows_per_req)
         self.dispatcher.count_replay(batch.mode)
-        return self._outputs[(batch.mode, bucket)][: batch.num_tokens].clone()
+        return _select(batch, self._outputs[(batch.mode, bucket)]).clone()
 
     def _scratch(self, mode: ForwardMode) -> bool:
         """Tree drafts write their steps to scratch slots that enter no request row."""
@@ -245,11 +249,12 @@ class GraphRuntime:
             spec=self.config.speculative,
             kind=self.kind,
             local=self.env.local,
+            sample=self.config.sample,
         )
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():
             out = PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q)
-        return out[: batch.num_tokens]
+        return _select(batch, out)
 
     def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
         left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]
@@ -269,6 +274,14 @@ class GraphRuntime:
 def _empty_batch(mode: ForwardMode) -> Batch:
     empty = np.zeros(0, dtype=np.int64)
     return Batch(mode, empty, empty, empty, empty, empty)
+
+
+def _select(batch: Batch, out: Any) -> torch.Tensor:
+    """The real rows of a program's output: sampled tokens ``[bs]`` when the batch asked for
+    them, else the forward's output ``[num_tokens, ...]``."""
+    if isinstance(out, Sampled):
+        return out.tokens[: batch.bs] if batch.sampling is not None else out.logits[: batch.num_tokens]
+    return out[: batch.num_tokens]
 
 
 def _check_host_scalars(batch: Batch, captured: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from graphrt.step.modes import (
     rows_per_req,
     tokens_per_req,
 )
+from graphrt.step.sampling import SamplingParams
 
 __all__ = [
     "MODES",
@@ -24,6 +25,7 @@ __all__ = [
     "Limits",
     "ModeSpec",
     "RuntimeConfig",
+    "SamplingParams",
     "SpecGeometry",
     "TreeInput",
     "rows_per_req",

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, tokens_per_req
+from graphrt.step.sampling import SamplingParams
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
@@ -25,6 +26,8 @@ class Limits:
     speculative: SpecGeometry | None = None
     #: The runtime has a cascade family: TARGET_VERIFY batches are token trees.
     tree: bool = False
+    #: The runtime has a sampling family (``RuntimeConfig(sample=True)``).
+    sample: bool = False
 
 
 def model_vocab_size(forward: Any) -> int | None:
@@ -95,6 +98,10 @@ class Batch:
         TARGET_VERIFY with ``topk > 1``: ``tree_mask[b, i, j]`` is true when draft token
         ``j`` is an ancestor of ``i`` or ``i`` itself. Token ``i`` sits at position
         ``seq_len - q_len + depth(i)``; its KV still goes to ``out_cache_loc[i]``.
+    sampling : tuple of SamplingParams, optional
+        One per request (modes with ``MODES[mode].samples``, runtime with ``sample=True``): the
+        step then returns one sampled token id per request (``[bs]`` int64) instead of logits.
+        Request ``i``'s token takes position ``seq_lens[i]``, the counter of its random draw.
     """
 
     mode: ForwardMode
@@ -104,6 +111,7 @@ class Batch:
     out_cache_loc: np.ndarray
     q_lens: np.ndarray
     tree_mask: np.ndarray | None = None
+    sampling: tuple[SamplingParams, ...] | None = None
 
     @classmethod
     def create(
@@ -116,6 +124,7 @@ class Batch:
         out_cache_loc: Any,
         q_lens: Any = None,
         tree_mask: Any = None,
+        sampling: Any = None,
     ) -> Batch:
         """Convert to host int64 arrays and check shapes; limits come in :meth:`check`.
 
@@ -136,7 +145,8 @@ class Batch:
             q_lens = np.ones(bs, dtype=np.int64)
         arrays["q_lens"] = _host_ints("q_lens", q_lens)
         mask = None if tree_mask is None else _tree_mask(tree_mask, arrays["q_lens"])
-        batch = cls(mode=mode, tree_mask=mask, **arrays)
+        params = None if sampling is None else tuple(sampling)
+        batch = cls(mode=mode, tree_mask=mask, sampling=params, **arrays)
         batch._check_shapes()
         return batch
 
@@ -196,11 +206,20 @@ class Batch:
             raise ValueError(f"every request needs >= 1 query token, got q_lens min {self.q_lens.min()}")
         if MODES[self.mode].idle and bs:
             raise ValueError(f"an IDLE step has no requests, got bs {bs}")
+        if self.sampling is not None:
+            if len(self.sampling) != bs:
+                raise ValueError(f"Batch.sampling has {len(self.sampling)} entries, seq_lens has {bs}")
+            if not all(isinstance(p, SamplingParams) for p in self.sampling):
+                raise TypeError("Batch.sampling must hold SamplingParams")
+            if not MODES[self.mode].samples:
+                raise ValueError(f"{self.mode.name} does not sample: Batch.sampling is for DECODE and EXTEND")
 
     def check(self, limits: Limits) -> None:
         """Raise ``ValueError`` naming the value and the limit; writes nothing."""
         if self.bs > limits.max_reqs:
             raise ValueError(f"batch too large: bs {self.bs} > max_reqs {limits.max_reqs}")
+        if self.sampling is not None and not limits.sample:
+            raise ValueError("Batch.sampling needs a runtime built with RuntimeConfig(sample=True)")
         if self.bs == 0:
             return
         self._check_geometry(limits)

@@ -42,6 +42,10 @@ class RuntimeConfig:
     attention_chunk_size : int, optional
         Chunked-local attention (Llama-4): allocate the local buffer family for chunks of this
         many positions (a multiple of ``page_size``). ``build_stack`` takes it from the model.
+    sample : bool
+        Allocate the sampling family: DECODE graphs (and eager EXTEND steps) then also sample
+        one token per request inside the program, returned when the batch carries
+        ``Batch.sampling``. Off: programs and outputs are exactly the logits path.
     """
 
     max_batch_size: int = 32
@@ -57,6 +61,7 @@ class RuntimeConfig:
     record_kernels: bool = True
     speculative: SpecGeometry | None = None
     attention_chunk_size: int | None = None
+    sample: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context_len", "page_size"):

@@ -87,7 +87,8 @@ class ModeSpec:
     ``draft_steps``: the step runs every draft step; ``out_cache_loc`` holds one slot per
     token per step, all branches of a request sit at position ``seq_len - 1`` and a pad row
     keeps a one-token prefix. ``tree``: where a ``topk > 1`` tree's expand lists come from.
-    ``idle``: a step of this mode has no requests.
+    ``idle``: a step of this mode has no requests. ``samples``: with ``RuntimeConfig(sample=True)``
+    the program samples one token per request from its last token's logits (the sampling family).
     """
 
     graphed: bool
@@ -97,10 +98,13 @@ class ModeSpec:
     draft_steps: bool = False
     tree: TreeInput = TreeInput.NONE
     idle: bool = False
+    samples: bool = False
 
 
 MODES: dict[ForwardMode, ModeSpec] = {
-    ForwardMode.DECODE: ModeSpec(graphed=True, ragged=False, tokens=lambda _: 1, implicit_q_len=True),
+    ForwardMode.DECODE: ModeSpec(
+        graphed=True, ragged=False, tokens=lambda _: 1, implicit_q_len=True, samples=True
+    ),
     ForwardMode.TARGET_VERIFY: ModeSpec(
         graphed=True, ragged=False, tokens=_spec("num_draft_tokens"), tree=TreeInput.MASK
     ),
@@ -111,7 +115,7 @@ MODES: dict[ForwardMode, ModeSpec] = {
     ForwardMode.IDLE: ModeSpec(
         graphed=True, ragged=False, tokens=lambda _: 0, implicit_q_len=True, idle=True
     ),
-    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None),
+    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None, samples=True),
 }
 
 

@@ -1,0 +1,71 @@
+"""The engine's side of sampling: admitting a request's parameters, host-side draws, stop tokens.
+
+Tokens are normally sampled inside the runtime's program (``RuntimeConfig(sample=True)``);
+:func:`host_tokens` applies the very same sampler to logits the engine already holds (an engine
+that records logits, or one whose runtime does not sample), so the tokens are the same either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from graphrt.metadata.sampling import sampling_inputs
+from graphrt.runtime.sampler import sample
+from graphrt.step.sampling import GREEDY, MAX_SEED, SamplingParams
+
+
+def admit_params(
+    sampling: SamplingParams | None, *, speculative: bool, vocab_size: int, rng: np.random.Generator
+) -> SamplingParams | None:
+    """Check a request's parameters and give a sampled request without a seed a fresh one.
+
+    Raises ``TypeError`` for anything but ``SamplingParams`` or ``None``, and ``ValueError`` for a
+    stop token outside the vocabulary or a sampled request (``temperature > 0``) on a speculative
+    engine (speculative decoding here is greedy only).
+    """
+    if sampling is None:
+        return None
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a graphrt.SamplingParams or None, got {type(sampling).__name__}")
+    if speculative and not sampling.greedy:
+        raise ValueError(
+            f"speculative decoding is greedy only: SamplingParams(temperature={sampling.temperature}) "
+            "needs temperature 0, or an Engine without speculative="
+        )
+    sampling.check_vocab(vocab_size)
+    if sampling.seed is None and not sampling.greedy:
+        sampling = dataclasses.replace(sampling, seed=int(rng.integers(0, MAX_SEED, dtype=np.int64)))
+    return sampling
+
+
+def row_params(params: Sequence[SamplingParams | None]) -> tuple[SamplingParams, ...]:
+    """One ``SamplingParams`` per request row (``None``: greedy)."""
+    return tuple(GREEDY if p is None else p for p in params)
+
+
+def host_tokens(
+    logits: torch.Tensor, params: Sequence[SamplingParams | None], positions: Sequence[int]
+) -> list[int]:
+    """Tokens from ``logits [R, V]`` held outside the graph; the in-graph sampler's draw.
+
+    All-greedy rows take the plain argmax (greedy decoding exactly as without sampling).
+    ``positions [R]``: the position each sampled token takes (the draw's counter).
+    """
+    if all(p is None or p.greedy for p in params):
+        return logits.argmax(dim=-1).tolist()
+    return sample(logits, sampling_inputs(row_params(params), positions, logits.device)).tolist()
+
+
+def until_stop(tokens: list[int], sampling: SamplingParams | None) -> list[int]:
+    """``tokens`` up to and including the first stop token of ``sampling``."""
+    if sampling is None or not sampling.stop_token_ids:
+        return tokens
+    stops = set(sampling.stop_token_ids)
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[: i + 1]
+    return tokens

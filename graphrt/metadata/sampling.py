@@ -1,0 +1,80 @@
+"""The sampling buffer family: each request row's sampling parameters and its draw counter.
+
+Host-written, one row per request (``max_bs`` rows), like the step family: the sampler in the
+program (:func:`graphrt.runtime.sampler.sample`) reads them inside the captured graph, so a
+replay samples with this step's parameters without a host sync or a re-capture. Pad rows (and
+the rows of a batch without ``Batch.sampling``) are greedy: temperature 0, no filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from graphrt.buffers import BufferSpec, PadRule
+from graphrt.step.sampling import GREEDY, SamplingParams
+
+SAMPLING_SPECS = (
+    BufferSpec("temperature", ("max_bs",), torch.float32, PadRule("const", 0.0), host=True),
+    BufferSpec("top_k", ("max_bs",), torch.int64, PadRule("const", 0), host=True),
+    BufferSpec("top_p", ("max_bs",), torch.float32, PadRule("const", 1.0), host=True),
+    BufferSpec("min_p", ("max_bs",), torch.float32, PadRule("const", 0.0), host=True),
+    BufferSpec("seed", ("max_bs",), torch.int64, PadRule("const", 0), host=True),
+    BufferSpec("position", ("max_bs",), torch.int64, PadRule("const", 0), host=True),
+)
+
+#: What a row of each buffer holds for a request, from its :class:`SamplingParams`.
+FIELDS = {
+    "temperature": lambda p: p.temperature,
+    "top_k": lambda p: p.top_k,
+    "top_p": lambda p: p.top_p,
+    "min_p": lambda p: p.min_p,
+    # NOTE: a request without a seed is written seed 0; the engine always gives sampled
+    # requests a seed, so only greedy rows (which draw nothing) ever get here without one.
+    "seed": lambda p: p.seed or 0,
+}
+
+
+@dataclass(slots=True)
+class SamplingBuffers:
+    """Per request row ``[R]``: ``temperature``, ``top_p``, ``min_p`` float32; ``top_k``, ``seed``
+    and ``position`` (the position the sampled token takes: the draw's counter) int64."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seed: torch.Tensor
+    position: torch.Tensor
+
+
+def write_sampling_host(
+    params: Sequence[SamplingParams], positions: np.ndarray, host: dict[str, np.ndarray], rows: int
+) -> None:
+    """Rows ``[:len(params)]`` from ``params`` and ``positions``; rows up to ``rows`` greedy pads.
+
+    ``params`` may be empty (a batch without ``Batch.sampling``): every row is then greedy.
+    """
+    n = len(params)
+    for name, value in FIELDS.items():
+        column = host[name]
+        column[:n] = [value(p) for p in params]
+        column[n:rows] = value(GREEDY)
+    host["position"][:n] = positions[:n]
+    host["position"][n:rows] = 0
+
+
+def sampling_inputs(
+    params: Sequence[SamplingParams], positions: Sequence[int], device: torch.device
+) -> SamplingBuffers:
+    """Exact-size buffers for ``params`` on ``device``, written by :func:`write_sampling_host`.
+
+    For sampling outside a runtime step (e.g. from logits the caller already holds).
+    """
+    n = len(params)
+    host = {s.name: np.empty(n, dtype=torch.empty((), dtype=s.dtype).numpy().dtype) for s in SAMPLING_SPECS}
+    write_sampling_host(params, np.asarray(positions, dtype=np.int64), host, n)
+    return SamplingBuffers(**{k: torch.from_numpy(v).to(device) for k, v in host.items()})

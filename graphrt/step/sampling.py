@@ -1,0 +1,108 @@
+"""Per-request sampling parameters: validated once, on the host, before anything is written."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Seeds are non-negative int64 (the sampling family stores them as int64).
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request picks each new token; the default is greedy decoding.
+
+    The filters act on ``p = softmax(logits / temperature)`` in this order: ``top_k`` keeps the
+    ``k`` most likely tokens; ``top_p`` keeps, of those (renormalised), the smallest prefix by
+    descending probability whose mass reaches ``top_p``; ``min_p`` keeps tokens with
+    ``p >= min_p * max(p)``. The most likely token always survives. The token is then drawn from
+    the kept tokens with probabilities proportional to ``p``.
+
+    Parameters
+    ----------
+    temperature : float
+        ``0`` is greedy (argmax of the logits, whatever the other filters say); ``> 0`` samples.
+    top_k : int
+        Keep the ``top_k`` most likely tokens; ``0`` keeps every token.
+    top_p : float
+        Nucleus mass in ``(0, 1]``; ``1`` keeps every token.
+    min_p : float
+        Minimum probability relative to the most likely token, in ``[0, 1]``; ``0`` disables it.
+    seed : int, optional
+        Random stream of the request, in ``[0, 2**63)``. A token's draw is a function of
+        ``(seed, position)`` only, so it does not depend on batch mates, bucket, or graph vs eager.
+        ``None``: the engine draws a fresh seed per request (not reproducible).
+    stop_token_ids : sequence of int
+        Generating any of these ends the request; the stop token is the last output token.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_real("temperature", self.temperature, 0.0, math.inf, "[0, inf), finite")
+        _check_int("top_k", self.top_k, 0, None, ">= 0 (0: every token)")
+        _check_real("top_p", self.top_p, 0.0, 1.0, "(0, 1]", open_low=True)
+        _check_real("min_p", self.min_p, 0.0, 1.0, "[0, 1]")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, MAX_SEED, f"[0, {MAX_SEED}]")
+        stops = tuple(self.stop_token_ids)
+        for t in stops:
+            _check_int("stop_token_ids", t, 0, None, "token ids >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
+
+    @property
+    def greedy(self) -> bool:
+        """True when every token is the argmax (``temperature == 0``)."""
+        return self.temperature == 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` when a stop token is not a token of the vocabulary."""
+        bad = [t for t in self.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"SamplingParams.stop_token_ids: token id {bad[0]} out of range [0, {vocab_size})"
+            )
+
+
+def per_request(
+    sampling: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams | None]:
+    """One entry per request: ``None`` (plain greedy), a shared value, or a list of ``n``."""
+    if sampling is None or isinstance(sampling, SamplingParams):
+        return [sampling] * n
+    params = list(sampling)
+    if len(params) != n:
+        raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
+    for p in params:
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"sampling must hold SamplingParams, got {type(p).__name__}")
+    return params
+
+
+def _check_real(name: str, value: float, lo: float, hi: float, allowed: str, open_low: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"SamplingParams.{name} must be a number, got {value!r}")
+    below = value <= lo if open_low else value < lo
+    if not math.isfinite(value) or below or value > hi:
+        raise ValueError(f"SamplingParams.{name} = {value} is out of range: allowed {allowed}")
+
+
+def _check_int(name: str, value: int, lo: int, hi: int | None, allowed: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"SamplingParams.{name} must be an int, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"SamplingParams.{name} = {value} is out of range: allowed {allowed}")
+
+
+#: Greedy decoding: what pad rows and requests without parameters use.
+GREEDY = SamplingParams()
