@@ -128,7 +128,7 @@ class GGUFFile:
 
         t = self.tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape))
-        w = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type)).reshape(shape))
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(shape))  # a writable copy
         heads = PERMUTED.get(self.arch, {}).get(name.split(".", 3)[-1])
         if heads is not None:
             w = unpermute(w, getattr(self.config, heads))

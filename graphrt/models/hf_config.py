@@ -81,8 +81,10 @@ def _architecture(raw: Raw) -> str:
 
 def _rope(raw: Raw) -> tuple[float, str, dict[str, Any]]:
     """``(theta, rope_type, params)`` from ``rope_parameters`` or ``rope_theta`` + ``rope_scaling``."""
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    # NOTE: as in transformers, a legacy ``rope_scaling`` wins over ``rope_parameters``.
+    modern = dict(raw.get("rope_parameters") or {})
+    params = dict(raw.get("rope_scaling") or modern)
+    theta = float(params.get("rope_theta", raw.get("rope_theta", modern.get("rope_theta", 10000.0))))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     check_rope_type(rope_type)
     params.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
