@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``bench``, ``inspect`` and ``debug``; the implementations live in tools/."""
+"""``graphrt demo``, ``generate``, ``bench``, ``inspect`` and ``debug``; the implementations live in tools/."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="graphrt", description="LLM decode as CUDA-graph replays")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="generate with graphs and eagerly; compare tokens and speed")
-    demo.add_argument("--model", default="tiny-llama")
+    demo.add_argument("--model", default=None, help="default: smollm2 when installed, else tiny-llama")
     demo.add_argument("--device", default=None)
     demo.add_argument("--prompts", type=int, default=16)
     demo.add_argument("--max-new-tokens", type=int, default=32)
@@ -19,6 +19,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--max-context-len", type=int, default=512)
     demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
     demo.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (JSON + .npz)")
+    gen = sub.add_parser("generate", help="stream a model's reply (chat template) with graphs")
+    gen.add_argument("--model", default="smollm2", help="smollm2 | checkpoint dir | file.gguf")
+    gen.add_argument("--prompt", default=None)
+    gen.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of text")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--max-context-len", type=int, default=1024)
+    gen.add_argument("--device", default=None)
+    gen.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"}')
     bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
     bench.add_argument("--device", default=None)
     bench.add_argument("--batch-sizes", default="1,8,64")
@@ -48,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from graphrt.tools.demo import run_demo
 
         return run_demo(args)
+    if args.command == "generate":
+        from graphrt.tools.generate import run_generate
+
+        return run_generate(args)
     if args.command == "inspect":
         from graphrt.tools.inspect import run_inspect
 

