@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from graphrt.engine import Engine
 from graphrt.models.loader import packaged_path, resolve
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer
+from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
 from graphrt.parity import parity_sweep
 from graphrt.tools.env import environment
 
@@ -41,7 +42,7 @@ def demo_model(args: argparse.Namespace, console: Console) -> str:
     return "tiny-llama"
 
 
-def text_prompts(model: str, n: int, max_new: int) -> tuple[list[list[int]], list[int], object] | None:
+def text_prompts(model: str, n: int, max_new: int) -> tuple[list[list[int]], list[int], Any] | None:
     """Chat prompts for a checkpoint with a tokenizer, else ``None`` (a preset)."""
     if resolve(model) is None:
         return None
@@ -53,9 +54,12 @@ def text_prompts(model: str, n: int, max_new: int) -> tuple[list[list[int]], lis
 def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     args.model = demo_model(args, console)
+    text = text_prompts(args.model, min(args.prompts, len(QUESTIONS)), args.max_new_tokens)
+    # NOTE: a real vocabulary makes every captured bucket costly on a CPU: capture only what runs.
+    max_bs = min(args.max_batch_size, len(text[0])) if text else args.max_batch_size
     kwargs = dict(
         device=args.device,
-        max_batch_size=args.max_batch_size,
+        max_batch_size=max_bs,
         page_size=args.page_size,
         max_context_len=args.max_context_len,
         backend=args.backend,
@@ -63,7 +67,6 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
-    text = text_prompts(args.model, min(args.prompts, len(QUESTIONS)), args.max_new_tokens)
     prompts, budgets, tokenizer = text or (
         *demo_prompts(args.prompts, args.max_new_tokens, graphed.model.vocab_size),
         None,
@@ -76,13 +79,19 @@ def run_demo(args: argparse.Namespace) -> int:
     out_eager = eager.generate(prompts, budgets)
     console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
     if tokenizer is not None:
-        for prompt, out in zip(prompts, out_graph, strict=True):
-            question = tokenizer.decode(prompt, skip_special_tokens=True).splitlines()[-2]
-            console.print(f"[bold]{question}[/]\n{tokenizer.decode(out, skip_special_tokens=True)}\n")
+        _print_replies(console, tokenizer, out_graph)
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
     return 0 if out_graph == out_eager else 1
+
+
+def _print_replies(console: Console, tokenizer: Any, outputs: list[list[int]]) -> None:
+    """Each question and the reply up to its first EOS (the engine decodes its full budget)."""
+    stop = stop_ids(tokenizer)
+    for question, out in zip(QUESTIONS, outputs, strict=False):
+        reply = out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
+        console.print(f"[bold]{question}[/]\n{tokenizer.decode(reply, skip_special_tokens=True)}\n")
 
 
 def write_snapshot(engine: Engine, path: str) -> None:
