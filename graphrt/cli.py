@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``bench``, ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench``, ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -22,8 +22,10 @@ from graphrt.tools.cli_args import (
     configure_logging,
     device_name,
     fail,
+    model_name,
     model_names,
     positive_int,
+    token_ids,
 )
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,10 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
         "demo", parents=[common], help="generate with graphs and eagerly; compare tokens (and speed on a GPU)"
     )
     p.add_argument(
-        "--model", choices=model_names(), default="tiny-llama", help="built-in preset (random weights)"
+        "--model",
+        type=model_name,
+        default=None,
+        help=f"{' | '.join(model_names())} | checkpoint dir | file.gguf (default: smollm2 when installed, else tiny-llama)",
     )
     _device_args(p)
     p.add_argument("--prompts", type=positive_int, default=16, help="random prompts of 4..64 tokens (seed 0)")
@@ -76,6 +81,24 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
     p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+
+
+def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
+    p = sub.add_parser(
+        "generate", parents=[common], help="stream a model's reply (chat template) with graphs"
+    )
+    p.add_argument(
+        "--model", type=model_name, default="smollm2", help="smollm2 | checkpoint dir | file.gguf | preset"
+    )
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--prompt", default=None, help="the user's message, through the model's chat template")
+    text.add_argument("--prompt-ids", type=token_ids, default=None, help="comma-separated token ids instead")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens generated at most")
+    p.add_argument("--max-context-len", type=positive_int, default=1024, help="prompt + new tokens at most")
+    p.add_argument(
+        "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
+    )
+    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
 
 
 def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes: str, iters: int) -> None:
@@ -100,6 +123,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     common = _common()
     _add_demo(sub, common)
+    _add_generate(sub, common)
     _add_bench(sub, common, "bench", "1,8,64", 50)
     _add_bench(sub, common, "bench-spec", "1,8,32", 30)
     inspect = sub.add_parser("inspect", parents=[common], help="a snapshot's facts as tables on stdout")
@@ -136,6 +160,14 @@ def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
         except (TypeError, ValueError) as err:
             parser.error(f"demo: {err}")
         return run_demo(args)
+    if args.command == "generate":
+        from graphrt.tools.generate import run_generate
+
+        return run_generate(args)
+    if args.command == "generate":
+        from graphrt.tools.generate import run_generate
+
+        return run_generate(args)
     if args.command == "inspect":
         from graphrt.tools.inspect import run_inspect
 

@@ -86,11 +86,11 @@ def resolve_device(value: str) -> torch.device:
 def resolve_backend(value: str, device: torch.device, model: str = "tiny-llama") -> str | None:
     """``None`` for ``auto``; else ``value`` after checking it can run ``model`` on ``device``."""
     from graphrt.attention import available_backends
-    from graphrt.models.presets import DSAConfig, preset
+    from graphrt.models.presets import PRESETS, DSAConfig, preset
 
     if value == AUTO:
         return None
-    dsa = isinstance(preset(model), DSAConfig)
+    dsa = model in PRESETS and isinstance(preset(model), DSAConfig)
     need = {"layout": "bf16", "num_heads": preset(model).num_heads} if dsa else {}
     usable = available_backends(device, "sparse_mla" if dsa else "mha", **need)
     if value not in usable:
@@ -109,10 +109,34 @@ def backend_names() -> list[str]:
 
 
 def model_names() -> list[str]:
-    """Every built-in preset, for ``--model`` choices."""
+    """Every built-in preset and packaged model name."""
+    from graphrt.models.loader import PACKAGED
     from graphrt.models.presets import PRESETS
 
-    return list(PRESETS)
+    return [*PRESETS, *PACKAGED]
+
+
+def model_name(text: str) -> str:
+    """A preset, a packaged model (``smollm2``), a checkpoint directory or a ``.gguf`` file."""
+    from pathlib import Path
+
+    path = Path(text)
+    if text in model_names() or (path.is_dir() and (path / "config.json").is_file()):
+        return text
+    if path.suffix == ".gguf" and path.is_file():
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a model: use one of {', '.join(model_names())}, a checkpoint directory "
+        "(config.json + *.safetensors) or a .gguf file"
+    )
+
+
+def token_ids(text: str) -> list[int]:
+    """``"1,2,3"`` → ``[1, 2, 3]``: comma-separated non-negative integers."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids (e.g. 1,2,3)")
+    return [int(p) for p in parts]
 
 
 def configure_logging(level: str) -> None:

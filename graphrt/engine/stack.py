@@ -9,16 +9,18 @@ import torch
 from graphrt.kv import KVShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.metadata.local import with_model_chunk
+from graphrt.models.causal_lm import CausalLM
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.llama import TinyLlama
-from graphrt.models.presets import DSAConfig, preset
+from graphrt.models.loader import default_dtype, load, resolve
+from graphrt.models.presets import PRESETS, DSAConfig, preset
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
 
 
 @dataclass(frozen=True, slots=True)
 class ModelStack:
-    model: TinyLlama | TinyDSA
+    model: TinyLlama | TinyDSA | CausalLM
     kv: PagedKVCache | MLAKVCache
     req_to_token: ReqToToken
     runtime: GraphRuntime
@@ -32,17 +34,26 @@ def build_stack(
     max_reqs: int | None = None,
     seed: int = 0,
     kv_cache_dtype: str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> ModelStack:
-    """Preset ``name`` with random weights from ``seed``; bf16 on CUDA, fp32 elsewhere.
+    """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.models.load``).
+
+    ``name``: a preset, a checkpoint directory, a ``.gguf`` file or ``"smollm2"``. ``dtype``
+    defaults to bf16 on CUDA, fp32 elsewhere.
 
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
     ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA presets keep
     the model's dtype.
     """
+    dtype = dtype or default_dtype(device)
+    checkpoint = None if name in PRESETS else resolve(name)
+    if checkpoint is not None:
+        if kv_cache_dtype not in (None, "auto"):
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
+        return stack_for(load(checkpoint, device=device, dtype=dtype), config, max_reqs=max_reqs)
     cfg = preset(name)
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
     if isinstance(cfg, DSAConfig):
@@ -60,3 +71,17 @@ def build_stack(
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
+
+
+def stack_for(model: CausalLM, config: RuntimeConfig, *, max_reqs: int | None = None) -> ModelStack:
+    """A paged KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``."""
+    cfg, param = model.cfg, next(model.parameters())
+    max_reqs = max_reqs or config.max_batch_size
+    shape = KVShape(
+        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, max_reqs * config.max_pages + 1
+    )
+    kv = PagedKVCache(shape, param.dtype, param.device)
+    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
+    return ModelStack(
+        model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
+    )

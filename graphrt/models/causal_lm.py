@@ -1,0 +1,72 @@
+"""The decoder every loaded checkpoint becomes: Llama, Mistral, Qwen2 and Qwen3 in one class.
+
+Architectures differ only in flags of :class:`ModelConfig` (q/k/v bias, q/k RMSNorm, sliding
+layers, tied embeddings, RoPE scaling); the skeleton is :class:`Decoder`, so the forward is the
+same ``forward(input_ids, positions, ctx)`` as the built-in presets.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrt.attention.context import ForwardContext
+from graphrt.models.hf_config import ModelConfig
+from graphrt.models.llama import Decoder, RMSNorm, apply_rope
+from graphrt.models.rope import rope_inv_freq
+
+
+class CausalLMAttention(nn.Module):
+    """GQA attention with optional q/k/v bias and per-head q/k RMSNorm, through ``ctx``."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.cfg, self.layer_id = cfg, layer_id
+        self.splits = (cfg.num_heads * cfg.head_dim, *(2 * (cfg.num_kv_heads * cfg.head_dim,)))
+        self.qkv = nn.Linear(cfg.hidden_size, sum(self.splits), bias=cfg.qkv_bias)
+        self.o = nn.Linear(self.splits[0], cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        q, k, v = self.qkv(x).split(self.splits, dim=-1)
+        q = apply_rope(self.q_norm(q.view(-1, cfg.num_heads, cfg.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(k.view(-1, cfg.num_kv_heads, cfg.head_dim)), cos, sin)
+        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        out = ctx.attention(self.layer_id, q, k, v, window=cfg.window(self.layer_id))
+        return self.o(out.reshape(-1, self.splits[0]))
+
+
+class CausalLM(Decoder):
+    """A loaded decoder; ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, vocab] fp32``.
+
+    Fused projections: ``attn.qkv`` holds q, k, v rows and ``mlp.gate_up`` gate then up rows
+    (``checkpoint.LAYER_TENSORS`` maps checkpoint tensors onto them).
+    """
+
+    def __init__(self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> None:
+        super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i))
+        self.freq_factors = freq_factors
+        self.tie()
+
+    def tie(self) -> None:
+        """Share the embedding with the LM head when the checkpoint ties them."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_rope(self, device: torch.device) -> None:
+        """(Re)compute ``inv_freq`` (float32, on ``device``) from the config's rope type."""
+        cfg = self.cfg
+        inv_freq = rope_inv_freq(
+            cfg.rope_theta, cfg.head_dim, cfg.rope_type, cfg.rope_params, self.freq_factors
+        )
+        self.inv_freq = inv_freq.to(device)
+
+    def row_splits(self) -> dict[str, tuple[int, ...]]:
+        """Row sizes of each fused parameter's parts, by parameter-name suffix."""
+        cfg = self.cfg
+        qkv = self.layers[0].attn.splits
+        return {"attn.qkv": qkv, "mlp.gate_up": (cfg.intermediate_size, cfg.intermediate_size)}

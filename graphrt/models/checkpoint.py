@@ -1,0 +1,129 @@
+"""Where each checkpoint tensor (Hugging Face names) lands in :class:`CausalLM`, and the checks.
+
+Names follow transformers' Llama/Qwen layout; GGUF files are renamed to it first. Expected
+shapes come from the model built on the meta device, so every check runs before any memory
+is allocated on the target device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from graphrt.models.causal_lm import CausalLM
+from graphrt.models.hf_config import ModelConfig
+
+Shape = tuple[int, ...]
+
+#: Checkpoint name → (graphrt parameter, part of a fused parameter or ``None``).
+GLOBAL_TENSORS: dict[str, tuple[str, int | None]] = {
+    "model.embed_tokens.weight": ("embed.weight", None),
+    "model.norm.weight": ("norm.weight", None),
+    "lm_head.weight": ("lm_head.weight", None),
+}
+#: Per layer ``model.layers.{i}.<key>`` → ``layers.{i}.<value>``; parts index ``row_splits()``.
+LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
+    "input_layernorm.weight": ("attn_norm.weight", None),
+    "post_attention_layernorm.weight": ("mlp_norm.weight", None),
+    "self_attn.q_proj.weight": ("attn.qkv.weight", 0),
+    "self_attn.k_proj.weight": ("attn.qkv.weight", 1),
+    "self_attn.v_proj.weight": ("attn.qkv.weight", 2),
+    "self_attn.q_proj.bias": ("attn.qkv.bias", 0),
+    "self_attn.k_proj.bias": ("attn.qkv.bias", 1),
+    "self_attn.v_proj.bias": ("attn.qkv.bias", 2),
+    "self_attn.o_proj.weight": ("attn.o.weight", None),
+    "self_attn.o_proj.bias": ("attn.o.bias", None),
+    "self_attn.q_norm.weight": ("attn.q_norm.weight", None),
+    "self_attn.k_norm.weight": ("attn.k_norm.weight", None),
+    "mlp.gate_proj.weight": ("mlp.gate_up.weight", 0),
+    "mlp.up_proj.weight": ("mlp.gate_up.weight", 1),
+    "mlp.down_proj.weight": ("mlp.down.weight", None),
+}
+#: Checkpoint names that may be present and are not loaded (RoPE tables are recomputed).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config (names the tensor and the shapes)."""
+
+
+class TensorSource(Protocol):
+    """A checkpoint's config and tensors under Hugging Face names."""
+
+    config: ModelConfig
+    #: GGUF ``rope_freqs`` (llama3 scaling baked into the file), else ``None``.
+    freq_factors: torch.Tensor | None
+
+    def shapes(self) -> dict[str, Shape]: ...
+
+    def read(self, name: str, device: torch.device) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Rows ``start:stop`` of parameter ``param``; ``shape`` is what the checkpoint must hold."""
+
+    param: str
+    start: int
+    stop: int
+    shape: Shape
+
+
+def _slot(
+    name: str, part: int | None, params: Mapping[str, torch.Tensor], splits: Mapping[str, Shape]
+) -> Slot:
+    shape = tuple(params[name].shape)
+    if part is None:
+        return Slot(name, 0, shape[0], shape)
+    sizes = next(s for suffix, s in splits.items() if name.rsplit(".", 1)[0].endswith(suffix))
+    start = sum(sizes[:part])
+    return Slot(name, start, start + sizes[part], (sizes[part], *shape[1:]))
+
+
+def slots(model: CausalLM) -> dict[str, Slot]:
+    """Every checkpoint tensor ``model`` needs, by checkpoint name (tied heads need none)."""
+    params = dict(model.named_parameters())
+    splits = model.row_splits()
+    names = dict(GLOBAL_TENSORS)
+    for i in range(model.cfg.num_layers):
+        names |= {
+            f"model.layers.{i}.{k}": (f"layers.{i}.{p}", part) for k, (p, part) in LAYER_TENSORS.items()
+        }
+    return {k: _slot(p, part, params, splits) for k, (p, part) in names.items() if p in params}
+
+
+def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied: bool) -> None:
+    """Raise :class:`CheckpointError` on a missing, unexpected or wrongly shaped tensor."""
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"checkpoint is missing tensor {missing[0]!r}{more}")
+    optional = {"lm_head.weight"} if tied else set()
+    extra = sorted(n for n in set(found) - set(expected) - optional if not n.endswith(IGNORED_SUFFIXES))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise CheckpointError(f"checkpoint has unexpected tensor {extra[0]!r}{more}")
+    for name, slot in expected.items():
+        if tuple(found[name]) != slot.shape:
+            raise CheckpointError(
+                f"tensor {name!r}: expected shape {list(slot.shape)} from the config, found {list(found[name])}"
+            )
+
+
+def materialize(source: TensorSource, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """Check ``source`` on the meta device, then allocate on ``device`` and copy every tensor in."""
+    with torch.device("meta"):
+        model = CausalLM(source.config, source.freq_factors).to(dtype)
+    expected = slots(model)
+    check_tensors(expected, source.shapes(), source.config.tie_word_embeddings)
+    model = model.to_empty(device=device)
+    model.tie()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, slot in expected.items():
+            params[slot.param][slot.start : slot.stop].copy_(source.read(name, device))
+    model.reset_rope(device)
+    return model.eval()

@@ -1,0 +1,135 @@
+"""A GGUF file (llama.cpp's format) as a tensor source under Hugging Face names.
+
+Metadata becomes a ``config.json``-style dict (one key table), tensor names are renamed to
+transformers' layout, quantised blocks are dequantised with ``gguf.quants.dequantize``, and the
+q/k rows llama.cpp permutes for the ``llama`` architecture are put back in NeoX order (the
+inverse of ``convert_hf_to_gguf.py``'s permute, as transformers' GGUF loader does).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt.models.checkpoint import CheckpointError, Shape
+from graphrt.models.hf_config import ModelConfig, parse_config
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+#: ``{arch}.<key>`` in the GGUF metadata → ``config.json`` key.
+CONFIG_KEYS = {
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.key_length": "head_dim",
+    "rope.freq_base": "rope_theta",
+    "context_length": "max_position_embeddings",
+    "vocab_size": "vocab_size",
+}
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+#: Per GGUF architecture: weights llama.cpp permuted, and the config field giving their heads.
+PERMUTED = {"llama": {"self_attn.q_proj.weight": "num_heads", "self_attn.k_proj.weight": "num_kv_heads"}}
+SUPPORTED_TYPES = (
+    *("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"),
+    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+)
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_name(name: str) -> str:
+    """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``; unknown names kept."""
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    m = _LAYER.fullmatch(name)
+    if m is None or m[2] not in LAYER_NAMES:
+        return name
+    return f"model.layers.{m[1]}.{LAYER_NAMES[m[2]]}.{m[3]}"
+
+
+def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs → NeoX halves) per head."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def _raw_config(reader: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
+    raw: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]]}
+    for key, hf_key in CONFIG_KEYS.items():
+        value = _field(reader, f"{arch}.{key}")
+        if value is not None:
+            raw[hf_key] = value
+    raw.setdefault("vocab_size", int(tensors["token_embd.weight"].shape[-1]))
+    raw["tie_word_embeddings"] = "output.weight" not in tensors
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raw["rope_scaling"] = {"rope_type": scaling, "factor": _field(reader, f"{arch}.rope.scaling.factor")}
+    return raw
+
+
+class GGUFFile:
+    """:class:`~graphrt.models.checkpoint.TensorSource` for a ``.gguf`` file (memory-mapped)."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from gguf import GGUFReader
+        except ImportError as err:  # pragma: no cover - dev extra installs it
+            raise ImportError(f"loading GGUF needs the gguf package ({err})") from err
+        self.path = Path(path)
+        self.reader = GGUFReader(str(self.path))
+        by_gguf = {t.name: t for t in self.reader.tensors}
+        self.arch = _field(self.reader, "general.architecture")
+        self.config: ModelConfig = parse_config(_raw_config(self.reader, by_gguf))
+        rope_freqs = by_gguf.pop("rope_freqs.weight", None)
+        self.freq_factors = None if rope_freqs is None else torch.from_numpy(np.array(rope_freqs.data))
+        self.tensors = {hf_name(name): t for name, t in by_gguf.items()}
+
+    def shapes(self) -> dict[str, Shape]:
+        """Logical (row-major) shapes; ``CheckpointError`` on a quantisation type not supported."""
+        for name, t in self.tensors.items():
+            if t.tensor_type.name not in SUPPORTED_TYPES:
+                raise CheckpointError(
+                    f"tensor {name!r} is {t.tensor_type.name}: quantisation type not supported "
+                    f"(supported: {', '.join(SUPPORTED_TYPES)})"
+                )
+        return {name: tuple(int(d) for d in reversed(t.shape)) for name, t in self.tensors.items()}
+
+    def read(self, name: str, device: torch.device) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape))
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(shape))  # a writable copy
+        heads = PERMUTED.get(self.arch, {}).get(name.split(".", 3)[-1])
+        if heads is not None:
+            w = unpermute(w, getattr(self.config, heads))
+        return w.to(device)

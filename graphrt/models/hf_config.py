@@ -1,0 +1,147 @@
+"""A Hugging Face ``config.json`` read into graphrt's model config; one table row per architecture.
+
+Only the json is read (transformers is not needed to load a checkpoint). Both rope spellings
+are accepted: legacy ``rope_theta`` + ``rope_scaling`` and transformers-5 ``rope_parameters``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphrt.models.rope import check_rope_type
+
+Raw = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Arch:
+    """What one ``architectures`` entry changes in the shared decoder."""
+
+    #: q/k/v projections carry a bias (``None``: the config's ``attention_bias``, on o too).
+    qkv_bias: bool | None = None
+    #: RMSNorm over ``head_dim`` on q and k before RoPE (Qwen3).
+    qk_norm: bool = False
+    #: Which layers slide when ``layer_types`` is absent: ``(raw config, layer) -> bool``.
+    sliding: Callable[[Raw, int], bool] = lambda raw, i: False
+
+
+def _qwen_sliding(raw: Raw, layer: int) -> bool:
+    return bool(raw.get("use_sliding_window")) and layer >= int(raw.get("max_window_layers") or 0)
+
+
+ARCHS: dict[str, Arch] = {
+    "LlamaForCausalLM": Arch(),
+    "MistralForCausalLM": Arch(sliding=lambda raw, i: raw.get("sliding_window") is not None),
+    "Qwen2ForCausalLM": Arch(qkv_bias=True, sliding=_qwen_sliding),
+    "Qwen3ForCausalLM": Arch(qk_norm=True, sliding=_qwen_sliding),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """A loaded decoder's shape and features (the field names :class:`Decoder` reads)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope_theta: float
+    rope_type: str = "default"
+    rope_params: Mapping[str, Any] = field(default_factory=dict)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+    #: Per layer: graphrt's window (a query at ``p`` sees ``p - w … p``) or ``None`` (full).
+    windows: tuple[int | None, ...] = ()
+
+    def window(self, layer_id: int) -> int | None:
+        return self.windows[layer_id] if self.windows else None
+
+    def chunk(self, layer_id: int) -> int | None:
+        return None
+
+
+def _architecture(raw: Raw) -> str:
+    names = list(raw.get("architectures") or [])
+    for name in names:
+        if name in ARCHS:
+            return name
+    found = ", ".join(names) or "none (no 'architectures' in config.json)"
+    raise ValueError(f"unsupported architecture {found}; supported: {', '.join(ARCHS)}")
+
+
+def _rope(raw: Raw) -> tuple[float, str, dict[str, Any]]:
+    """``(theta, rope_type, params)`` from ``rope_parameters`` or ``rope_theta`` + ``rope_scaling``."""
+    # NOTE: as in transformers, a legacy ``rope_scaling`` wins over ``rope_parameters``.
+    modern = dict(raw.get("rope_parameters") or {})
+    params = dict(raw.get("rope_scaling") or modern)
+    theta = float(params.get("rope_theta", raw.get("rope_theta", modern.get("rope_theta", 10000.0))))
+    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    check_rope_type(rope_type)
+    params.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
+    if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not supported")
+    return theta, rope_type, params
+
+
+def _windows(raw: Raw, arch: Arch, num_layers: int) -> tuple[int | None, ...]:
+    """graphrt windows per layer; HF's ``sliding_window`` ``w`` keeps ``w`` keys, graphrt's ``w - 1``."""
+    types = raw.get("layer_types")
+    sliding = [
+        (types[i] == "sliding_attention") if types else arch.sliding(raw, i) for i in range(num_layers)
+    ]
+    size = raw.get("sliding_window")
+    if not any(sliding) or size is None:
+        return ()
+    return tuple(int(size) - 1 if s else None for s in sliding)
+
+
+def _refuse_unsupported(raw: Raw) -> None:
+    quant = raw.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, Mapping) else quant
+        raise ValueError(
+            f"quantization {method!r} is not supported for safetensors checkpoints; load a "
+            "dequantized checkpoint or a GGUF file"
+        )
+    if raw.get("mlp_bias"):
+        raise ValueError("mlp_bias=True is not supported")
+
+
+def parse_config(raw: Raw) -> ModelConfig:
+    """Read a ``config.json`` dict; ``ValueError`` names what graphrt does not support."""
+    arch_name = _architecture(raw)
+    arch = ARCHS[arch_name]
+    _refuse_unsupported(raw)
+    theta, rope_type, rope_params = _rope(raw)
+    attention_bias = bool(raw.get("attention_bias", False))
+    heads, layers = int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
+    return ModelConfig(
+        architecture=arch_name,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=int(raw["hidden_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        intermediate_size=int(raw["intermediate_size"]),
+        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_type=rope_type,
+        rope_params=rope_params,
+        qkv_bias=arch.qkv_bias if arch.qkv_bias is not None else attention_bias,
+        o_bias=attention_bias if arch.qkv_bias is None else False,
+        qk_norm=arch.qk_norm,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        windows=_windows(raw, arch, layers),
+    )

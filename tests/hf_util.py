@@ -1,0 +1,123 @@
+"""Tiny random transformers checkpoints and a prefill + decode parity run against them.
+
+Nothing is downloaded: transformers builds each model from a config with random weights
+(norms and biases perturbed too, so a mis-mapped tensor changes the logits) and saves it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt import Batch, ForwardMode, RuntimeConfig
+from graphrt.engine.stack import stack_for
+from graphrt.models.causal_lm import CausalLM
+
+PAGE_SIZE, MAX_CONTEXT, BUCKETS = 16, 64, (1, 2, 4)
+PROMPT_LENS, DECODE_STEPS = (5, 17, 9), 4
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights ``N(0, 1/fan_in)``, norms ``1 + N(0, 0.1)``, biases ``N(0, 0.1)``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name:
+                p.copy_(1 + 0.1 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(noise * (1 if "embed" in name else p.shape[-1] ** -0.5))
+
+
+def save_checkpoint(
+    path: Path, model_cls: Any, config: Any, *, seed: int = 0, legacy_rope: bool = False
+) -> torch.nn.Module:
+    """Save a random ``model_cls(config)``; ``legacy_rope`` rewrites rope keys as ``rope_theta`` + ``rope_scaling``."""
+    model = model_cls(config).eval()
+    randomize(model, seed)
+    model.save_pretrained(path)
+    if legacy_rope:
+        raw = json.loads((path / "config.json").read_text())
+        params = raw.pop("rope_parameters")
+        raw["rope_theta"] = params.pop("rope_theta")
+        raw["rope_scaling"] = params if params.get("rope_type", "default") != "default" else None
+        (path / "config.json").write_text(json.dumps(raw))
+    return model
+
+
+@torch.no_grad()
+def reference_logits(model: torch.nn.Module, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' logits ``[len, vocab]`` (fp32, CPU) of each full sequence, no cache."""
+    return [model(torch.tensor([s]), use_cache=False).logits[0].float() for s in sequences]
+
+
+@dataclass
+class ParityRun:
+    """graphrt logits for the same sequences: prefill rows, then one row per request per step."""
+
+    prefill: list[torch.Tensor]
+    decode_graph: list[torch.Tensor]
+    decode_eager: list[torch.Tensor]
+
+
+def sequences(vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n + DECODE_STEPS).tolist() for n in PROMPT_LENS]
+
+
+def _slots(req: int, positions: range, pages_per_req: int) -> list[int]:
+    return [(req * pages_per_req + p // PAGE_SIZE) * PAGE_SIZE + p % PAGE_SIZE for p in positions]
+
+
+def run_graphrt(model: CausalLM, seqs: list[list[int]]) -> ParityRun:
+    """Prefill every prompt (EXTEND), then ``DECODE_STEPS`` steps graphed and eager on the same KV."""
+    config = RuntimeConfig(
+        max_batch_size=max(BUCKETS),
+        max_context_len=MAX_CONTEXT,
+        page_size=PAGE_SIZE,
+        buckets=BUCKETS,
+        warmup=1,
+    )
+    stack = stack_for(model, config)
+    stack.runtime.capture()
+    reqs, pages = range(len(seqs)), config.max_pages
+    prompt = Batch.create(
+        ForwardMode.EXTEND,
+        input_ids=np.concatenate([s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]),
+        seq_lens=list(PROMPT_LENS),
+        req_pool_indices=list(reqs),
+        out_cache_loc=[x for r, n in zip(reqs, PROMPT_LENS, strict=True) for x in _slots(r, range(n), pages)],
+        q_lens=list(PROMPT_LENS),
+    )
+    rows = stack.runtime.run(prompt).float().cpu()
+    run = ParityRun(list(rows.split(list(PROMPT_LENS))), [], [])
+    for step in range(DECODE_STEPS):
+        lens = [n + step + 1 for n in PROMPT_LENS]
+        batch = Batch.create(
+            ForwardMode.DECODE,
+            input_ids=[s[n - 1] for s, n in zip(seqs, lens, strict=True)],
+            seq_lens=lens,
+            req_pool_indices=list(reqs),
+            out_cache_loc=[_slots(r, range(n - 1, n), pages)[0] for r, n in zip(reqs, lens, strict=True)],
+        )
+        run.decode_eager.append(stack.runtime.run(batch, eager=True).float().cpu())
+        run.decode_graph.append(stack.runtime.run(batch).float().cpu())
+    assert stack.runtime.stats().replays, "no decode step replayed a graph"
+    return run
+
+
+def assert_parity(run: ParityRun, expected: list[torch.Tensor], atol: float, rtol: float) -> None:
+    """graphrt's prefill and decode logits (graphed and eager) equal transformers' per position."""
+    for r, n in enumerate(PROMPT_LENS):
+        torch.testing.assert_close(run.prefill[r], expected[r][:n], atol=atol, rtol=rtol)
+    for step in range(DECODE_STEPS):
+        want = torch.stack([expected[r][n + step] for r, n in enumerate(PROMPT_LENS)])
+        torch.testing.assert_close(run.decode_eager[step], want, atol=atol, rtol=rtol)
+        torch.testing.assert_close(run.decode_graph[step], want, atol=atol, rtol=rtol)
