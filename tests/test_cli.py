@@ -106,7 +106,7 @@ def test_debug_without_textual_says_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "graphrt.tools.tui.app", None)  # NOTE: import fails as without Textual
-    line = one_line_error(["debug", "snap.json"], capsys, "pip install 'graphrt[tui]'", "graphrt inspect")
+    line = one_line_error(["debug", "snap.json"], capsys, "pip install -e '.[tui]'", "graphrt inspect")
     assert TUI_HINT in line
 
 
