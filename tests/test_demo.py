@@ -15,7 +15,7 @@ def test_cpu_demo_checks_tokens_and_prints_no_speedup(capsys: pytest.CaptureFixt
     assert main(ARGS) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "emulated graphs vs eager (correctness)" in out
-    assert "tokens identical │ yes" in out
+    assert "tokens identical │ yes (12 tokens compared)" in out and "requests / new tokens │ 3 / 12" in out
     assert "│ speedup" not in out and "steps/s" not in out  # no speed row
     assert "graphs are emulated on the CPU" in out and "not speed" in out
 

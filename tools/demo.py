@@ -68,7 +68,9 @@ def run_demo(args: argparse.Namespace) -> int:
         graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times
         out_graph = graphed.generate(prompts, budgets)
         out_eager = eager.generate(prompts, budgets)
-    console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
+    tokens = sum(len(o) for o in out_graph)
+    same = f"[green]yes[/] ({tokens} tokens compared)" if out_graph == out_eager else "[red]NO[/]"
+    console.print(_table(graphed, eager, same, _max_logit_diff(graphed, eager), len(prompts), tokens))
     if graphed.capture_report is not None and graphed.capture_report.engine != "cuda":
         console.print(
             "[yellow]note:[/] graphs are [b]emulated[/] on the CPU: this run checks that replays produce "
@@ -98,7 +100,7 @@ def _rate(engine: Engine) -> float:
     return s.decode_steps / s.decode_seconds if s.decode_seconds else 0.0
 
 
-def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
+def _table(graphed: Engine, eager: Engine, same: str, diff: float, requests: int, tokens: int) -> Table:
     rt, report = graphed.runtime, graphed.capture_report
     assert report is not None
     env = environment(graphed.device)
@@ -123,8 +125,8 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
             "attention backend",
             rt.backend.name + ("" if rt.backend.name == "fa3" else " (FA3 unavailable here)"),
         ),
-        ("requests / tokens", f"{len(graphed.finished) - 2} / {stats.generated_tokens}"),
-        ("tokens identical", "[green]yes[/]" if same else "[red]NO[/]"),
+        ("requests / new tokens", f"{requests} / {tokens}"),
+        ("tokens identical", same),
         ("max |logit diff|", f"{diff:.3g}"),
         *(speed if report.engine == "cuda" else [("speed", "not measured: emulated graphs (see note)")]),
         (
