@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import ClassVar
 
+from rich.console import Console
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import ContentSwitcher, Input, Static
@@ -151,7 +152,13 @@ def run_debug(args: argparse.Namespace) -> int:
             "PATH", args.path, "is not a file: give a snapshot JSON (graphrt demo --snapshot PATH)"
         )
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.path) if args.path else demo_snapshot(tmp)
+        if args.path:
+            path = Path(args.path)
+        else:
+            with Console(stderr=True).status(
+                "no snapshot given: running a small CPU demo and snapshotting it"
+            ):
+                path = demo_snapshot(tmp)
         try:
             snap = load_snapshot(path)
         except (SnapshotVersionError, json.JSONDecodeError) as err:
