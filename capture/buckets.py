@@ -33,6 +33,7 @@ class BucketPolicy:
 
     @property
     def largest(self) -> int:
+        """The largest captured batch size."""
         return self.buckets[-1]
 
     def bucket_for(self, bs: int) -> int | None:

@@ -21,10 +21,13 @@ log = logging.getLogger(__name__)
 
 
 class CudaGraph:
+    """A captured ``torch.cuda.CUDAGraph`` and the facts recorded about it."""
+
     def __init__(self, graph: torch.cuda.CUDAGraph, info: GraphInfo) -> None:
         self.graph, self.info = graph, info
 
     def replay(self) -> None:
+        """Launch the graph on the current stream (asynchronous) and count the replay."""
         self.graph.replay()
         self.info.replays += 1
 
@@ -47,6 +50,7 @@ class CudaEngine:
 
     @contextmanager
     def frozen_gc(self) -> Iterator[None]:
+        """Collect once, then keep the garbage collector off the heap while capturing."""
         # NOTE: a gc pass during capture walks every Python object per graph; freezing
         # the heap first made SGLang's capture 2-4x faster.
         gc.collect()
@@ -57,6 +61,8 @@ class CudaEngine:
             gc.unfreeze()
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[CudaGraph, Any]:
+        """Run ``fn`` ``warmup`` times, then capture it; kernels, launch dims and (one profiled
+        replay) kernel times are recorded when ``record_kernels``."""
         torch.cuda.synchronize(self.device)
         with torch.cuda.stream(self.stream):
             for _ in range(warmup):

@@ -28,11 +28,13 @@ class Dispatcher:
         self.fallbacks: Counter[Fallback] = Counter()
 
     def add(self, mode: Hashable, bucket: int, graph: Graph) -> None:
+        """Register the graph of ``(mode, bucket)``; the bucket must be one of the policy's."""
         if bucket not in self.policy.buckets:
             raise ValueError(f"bucket {bucket} is not in the policy {self.policy.buckets}")
         self.graphs[(mode, bucket)] = graph
 
     def captured_modes(self) -> set[Hashable]:
+        """Every mode with at least one graph."""
         return {mode for mode, _ in self.graphs}
 
     def select(self, mode: Hashable, bs: int) -> tuple[int, Graph] | Fallback:
@@ -46,9 +48,11 @@ class Dispatcher:
         return bucket, graph
 
     def count_fallback(self, fallback: Fallback) -> None:
+        """Count one eager step taken for ``fallback``'s reason."""
         self.fallbacks[fallback] += 1
 
     def count_replay(self, mode: Hashable) -> None:
+        """Count one replay of a ``mode`` graph."""
         self.replays[mode] += 1
 
 

@@ -161,6 +161,7 @@ class EmulatedGraph:
         self.info = info
 
     def replay(self) -> None:
+        """Re-run the recorded ops on the same tensors, in order, and count the replay."""
         with torch.no_grad():
             for op in self._ops:
                 out = op.func(*op.args, **op.kwargs)
@@ -177,6 +178,7 @@ class EmulatedEngine:
 
     @contextmanager
     def frozen_gc(self) -> Iterator[None]:
+        """Collect once, then freeze the heap while capturing (as the CUDA engine does)."""
         gc.collect()
         gc.freeze()
         try:
@@ -185,6 +187,7 @@ class EmulatedEngine:
             gc.unfreeze()
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[EmulatedGraph, Any]:
+        """Run ``fn`` ``warmup`` times, then once more recording every op it dispatches."""
         for _ in range(warmup):
             fn()
         start = time.perf_counter()

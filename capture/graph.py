@@ -36,9 +36,13 @@ class GraphInfo:
 
 
 class Graph(Protocol):
+    """A captured region that re-runs its device work on the tensors it was captured with."""
+
     info: GraphInfo
 
-    def replay(self) -> None: ...
+    def replay(self) -> None:
+        """Re-run the captured work (asynchronously on CUDA)."""
+        ...
 
 
 class CaptureEngine(Protocol):
@@ -50,6 +54,10 @@ class CaptureEngine(Protocol):
 
     name: str
 
-    def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[Graph, Any]: ...
+    def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[Graph, Any]:
+        """Warm ``fn`` up, record it once; returns the graph and ``fn``'s (static) output."""
+        ...
 
-    def frozen_gc(self) -> Any: ...
+    def frozen_gc(self) -> Any:
+        """A context manager that keeps the garbage collector out of capture."""
+        ...

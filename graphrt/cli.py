@@ -29,7 +29,10 @@ from graphrt.tools.cli_args import (
 )
 
 log = logging.getLogger(__name__)
-TUI_HINT = "graphrt debug needs Textual: pip install 'graphrt[tui]' (or use graphrt inspect PATH)"
+TUI_HINT = (
+    "graphrt debug needs Textual, which the tui extra installs: pip install -e '.[tui]' in a clone "
+    "(pip install 'textual>=0.80' anywhere); graphrt inspect PATH shows the same facts without it"
+)
 
 
 def _common(log: bool = True) -> Parser:

@@ -101,6 +101,7 @@ def test_decode_graph_matches_eager(device: torch.device, page_size: int) -> Non
         print(f"{device.type} {backend} page_size={page_size}: max |graph - eager| = {worst:.3g}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_debug_poison_shrinking_batches(device: torch.device, page_size: int) -> None:
     """Debug mode poisons every buffer before each update: shrinking batches leave none behind."""

@@ -10,6 +10,7 @@ from graphrt import Engine
 PROMPTS = [[1, 2, 3] * 25, [5, 6, 7, 8], list(range(100, 150))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["bf16", "fp8"])
 def test_engine_graphs_match_eager(device: torch.device, layout: str) -> None:
     outs = []

@@ -150,6 +150,7 @@ def drive(engine: Engine, waves: Sequence[tuple[int, int]]) -> dict[int, list[in
     return produced
 
 
+@pytest.mark.slow
 def test_step_interface_matches_generate(graph_run: Run) -> None:
     engine = Engine(device="cpu", use_graphs=True, max_batch_size=MAX_BS, max_context_len=CONTEXT)
     log = record(engine)
@@ -165,6 +166,7 @@ def test_step_interface_matches_generate(graph_run: Run) -> None:
     assert stats.eager.get("DECODE", 0) == 0
 
 
+@pytest.mark.slow
 def test_page_size_1() -> None:
     prompts, max_new = make_prompts((1, 9, 4, 17, 2, 12), seed=1), [6, 3, 9, 1, 7, 5]
     outputs = []

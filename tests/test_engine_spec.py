@@ -22,6 +22,7 @@ def spec_engine(use_graphs: bool, **options: object) -> Engine:
     return Engine("tiny-llama", use_graphs=use_graphs, speculative=dict(options), **KW)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_steps", [1, 3])
 def test_speculative_tokens_equal_plain_greedy(plain: list[list[int]], num_steps: int) -> None:
     runs = {}
@@ -40,6 +41,7 @@ def test_speculative_tokens_equal_plain_greedy(plain: list[list[int]], num_steps
     assert graph.mean_accept_length == pytest.approx(1 + graph.acceptance_rate * num_steps)
 
 
+@pytest.mark.slow
 def test_draft_equal_to_target_accepts_everything(plain: list[list[int]]) -> None:
     engine = spec_engine(True, num_steps=3, draft_model="tiny-llama")  # draft_init="target": a copy
     assert engine.generate(PROMPTS, MAX_NEW) == plain
@@ -48,6 +50,7 @@ def test_draft_equal_to_target_accepts_everything(plain: list[list[int]]) -> Non
     assert stats.decode_steps < max(MAX_NEW)  # fewer rounds than tokens
 
 
+@pytest.mark.slow
 def test_always_rejected_draft_still_decodes_exactly(plain: list[list[int]]) -> None:
     assert all(0 not in out for out in plain)  # NOTE: the broken draft only ever proposes token 0
     engine = spec_engine(True, num_steps=3)

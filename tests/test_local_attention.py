@@ -94,7 +94,7 @@ def _local_runtime(device: torch.device, backend: str, page_size: int, **kw):
     )
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [pytest.param(1, marks=pytest.mark.slow), 16])
 def test_local_replay_matches_eager_across_chunk_edges(device: torch.device, page_size: int) -> None:
     """Decode walks over the edges 32 and 64 (bs 3 in bucket 4), then verify and draft-extend
     steps whose tokens straddle an edge or end exactly on one."""

@@ -25,6 +25,7 @@ PAGE_SIZE = 16
 
 
 def slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
+    """KV slots of positions ``start..stop`` of request row ``req`` (its own pages)."""
     pos = np.arange(start, stop)
     return (req * pages_per_req + pos // PAGE_SIZE) * PAGE_SIZE + pos % PAGE_SIZE
 

@@ -4,22 +4,20 @@ For each (layout, padded heads, batch size) one layer's attention — the head-p
 plus the kernel, with the FP8 schedule planned once outside the loop as the runtime does per
 step — is captured in a CUDA graph of ``REPS`` layers and replayed; the time per layer is
 reported with FLOP and byte rates next to FlashMLA's published figure (H800: 410 TFLOPS,
-bs 128, h 128, s_q 2, topk 2048 ≈ 356 µs/layer). Writes ``mla_<device>.json``.
+bs 128, h 128, s_q 2, topk 2048 ≈ 356 µs/layer). Each run writes a new ``mla_cuda_q<q>_<UTC time>.json``.
 
 Usage: ``python -m graphrt.tools.bench_mla [--out DIR] [--batch-sizes 1,32,128] [--q-len 1]``
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import torch
 
 from graphrt.attention.flashmla import FlashMLABackend
 from graphrt.kv.mla import FP8_BYTES, KV_LORA_RANK, QK_DIM, MLAKVCache, MLAShape
-from graphrt.tools.env import environment
+from graphrt.tools.bench_record import header, write_result
+from graphrt.tools.cli_args import Parser, UsageError, batch_sizes, fail, positive_int, resolve_device
+from graphrt.tools.console import bench_progress, wide_console
 from graphrt.tools.mla_inputs import decode_meta, random_slots, sparse_for
 
 TOPK, CONTEXT, PAGE_SIZE, MODEL_HEADS, REPS = 2048, 8192, 64, 16, 20
@@ -42,6 +40,7 @@ def _cache(layout: str, bs: int, device: torch.device) -> MLAKVCache:
 
 
 def bench_one(layout: str, padded: int, bs: int, q_len: int, device: torch.device) -> dict:
+    """One layer's time (µs), TFLOPS and KV GB/s for (layout, padded heads, bs, q_len)."""
     cache = _cache(layout, bs, device)
     tokens = bs * q_len
     # NOTE: each request selects topk slots of its own context, as the indexer would.
@@ -82,27 +81,36 @@ def bench_one(layout: str, padded: int, bs: int, q_len: int, device: torch.devic
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--batch-sizes", default="1,32,128")
-    parser.add_argument("--q-len", type=int, default=1)
-    args = parser.parse_args(argv)
-    device = torch.device("cuda")
-    rows = []
-    for layout in ("bf16", "fp8"):
-        for padded in (64, 128):
-            for bs in (int(b) for b in args.batch_sizes.split(",")):
-                row = bench_one(layout, padded, bs, args.q_len, device)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"mla_cuda_q{args.q_len}.json"
-    (out / name).write_text(
-        json.dumps({"env": environment(device), "published": PUBLISHED, "rows": rows}, indent=1)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m graphrt.tools.bench_mla``: needs CUDA and sgl_kernel's FlashMLA."""
+    parser = Parser(prog="python -m graphrt.tools.bench_mla", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", default="bench/results", metavar="DIR", help="results directory (a new file per run)"
     )
+    parser.add_argument(
+        "--batch-sizes", type=batch_sizes, default="1,32,128", help="comma-separated batch sizes"
+    )
+    parser.add_argument("--q-len", type=positive_int, default=1, help="query tokens per request")
+    args = parser.parse_args(argv)
+    device = resolve_device("cuda")
+    rows = []
+    with bench_progress() as progress:
+        task = progress.add_task("", total=4 * len(args.batch_sizes))
+        for layout in ("bf16", "fp8"):
+            for padded in (64, 128):
+                for bs in args.batch_sizes:
+                    progress.update(task, description=f"{layout} heads {padded} bs={bs}")
+                    rows.append(bench_one(layout, padded, bs, args.q_len, device))
+                    progress.advance(task)
+    result = {**header("mla_layer", args, device), "published": PUBLISHED, "rows": rows}
+    out = write_result(result, args.out, f"mla_cuda_q{args.q_len}")
+    wide_console().print_json(data=rows)
+    wide_console().print(f"written to {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        raise SystemExit(main())
+    except UsageError as err:
+        raise SystemExit(fail("bench_mla", err)) from None

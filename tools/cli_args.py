@@ -35,6 +35,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
+        """Print ``message`` as one line and exit with code 2."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

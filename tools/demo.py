@@ -125,8 +125,10 @@ def run_demo(args: argparse.Namespace) -> int:
         graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times
         out_graph = graphed.generate(prompts, budgets, sampling)
         out_eager = eager.generate(prompts, budgets, sampling)
+    tokens = sum(len(o) for o in out_graph)
+    same = f"[green]yes[/] ({tokens} tokens compared)" if out_graph == out_eager else "[red]NO[/]"
     diff = _max_logit_diff(graphed, eager) if sampling is None else None
-    console.print(_table(graphed, eager, out_graph == out_eager, diff))
+    console.print(_table(graphed, eager, same, diff, len(prompts), tokens))
     if graphed.capture_report is not None and graphed.capture_report.engine != "cuda":
         console.print(
             "[yellow]note:[/] graphs are [b]emulated[/] on the CPU: this run checks that replays produce "
@@ -166,7 +168,9 @@ def _rate(engine: Engine) -> float:
     return s.decode_steps / s.decode_seconds if s.decode_seconds else 0.0
 
 
-def _table(graphed: Engine, eager: Engine, same: bool, diff: float | None) -> Table:
+def _table(
+    graphed: Engine, eager: Engine, same: str, diff: float | None, requests: int, tokens: int
+) -> Table:
     rt, report = graphed.runtime, graphed.capture_report
     assert report is not None
     env = environment(graphed.device)
@@ -191,8 +195,8 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float | None) -> Ta
             "attention backend",
             rt.backend.name + ("" if rt.backend.name == "fa3" else " (FA3 unavailable here)"),
         ),
-        ("requests / tokens", f"{len(graphed.finished) - 2} / {stats.generated_tokens}"),
-        ("tokens identical", "[green]yes[/]" if same else "[red]NO[/]"),
+        ("requests / new tokens", f"{requests} / {tokens}"),
+        ("tokens identical", same),
         ("max |logit diff|", "- (sampled in the graph)" if diff is None else f"{diff:.3g}"),
         *(speed if report.engine == "cuda" else [("speed", "not measured: emulated graphs (see note)")]),
         (

@@ -16,6 +16,7 @@ def _version(dist: str) -> str | None:
 
 
 def sgl_kernel_version() -> str | None:
+    """The importable sgl-kernel's version, or None when it does not import."""
     try:
         import sgl_kernel
 
@@ -25,6 +26,7 @@ def sgl_kernel_version() -> str | None:
 
 
 def environment(device: torch.device) -> dict[str, str | None]:
+    """Device name and torch / CUDA / sgl-kernel / triton / Python versions."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {
         "device": name,

@@ -100,6 +100,7 @@ def render(
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    """``graphrt inspect PATH``: print every view; raises :class:`UsageError` on a bad path."""
     console = wide_console(args.width)  # NOTE: logs and CI are not terminals: not 80 columns
     if not Path(args.path).is_file():
         raise UsageError(

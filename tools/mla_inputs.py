@@ -40,6 +40,7 @@ def decode_meta(bs: int, q_len: int, device: torch.device) -> StepMetadata:
 
 
 def sparse_for(slots: torch.Tensor, padded_heads: int, bs: int) -> SparseBuffers:
+    """Fresh sparse buffers holding ``slots`` as every token's selected KV slots."""
     tokens, topk = slots.shape
     sparse = fresh_sparse(sparse_specs(topk, padded_heads), bs, tokens, slots.device)
     sparse.topk_slots.copy_(slots)

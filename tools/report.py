@@ -62,6 +62,7 @@ def fmt_time(us: float | None) -> str:
 
 
 def parity_status(snap: Snapshot, mode: str, bucket: int) -> str:
+    """``ok <max diff>``, ``FAIL <max diff> @ (token, col)`` or ``-`` (not checked)."""
     res = next((p for p in snap.parity if p.mode == mode and p.bucket == bucket), None)
     if res is None:
         return "-"
@@ -162,14 +163,17 @@ def kernel_rows(graph: GraphFacts, full_names: bool = False) -> list[Row]:
 
 
 def host_scalar_rows(graph: GraphFacts) -> list[Row]:
+    """``(name, repr(value))`` of every host scalar frozen into ``graph``, by name."""
     return [(k, repr(v)) for k, v in sorted(graph.host_scalars.items())]
 
 
 def read_rows(graph: GraphFacts) -> list[Row]:
+    """The static-buffer views ``graph`` reads: name, shape, dtype, captured address."""
     return [(r.name, "×".join(map(str, r.shape)), r.dtype, f"0x{r.address:x}") for r in graph.reads]
 
 
 def buffer_rows(snap: Snapshot) -> list[Row]:
+    """Every declared static buffer of the step family: shape, size, dtype, pad rule, where written, bytes, address."""
     return memory_rows(snap.memory)
 
 
@@ -203,6 +207,7 @@ class BufferRows:
 
     @property
     def broken(self) -> list[int]:
+        """Rows that break the buffer's pad rule."""
         return [i for i, s in enumerate(self.status) if s == "pad!"]
 
 
@@ -267,6 +272,7 @@ def buffer_contents(snap: Snapshot, name: str, bucket: int) -> BufferRows | None
 
 # ---- replays and parity ----------------------------------------------------------------------
 def percentiles(values: Sequence[float]) -> str:
+    """``p50 … p90 … p99 … max …`` of µs values, units scaled; ``-`` when empty."""
     if not values:
         return "-"
     p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
@@ -277,6 +283,7 @@ def percentiles(values: Sequence[float]) -> str:
 
 
 def replay_summary(snap: Snapshot) -> list[Row]:
+    """Steps recorded, replays vs fallbacks, and update / launch (/ synced replay) percentiles."""
     replays = [r for r in snap.telemetry.records if r.bucket is not None]
     synced = [r.replay_us for r in replays if r.replay_us is not None]
     rows = [
@@ -303,6 +310,7 @@ def histogram(values: Sequence[float], bins: int = 8, width: int = 30) -> list[s
 
 
 def recent_rows(snap: Snapshot, n: int = 50) -> list[Row]:
+    """The last ``n`` steps of the telemetry ring, oldest first."""
     records = list(snap.telemetry.records)[-n:]
     first = len(snap.telemetry.records) - len(records)
     return [
@@ -321,10 +329,12 @@ def recent_rows(snap: Snapshot, n: int = 50) -> list[Row]:
 
 
 def fallback_rows(snap: Snapshot) -> list[Row]:
+    """Eager fallbacks: mode, reason, count."""
     return [(f.mode, f.reason, str(f.count)) for f in snap.fallbacks]
 
 
 def parity_rows(snap: Snapshot) -> list[Row]:
+    """Graph-vs-eager parity per mode and bucket, sorted."""
     return [
         (
             p.mode,
@@ -341,6 +351,7 @@ def parity_rows(snap: Snapshot) -> list[Row]:
 
 
 def header_rows(snap: Snapshot) -> list[Row]:
+    """Snapshot version and time, device and versions, engine / backend, config, buffer bytes."""
     env = snap.environment
     cfg = snap.config
     return [

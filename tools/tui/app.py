@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import ClassVar
 
+from rich.console import Console
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import ContentSwitcher, Input, Static
@@ -56,6 +57,7 @@ class GraphDebugApp(App[None]):
         self.snap, self.source = snap, source
 
     def compose(self) -> ComposeResult:
+        """Top bar, the five views in a switcher, the search box and the help line."""
         env = self.snap.environment
         yield Static(
             f"graphrt debug  {self.source}  {env.get('device')}  {self.snap.engine}/{self.snap.backend}  "
@@ -72,17 +74,21 @@ class GraphDebugApp(App[None]):
         yield Static(id="help")
 
     def on_mount(self) -> None:
+        """Open the Graphs view."""
         self.action_view("graphs")
 
     @property
     def view(self) -> View:
+        """The view on screen."""
         return self.query_one(f"#{self.query_one(ContentSwitcher).current}", View)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # NOTE: while the search box has focus, keys are text, not commands.
+        """Disable the key commands while the search box has focus."""
         return not (self.focused is self.query_one("#search") and action not in ("clear_search",))
 
     def action_view(self, name: str) -> None:
+        """Show view ``name``, apply the search to it and focus its first table."""
         self.query_one(ContentSwitcher).current = name
         view = self.view
         view.search(self.query_one("#search", Input).value)
@@ -92,16 +98,19 @@ class GraphDebugApp(App[None]):
             tables.first().focus()
 
     def action_step(self, delta: int) -> None:
+        """``[`` / ``]``: previous / next graph or bucket in views that have one."""
         step = getattr(self.view, "step", None)
         if step is not None:
             step(delta)
 
     def action_search(self) -> None:
+        """``/``: show and focus the search box."""
         box = self.query_one("#search", Input)
         box.add_class("shown")
         box.focus()
 
     def action_clear_search(self) -> None:
+        """``esc``: clear and hide the search box."""
         box = self.query_one("#search", Input)
         box.value = ""
         box.remove_class("shown")
@@ -109,12 +118,15 @@ class GraphDebugApp(App[None]):
         self.action_view(self.query_one(ContentSwitcher).current or "graphs")
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        """Filter the current view as the search text changes."""
         self.view.search(event.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """``enter`` in the search box: keep the filter, return to the view."""
         self.action_view(self.query_one(ContentSwitcher).current or "graphs")
 
     def on_graphs_view_open(self, message: GraphsView.Open) -> None:
+        """Open the detail view of the graph chosen in the Graphs view."""
         self.action_view("detail")
         self.query_one(DetailView).show(message.mode, message.bucket)
 
@@ -140,7 +152,13 @@ def run_debug(args: argparse.Namespace) -> int:
             "PATH", args.path, "is not a file: give a snapshot JSON (graphrt demo --snapshot PATH)"
         )
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.path) if args.path else demo_snapshot(tmp)
+        if args.path:
+            path = Path(args.path)
+        else:
+            with Console(stderr=True).status(
+                "no snapshot given: running a small CPU demo and snapshotting it"
+            ):
+                path = demo_snapshot(tmp)
         try:
             snap = load_snapshot(path)
         except (SnapshotVersionError, json.JSONDecodeError) as err:

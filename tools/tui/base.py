@@ -30,17 +30,21 @@ class View(Vertical):
         return not q or any(q in n.lower() for n in names)
 
     def search(self, text: str) -> None:
+        """Keep rows whose name contains ``text`` (case-insensitive) and redraw."""
         self.query_text = text
         self.refresh_view()
 
     def refresh_view(self) -> None:  # pragma: no cover - every view overrides it
+        """Redraw every widget of the view from the snapshot and the search text."""
         raise NotImplementedError
 
     def on_mount(self) -> None:
+        """Draw the view once it is mounted."""
         self.refresh_view()
 
 
 def table(id: str) -> DataTable:
+    """A row-cursor, zebra-striped ``DataTable`` with ``id``."""
     t: DataTable = DataTable(id=id, cursor_type="row", zebra_stripes=True)
     return t
 

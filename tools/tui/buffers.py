@@ -14,15 +14,19 @@ CONTENT_COLUMNS = ("row", "status", "values")
 
 
 class BuffersView(View):
+    """View 3: every static buffer, and the rows of one for a chosen bucket."""
+
     keys_help = "[ ]: bucket  ↑↓: buffer"
 
     def compose(self) -> ComposeResult:
+        """Title, buffer table, contents title, contents table."""
         yield Static(id="buffers-title")
         yield table("buffers-table")
         yield Static(id="buffers-contents-title")
         yield table("buffers-contents")
 
     def on_mount(self) -> None:
+        """Start at the bucket the last step wrote, on the first buffer."""
         buckets = self.buckets()
         written = self.snap.contents.bucket
         self.bucket = written if written in buckets else (buckets[-1] if buckets else 1)
@@ -30,9 +34,11 @@ class BuffersView(View):
         self.refresh_view()
 
     def buckets(self) -> list[int]:
+        """Every captured bucket, ascending."""
         return sorted({g.bucket for g in self.snap.graphs})
 
     def step(self, delta: int) -> None:
+        """Show the previous / next bucket's rows."""
         buckets = self.buckets()
         if buckets:
             i = buckets.index(self.bucket) if self.bucket in buckets else 0
@@ -40,6 +46,7 @@ class BuffersView(View):
             self.refresh_contents()
 
     def refresh_view(self) -> None:
+        """Redraw the buffer table (search applied) and the selected buffer's rows."""
         m = self.snap.memory
         self.query_one("#buffers-title", Static).update(
             f"[b]Buffers[/b] │ family {m.family!r}: {len(m.buffers)} buffers, {m.total_bytes} B declared, "
@@ -52,6 +59,7 @@ class BuffersView(View):
         self.refresh_contents()
 
     def refresh_contents(self) -> None:
+        """Redraw the selected buffer's rows: real, pad, broken pad, stale."""
         c = self.snap.contents
         title = self.query_one("#buffers-contents-title", Static)
         shown = report.buffer_contents(self.snap, self.selected, self.bucket) if self._rows else None
@@ -71,6 +79,7 @@ class BuffersView(View):
         fill(contents, CONTENT_COLUMNS, rows, [STATUS_STYLE[s] for s in shown.status])
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """Show the rows of the buffer under the cursor."""
         if event.data_table.id == "buffers-table" and event.row_key.value is not None:
             name = self._rows[int(event.row_key.value)][0]
             if name != self.selected:

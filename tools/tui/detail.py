@@ -11,27 +11,34 @@ from graphrt.tools.tui.base import View, fill, table
 
 
 class DetailView(View):
+    """View 2: one graph's kernels (or recorded ops), host scalars and buffers read."""
+
     keys_help = "[ ]: prev/next graph"
 
     def compose(self) -> ComposeResult:
+        """Title, kernel table, host scalars, buffers read."""
         yield Static(id="detail-title")
         yield table("detail-kernels")
         yield Static(id="detail-scalars")
         yield table("detail-reads")
 
     def on_mount(self) -> None:
+        """Start on the last graph (largest bucket of the last mode)."""
         graphs = self.ordered()
         self.current: GraphFacts | None = graphs[-1] if graphs else None
         self.refresh_view()
 
     def ordered(self) -> list[GraphFacts]:
+        """Every graph by (mode, bucket)."""
         return sorted(self.snap.graphs, key=lambda g: (g.mode, g.bucket))
 
     def show(self, mode: str, bucket: int) -> None:
+        """Show the graph of ``(mode, bucket)``."""
         self.current = self.snap.graph(mode, bucket)
         self.refresh_view()
 
     def step(self, delta: int) -> None:
+        """Show the previous / next graph."""
         graphs = self.ordered()
         if graphs and self.current is not None:
             i = graphs.index(self.current)
@@ -39,6 +46,7 @@ class DetailView(View):
             self.refresh_view()
 
     def refresh_view(self) -> None:
+        """Redraw the current graph's title and tables (search applied)."""
         g = self.current
         title = self.query_one("#detail-title", Static)
         if g is None:

@@ -11,6 +11,8 @@ from graphrt.tools.tui.base import View, fill, table
 
 
 class GraphsView(View):
+    """View 1: the mode × bucket grid; ``enter`` opens a graph's detail."""
+
     keys_help = "enter: open graph"
 
     class Open(Message):
@@ -21,10 +23,12 @@ class GraphsView(View):
             self.mode, self.bucket = mode, bucket
 
     def compose(self) -> ComposeResult:
+        """Title and the grid."""
         yield Static(id="graphs-title")
         yield table("graphs-table")
 
     def refresh_view(self) -> None:
+        """Redraw the grid (search applied): failures red, uncaptured dim."""
         snap = self.snap
         rows = [r for r in report.graph_rows(snap) if self.matches(r[0], f"{r[0]} {r[1]}")]
         styles = ["red" if r[8].startswith("FAIL") else "dim" if r[2] == "no" else "" for r in rows]
@@ -38,6 +42,7 @@ class GraphsView(View):
         )
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Open the detail of a captured row."""
         row = self._rows[int(event.row_key.value or 0)]
         if row[2] == "yes":
             self.post_message(self.Open(row[0], int(row[1])))

@@ -10,13 +10,17 @@ from graphrt.tools.tui.base import View, fill, table
 
 
 class ParityView(View):
+    """View 5: graph vs eager per mode and bucket."""
+
     keys_help = "↑↓: rows"
 
     def compose(self) -> ComposeResult:
+        """Title and the parity table."""
         yield Static(id="parity-title")
         yield table("parity-table")
 
     def refresh_view(self) -> None:
+        """Redraw the parity table (search applied): failures red."""
         rows = [r for r in report.parity_rows(self.snap) if self.matches(r[0], f"{r[0]} {r[1]}")]
         failed = sum(r[7] == "FAIL" for r in rows)
         if not self.snap.parity:

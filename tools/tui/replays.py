@@ -11,9 +11,12 @@ from graphrt.tools.tui.base import View, fill, table
 
 
 class ReplaysView(View):
+    """View 4: update and replay time histograms, eager fallbacks, recent steps."""
+
     keys_help = "↑↓: steps"
 
     def compose(self) -> ComposeResult:
+        """Summary, two histograms, fallbacks, recent steps."""
         yield Static(id="replays-summary")
         with Horizontal(id="replays-hist"):
             yield Static(id="replays-hist-update")
@@ -23,6 +26,7 @@ class ReplaysView(View):
         yield table("replays-recent")
 
     def refresh_view(self) -> None:
+        """Redraw from the telemetry ring (search applied to mode and reason)."""
         snap = self.snap
         summary = " · ".join(f"[b]{k}[/b] {v}" for k, v in report.replay_summary(snap))
         self.query_one("#replays-summary", Static).update(f"[b]Replays[/b] │ {summary}")
