@@ -47,8 +47,9 @@ def sparse_specs(index_topk: int, padded_heads: int, slot_multiple: int = 1) -> 
 class SparseBuffers:
     """Sparse-MLA tensors of one step (bucket views, or fresh on the eager path).
 
-    ``topk_indices [num_tokens, index_topk]`` int32: positions in the token's request chosen
-    by the indexer, −1 where fewer keys exist. ``topk_slots [num_tokens, >= index_topk]``: the
+    ``topk_indices [num_tokens, index_topk]`` int32: positions of the keys the indexer chose,
+    on the token's own path (its request's positions; ``prefix + depth`` for a tree ancestor),
+    −1 where fewer keys exist. ``topk_slots [num_tokens, >= index_topk]``: the
     same as global KV slots (−1 stays −1; columns past ``index_topk`` are −1). FlashMLA only: ``q_pad [num_tokens, padded_heads, 576]`` bfloat16,
     ``sched_meta [MAX_SM_PARTS, 8]`` and ``num_splits [bs + 1]`` int32.
     """
@@ -91,7 +92,11 @@ def chain_candidates(table: ReqToToken, rows: torch.Tensor, kv_pos: torch.Tensor
 
 
 def tree_candidates(
-    table: ReqToToken, rows: torch.Tensor, prefix: torch.Tensor, expand: torch.Tensor, expand_lens: torch.Tensor
+    table: ReqToToken,
+    rows: torch.Tensor,
+    prefix: torch.Tensor,
+    expand: torch.Tensor,
+    expand_lens: torch.Tensor,
 ) -> Candidates:
     """Tree keys: the committed prefix, then the token's own ancestors-or-self.
 
