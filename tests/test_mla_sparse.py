@@ -97,7 +97,7 @@ def test_flashmla_matches_reference(layout: str, padded: int, api: str, q_len: i
 def test_slot_width_rounded_with_minus_one_tail(device: torch.device) -> None:
     """A kernel that needs 128-wide index rows gets index_topk 64 padded with −1 columns."""
     from graphrt.kv import ReqToToken
-    from graphrt.metadata.sparse import fresh_sparse, select_topk, sparse_specs
+    from graphrt.metadata.sparse import chain_candidates, fresh_sparse, select_topk, sparse_specs
 
     sparse = fresh_sparse(sparse_specs(64, 0, 128), 1, 2, device)
     assert sparse.topk_indices.shape == (2, 64) and sparse.topk_slots.shape == (2, 128)
@@ -106,7 +106,8 @@ def test_slot_width_rounded_with_minus_one_tail(device: torch.device) -> None:
     table.table[0] = torch.arange(256, device=device, dtype=torch.int32) + 1000
     scores = torch.randn(2, 256, device=device)
     kv_pos = torch.tensor([200, 10], device=device)
-    select_topk(scores, kv_pos, sparse, torch.tensor([0, 0], device=device), table)
+    rows = torch.tensor([0, 0], device=device)
+    select_topk(scores, chain_candidates(table, rows, kv_pos), sparse)
     slots = sparse.topk_slots.cpu()
     assert (slots[:, 64:] == -1).all()
     assert (slots[0, :64] >= 1000).all() and (slots[0, :64] <= 1200).all()

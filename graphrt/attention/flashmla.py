@@ -75,7 +75,8 @@ class FlashMLABackend:
 
     def plan(self, sparse: SparseBuffers, meta: StepMetadata) -> FP8Plan | None:
         """FP8: the step's tile schedule. Uniform modes use ``[bs, q_len]`` rows (static
-        buffers); ragged ones (eager EXTEND) one row per token, on fresh tensors."""
+        buffers); ragged ones (EXTEND, DRAFT_EXTEND) one row per token, on fresh tensors (the
+        graph's pool when graphed)."""
         if self.layout == "bf16":
             return None
         step, topk, hp = meta.buffers, sparse.topk_slots.shape[1], self.padded_heads

@@ -9,8 +9,8 @@ import torch
 from graphrt.attention.mla import SparseMLABackend
 from graphrt.kv import ReqToToken
 from graphrt.kv.mla import MLAKVCache
-from graphrt.metadata.base import StepMetadata, token_rows
-from graphrt.metadata.sparse import SparseBuffers, select_topk
+from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.sparse import Candidates, SparseBuffers, select_topk, step_candidates
 
 _UNPLANNED = object()
 
@@ -39,7 +39,9 @@ class SparseMLAContext:
             req_to_token,
         )
         self._plan: Any = _UNPLANNED
-        self._positions: tuple[torch.Tensor, torch.Tensor] | None = None
+        # NOTE: one context per forward (every draft step builds its own), so the candidate
+        # keys follow that forward's positions and tree; shared by all its layers.
+        self._keys: Candidates | None = None
 
     @property
     def mode(self):
@@ -50,18 +52,17 @@ class SparseMLAContext:
 
         ``q [T, index_heads, index_dim]``, ``k [T, index_dim]``, ``weights [T, index_heads]``;
         score of key ``j`` for token ``t``: ``sum_h weights[t, h] * relu(q[t, h] . k_j)``
-        (DeepSeek-V3.2's lightning indexer), float32.
+        (DeepSeek-V3.2's lightning indexer), float32. The keys are the token's candidates
+        (:func:`~graphrt.metadata.sparse.step_candidates`: causal, or prefix + ancestors in a tree).
         """
         step = self.meta.buffers
         self.kv.index_k[layer_id].index_copy_(0, step.out_cache_loc, k.to(self.kv.index_k[layer_id].dtype))
-        if self._positions is None:
-            self._positions = token_rows(step, self.req_to_token.dummy_req)
-        rows, kv_pos = self._positions
-        slots = self.req_to_token.table[rows].long()  # [T, max_context_len]
-        keys = self.kv.index_k[layer_id][slots].float()
+        if self._keys is None:
+            self._keys = step_candidates(self.meta, self.req_to_token)
+        keys = self.kv.index_k[layer_id][self._keys.slots].float()  # [T, C, index_dim]
         logits = torch.einsum("thd,tjd->thj", q.float(), keys).relu()
         scores = torch.einsum("thj,th->tj", logits, weights.float())
-        select_topk(scores, kv_pos, self.sparse, rows, self.req_to_token)
+        select_topk(scores, self._keys, self.sparse)
 
     def sparse_mla(self, layer_id: int, q: torch.Tensor, latent: torch.Tensor, scale: float) -> torch.Tensor:
         """Store ``latent [T, 576]`` at ``out_cache_loc``, attend over the selected slots.

@@ -17,6 +17,7 @@ import torch
 from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
 from graphrt.engine.speculative import SpecOptions, SpecRunner, SpecState
 from graphrt.engine.stack import build_stack
+from graphrt.models.presets import DSAConfig, preset
 from graphrt.runtime import CaptureReport
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
@@ -153,7 +154,12 @@ class Engine:
             (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
         )
         draft_config = dataclasses.replace(config, capture_modes=modes if self.use_graphs else ())
-        draft = build_stack(spec.draft_model, self.device, draft_config, seed=spec.draft_seed)
+        # NOTE: a DSA draft keeps a DSA target's MLA layout (BF16 or FP8-656).
+        dsa_draft = isinstance(preset(spec.draft_model), DSAConfig)
+        layout = getattr(self.kv, "layout", None) if dsa_draft else None
+        draft = build_stack(
+            spec.draft_model, self.device, draft_config, seed=spec.draft_seed, kv_cache_dtype=layout
+        )
         self.draft_model = draft.model
         if spec.draft_init == "target":
             # NOTE: a shallower preset of the same width becomes the target's first layers plus
