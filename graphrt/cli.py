@@ -63,8 +63,8 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument(
         "--model",
         type=model_name,
-        default=None,
-        help=f"{' | '.join(model_names())} | checkpoint dir | file.gguf (default: smollm2 when installed, else tiny-llama)",
+        default=AUTO,
+        help=f"{' | '.join(model_names())} | checkpoint dir | file.gguf; auto: smollm2 when installed, else tiny-llama",
     )
     _device_args(p)
     p.add_argument("--prompts", type=positive_int, default=16, help="random prompts of 4..64 tokens (seed 0)")

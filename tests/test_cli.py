@@ -133,7 +133,7 @@ def test_every_flag_has_help_and_shown_default() -> None:
         text = command.format_help()
         assert "(default:" in text, name
     demo = sub.choices["demo"].format_help()  # type: ignore[attr-defined]
-    assert "(default: tiny-llama)" in demo and "(default: 32)" in demo and "{auto,fa3,reference" in demo
+    assert "(default: auto)" in demo and "(default: 32)" in demo and "{auto,fa3,reference" in demo
 
 
 def test_bench_writes_a_new_file_each_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

