@@ -15,7 +15,9 @@ import torch
 
 from graphrt.engine.speculative import SpecOptions, SpecRunner, SpecState
 from graphrt.engine.stack import build_stack
-from graphrt.runtime import CaptureReport
+from graphrt.engine.tp import tp_generate
+from graphrt.parallel import StepChannel, init_tp
+from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
@@ -76,6 +78,13 @@ class Engine:
         TARGET_VERIFY → DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
     kv_cache_dtype : str, optional
         DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
+    tp : int
+        Tensor-parallel size: build on every rank of a ``torchrun --nproc-per-node tp`` world
+        (or an initialised ``torch.distributed`` group of that size) and call :meth:`generate`
+        on every rank; rank 0 schedules, every rank returns its tokens. :meth:`close`, then
+        ``graphrt.parallel.shutdown()``, before the process exits.
+    tp_timeout_s : float, optional
+        Seconds any collective waits for the other ranks before raising (naming the rank).
     """
 
     def __init__(
@@ -94,8 +103,13 @@ class Engine:
         show_progress: bool = False,
         speculative: dict[str, Any] | None = None,
         kv_cache_dtype: str | None = None,
+        tp: int = 1,
+        tp_timeout_s: float | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tp = init_tp(tp, self.device, tp_timeout_s)
+        self.device = self.tp.device if tp > 1 else self.device
+        self.channel = StepChannel(self.tp) if tp > 1 else None
         spec = SpecOptions.parse(speculative) if speculative is not None else None
         config = RuntimeConfig(
             max_batch_size=max_batch_size,
@@ -108,8 +122,8 @@ class Engine:
             backend=backend,
             speculative=spec.geometry if spec else None,
         )
-        stack = build_stack(model, self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype)
-        self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
+        stack = build_stack(model, self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype, tp=self.tp)
+        self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(show_progress) if use_graphs else None
@@ -133,7 +147,7 @@ class Engine:
             (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
         )
         draft_config = dataclasses.replace(config, capture_modes=modes if self.use_graphs else ())
-        draft = build_stack(spec.draft_model, self.device, draft_config, seed=spec.draft_seed)
+        draft = build_stack(spec.draft_model, self.device, draft_config, seed=spec.draft_seed, tp=self.tp)
         self.draft_model = draft.model
         if spec.draft_init == "target":
             # NOTE: a shallower preset of the same width becomes the target's first layers plus
@@ -144,7 +158,12 @@ class Engine:
                     p.copy_(own[name])
         if self.use_graphs:
             draft.runtime.capture(show_progress)
-        return SpecRunner(self.runtime, draft.runtime, spec, config.page_size)
+        self.draft_runtime = self._ranked(draft.runtime, 1)
+        return SpecRunner(self.runtime, self.draft_runtime, spec, config.page_size)
+
+    def _ranked(self, runtime: Any, target: int) -> Any:
+        """With TP, a runtime whose steps every rank runs with rank 0's batch."""
+        return runtime if self.channel is None else TPRuntime(runtime, self.channel, target)
 
     @property
     def _lookahead(self) -> int:
@@ -176,7 +195,18 @@ class Engine:
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
     ) -> list[list[int]]:
-        """Greedy completions of ``prompts`` (continuous batching; order preserved)."""
+        """Greedy completions of ``prompts`` (continuous batching; order preserved).
+
+        With TP, call it on every rank: rank 0's prompts are generated, every rank returns them.
+        """
+        if self.channel is not None:
+            runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
+            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens)
+        return self._generate(prompts, max_new_tokens)
+
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
+    ) -> list[list[int]]:
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(limits) != len(prompts):
             raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
@@ -276,6 +306,14 @@ class Engine:
             self._free_reqs.append(r.req_idx)
             self._free_pages.extend(r.pages)
             self.finished[r.rid] = r
+
+    def close(self) -> None:
+        """Release the captured graphs (and sync): do this before a process group is destroyed."""
+        for runtime in (self.runtime, getattr(self, "draft_runtime", None)):
+            if runtime is not None:
+                runtime.release()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def stats(self) -> EngineStats:
         rt = self.runtime.stats()

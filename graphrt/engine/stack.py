@@ -11,7 +11,9 @@ from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.metadata.local import with_model_chunk
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.llama import TinyLlama
+from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import DSAConfig, preset
+from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
 
@@ -32,13 +34,15 @@ def build_stack(
     max_reqs: int | None = None,
     seed: int = 0,
     kv_cache_dtype: str | None = None,
+    tp: TPGroup = SINGLE,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``; bf16 on CUDA, fp32 elsewhere.
 
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
     ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA presets keep
-    the model's dtype.
+    the model's dtype. ``tp``: this rank's shards of the same model; its KV cache holds the
+    rank's KV heads only.
     """
     cfg = preset(name)
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
@@ -46,6 +50,8 @@ def build_stack(
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
     if isinstance(cfg, DSAConfig):
+        if tp.size > 1:
+            raise ValueError(f"tensor parallelism supports the Llama presets; {name} is a DSA model")
         model = TinyDSA.from_seed(cfg, seed, device, dtype)
         mla = MLAShape(
             cfg.num_layers, config.page_size, num_pages, cfg.index_dim, cfg.index_topk, cfg.num_heads
@@ -54,8 +60,8 @@ def build_stack(
     else:
         if kv_cache_dtype not in (None, "auto"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
-        model = TinyLlama.from_seed(cfg, seed, device, dtype)
-        shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
+        model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
+        shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
         kv = PagedKVCache(shape, dtype, device)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
