@@ -19,6 +19,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--max-context-len", type=int, default=512)
     demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
     demo.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (JSON + .npz)")
+    demo.add_argument(
+        "--tp", type=int, default=1, help="tensor-parallel size: run under torchrun --nproc-per-node N"
+    )
     bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
     bench.add_argument("--device", default=None)
     bench.add_argument("--batch-sizes", default="1,8,64")

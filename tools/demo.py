@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine.engine import Engine
+from graphrt.parallel import shutdown
 from graphrt.tools.env import environment
 
 
@@ -22,7 +24,17 @@ def demo_prompts(n: int, max_new: int, vocab: int, seed: int = 0) -> tuple[list[
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    console = Console()
+    tp = getattr(args, "tp", 1)
+    if tp > 1 and args.snapshot:
+        raise SystemExit("graphrt demo: --snapshot runs a parity sweep on one rank; use it with --tp 1")
+    try:
+        return _demo(args, tp)
+    finally:
+        if tp > 1:
+            shutdown()
+
+
+def _demo(args: argparse.Namespace, tp: int) -> int:
     kwargs = dict(
         device=args.device,
         max_batch_size=args.max_batch_size,
@@ -30,9 +42,13 @@ def run_demo(args: argparse.Namespace) -> int:
         max_context_len=args.max_context_len,
         backend=args.backend,
         record_logits=True,
+        tp=tp,
     )
-    graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
+    rank0 = tp == 1 or int(os.environ.get("RANK", "0")) == 0
+    graphed = Engine(args.model, use_graphs=True, show_progress=rank0, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
+    # NOTE: only rank 0 prints; every rank runs the same steps and returns the same tokens.
+    console = Console(quiet=not rank0)
     prompts, budgets = demo_prompts(args.prompts, args.max_new_tokens, graphed.model.vocab_size)
     for engine in (graphed, eager):  # NOTE: one untimed warm pass (allocator, kernels' JIT)
         engine.generate(prompts[:2], 2)
@@ -40,10 +56,13 @@ def run_demo(args: argparse.Namespace) -> int:
     graphed.runtime.telemetry.sync = args.snapshot is not None  # NOTE: real replay times, not launches
     out_graph = graphed.generate(prompts, budgets)
     out_eager = eager.generate(prompts, budgets)
-    console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
+    if rank0:
+        console.print(_table(graphed, eager, out_graph == out_eager, _max_logit_diff(graphed, eager)))
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
+    graphed.close()
+    eager.close()
     return 0 if out_graph == out_eager else 1
 
 
@@ -76,6 +95,7 @@ def _table(graphed: Engine, eager: Engine, same: bool, diff: float) -> Table:
     table.add_column("value")
     rows = [
         ("device", f"{env['device']} (torch {env['torch']})"),
+        ("tensor parallel", f"{graphed.tp.size} rank(s), output from rank 0"),
         (
             "capture engine",
             report.engine + (" (CUDA graphs)" if report.engine == "cuda" else " (CPU, graph semantics)"),
