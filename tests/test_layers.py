@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[int, str], ...] = (
     (1, "graphrt.kv"),
     (1, "graphrt.step"),
     (2, "graphrt.metadata"),
+    (2, "graphrt.parallel"),  # TP groups, collectives as ops, step broadcast: below the models
     (3, "graphrt.attention"),
     (4, "graphrt.models"),
     (4, "graphrt.runtime"),

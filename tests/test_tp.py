@@ -6,6 +6,9 @@ changes the summation order), greedy tokens and draft tokens equal.
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -24,11 +27,12 @@ ATOL = 1e-4
 CPU = torch.device("cpu")
 
 
-def _mode_outputs(rank: int, world: int) -> dict:
+def mode_outputs(rank: int, world: int, device: str = "cpu") -> dict:
     """Every graphed mode on TP=world (graph and eager) and on a local TP=1 copy; max diffs."""
-    group = init_tp(world, CPU)
+    group = init_tp(world, torch.device(device))
+    dev = group.device
     spec = SpecGeometry(num_steps=3)
-    ref, tp = setup_for(CPU, spec), setup_for(CPU, spec, tp=group)
+    ref, tp = setup_for(dev, spec), setup_for(dev, spec, tp=group)
     rng_ref, rng_tp = np.random.default_rng(7), np.random.default_rng(7)
     lens = filled(ref, rng_ref)
     assert filled(tp, rng_tp) == lens
@@ -46,55 +50,71 @@ def _mode_outputs(rank: int, world: int) -> dict:
         graph, eager = tp.runtime.run(batch), tp.runtime.run(batch, eager=True)
         assert graph.shape == want.shape, (mode, graph.shape, want.shape)
         if mode is M.DRAFT_DECODE:  # draft tokens
-            found[mode.name] = (bool(torch.equal(graph, want)), bool(torch.equal(eager, want)), 0.0)
+            found[mode.name] = (bool(torch.equal(graph, want)), bool(torch.equal(eager, want)), 0.0, 0.0)
             continue
         same = bool(torch.equal(graph.argmax(-1), want.argmax(-1)))
         diff = max((graph - want).abs().max().item(), (eager - want).abs().max().item())
-        found[mode.name] = (same, bool(torch.equal(eager.argmax(-1), want.argmax(-1))), diff)
+        replay = (graph - eager).abs().max().item()
+        found[mode.name] = (same, bool(torch.equal(eager.argmax(-1), want.argmax(-1))), diff, replay)
     idle = tp.runtime.run(spec_batch(tp, M.IDLE, [], [], [], rng))
-    found["IDLE"] = (idle.shape[0] == 0, True, 0.0)
+    found["IDLE"] = (idle.shape[0] == 0, True, 0.0, 0.0)
     stats = tp.runtime.stats()
     found["stats"] = (stats.replays, stats.eager, stats.fallbacks)
     found["kernels"] = sorted(
-        {k.name for g in tp.runtime.dispatcher.graphs.values() for k in g.info.kernels} & {"all_reduce_", "all_gather"}
+        {k.name for g in tp.runtime.dispatcher.graphs.values() for k in g.info.kernels}
+        & {"all_reduce_", "all_gather"}
     )
     return found
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_graphed_mode_matches_tp1(world: int) -> None:
-    results = run_ranks(_mode_outputs, world, deadline_s=420)
+    results = run_ranks(mode_outputs, world, deadline_s=420)
     for rank, found in enumerate(results):
-        assert found["kernels"] == ["all_gather", "all_reduce_"], f"rank {rank}: collectives not in the graphs"
+        assert found["kernels"] == ["all_gather", "all_reduce_"], (
+            f"rank {rank}: collectives not in the graphs"
+        )
         for mode in ("DECODE", "TARGET_VERIFY", "DRAFT_DECODE", "DRAFT_EXTEND", "IDLE"):
-            graph_same, eager_same, diff = found[mode]
+            graph_same, eager_same, diff, _ = found[mode]
             assert graph_same and eager_same, f"rank {rank} {mode}: tokens differ from TP=1"
             assert diff <= ATOL, f"rank {rank} {mode}: |logits - TP=1| = {diff} > {ATOL}"
     assert all(r["stats"] == results[0]["stats"] for r in results), "ranks took different paths"
 
 
-def _engine_tokens(rank: int, world: int, speculative: dict | None) -> tuple:
+def engine_tokens(rank: int, world: int, speculative: dict | None, device: str = "cpu") -> tuple:
     from graphrt import Engine
     from graphrt.parallel import shutdown
 
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11], [100]] if rank == 0 else [[5]]  # NOTE: rank 0's win
-    kw = dict(device="cpu", max_batch_size=4, max_context_len=64, speculative=speculative, buckets=(1, 2, 4))
+    kw = dict(device=device, max_batch_size=4, max_context_len=64, speculative=speculative, buckets=(1, 2, 4))
     engine = Engine("tiny-llama", tp=world, **kw)
     out = engine.generate(prompts, 6)
     stats = engine.stats()
     engine.close()
     shutdown()
+    kw["device"] = engine.device
     ref = Engine("tiny-llama", **kw).generate([[1, 2, 3], [7, 8, 9, 10, 11], [100]], 6)
     return out, ref, stats.replays, stats.fallbacks
 
 
 @pytest.mark.parametrize("speculative", [None, {"num_steps": 3}], ids=["greedy", "speculative"])
 def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None) -> None:
-    results = run_ranks(_engine_tokens, 2, speculative, deadline_s=420, exit_s=20)
+    results = run_ranks(engine_tokens, 2, speculative, deadline_s=420, exit_s=20)
     for rank, (out, ref, replays, _) in enumerate(results):
         assert out == ref, f"rank {rank}: TP=2 tokens differ from TP=1"
         assert sum(replays.values()) > 0
     assert results[0][2:] == results[1][2:]
+
+
+def test_torchrun_demo_prints_once_and_exits() -> None:
+    cmd = ["torchrun", "--nproc-per-node", "2", "-m", "graphrt", "demo", "--tp", "2", "--prompts", "3"]
+    cmd += ["--max-new-tokens", "4", "--max-batch-size", "4", "--max-context-len", "128"]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("graphrt demo: graphs vs eager") == 1  # rank 0 only
+    assert "tokens identical" in done.stdout and "2 rank(s)" in done.stdout
 
 
 def test_tp_size_that_does_not_divide_heads_is_refused() -> None:

@@ -25,7 +25,13 @@ LENS = [5, 9, 3, 12, 7, 4]
 def _diverge(rank: int, world: int) -> dict:
     group = init_tp(world, CPU)
     setup = build_runtime(
-        CPU, buckets=(1, 2, 4), max_batch_size=4, max_reqs=8, max_context_len=64, model="tiny-llama-draft", tp=group
+        CPU,
+        buckets=(1, 2, 4),
+        max_batch_size=4,
+        max_reqs=8,
+        max_context_len=64,
+        model="tiny-llama-draft",
+        tp=group,
     )
     rt = setup.runtime
     prefill(setup, range(6), LENS, np.random.default_rng(0))
@@ -56,20 +62,20 @@ def test_forced_divergences_end_the_same_on_every_rank() -> None:
     assert r0["past_bucket_on_rank0"] == ("ok", repr(torch.Size([6, 512])))
     assert r0["bad_batch_on_rank0"][0] == "ValueError" and "token id" in r0["bad_batch_on_rank0"][1]
     assert r0["after"][0] == "ok"
-    replays, eager, fallbacks = r0["stats"]
+    replays, _, fallbacks = r0["stats"]
     assert fallbacks == {"DECODE": {"bs 6 > largest bucket 4": 1}, "IDLE": {"mode IDLE not captured": 1}}
     assert replays == {ForwardMode.DECODE.name: 2}
 
 
 def _skip_collective(rank: int, world: int) -> tuple[str, str, float]:
     group = init_tp(world, CPU, timeout_s=3.0)
-    setup = build_runtime(CPU, buckets=(1, 2), max_batch_size=2, max_context_len=64, model="tiny-llama-draft", tp=group)
+    setup = build_runtime(
+        CPU, buckets=(1, 2), max_batch_size=2, max_context_len=64, model="tiny-llama-draft", tp=group
+    )
     batch = decode_batch(setup, [0], [1], np.random.default_rng(0))
     start = time.monotonic()
-    if rank == 0:  # NOTE: the inner runtime: no broadcast, so rank 1 never joins the all-reduce
-        result = outcome(lambda: setup.runtime.inner.run(batch))
-    else:
-        result = ("skipped", "")
+    # NOTE: the inner runtime: no broadcast, so rank 1 never joins rank 0's all-reduce
+    result = outcome(lambda: setup.runtime.inner.run(batch)) if rank == 0 else ("skipped", "")
     return (*result, time.monotonic() - start)
 
 

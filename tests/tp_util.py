@@ -31,15 +31,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, timeout_s: float, fn: RankFn, args: tuple, q: Any) -> None:
+def _entry(
+    rank: int, world: int, port: int, timeout_s: float, backend: str, fn: RankFn, args: tuple, q: Any
+) -> None:
+    import torch
     import torch.distributed as dist
 
     from graphrt.parallel import shutdown
 
     os.environ.update(OMP_NUM_THREADS="1", GRAPHRT_TP_TIMEOUT=str(timeout_s))
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
@@ -58,14 +63,21 @@ def _entry(rank: int, world: int, port: int, timeout_s: float, fn: RankFn, args:
             pass
 
 
-def run_ranks(fn: RankFn, world: int, *args: Any, timeout_s: float = 30.0, deadline_s: float = 240.0, exit_s: float = 30.0
+def run_ranks(
+    fn: RankFn,
+    world: int,
+    *args: Any,
+    timeout_s: float = 30.0,
+    deadline_s: float = 240.0,
+    exit_s: float = 30.0,
+    backend: str = "gloo",
 ) -> list:
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each in its own process."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, world, port, timeout_s, fn, args, q), daemon=True)
+        ctx.Process(target=_entry, args=(r, world, port, timeout_s, backend, fn, args, q), daemon=True)
         for r in range(world)
     ]
     for p in procs:

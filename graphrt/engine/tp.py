@@ -36,9 +36,7 @@ def tp_generate(
 ) -> list[list[int]]:
     """``generate`` on rank 0, :func:`serve` on the others; rank 0's result on every rank."""
     group = channel.group
-    args = channel.share(
-        ([list(map(int, p)) for p in prompts], max_new_tokens) if group.is_driver else None
-    )
+    args = channel.share(([list(map(int, p)) for p in prompts], max_new_tokens) if group.is_driver else None)
     if not group.is_driver:
         end, _ = serve(channel, runtimes)
         if end.op is Op.ABORT:

@@ -12,8 +12,8 @@ from graphrt.attention.context import ForwardContext
 from graphrt.models.parallel import (
     SINGLE,
     ColumnParallelLinear,
-    Part,
     ParallelLMHead,
+    Part,
     RowParallelLinear,
     VocabParallelEmbedding,
     kv_heads,

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from graphrt.parallel.ops import register, unregister_all
 
 T = TypeVar("T")
+CPU = torch.device("cpu")
 
 #: Seconds a collective may wait for the other ranks (``GRAPHRT_TP_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("GRAPHRT_TP_TIMEOUT", "120"))
@@ -40,7 +41,7 @@ class TPGroup:
     size: int = 1
     device_group: Any = None
     cpu_group: Any = None
-    device: torch.device = torch.device("cpu")
+    device: torch.device = CPU
     timeout_s: float = DEFAULT_TIMEOUT_S
     name: str = ""
 
@@ -107,7 +108,9 @@ def init_tp(size: int, device: torch.device, timeout_s: float | None = None) -> 
         _OWNED = True
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != size:
-        raise ValueError(f"tp={size} but the process group has {world} ranks; graphrt's TP group is the world")
+        raise ValueError(
+            f"tp={size} but the process group has {world} ranks; graphrt's TP group is the world"
+        )
     device = rank_device(device, rank)
     want = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":

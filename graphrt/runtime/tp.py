@@ -70,7 +70,9 @@ def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Mess
             return msg, errors
         runtime = runtimes.get(msg.target)
         if runtime is None:
-            raise RuntimeError(f"rank {channel.group.rank}: rank 0 sent a step for unknown runtime {msg.target}")
+            raise RuntimeError(
+                f"rank {channel.group.rank}: rank 0 sent a step for unknown runtime {msg.target}"
+            )
         try:
             runtime.step(msg)
         except CollectiveError:
