@@ -36,8 +36,12 @@ class OneShot:
 
             if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out"):
                 raise RuntimeError("torch.ops.symm_mem.one_shot_all_reduce_out is missing in this torch")
+            name = group.device_group.group_name
+            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # NOTE: needed before torch 2.8
+            if enable is not None:
+                enable(name)
             buffer = symm_mem.empty(max_bytes // 2, dtype=torch.bfloat16, device=group.device)
-            handle = symm_mem.rendezvous(buffer, group.device_group.group_name)
+            handle = symm_mem.rendezvous(buffer, name)
         except Exception as err:  # NOTE: availability probe: any failure means "use NCCL"
             if required:
                 raise RuntimeError(f"rank {group.rank}: one-shot all-reduce unavailable: {err}") from err
