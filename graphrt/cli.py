@@ -84,6 +84,12 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
     p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+    p.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor-parallel size: run under torchrun --nproc-per-node N",
+    )
 
 
 def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[int, str], ...] = (
     (1, "graphrt.step"),
     (2, "graphrt.kv"),
     (3, "graphrt.metadata"),
+    (3, "graphrt.parallel"),  # TP groups, collectives as ops, step broadcast: below the models
     (4, "graphrt.attention"),
     (5, "graphrt.models"),
     (5, "graphrt.runtime"),

@@ -12,6 +12,8 @@ from graphrt import Batch, ForwardMode, GraphRuntime, PagedKVCache, ReqToToken, 
 from graphrt.attention import available_backends
 from graphrt.engine.stack import build_stack
 from graphrt.models import TinyLlama
+from graphrt.parallel import StepChannel, TPGroup
+from graphrt.runtime import TPRuntime
 from graphrt.step.modes import SpecGeometry
 
 
@@ -51,6 +53,7 @@ def build_runtime(
     speculative: SpecGeometry | None = None,
     kv_cache_dtype: str | None = None,
     sample: bool = False,
+    tp: TPGroup | None = None,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -66,8 +69,10 @@ def build_runtime(
         warmup=1,
         sample=sample,
     )
-    stack = build_stack(model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype)
-    runtime = stack.runtime
+    stack = build_stack(
+        model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype, tp=tp or TPGroup()
+    )
+    runtime = stack.runtime if tp is None else TPRuntime(stack.runtime, StepChannel(tp))
     if capture:
         runtime.capture()
     return Setup(runtime, stack.model, stack.kv, stack.req_to_token, config.max_pages)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
 from graphrt.models.loader import packaged_path, resolve
 from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
+from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import AUTO, UsageError, resolve_backend, resolve_device
 from graphrt.tools.env import environment
@@ -90,8 +92,24 @@ def text_prompts(model: str, n: int, max_new: int) -> tuple[list[list[int]], lis
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``graphrt demo``: returns 0 when graphs and eager produce the same tokens, else 1."""
-    console = Console()
+    """``graphrt demo``: returns 0 when graphs and eager produce the same tokens, else 1.
+
+    With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank runs the same steps and
+    only rank 0 prints.
+    """
+    tp = getattr(args, "tp", 1)
+    if tp > 1 and args.snapshot:
+        raise UsageError("--snapshot", args.snapshot, "runs a parity sweep on one rank: use it with --tp 1")
+    try:
+        return _demo(args, tp)
+    finally:
+        if tp > 1:
+            shutdown()
+
+
+def _demo(args: argparse.Namespace, tp: int) -> int:
+    rank0 = tp == 1 or int(os.environ.get("RANK", "0")) == 0
+    console = Console(quiet=not rank0)  # NOTE: only rank 0 prints
     args.model = demo_model(args, console)
     device, backend = check_args(args)
     sampling = getattr(args, "sampling", None)
@@ -107,8 +125,9 @@ def run_demo(args: argparse.Namespace) -> int:
         # NOTE: an engine recording logits samples from them outside the graph; a sampled
         # demo runs the in-graph sampler instead (tokens are compared, logits are not).
         record_logits=sampling is None,
+        tp=tp,
     )
-    graphed = Engine(args.model, use_graphs=True, show_progress=True, **kwargs)
+    graphed = Engine(args.model, use_graphs=True, show_progress=rank0, **kwargs)
     eager = Engine(args.model, use_graphs=False, **kwargs)
     prompts, budgets, tokenizer = text or (
         *demo_prompts(
@@ -139,6 +158,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
+    graphed.close()
+    eager.close()
     return 0 if out_graph == out_eager else 1
 
 
@@ -187,6 +208,7 @@ def _table(
     table.add_column("value", overflow="fold")
     rows = [
         ("device", f"{env['device']} (torch {env['torch']})"),
+        ("tensor parallel", f"{graphed.tp.size} rank(s), output from rank 0"),
         (
             "capture engine",
             report.engine + (" (CUDA graphs)" if report.engine == "cuda" else " (CPU, graph semantics)"),

@@ -17,8 +17,10 @@ import torch
 from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
 from graphrt.engine.speculative import SpecOptions, SpecRunner, SpecState
 from graphrt.engine.stack import build_stack
+from graphrt.engine.tp import tp_generate
 from graphrt.models.presets import DSAConfig, preset
-from graphrt.runtime import CaptureReport
+from graphrt.parallel import StepChannel, init_tp
+from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
@@ -92,6 +94,13 @@ class Engine:
         DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
     dtype : torch.dtype, optional
         Weights, activations and KV cache; default bf16 on CUDA, fp32 elsewhere.
+    tp : int
+        Tensor-parallel size: build on every rank of a ``torchrun --nproc-per-node tp`` world
+        (or an initialised ``torch.distributed`` group of that size) and call :meth:`generate`
+        on every rank; rank 0 schedules, every rank returns its tokens. :meth:`close`, then
+        ``graphrt.parallel.shutdown()``, before the process exits.
+    tp_timeout_s : float, optional
+        Seconds any collective waits for the other ranks before raising (naming the rank).
     """
 
     def __init__(
@@ -111,8 +120,13 @@ class Engine:
         speculative: dict[str, Any] | None = None,
         kv_cache_dtype: str | None = None,
         dtype: torch.dtype | None = None,
+        tp: int = 1,
+        tp_timeout_s: float | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tp = init_tp(tp, self.device, tp_timeout_s)
+        self.device = self.tp.device if tp > 1 else self.device
+        self.channel = StepChannel(self.tp) if tp > 1 else None
         spec = SpecOptions.parse(speculative) if speculative is not None else None
         config = RuntimeConfig(
             max_batch_size=max_batch_size,
@@ -127,9 +141,9 @@ class Engine:
             sample=spec is None,  # NOTE: speculative decoding stays greedy
         )
         stack = build_stack(
-            str(model), self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype, dtype=dtype
+            str(model), self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype, dtype=dtype, tp=self.tp
         )
-        self.model, self.kv, self.runtime = stack.model, stack.kv, stack.runtime
+        self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(show_progress) if use_graphs else None
@@ -158,7 +172,12 @@ class Engine:
         dsa_draft = isinstance(preset(spec.draft_model), DSAConfig)
         layout = getattr(self.kv, "layout", None) if dsa_draft else None
         draft = build_stack(
-            spec.draft_model, self.device, draft_config, seed=spec.draft_seed, kv_cache_dtype=layout
+            spec.draft_model,
+            self.device,
+            draft_config,
+            seed=spec.draft_seed,
+            kv_cache_dtype=layout,
+            tp=self.tp,
         )
         self.draft_model = draft.model
         if spec.draft_init == "target":
@@ -170,7 +189,12 @@ class Engine:
                     p.copy_(own[name])
         if self.use_graphs:
             draft.runtime.capture(show_progress)
-        return SpecRunner(self.runtime, draft.runtime, spec, config.page_size)
+        self.draft_runtime = self._ranked(draft.runtime, 1)
+        return SpecRunner(self.runtime, self.draft_runtime, spec, config.page_size)
+
+    def _ranked(self, runtime: Any, target: int) -> Any:
+        """With TP, a runtime whose steps every rank runs with rank 0's batch."""
+        return runtime if self.channel is None else TPRuntime(runtime, self.channel, target)
 
     @property
     def _lookahead(self) -> int:
@@ -227,7 +251,25 @@ class Engine:
         Returns
         -------
         list of list of int: the new tokens of each prompt.
+
+        With TP, call it on every rank: rank 0's prompts are generated, every rank returns them
+        (greedy only).
         """
+        if self.channel is not None:
+            if sampling is not None:
+                raise ValueError(
+                    f"sampling with tensor parallelism (tp {self.tp}) is not supported: greedy only"
+                )
+            runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
+            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens)
+        return self._generate(prompts, max_new_tokens, sampling)
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[list[int]]:
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(limits) != len(prompts):
             raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
@@ -344,6 +386,14 @@ class Engine:
             self._free_reqs.append(r.req_idx)
             self._free_pages.extend(r.pages)
             self.finished[r.rid] = r
+
+    def close(self) -> None:
+        """Release the captured graphs (and sync): do this before a process group is destroyed."""
+        for runtime in (self.runtime, getattr(self, "draft_runtime", None)):
+            if runtime is not None:
+                runtime.release()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""

@@ -13,7 +13,9 @@ from graphrt.models.causal_lm import CausalLM
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.llama import TinyLlama
 from graphrt.models.loader import default_dtype, load, resolve
+from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import PRESETS, DSAConfig, preset
+from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
 
@@ -35,6 +37,7 @@ def build_stack(
     seed: int = 0,
     kv_cache_dtype: str | None = None,
     dtype: torch.dtype | None = None,
+    tp: TPGroup = SINGLE,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.models.load``).
 
@@ -44,11 +47,16 @@ def build_stack(
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
     ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA presets keep
-    the model's dtype.
+    the model's dtype. ``tp``: this rank's shards of the same model; its KV cache holds the
+    rank's KV heads only.
     """
     dtype = dtype or default_dtype(device)
     checkpoint = None if name in PRESETS else resolve(name)
     if checkpoint is not None:
+        if tp.size > 1:
+            raise ValueError(
+                f"tensor parallelism (tp {tp.size}) runs the built-in presets; {name} is a checkpoint"
+            )
         if kv_cache_dtype not in (None, "auto"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
         return stack_for(load(checkpoint, device=device, dtype=dtype), config, max_reqs=max_reqs)
@@ -57,6 +65,8 @@ def build_stack(
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
     if isinstance(cfg, DSAConfig):
+        if tp.size > 1:
+            raise ValueError(f"tensor parallelism supports the Llama presets; {name} is a DSA model")
         model = TinyDSA.from_seed(cfg, seed, device, dtype)
         mla = MLAShape(
             cfg.num_layers, config.page_size, num_pages, cfg.index_dim, cfg.index_topk, cfg.num_heads
@@ -65,8 +75,8 @@ def build_stack(
     else:
         if kv_cache_dtype not in (None, "auto"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
-        model = TinyLlama.from_seed(cfg, seed, device, dtype)
-        shape = KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
+        model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
+        shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
         kv = PagedKVCache(shape, dtype, device)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)

@@ -9,7 +9,18 @@ import torch
 from torch import nn
 
 from graphrt.attention.context import ForwardContext
+from graphrt.models.parallel import (
+    SINGLE,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    Part,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    kv_heads,
+    split,
+)
 from graphrt.models.presets import LlamaConfig
+from graphrt.parallel import TPGroup
 
 
 class RMSNorm(nn.Module):
@@ -30,23 +41,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
 
 
+def _scaled(part: Part, by: int) -> Part:
+    return Part(part.full * by, part.start * by, part.size * by)
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
+    """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`)."""
+
+    def __init__(self, cfg: LlamaConfig, layer_id: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         self.cfg, self.layer_id = cfg, layer_id
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, q + 2 * kv, bias=False)
-        self.o = nn.Linear(q, cfg.hidden_size, bias=False)
+        heads, kv = split(cfg.num_heads, tp, "num_heads"), kv_heads(cfg.num_kv_heads, cfg.num_heads, tp)
+        self.num_heads, self.num_kv_heads = heads.size, kv.size
+        q_part, kv_part = _scaled(heads, cfg.head_dim), _scaled(kv, cfg.head_dim)
+        self.qkv = ColumnParallelLinear(cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"))
+        self.o = RowParallelLinear(q_part, cfg.hidden_size, tp)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        cfg = self.cfg
-        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        cfg, d = self.cfg, self.cfg.head_dim
+        q_dim, kv_dim = self.num_heads * d, self.num_kv_heads * d
         q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-        q = apply_rope(q.view(-1, cfg.num_heads, cfg.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        q = apply_rope(q.view(-1, self.num_heads, d), cos, sin)
+        k = apply_rope(k.view(-1, self.num_kv_heads, d), cos, sin)
+        v = v.reshape(-1, self.num_kv_heads, d)
         out = ctx.attention(
             self.layer_id, q, k, v, window=cfg.window(self.layer_id), chunk=cfg.chunk(self.layer_id)
         )
@@ -54,10 +73,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    """SwiGLU; ``gate_up`` column-parallel (gate and up blocks), ``down`` row-parallel."""
+
+    def __init__(self, cfg: Any, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inner = split(cfg.intermediate_size, tp, "intermediate_size")
+        self.gate_up = ColumnParallelLinear(cfg.hidden_size, (inner, inner), ("gate", "up"))
+        self.down = RowParallelLinear(inner, cfg.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -82,18 +104,26 @@ class Block(nn.Module):
 def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
     """Random weights from ``seed``, std ``1/sqrt(fan_in)`` (the contracted dim), norms at 1.
 
-    Logits get a usable spread; ``inv_freq`` (RoPE angles) stays float32 in any dtype.
+    Logits get a usable spread; ``inv_freq`` (RoPE angles) stays float32 in any dtype. Sharded
+    parameters draw their *full* tensor and keep their slice (``weight_loader``), so every TP
+    size holds the same model.
     """
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 continue
-            fan_in = 1 if "embed" in name else (p.shape[-2] if p.dim() == 3 else p.shape[-1])
-            p.copy_(torch.randn(p.shape, generator=gen) * fan_in**-0.5)
+            shape = getattr(p, "full_shape", p.shape)
+            fan_in = 1 if "embed" in name else (shape[-2] if len(shape) == 3 else shape[-1])
+            full = torch.randn(shape, generator=gen) * fan_in**-0.5
+            getattr(p, "weight_loader", _copy)(p, full)
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = model.inv_freq.float()
     return model
+
+
+def _copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    param.copy_(loaded)
 
 
 class Decoder(nn.Module):
@@ -102,21 +132,26 @@ class Decoder(nn.Module):
     ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``.
     """
 
-    def __init__(self, cfg: Any, rope_dim: int, attention: Callable[[int], nn.Module]) -> None:
+    def __init__(
+        self, cfg: Any, rope_dim: int, attention: Callable[[int], nn.Module], tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.cfg, self.tp = cfg, tp
+        self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg)) for i in range(cfg.num_layers)
+            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp)) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim
         self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
 
     @classmethod
-    def from_seed(cls, cfg: Any, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
-        return seeded(cls(cfg), seed, device, dtype)
+    def from_seed(
+        cls, cfg: Any, seed: int, device: torch.device, dtype: torch.dtype, tp: TPGroup = SINGLE
+    ) -> Any:
+        """Random weights from ``seed``; with ``tp``, this rank's shards of the same weights."""
+        return seeded(cls(cfg, tp) if tp.size > 1 else cls(cfg), seed, device, dtype)
 
     @property
     def vocab_size(self) -> int:
@@ -132,7 +167,12 @@ class Decoder(nn.Module):
 
 
 class TinyLlama(Decoder):
-    """A Llama-style decoder: GQA attention through ``ctx.attention``."""
+    """A Llama-style decoder: GQA attention through ``ctx.attention``; tensor-parallel with ``tp``."""
 
-    def __init__(self, cfg: LlamaConfig) -> None:
-        super().__init__(cfg, cfg.head_dim, lambda i: Attention(cfg, i))
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup = SINGLE) -> None:
+        super().__init__(cfg, cfg.head_dim, lambda i: Attention(cfg, i, tp), tp)
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank stores (its KV cache's head count)."""
+        return self.layers[0].attn.num_kv_heads

@@ -10,6 +10,7 @@ from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.runtime import GraphRuntime, make_engine
 from graphrt.runtime.telemetry import StepRecord, Telemetry
+from graphrt.runtime.tp import TPRuntime, serve
 
 __all__ = [
     "PROGRAMS",
@@ -22,6 +23,8 @@ __all__ = [
     "RuntimeStats",
     "StepEnv",
     "StepRecord",
+    "TPRuntime",
     "Telemetry",
     "make_engine",
+    "serve",
 ]

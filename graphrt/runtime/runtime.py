@@ -261,6 +261,15 @@ class GraphRuntime:
         if left:
             raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
 
+    def release(self) -> None:
+        """Drop every captured graph and its outputs (before tearing down a process group)."""
+        for graph in self.dispatcher.graphs.values():
+            reset = getattr(getattr(graph, "graph", None), "reset", None)
+            if reset is not None:
+                reset()
+        self.dispatcher.graphs.clear()
+        self._outputs.clear()
+
     def stats(self) -> RuntimeStats:
         """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
         fallbacks: dict[str, dict[str, int]] = {}

@@ -1,0 +1,115 @@
+"""Rank 0's step, broadcast to the other ranks before they run it: one small gloo broadcast.
+
+A :class:`Message` (op, target runtime, eager flag, and the step's :class:`Batch`) packs into
+one int64 tensor: a header, then ``input_ids``, ``seq_lens``, ``req_pool_indices``,
+``out_cache_loc``, ``q_lens`` and the flattened ``tree_mask``. Steps up to :data:`CAPACITY`
+values take one broadcast; a longer one (a large prefill) sends its tail in a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from graphrt.step.batch import Batch
+from graphrt.step.modes import ForwardMode
+
+if TYPE_CHECKING:
+    from graphrt.parallel.group import TPGroup
+
+CAPACITY = 4096  # int64 values in the first broadcast (32 KiB)
+MAGIC = 0x67727274  # "grrt"
+_MODES = list(ForwardMode)
+_ARRAYS = ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc", "q_lens")
+_HEADER = 6 + len(_ARRAYS) + 1  # magic, op, target, eager, mode, total, sizes..., tree n
+
+
+class Op(IntEnum):
+    RUN = 1  # run ``batch`` on runtime ``target``
+    STOP = 2  # the driver's call ended normally
+    ABORT = 3  # the driver's call raised; an object broadcast with the error follows
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    op: Op
+    target: int = 0
+    eager: bool = False
+    batch: Batch | None = None
+
+
+def pack(msg: Message) -> np.ndarray:
+    """``msg`` as one int64 array (see the module docstring)."""
+    b = msg.batch
+    arrays = [getattr(b, name) for name in _ARRAYS] if b is not None else []
+    tree = -1 if b is None or b.tree_mask is None else b.tree_mask.shape[-1]
+    if tree >= 0:
+        arrays.append(b.tree_mask.reshape(-1).astype(np.int64))  # type: ignore[union-attr]
+    sizes = [a.size for a in arrays[: len(_ARRAYS)]] or [0] * len(_ARRAYS)
+    mode = _MODES.index(b.mode) if b is not None else -1
+    body = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+    header = [MAGIC, int(msg.op), msg.target, int(msg.eager), mode, _HEADER + body.size, *sizes, tree]
+    return np.concatenate([np.asarray(header, np.int64), body])
+
+
+def unpack(values: np.ndarray) -> Message:
+    """The :class:`Message` :func:`pack` wrote into ``values``."""
+    if int(values[0]) != MAGIC:
+        raise RuntimeError(f"step broadcast is corrupt (magic {int(values[0]):#x})")
+    op, target, eager, mode = (int(v) for v in values[1:5])
+    if mode < 0:
+        return Message(Op(op), target, bool(eager))
+    sizes = [int(v) for v in values[6 : 6 + len(_ARRAYS)]]
+    tree = int(values[_HEADER - 1])
+    bounds = np.cumsum([_HEADER, *sizes])
+    fields = {name: values[bounds[i] : bounds[i + 1]].copy() for i, name in enumerate(_ARRAYS)}
+    mask = None
+    if tree >= 0:
+        bs = sizes[1]
+        mask = values[bounds[-1] : bounds[-1] + bs * tree * tree].reshape(bs, tree, tree).astype(bool)
+    return Message(Op(op), target, bool(eager), Batch(_MODES[mode], tree_mask=mask, **fields))
+
+
+class StepChannel:
+    """Rank 0 → every rank, over the group's gloo ``cpu_group``, with the group's timeout."""
+
+    def __init__(self, group: TPGroup) -> None:
+        self.group = group
+
+    def exchange(self, msg: Message | None) -> Message:
+        """Rank 0 sends ``msg``; every rank returns rank 0's message (others pass ``None``)."""
+        g = self.group
+        if g.size == 1:
+            assert msg is not None
+            return msg
+        buf = torch.zeros(CAPACITY, dtype=torch.int64)
+        packed = None
+        if g.is_driver:
+            if msg is None:
+                raise ValueError("rank 0 drives: it must send a message")
+            packed = pack(msg)
+            head = min(packed.size, CAPACITY)
+            buf[:head] = torch.from_numpy(packed[:head])
+        g.guard("step broadcast", lambda: dist.broadcast(buf, src=0, group=g.cpu_group))
+        total = int(buf[5])
+        if total <= CAPACITY:
+            return msg if g.is_driver else unpack(buf.numpy())  # type: ignore[return-value]
+        tail = torch.zeros(total - CAPACITY, dtype=torch.int64)
+        if packed is not None:
+            tail.copy_(torch.from_numpy(packed[CAPACITY:]))
+        g.guard("step broadcast (tail)", lambda: dist.broadcast(tail, src=0, group=g.cpu_group))
+        return msg if g.is_driver else unpack(np.concatenate([buf.numpy(), tail.numpy()]))  # type: ignore[return-value]
+
+    def share(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled; for call arguments, results and errors)."""
+        g = self.group
+        if g.size == 1:
+            return obj
+        box = [obj if g.is_driver else None]
+        g.guard("object broadcast", lambda: dist.broadcast_object_list(box, src=0, group=g.cpu_group))
+        return box[0]

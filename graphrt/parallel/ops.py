@@ -1,0 +1,128 @@
+"""The model's collectives as ``torch.ops.graphrt`` ops, so a graph records each as one node.
+
+``graphrt::all_reduce_(Tensor(a!) x, str comm)`` sums ``x`` over the TP group in place;
+``graphrt::all_gather(Tensor x, str comm) -> Tensor [size, *x.shape]`` stacks every rank's
+``x``. Both capture engines see one op: the CUDA engine records the collective's kernels on
+the capture stream (NCCL, or the one-shot symmetric-memory kernel for small messages), the
+emulated engine records the op and re-issues it over gloo on replay. ``comm`` names a
+:class:`Communicator` registered once per group, before the first capture.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from graphrt.parallel.group import TPGroup
+
+_LIB = torch.library.Library("graphrt", "DEF")
+_LIB.define("all_reduce_(Tensor(a!) x, str comm) -> ()")
+_LIB.define("all_gather(Tensor x, str comm) -> Tensor")
+
+
+class Communicator:
+    """One group's collectives: NCCL/gloo through ``torch.distributed``, one-shot for small sums.
+
+    ``GRAPHRT_ALLREDUCE``: ``auto`` (default: one-shot up to ``GRAPHRT_ONESHOT_MAX_BYTES`` on
+    CUDA when symmetric memory works, NCCL above), ``nccl`` (never one-shot) or ``oneshot``.
+    """
+
+    def __init__(self, group: TPGroup) -> None:
+        self.group = group
+        self.oneshot: Any = None
+        mode = os.environ.get("GRAPHRT_ALLREDUCE", "auto")
+        if group.device.type == "cuda" and mode in ("auto", "oneshot"):
+            from graphrt.parallel.symm import OneShot
+
+            limit = int(os.environ.get("GRAPHRT_ONESHOT_MAX_BYTES", str(256 * 1024)))
+            self.oneshot = OneShot.create(group, limit, required=mode == "oneshot")
+
+    def warm_up(self) -> None:
+        """Run each collective once eagerly: communicators connect here, never inside a capture."""
+        g = self.group
+        x = torch.ones(4, device=g.device)
+        self.all_reduce_(x)
+        self.all_gather(x)
+        if self.oneshot is not None:
+            self.oneshot.all_reduce_(torch.ones(8, device=g.device, dtype=torch.bfloat16))
+        if g.device.type == "cuda":
+            torch.cuda.synchronize(g.device)
+        if not torch.equal(x.cpu(), torch.full((4,), float(g.size))):
+            raise RuntimeError(f"rank {g.rank}: warm-up all-reduce gave {x.tolist()}, expected {g.size}")
+
+    def all_reduce_(self, x: torch.Tensor) -> None:
+        if self.oneshot is not None and self.oneshot.fits(x):
+            self.oneshot.all_reduce_(x)
+            return
+        g = self.group
+        g.guard("all_reduce", lambda: dist.all_reduce(x, group=g.device_group))
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.group
+        out = x.new_empty(g.size * x.numel())
+        flat = x.contiguous().view(-1)
+        g.guard("all_gather", lambda: _GATHER(out, flat, group=g.device_group))
+        return out.view(g.size, *x.shape)
+
+
+#: ``all_gather_single`` replaces ``all_gather_into_tensor`` in newer torch (same semantics).
+_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+_COMMS: dict[str, Communicator] = {}
+
+
+def register(group: TPGroup) -> Communicator:
+    """Create, warm up and register ``group``'s communicator (every rank, before any capture)."""
+    comm = _COMMS[group.name] = Communicator(group)
+    comm.warm_up()
+    return comm
+
+
+def unregister_all() -> None:
+    for comm in _COMMS.values():
+        if comm.oneshot is not None:
+            comm.oneshot.close()
+    _COMMS.clear()
+
+
+def communicator(name: str) -> Communicator:
+    comm = _COMMS.get(name)
+    if comm is None:
+        raise RuntimeError(f"no TP communicator {name!r} (registered: {sorted(_COMMS)}); call init_tp first")
+    return comm
+
+
+def _all_reduce_impl(x: torch.Tensor, comm: str) -> None:
+    communicator(comm).all_reduce_(x)
+
+
+def _all_gather_impl(x: torch.Tensor, comm: str) -> torch.Tensor:
+    return communicator(comm).all_gather(x)
+
+
+def _all_gather_meta(x: torch.Tensor, comm: str) -> torch.Tensor:
+    return x.new_empty((communicator(comm).group.size, *x.shape))
+
+
+_LIB.impl("all_reduce_", _all_reduce_impl, "CompositeExplicitAutograd")
+_LIB.impl("all_gather", _all_gather_impl, "CompositeExplicitAutograd")
+_LIB.impl("all_gather", _all_gather_meta, "Meta")
+
+
+def all_reduce_(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
+    """Sum ``x`` over ``group`` in place (a no-op for one rank); returns ``x``."""
+    if group.size > 1:
+        torch.ops.graphrt.all_reduce_(x, group.name)
+    return x
+
+
+def all_gather_last(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
+    """``[..., n]`` on each rank → ``[..., size * n]``, rank 0's columns first."""
+    if group.size == 1:
+        return x
+    stacked = torch.ops.graphrt.all_gather(x, group.name)  # [size, ..., n]
+    return stacked.movedim(0, -2).reshape(*x.shape[:-1], group.size * x.shape[-1])

@@ -1,0 +1,81 @@
+"""Every rank runs the same steps: rank 0's batch is broadcast before any rank runs it.
+
+:class:`TPRuntime` wraps one rank's :class:`GraphRuntime`. ``run`` is called on every rank
+(SPMD) or, on ranks other than 0, by :func:`serve`; either way each rank runs the batch rank 0
+passed, so every rank validates the same arrays, picks the same bucket, falls back for the
+same reason and raises the same error — no rank waits in a collective another one skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from graphrt.parallel import CollectiveError, Message, Op, StepChannel
+from graphrt.runtime import GraphRuntime
+from graphrt.step.batch import Batch
+
+
+class TPRuntime:
+    """One rank's runtime in a TP group; other attributes pass through to ``inner``.
+
+    ``target`` tells the runtimes of one engine apart (0: the target model, 1: the draft).
+    """
+
+    def __init__(self, inner: GraphRuntime, channel: StepChannel, target: int = 0) -> None:
+        self.inner, self.channel, self.target = inner, channel, target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def rank(self) -> int:
+        return self.channel.group.rank
+
+    def run(self, batch: Batch | None, *, eager: bool = False) -> torch.Tensor:
+        """Run rank 0's ``batch`` on every rank (other ranks' ``batch`` is ignored)."""
+        msg = self.channel.exchange(Message(Op.RUN, self.target, eager, batch) if self.rank == 0 else None)
+        if msg.op is not Op.RUN or msg.target != self.target:
+            raise RuntimeError(
+                f"rank {self.rank}: expected a step for runtime {self.target}, rank 0 sent "
+                f"{msg.op.name} for runtime {msg.target}"
+            )
+        assert msg.batch is not None
+        return self.inner.run(msg.batch, eager=msg.eager)
+
+    def step(self, msg: Message) -> torch.Tensor:
+        """Run a step already received (by :func:`serve`)."""
+        assert msg.batch is not None
+        return self.inner.run(msg.batch, eager=msg.eager)
+
+    def release(self) -> None:
+        self.inner.release()
+
+
+def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Message, list[Exception]]:
+    """A non-zero rank's loop: run each step rank 0 broadcasts until it sends STOP or ABORT.
+
+    A step that raises here raised on rank 0 too (same batch, same checks); the error is kept
+    and the loop goes on, since rank 0 decides whether to continue. Returns the final message
+    and the errors seen.
+    """
+    if channel.group.is_driver:
+        raise RuntimeError("rank 0 drives the steps; serve() runs on the other ranks")
+    errors: list[Exception] = []
+    while True:
+        msg = channel.exchange(None)
+        if msg.op is not Op.RUN:
+            return msg, errors
+        runtime = runtimes.get(msg.target)
+        if runtime is None:
+            raise RuntimeError(
+                f"rank {channel.group.rank}: rank 0 sent a step for unknown runtime {msg.target}"
+            )
+        try:
+            runtime.step(msg)
+        except CollectiveError:
+            raise
+        except (ValueError, RuntimeError) as err:
+            errors.append(err)

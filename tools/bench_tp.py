@@ -1,0 +1,169 @@
+"""Decode step time at TP=1 vs TP=N: the Llama-3-8B shape with random bf16 weights, graphed and eager.
+
+``python -m graphrt.tools.bench_tp --tp 1`` and ``torchrun --nproc-per-node 2 -m
+graphrt.tools.bench_tp --tp 2``. Every rank runs every step (rank 0's batch, broadcast); times
+are rank 0's, per-rank host time of a graphed step is reported for every rank, and the decode
+graph's kernel list gives the all-reduce count. JSON: ``bench/results/decode_tp<N>_<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
+from graphrt.models.llama import TinyLlama
+from graphrt.models.presets import LlamaConfig
+from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
+from graphrt.runtime import TPRuntime
+from graphrt.tools.bench import PAGE_SIZE, slots, time_us
+from graphrt.tools.env import environment
+
+LLAMA3_8B = LlamaConfig(
+    vocab_size=128256,
+    hidden_size=4096,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    rope_theta=500000.0,
+    rms_eps=1e-5,
+)
+COLLECTIVE_KERNELS = ("nccl", "allreduce", "all_reduce", "one_shot", "allgather")
+
+
+def random_model(cfg: LlamaConfig, tp: TPGroup, device: torch.device) -> TinyLlama:
+    """This rank's shards, filled on the device (std 1/sqrt(fan_in)); not TP-invariant weights."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = TinyLlama(cfg, tp)
+    finally:
+        torch.set_default_dtype(default)
+    gen = torch.Generator(device=device).manual_seed(tp.rank)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+                continue
+            fan_in = 1 if "embed" in name else p.full_shape[-1]
+            p.normal_(0.0, fan_in**-0.5, generator=gen)
+    model.inv_freq = model.inv_freq.float()
+    return model.eval()
+
+
+def _runtime(
+    tp: TPGroup, device: torch.device, max_bs: int, context: int, backend: str | None
+) -> GraphRuntime:
+    config = RuntimeConfig(
+        max_batch_size=max_bs, max_context_len=context + 64, page_size=PAGE_SIZE, backend=backend
+    )
+    model = random_model(LLAMA3_8B, tp, device)
+    pages = max_bs * config.max_pages + 1
+    kv = PagedKVCache(KVShape(32, model.num_kv_heads, 128, PAGE_SIZE, pages), torch.bfloat16, device)
+    r2t = ReqToToken(max_bs, config.max_context_len, PAGE_SIZE, kv.dummy_slot, device)
+    runtime = GraphRuntime(model, kv, r2t, config, vocab_size=LLAMA3_8B.vocab_size)
+    return TPRuntime(runtime, StepChannel(tp)) if tp.size > 1 else runtime  # type: ignore[return-value]
+
+
+def collectives_per_graph(runtime: GraphRuntime, bucket: int) -> dict[str, int]:
+    graph = runtime.dispatcher.graphs[(ForwardMode.DECODE, bucket)]
+    found: dict[str, int] = {}
+    for k in graph.info.kernels:
+        if any(tag in k.name.lower() for tag in COLLECTIVE_KERNELS):
+            found[k.name] = found.get(k.name, 0) + k.count
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--batch-sizes", default="1,16,64")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    tp = init_tp(args.tp, torch.device("cuda"))
+    device = tp.device
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    runtime = _runtime(tp, device, max(sizes), args.context, args.backend)
+    report = runtime.capture(show_progress=tp.rank == 0)
+    pages_per_req, rng = runtime.config.max_pages, np.random.default_rng(0)
+    for req in range(max(sizes)):
+        runtime.run(
+            Batch.create(
+                ForwardMode.EXTEND,
+                input_ids=rng.integers(0, 128000, args.context),
+                seq_lens=[args.context],
+                req_pool_indices=[req],
+                out_cache_loc=slots(req, pages_per_req, 0, args.context),
+                q_lens=[args.context],
+            )
+        )
+    rows = []
+    for bs in sizes:
+        batch = Batch.create(
+            ForwardMode.DECODE,
+            input_ids=rng.integers(0, 128000, bs),
+            seq_lens=[args.context + 1] * bs,
+            req_pool_indices=list(range(bs)),
+            out_cache_loc=np.concatenate(
+                [slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
+            ),
+        )
+        eager = time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device)
+        graph = time_us(lambda b=batch: runtime.run(b), args.iters, device)
+        host = time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True)
+        hosts = [host] * tp.size
+        if tp.size > 1:
+            dist.all_gather_object(hosts, host, group=tp.cpu_group)
+        bucket = runtime.dispatcher.policy.bucket_for(bs)
+        rows.append(
+            {
+                "bs": bs,
+                "eager_us": eager,
+                "graph_us": graph,
+                "graph_host_us_per_rank": hosts,
+                "speedup": eager / graph,
+                "collective_kernels_in_graph": collectives_per_graph(runtime, bucket),
+            }
+        )
+    if tp.rank == 0:
+        result = {
+            "bench": "decode_step_tp",
+            "model": "llama-3-8b shape, random bf16 weights",
+            "tp": tp.size,
+            "context": args.context,
+            "iters": args.iters,
+            "backend": runtime.backend.name,
+            "engine": report.engine,
+            "allreduce": os.environ.get("GRAPHRT_ALLREDUCE", "auto"),
+            "env": environment(device),
+            "capture_seconds": report.seconds,
+            "rows": rows,
+        }
+        path = "" if tp.size == 1 else "_" + os.environ.get("GRAPHRT_ALLREDUCE", "auto")
+        out = Path(args.out) / f"decode_tp{tp.size}_{device.type}{path}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        for r in rows:
+            print(json.dumps(r))
+        print(f"written to {out}")
+    runtime.release()
+    torch.cuda.synchronize(device)
+    if tp.size > 1:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
