@@ -67,8 +67,7 @@ def filled(setup: Setup, rng: np.random.Generator, device: torch.device, long: b
 
 def scratch_chain(setup: Setup, row: int, source: int, prefix: int) -> None:
     """Row ``row`` shares ``source``'s first ``prefix`` KV slots (a prefix cache's alias)."""
-    table = setup.req_to_token.table
-    table[row, :prefix] = table[source, :prefix]
+    setup.req_to_token.share_prefix(source, row, prefix)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
