@@ -55,12 +55,19 @@ def tol(device: torch.device) -> dict[str, float]:
     return {"rtol": 2e-2, "atol": 5e-2} if device.type == "cuda" else {"rtol": 1e-4, "atol": 1e-4}
 
 
+def fresh(setup: Setup) -> None:
+    """Free every row: the runtime is shared, and earlier tests' requests are done."""
+    for row in range(ROWS + SCRATCH):
+        setup.req_to_token.free(row)
+
+
 def filled(setup: Setup, rng: np.random.Generator, device: torch.device, long: bool = True) -> list[int]:
     """Prefill rows ``0..ROWS-1``; ``long``: lengths on both sides of ``index_topk`` (CPU)."""
     high = CONTEXT - 16 if long and device.type == "cpu" else TOPK - 8
     lens = [int(n) for n in rng.integers(8, high, ROWS)]
     if long and device.type == "cpu":
         lens[0] = high  # NOTE: at least one request selects from > 2 x index_topk keys
+    fresh(setup)
     prefill(setup, list(range(ROWS)), lens, rng)
     return lens
 
@@ -188,6 +195,7 @@ def test_tree_tokens_select_only_prefix_and_ancestors(device: torch.device, layo
     setup = dsa(device, layout, TREE)
     rng = np.random.default_rng(9)
     lens = [TOPK - 6, 2 * TOPK, 20, CONTEXT - 16]  # NOTE: the tree straddles index_topk for row 0
+    fresh(setup)
     prefill(setup, [0, 1, 2, 3], lens, rng)
     reqs, n = [0, 1, 2, 3], TREE.num_draft_tokens
     setup.runtime.run(verify_batch(setup, TREE, reqs, lens, rng))

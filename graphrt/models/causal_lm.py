@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from graphrt.attention.context import ForwardContext
+from graphrt.models import ops
 from graphrt.models.hf_config import ModelConfig
-from graphrt.models.llama import Decoder, RMSNorm, apply_rope
+from graphrt.models.llama import Decoder, RMSNorm
 from graphrt.models.rope import rope_inv_freq
 
 
@@ -28,13 +29,15 @@ class CausalLMAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         cfg = self.cfg
         q, k, v = self.qkv(x).split(self.splits, dim=-1)
-        q = apply_rope(self.q_norm(q.view(-1, cfg.num_heads, cfg.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(k.view(-1, cfg.num_kv_heads, cfg.head_dim)), cos, sin)
+        # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
+        q, k = ops.apply_rope(
+            self.q_norm(q.reshape(-1, cfg.num_heads, cfg.head_dim)).contiguous(),
+            self.k_norm(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim)).contiguous(),
+            cos_sin,
+        )
         v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         out = ctx.attention(self.layer_id, q, k, v, window=cfg.window(self.layer_id))
         return self.o(out.reshape(-1, self.splits[0]))

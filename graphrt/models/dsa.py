@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from graphrt.attention.sparse_context import SparseMLAContext
-from graphrt.models.llama import Decoder, RMSNorm, apply_rope
+from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.ops import apply_rope_ref
 from graphrt.models.presets import DSAConfig
 
 
@@ -44,17 +45,15 @@ class MLAAttention(nn.Module):
         self.indexer = Indexer(cfg)
         self.scale = (cfg.qk_nope_dim + cfg.qk_rope_dim) ** -0.5
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: SparseMLAContext
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: SparseMLAContext) -> torch.Tensor:
         cfg = self.cfg
         q = self.q_proj(x).view(-1, cfg.num_heads, cfg.qk_nope_dim + cfg.qk_rope_dim)
         q_nope, q_rope = q.split((cfg.qk_nope_dim, cfg.qk_rope_dim), dim=-1)
         latent, k_rope = self.kv_a(x).split((cfg.kv_lora_rank, cfg.qk_rope_dim), dim=-1)
-        k_rope = apply_rope(k_rope[:, None], cos, sin)[:, 0]
+        k_rope = apply_rope_ref(k_rope[:, None], cos_sin)[:, 0]
         # NOTE: absorbed form — q . (W_UK c) == (q W_UK) . c, so the cache holds only c_kv.
         q_full = torch.cat(
-            (torch.einsum("thn,hnc->thc", q_nope, self.w_uk), apply_rope(q_rope, cos, sin)), -1
+            (torch.einsum("thn,hnc->thc", q_nope, self.w_uk), apply_rope_ref(q_rope, cos_sin)), -1
         )
         ctx.index_topk(self.layer_id, *self.indexer(x))
         out = ctx.sparse_mla(self.layer_id, q_full, torch.cat((self.kv_norm(latent), k_rope), -1), self.scale)

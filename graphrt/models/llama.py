@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from graphrt.attention.context import ForwardContext
+from graphrt.models import ops
 from graphrt.models.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -24,21 +25,20 @@ from graphrt.parallel import TPGroup
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm over the last dim (sgl-kernel's fused kernel on GPU, see :mod:`graphrt.models.ops`)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+        flat = x.reshape(-1, x.shape[-1])  # NOTE: the fused kernel takes 2-D rows
+        return ops.rms_norm(flat, self.weight, self.eps).view(x.shape)
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [tokens, heads, head_dim]`` (NeoX halves) by per-token ``cos``/``sin``."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual + x`` and its norm: ``(normed, new residual)`` (one fused kernel on GPU)."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _scaled(part: Part, by: int) -> Part:
@@ -57,14 +57,16 @@ class Attention(nn.Module):
         self.qkv = ColumnParallelLinear(cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"))
         self.o = RowParallelLinear(q_part, cfg.hidden_size, tp)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         cfg, d = self.cfg, self.cfg.head_dim
         q_dim, kv_dim = self.num_heads * d, self.num_kv_heads * d
         q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-        q = apply_rope(q.view(-1, self.num_heads, d), cos, sin)
-        k = apply_rope(k.view(-1, self.num_kv_heads, d), cos, sin)
+        # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
+        q, k = ops.apply_rope(
+            q.reshape(-1, self.num_heads, d).contiguous(),
+            k.reshape(-1, self.num_kv_heads, d).contiguous(),
+            cos_sin,
+        )
         v = v.reshape(-1, self.num_kv_heads, d)
         out = ctx.attention(
             self.layer_id, q, k, v, window=cfg.window(self.layer_id), chunk=cfg.chunk(self.layer_id)
@@ -82,12 +84,15 @@ class MLP(nn.Module):
         self.down = RowParallelLinear(inner, cfg.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(nn.functional.silu(gate) * up)
+        return self.down(ops.silu_and_mul(self.gate_up(x)))
 
 
 class Block(nn.Module):
-    """Pre-norm residual block around any attention module with ``forward(x, cos, sin, ctx)``."""
+    """Pre-norm residual block around any attention module with ``forward(x, cos_sin, ctx)``.
+
+    The residual stream travels beside the block's output: each norm adds the previous
+    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU).
+    """
 
     def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
@@ -96,9 +101,17 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: Any) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor, ctx: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: the previous sublayer's output (the embedding for the first block, with
+        ``residual`` None). Returns this block's MLP output and the residual stream before it."""
+        if residual is None:
+            h, residual = self.attn_norm(x), x
+        else:
+            h, residual = self.attn_norm.add(x, residual)
+        h, residual = self.mlp_norm.add(self.attn(h, cos_sin, ctx), residual)
+        return self.mlp(h), residual
 
 
 def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
@@ -158,12 +171,12 @@ class Decoder(nn.Module):
         return self.cfg.vocab_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        cos, sin = freqs.cos(), freqs.sin()
         x = self.embed(input_ids)
+        cos_sin = ops.rope_cos_sin(positions, self.inv_freq, x.dtype)  # NOTE: once per step, every layer
+        residual = None
         for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        return self.lm_head(self.norm(x)).float()
+            x, residual = layer(x, residual, cos_sin, ctx)
+        return self.lm_head(self.norm.add(x, residual)[0]).float()
 
 
 class TinyLlama(Decoder):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from types import ModuleType
 
 import torch
@@ -19,6 +20,9 @@ FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 @functools.cache
 def _sgl() -> ModuleType | None:
+    """``sgl_kernel``, or None when it does not import (or ``GRAPHRT_FUSED_OPS=0`` turns it off)."""
+    if os.environ.get("GRAPHRT_FUSED_OPS", "1") == "0":
+        return None
     try:
         return importlib.import_module("sgl_kernel")
     except (ImportError, OSError, RuntimeError):

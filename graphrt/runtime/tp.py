@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from graphrt.parallel import CollectiveError, Message, Op, StepChannel
-from graphrt.runtime import GraphRuntime
+from graphrt.runtime.runtime import GraphRuntime
 from graphrt.step.batch import Batch
 
 
