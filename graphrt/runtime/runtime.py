@@ -71,7 +71,7 @@ class GraphRuntime:
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local = local_geometry(config)
-        self.families = Families(dims, self.device, config.speculative, self.kind, local)
+        self.families = Families(dims, self.device, config.speculative, self.kind, local, config.page_size)
         self.buffers = self.families.step
         self.extra = self.families.extra  # the attention kind's own family, if any
         self.env = StepEnv(
@@ -112,6 +112,8 @@ class GraphRuntime:
             for mode, bucket in keys:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
+        # NOTE: capture recorded updates it never ran; the next replay rewrites every column.
+        self.families.forget_pages()
         graphs = tuple(g.info for g in self.dispatcher.graphs.values())
         return CaptureReport(
             self.engine.name,
@@ -200,6 +202,7 @@ class GraphRuntime:
             spec=self.config.speculative,
             kind=self.kind,
             local=self.env.local,
+            page_size=self.config.page_size,
         )
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():
