@@ -18,8 +18,8 @@ from graphrt.buffers import Dims, MemoryReport, StaticBuffers
 from graphrt.metadata.base import CascadeBuffers, StepBuffers
 from graphrt.metadata.cascade import cascade_specs, write_cascade_host
 from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
-from graphrt.metadata.local import LocalBuffers, LocalGeometry
 from graphrt.metadata.kernels import fused_update
+from graphrt.metadata.local import LocalBuffers, LocalGeometry
 from graphrt.metadata.step import STEP_SPECS, PageBounds, write_host
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, rows_per_req

@@ -34,15 +34,20 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
 #: Page-table columns per program iteration, and programs per row.
 BLOCK = 256
 SPLIT = 4
-#: Set to 0 to force the torch update on CUDA (debugging, A/B timing).
+#: ``0``: the torch update on CUDA too (debugging, A/B timing). ``interpret``: the kernel on
+#: the CPU through Triton's interpreter (needs ``TRITON_INTERPRET=1`` before triton is imported;
+#: tests only: the emulated capture engine cannot record a Triton launch).
 ENV = "GRAPHRT_FUSED_UPDATE"
 
 
 def fused_update(device: torch.device) -> bool:
     """Whether the update of ``device`` runs the Triton kernel (CUDA, Triton importable)."""
-    if os.environ.get(ENV, "1") == "0" or triton is None:
+    flag = os.environ.get(ENV, "1")
+    if flag == "0" or triton is None:
         return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type == "cuda":
+        return True
+    return flag == "interpret" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if triton is not None:
@@ -83,7 +88,7 @@ if triton is not None:
             count = t1 - t0
             base = t0
         row_ptr = table + row * table_stride
-        if RECORD:
+        if RECORD:  # noqa: SIM102 - a constexpr branch, then a runtime one
             if split == 0:
                 for i in range(0, count, BLOCK_COLS):
                     offs = i + tl.arange(0, BLOCK_COLS)
@@ -97,7 +102,7 @@ if triton is not None:
             inside = j < bound
             real = inside & (j < need)
             pos = j * PS
-            if RECORD:
+            if RECORD:  # noqa: SIM108 - constexpr branch (Triton)
                 fresh = (pos >= first) & (pos < first + count)
             else:
                 fresh = pos < 0
