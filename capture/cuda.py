@@ -17,6 +17,11 @@ from graphrt.capture.graph import GraphInfo
 from graphrt.capture.kernels import parse_dot
 
 
+def pool_reserved(device: torch.device) -> int:
+    """Bytes the caching allocator holds in segments (every pool, graph pools included)."""
+    return int(torch.cuda.memory_stats(device).get("reserved_bytes.all.current", 0))
+
+
 class CudaGraph:
     def __init__(self, graph: torch.cuda.CUDAGraph, info: GraphInfo) -> None:
         self.graph, self.info = graph, info
@@ -55,23 +60,32 @@ class CudaEngine:
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[CudaGraph, Any]:
         torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
         with torch.cuda.stream(self.stream):
             for _ in range(warmup):
                 fn()
         torch.cuda.synchronize(self.device)
-        reserved = torch.cuda.memory_reserved(self.device)
-        graph = torch.cuda.CUDAGraph(keep_graph=self.record_kernels)
+        warmed = time.perf_counter()
+        # NOTE: torch.cuda.graph() empties the allocator's cache on entry, which made
+        # "reserved after - reserved before" negative (-490 MiB for 36 graphs). Emptying it
+        # here first leaves only the private pool's own segments to change during capture.
+        torch.cuda.empty_cache()
+        before = pool_reserved(self.device)
+        # NOTE: keep_graph so that instantiation is a step of its own, timed apart.
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
         if self.record_kernels:
             graph.enable_debug_mode()
-        start = time.perf_counter()
+        recording = time.perf_counter()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             out = fn()
-        if self.record_kernels:
-            graph.instantiate()
-        seconds = time.perf_counter() - start
+        recorded = time.perf_counter()
+        graph.instantiate()
+        done = time.perf_counter()
+        pool_bytes = max(pool_reserved(self.device) - before, 0)
         nodes, kernels = self._kernels(graph) if self.record_kernels else (0, ())
-        pool_bytes = torch.cuda.memory_reserved(self.device) - reserved
-        return CudaGraph(graph, GraphInfo(key, seconds, pool_bytes, nodes, kernels)), out
+        info = GraphInfo(key, done - recording, pool_bytes, nodes, kernels)
+        info.warmup_seconds, info.instantiate_seconds = warmed - start, done - recorded
+        return CudaGraph(graph, info), out
 
     @staticmethod
     def _kernels(graph: torch.cuda.CUDAGraph) -> tuple[int, tuple]:

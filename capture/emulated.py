@@ -136,6 +136,7 @@ class EmulatedEngine:
             gc.unfreeze()
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[EmulatedGraph, Any]:
+        warm = time.perf_counter()
         for _ in range(warmup):
             fn()
         start = time.perf_counter()
@@ -147,6 +148,7 @@ class EmulatedEngine:
         kernels = tuple(KernelCount(name, n) for name, n in counts.items())
         nbytes = _owned_bytes(ops)
         info = GraphInfo(key, time.perf_counter() - start, nbytes, len(ops), kernels)
+        info.warmup_seconds = start - warm  # NOTE: nothing to instantiate: the op list is the graph
         out = tree_map(lambda x: x, out)
         return EmulatedGraph(ops, info), out
 

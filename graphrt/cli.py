@@ -19,9 +19,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--max-context-len", type=int, default=512)
     demo.add_argument("--backend", default=None, help="fa3 | reference (default: best available)")
     demo.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (JSON + .npz)")
-    bench = sub.add_parser("bench", help="decode step time eager vs graph; JSON under bench/results/")
+    bench = sub.add_parser(
+        "bench", help="decode step time eager vs graph (or 'bench host': host cost per step vs a peer)"
+    )
+    bench.add_argument("what", nargs="?", default="decode", choices=("decode", "host"))
     bench.add_argument("--device", default=None)
-    bench.add_argument("--batch-sizes", default="1,8,64")
+    bench.add_argument("--batch-sizes", default=None, help="default 1,8,64 (host: 1,8,64,256)")
+    bench.add_argument(
+        "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend"
+    )
+    bench.add_argument("--page-sizes", default="1,16", help="host only")
+    bench.add_argument("--context-lens", default="4096,131072", help="host only: max_context_len values")
+    bench.add_argument("--real-len", type=int, default=512, help="host only: tokens each request holds")
+    bench.add_argument("--smoke", action="store_true", help="host only: tiny sizes (CI)")
     bench.add_argument("--context", type=int, default=512, help="KV length of every request")
     bench.add_argument("--iters", type=int, default=50)
     bench.add_argument("--backend", default=None)
@@ -64,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from graphrt.tools.bench_spec import run_bench_spec
 
         return run_bench_spec(args)
+    if args.what == "host":
+        from graphrt.tools.bench_host import run_bench_host
+
+        return run_bench_host(args)
+    args.batch_sizes = args.batch_sizes or "1,8,64"
     from graphrt.tools.bench import run_bench
 
     return run_bench(args)
