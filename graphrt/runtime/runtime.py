@@ -229,10 +229,12 @@ def _empty_batch(mode: ForwardMode) -> Batch:
 
 
 def _check_host_scalars(batch: Batch, captured: dict[str, Any]) -> None:
-    if not MODES[batch.mode].ragged:
-        # NOTE: a checked uniform batch has exactly the mode's q_len, the captured max_seqlen_q.
-        return
-    needed = int(batch.q_lens.max()) if batch.bs else 0
+    if not batch.bs:
+        needed = 0
+    elif MODES[batch.mode].ragged:
+        needed = int(batch.q_lens.max())
+    else:  # NOTE: a checked uniform batch has one q_len for every request
+        needed = int(batch.q_lens[0])
     if needed > captured["max_seqlen_q"]:
         raise HostScalarMismatch(
             f"max_seqlen_q: batch needs {needed}, graph was captured with {captured['max_seqlen_q']}"
