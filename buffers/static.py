@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -17,6 +17,8 @@ T = TypeVar("T")
 
 #: Every buffer starts on this byte boundary (kernels use vector loads on metadata rows).
 ALIGN = 256
+#: Pinned host mirrors per family on CUDA: step N+1 is written while step N's copy runs.
+MIRRORS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class StaticBuffers(Generic[T]):
     dims : Dims
         Maximum dims for the allocation.
     device : torch.device
+    ring : int, optional
+        Pinned host mirrors on CUDA (default :data:`MIRRORS`); always one on the CPU.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class StaticBuffers(Generic[T]):
         view_type: type[T],
         dims: Dims,
         device: torch.device,
+        ring: int | None = None,
     ) -> None:
         fields = {f.name for f in dataclasses.fields(view_type)}  # type: ignore[arg-type]
         names = [s.name for s in specs]
@@ -91,15 +96,33 @@ class StaticBuffers(Generic[T]):
             host_end = end if spec.host else host_end
         self.arena = torch.zeros(end, dtype=torch.uint8, device=device)
         pin = device.type == "cuda"
-        self.host_arena = torch.zeros(host_end, dtype=torch.uint8, pin_memory=pin)
+        # NOTE: a ring of pinned mirrors on CUDA: the host fills mirror k+1 while mirror k's
+        # copy is still in flight; on the CPU the copy is synchronous, so one mirror does.
+        depth = (ring or MIRRORS) if pin else 1
+        self.host_arenas = [torch.zeros(host_end, dtype=torch.uint8, pin_memory=pin) for _ in range(depth)]
         self.full = {s.name: self._typed(self.arena, offsets[s.name], s) for s in self.specs}
-        self.host_full = {
-            s.name: host_mirror(self._typed(self.host_arena, offsets[s.name], s))
-            for s in self.specs
-            if s.host
-        }
-        self._copy_done = torch.cuda.Event() if pin else None
+        self.mirrors = [
+            {s.name: host_mirror(self._typed(arena, offsets[s.name], s)) for s in self.specs if s.host}
+            for arena in self.host_arenas
+        ]
+        self._events = [torch.cuda.Event() if pin else None for _ in range(depth)]
+        self._pending = [False] * depth
+        self.slot = 0
+        #: Per mirror: what its pad and constant regions hold (owned by the family's writer).
+        self.tags: list[Any] = [None] * depth
+        #: Host-side facts about the device buffers (owned by the writer; cleared by poison).
+        self.state: dict[str, Any] = {}
         self._views: dict[tuple[int, int], T] = {}
+
+    @property
+    def host_arena(self) -> torch.Tensor:
+        """The current pinned host mirror (the one the next :meth:`upload` copies)."""
+        return self.host_arenas[self.slot]
+
+    @property
+    def host_full(self) -> dict[str, np.ndarray]:
+        """The current mirror's buffers by name (numpy views of :attr:`host_arena`)."""
+        return self.mirrors[self.slot]
 
     def _typed(self, arena: torch.Tensor, offset: int, spec: BufferSpec) -> torch.Tensor:
         nbytes = spec.nbytes(self.dims)
@@ -125,17 +148,35 @@ class StaticBuffers(Generic[T]):
         A bf16 buffer's mirror holds raw bits (``uint16``; write ``buffers.poison.to_bits``)."""
         return self.host_full[name]
 
+    def next_mirror(self) -> dict[str, np.ndarray]:
+        """Make the next mirror of the ring current and return it, free to write.
+
+        Waits only for that mirror's own last copy (``ring`` steps ago), never for the copy
+        of the step just uploaded.
+        """
+        self.slot = (self.slot + 1) % len(self.mirrors)
+        self._wait(self.slot)
+        return self.mirrors[self.slot]
+
+    def _wait(self, slot: int) -> None:
+        event = self._events[slot]
+        if event is not None and self._pending[slot]:
+            event.synchronize()
+            self._pending[slot] = False
+
     def wait_host_free(self) -> None:
-        """Block until the last host→device copy has read the host mirror."""
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
+        """Block until every host→device copy has read its mirror."""
+        for slot in range(len(self.mirrors)):
+            self._wait(slot)
 
     def upload(self) -> None:
-        """One asynchronous copy of every host-written buffer to the device."""
-        n = self.host_arena.numel()
-        self.arena[:n].copy_(self.host_arena, non_blocking=True)
-        if self._copy_done is not None:
-            self._copy_done.record()
+        """One asynchronous copy of the current mirror's host-written buffers to the device."""
+        host = self.host_arenas[self.slot]
+        self.arena[: host.numel()].copy_(host, non_blocking=True)
+        event = self._events[self.slot]
+        if event is not None:
+            event.record()
+            self._pending[self.slot] = True
 
     def poison(self) -> None:
         """Fill every buffer (device and host mirror) with its dtype's poison (``buffers.poison``)."""
@@ -143,8 +184,11 @@ class StaticBuffers(Generic[T]):
         for tensor in self.full.values():
             fill_poison(tensor)
         dtypes = {s.name: s.dtype for s in self.specs}
-        for name, arr in self.host_full.items():
-            fill_host_poison(arr, dtypes[name])
+        for mirror in self.mirrors:
+            for name, arr in mirror.items():
+                fill_host_poison(arr, dtypes[name])
+        self.tags = [None] * len(self.tags)
+        self.state.clear()
 
     def poisoned(self, bucket: int, rows_per_req: int = 1) -> list[str]:
         """Names of buffers whose bucket view still holds poison (debug mode; syncs)."""

@@ -20,6 +20,11 @@ from graphrt.capture.kernels import parse_dot, with_times
 log = logging.getLogger(__name__)
 
 
+def pool_reserved(device: torch.device) -> int:
+    """Bytes the caching allocator holds in segments (every pool, graph pools included)."""
+    return int(torch.cuda.memory_stats(device).get("reserved_bytes.all.current", 0))
+
+
 class CudaGraph:
     """A captured ``torch.cuda.CUDAGraph`` and the facts recorded about it."""
 
@@ -64,25 +69,34 @@ class CudaEngine:
         """Run ``fn`` ``warmup`` times, then capture it; kernels, launch dims and (one profiled
         replay) kernel times are recorded when ``record_kernels``."""
         torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
         with torch.cuda.stream(self.stream):
             for _ in range(warmup):
                 fn()
         torch.cuda.synchronize(self.device)
-        reserved = torch.cuda.memory_reserved(self.device)
-        graph = torch.cuda.CUDAGraph(keep_graph=self.record_kernels)
+        warmed = time.perf_counter()
+        # NOTE: torch.cuda.graph() empties the allocator's cache on entry, which made
+        # "reserved after - reserved before" negative (-490 MiB for 36 graphs). Emptying it
+        # here first leaves only the private pool's own segments to change during capture.
+        torch.cuda.empty_cache()
+        before = pool_reserved(self.device)
+        # NOTE: keep_graph so that instantiation is a step of its own, timed apart.
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
         if self.record_kernels:
             graph.enable_debug_mode()
-        start = time.perf_counter()
+        recording = time.perf_counter()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             out = fn()
-        if self.record_kernels:
-            graph.instantiate()
-        seconds = time.perf_counter() - start
+        recorded = time.perf_counter()
+        graph.instantiate()
+        done = time.perf_counter()
+        pool_bytes = max(pool_reserved(self.device) - before, 0)
         nodes, kernels = self._kernels(graph) if self.record_kernels else (0, ())
         if self.record_kernels and kernels:
             kernels = with_times(kernels, self._kernel_times(graph))
-        pool_bytes = torch.cuda.memory_reserved(self.device) - reserved
-        return CudaGraph(graph, GraphInfo(key, seconds, pool_bytes, nodes, kernels)), out
+        info = GraphInfo(key, done - recording, pool_bytes, nodes, kernels)
+        info.warmup_seconds, info.instantiate_seconds = warmed - start, done - recorded
+        return CudaGraph(graph, info), out
 
     def _kernel_times(self, graph: torch.cuda.CUDAGraph) -> dict[str, float]:
         """GPU µs per kernel name in one profiled replay; empty when the profiler sees none.

@@ -24,7 +24,13 @@ class KernelCount:
 
 @dataclass(slots=True)
 class GraphInfo:
-    """Facts recorded when a graph was captured (and counters updated on replay)."""
+    """Facts recorded when a graph was captured (and counters updated on replay).
+
+    ``capture_seconds`` is recording plus instantiation (``instantiate_seconds`` of it);
+    ``warmup_seconds`` the eager runs before it. ``pool_bytes``: what the graph added to the
+    memory pool, from the allocator's own counters (never negative; over a whole capture the
+    sum is the pool's growth).
+    """
 
     key: Hashable
     capture_seconds: float
@@ -33,6 +39,8 @@ class GraphInfo:
     kernels: tuple[KernelCount, ...]
     host_scalars: dict[str, Any] = field(default_factory=dict)
     replays: int = 0
+    warmup_seconds: float = 0.0
+    instantiate_seconds: float = 0.0
 
 
 class Graph(Protocol):

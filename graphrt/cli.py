@@ -110,9 +110,29 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
 
 
+def _add_host_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench host``: a step's host cost split by phase, against an SGLang-style peer."""
+    p.add_argument(
+        "what",
+        nargs="?",
+        default="decode",
+        choices=("decode", "host"),
+        help="decode: step time; host: host cost",
+    )
+    p.add_argument(
+        "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
+    )
+    p.add_argument("--page-sizes", default="1,16", help="host only: comma-separated page sizes")
+    p.add_argument("--context-lens", default="4096,131072", help="host only: max_context_len values")
+    p.add_argument("--real-len", type=positive_int, default=512, help="host only: tokens each request holds")
+    p.add_argument("--smoke", action="store_true", help="host only: tiny sizes (CI)")
+
+
 def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes: str, iters: int) -> None:
     what = "decode" if name == "bench" else "verify / draft decode / draft extend"
     p = sub.add_parser(name, parents=[common], help=f"{what} step time, eager vs graph; JSON under --out")
+    if name == "bench":
+        _add_host_args(p)
     _device_args(p)
     p.add_argument("--batch-sizes", type=batch_sizes, default=sizes, help="comma-separated batch sizes")
     p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
@@ -191,6 +211,15 @@ def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
         from graphrt.tools.bench_spec import run_bench_spec
 
         return run_bench_spec(args)
+    if args.what == "host":
+        from graphrt.tools.bench_host import run_bench_host
+
+        return run_bench_host(args)
+    args.batch_sizes = args.batch_sizes or "1,8,64"
+    if getattr(args, "what", "decode") == "host":
+        from graphrt.tools.bench_host import run_bench_host
+
+        return run_bench_host(args)
     from graphrt.tools.bench import run_bench
 
     return run_bench(args)

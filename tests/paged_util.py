@@ -64,7 +64,9 @@ def paged_case(
         q_lens=q_lens,
     )
     pad = {"dummy_slot": dummy_slot, "dummy_req": len(seq_lens), "pad_q_len": 1, "pad_seq_len": 1}
-    buffers = Families.exact(batch, batch.bs, pad, Dims(0, 0, max_pages, context), device).step
+    buffers = Families.exact(
+        batch, batch.bs, pad, Dims(0, 0, max_pages, context), device, page_size=page_size
+    ).step
     derive(buffers, r2t, page_size)
     meta = StepMetadata(mode, buffers, max_seqlen_q=max(q_lens), page_size=page_size)
     q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen).to(device, dtype)

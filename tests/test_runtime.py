@@ -236,6 +236,7 @@ def test_capture_report(device: torch.device, page_size: int) -> None:
         "req_pool_indices": max_bs * 8,
         "cache_seqlens": max_bs * 4,
         "cu_seqlens_q": (max_bs + 1) * 4,
+        "page_bound": max_bs * 4,
         "page_table": max_bs * max_pages * 4,
     }
     mem = report.buffers

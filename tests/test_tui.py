@@ -52,7 +52,7 @@ async def walk(app: GraphDebugApp) -> None:
         assert reads["cu_seqlens_q"][1] == "3" and reads["page_table"][3].startswith("0x")
         # 3 Buffers: every buffer, then contents of a chosen one with the broken pad row
         await pilot.press("3")
-        assert len(rows(app, "buffers-table")) == 8
+        assert len(rows(app, "buffers-table")) == 9  # the STEP_SPECS table
         await pilot.press("slash", *"seqlens_q")
         assert [r[0] for r in rows(app, "buffers-table")] == ["cu_seqlens_q"]
         await pilot.press("escape", "slash", *"cache_seq", "enter")
@@ -62,7 +62,7 @@ async def walk(app: GraphDebugApp) -> None:
         await pilot.press("left_square_bracket")
         assert len(rows(app, "buffers-contents")) == 2  # bucket 2: rows 0-1 only
         await pilot.press("escape")
-        assert len(rows(app, "buffers-table")) == 8 and not app.query_one("#search", Input).value
+        assert len(rows(app, "buffers-table")) == 9 and not app.query_one("#search", Input).value
         # 4 Replays: newest step first, the fallback with its reason, histograms
         await pilot.press("4")
         recent = rows(app, "replays-recent")

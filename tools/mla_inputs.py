@@ -33,6 +33,7 @@ def decode_meta(bs: int, q_len: int, device: torch.device) -> StepMetadata:
         req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=device),
         cache_seqlens=torch.full((bs,), 64, dtype=torch.int32, device=device),
         cu_seqlens_q=torch.arange(0, tokens + 1, q_len, dtype=torch.int32, device=device),
+        page_bound=torch.full((bs,), 8, dtype=torch.int32, device=device),
         page_table=torch.zeros(bs, 8, dtype=torch.int32, device=device),
     )
     mode = ForwardMode.DECODE if q_len == 1 else ForwardMode.TARGET_VERIFY

@@ -30,6 +30,7 @@ class ReqToToken:
         device: torch.device,
     ) -> None:
         self.max_reqs, self.max_context_len = max_reqs, max_context_len
+        self.dummy_slot = dummy_slot
         self.table = torch.full((max_reqs + 1, max_context_len), dummy_slot, dtype=torch.int32, device=device)
         # NOTE: column j*page_size of a row holds the first slot of the row's page j.
         self.page_starts = torch.arange(0, max_context_len, page_size, device=device)

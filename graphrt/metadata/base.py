@@ -33,7 +33,8 @@ class StepBuffers:
 
     ``input_ids``, ``positions``, ``out_cache_loc``, ``req_id_per_token``: ``[num_tokens]``
     int64; ``req_pool_indices`` ``[bs]`` int64; ``cache_seqlens`` ``[bs]`` int32;
-    ``cu_seqlens_q`` ``[bs + 1]`` int32; ``page_table`` ``[bs, max_pages]`` int32.
+    ``cu_seqlens_q`` ``[bs + 1]`` int32; ``page_bound`` ``[bs]`` int32 (page-table columns the
+    fused update rewrites); ``page_table`` ``[bs, max_pages]`` int32.
     """
 
     input_ids: torch.Tensor
@@ -43,6 +44,7 @@ class StepBuffers:
     req_pool_indices: torch.Tensor
     cache_seqlens: torch.Tensor
     cu_seqlens_q: torch.Tensor
+    page_bound: torch.Tensor
     page_table: torch.Tensor
 
 

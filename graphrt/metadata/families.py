@@ -19,9 +19,10 @@ from graphrt.buffers import Dims, MemoryReport, StaticBuffers
 from graphrt.metadata.base import CascadeBuffers, StepBuffers
 from graphrt.metadata.cascade import cascade_specs, write_cascade_host
 from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
+from graphrt.metadata.kernels import fused_update
 from graphrt.metadata.local import LocalBuffers, LocalGeometry
 from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling_host
-from graphrt.metadata.step import STEP_SPECS, write_host
+from graphrt.metadata.step import STEP_SPECS, PageBounds, write_host
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, rows_per_req
 
@@ -58,9 +59,11 @@ class Families:
         kind: Any = None,
         local: LocalGeometry | None = None,
         sample: bool = False,
+        page_size: int = 1,
     ) -> None:
         self.spec = spec
         self.step = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, device)
+        self.pages = PageBounds(dims.max_bs, dims.max_pages, page_size, fused_update(device))
         # NOTE: device-derived only (written inside the graph), so no host write or upload.
         self.extra: StaticBuffers | None = kind.static_buffers(dims, device) if kind is not None else None
         self.cascade = None
@@ -116,12 +119,18 @@ class Families:
         """The eager path: families sized for exactly this step (``rows`` requests), written.
 
         ``dims`` gives ``max_pages`` / ``max_context_len``; ``kw`` are ``spec``, ``kind``, ``local``,
-        ``sample``.
+        ``page_size``.
         """
         tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
         exact = dataclasses.replace(dims, max_bs=rows, max_tokens=tokens)
         families = cls(
-            exact, device, kw.get("spec"), kw.get("kind"), kw.get("local"), kw.get("sample", False)
+            exact,
+            device,
+            kw.get("spec"),
+            kw.get("kind"),
+            kw.get("local"),
+            kw.get("sample", False),
+            kw.get("page_size", 1),
         )
         families.write(batch, rows, tokens, pad)
         return families.full(batch.mode)
@@ -151,20 +160,41 @@ class Families:
             views.get("sampling"),
         )
 
+    def extra_keys(self, mode: ForwardMode) -> int:
+        """Keys past ``cache_seqlens`` the page table must cover: a draft chain's later steps."""
+        if MODES[mode].draft_steps and self.spec is not None and self.cascade not in self.used_by(mode):
+            return max(self.spec.draft_forwards - 1, 0)
+        return 0
+
     def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
-        """Host half of the update for every family the mode uses, then one copy each."""
+        """Host half of the update for every family the mode uses, then one copy each.
+
+        Each family writes the next mirror of its ring, so this never waits for the copy of
+        the step before (only for the one ``ring`` steps back).
+        """
         used = self.used_by(batch.mode)
-        for family in used:
-            family.wait_host_free()
-        write_host(batch, self.step.host_full, rows, tokens, pad)
+        step = self.step
+        host = step.next_mirror()
+        step.tags[step.slot] = write_host(batch, host, rows, tokens, pad, step.tags[step.slot])
+        if step.state.setdefault("pages_known", False) is False:
+            # NOTE: a fresh, poisoned or just-captured page table: rewrite every column once.
+            self.pages.forget()
+            step.state["pages_known"] = True
+        extra = self.extra_keys(batch.mode)
+        self.pages.write(host["page_bound"], batch.seq_lens, rows, extra, pad["pad_seq_len"])
         if self.cascade in used:
-            write_cascade_host(batch, self.cascade.host_full, tokens, pad["dummy_slot"])
+            write_cascade_host(batch, self.cascade.next_mirror(), tokens, pad["dummy_slot"])
         if self.draft in used:
-            write_draft_host(batch, self.draft.host_full, tokens, pad["dummy_slot"])
+            write_draft_host(batch, self.draft.next_mirror(), tokens, pad["dummy_slot"])
         if self.sampling in used:
-            write_sampling_host(batch.sampling or (), batch.seq_lens, self.sampling.host_full, rows)
+            write_sampling_host(batch.sampling or (), batch.seq_lens, self.sampling.next_mirror(), rows)
         for family in used:
-            family.upload()
+            if family.host_arena.numel():  # NOTE: device-derived families have nothing to copy
+                family.upload()
+
+    def forget_pages(self) -> None:
+        """The device page table no longer matches the host record (e.g. after a capture)."""
+        self.step.state["pages_known"] = False
 
     def memory_reports(self) -> tuple[MemoryReport, ...]:
         families = (self.step, self.cascade, self.draft, self.local, self.sampling, self.extra)

@@ -8,13 +8,18 @@ path calls the same two functions on fresh, exact-size arrays.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from graphrt.buffers import BufferSpec, PadRule
 from graphrt.kv import ReqToToken
 from graphrt.metadata.base import StepBuffers, token_rows
+from graphrt.metadata.kernels import fused_update, step_update
 from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES
 
 STEP_SPECS = (
     BufferSpec("input_ids", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
@@ -24,43 +29,139 @@ STEP_SPECS = (
     BufferSpec("req_pool_indices", ("max_bs",), torch.int64, PadRule("const", "dummy_req"), host=True),
     BufferSpec("cache_seqlens", ("max_bs",), torch.int32, PadRule("const", "pad_seq_len"), host=True),
     BufferSpec("cu_seqlens_q", ("max_bs+1",), torch.int32, PadRule("step", "pad_q_len"), host=True),
+    # NOTE: the fused update rewrites page-table columns [0, page_bound) of each row: its real
+    # pages, then the dummy page over what an earlier step left there (see PageBounds).
+    BufferSpec("page_bound", ("max_bs",), torch.int32, PadRule("free"), host=True),
     BufferSpec("page_table", ("max_bs", "max_pages"), torch.int32, PadRule("const", "dummy_page")),
 )
 HOST_FIELDS = tuple(s.name for s in STEP_SPECS if s.host)
 
 
+@dataclass(frozen=True, slots=True)
+class MirrorTag:
+    """What one host mirror's pad and constant regions hold after a :func:`write_host`.
+
+    ``key`` is the layout (rows, token rows, pad values, uniform or ragged); ``bs`` / ``n`` the
+    real rows and tokens written last. The next write with the same key rewrites only the
+    rows the last batch had and this one has not.
+    """
+
+    key: tuple
+    bs: int
+    n: int
+
+
+class PageBounds:
+    """Host record of the page-table columns each row may hold non-dummy pages in.
+
+    ``held[r]``: columns ``>= held[r]`` of row ``r`` hold the dummy page (``max_pages``
+    when unknown: at start, after poison or capture). Each update writes ``page_bound[r] =
+    max(held[r], need[r])`` so the fused kernel rewrites the old real pages with the dummy
+    page, and records ``held[r] = need[r]``. With ``track`` off (the torch update rewrites
+    every column) ``page_bound`` is simply ``max_pages``.
+    """
+
+    def __init__(self, max_bs: int, max_pages: int, page_size: int, track: bool) -> None:
+        self.max_pages, self.page_size, self.track = max_pages, page_size, track
+        self.held = np.full(max_bs, max_pages, dtype=np.int64)
+        self.need = np.zeros(max_bs, dtype=np.int64)
+
+    def forget(self) -> None:
+        """The device page table is unknown (poisoned, or written by a capture)."""
+        self.held.fill(self.max_pages)
+
+    def write(self, bound: np.ndarray, seq: np.ndarray, rows: int, extra: int, pad_seq_len: int) -> None:
+        """``bound[:rows]`` for real rows with KV lengths ``seq`` (+ ``extra`` keys) and pads."""
+        if not self.track:
+            bound[:rows] = self.max_pages
+            return
+        bs, ps, need = seq.size, self.page_size, self.need
+        np.add(seq, extra + ps - 1, out=need[:bs])
+        if ps > 1:
+            np.floor_divide(need[:bs], ps, out=need[:bs])
+        need[bs:rows] = -(-(pad_seq_len + extra) // ps)
+        np.maximum(self.held[:rows], need[:rows], out=bound[:rows], casting="unsafe")
+        self.held[:rows] = need[:rows]
+
+
+def _positions(batch: Batch, out: np.ndarray) -> None:
+    """``out[:num_tokens] = batch.positions``, without temporaries for uniform chains."""
+    spec, bs, n = MODES[batch.mode], batch.bs, batch.num_tokens
+    if not bs:
+        return
+    if spec.ragged or batch.tree_mask is not None:
+        out[:n] = batch.positions
+    elif spec.draft_steps:  # every branch at seq_len - 1
+        np.subtract(batch.seq_lens[:, None], 1, out=out[:n].reshape(bs, n // bs))
+    elif n == bs:
+        np.subtract(batch.seq_lens, 1, out=out[:n])
+    else:
+        q = n // bs
+        np.add((batch.seq_lens - q)[:, None], _arange(q), out=out[:n].reshape(bs, q))
+
+
+def _arange(n: int) -> np.ndarray:
+    if n > _ARANGE.size:
+        return np.arange(n, dtype=np.int64)
+    return _ARANGE[:n]
+
+
+_ARANGE = np.arange(1 << 16, dtype=np.int64)
+_ARANGE.flags.writeable = False
+
+
 def write_host(
-    batch: Batch, host: dict[str, np.ndarray], rows: int, tokens: int, pad: dict[str, int]
-) -> None:
+    batch: Batch,
+    host: dict[str, np.ndarray],
+    rows: int,
+    tokens: int,
+    pad: dict[str, int],
+    tag: MirrorTag | None = None,
+) -> MirrorTag:
     """Write ``batch`` into host arrays holding ``rows`` requests and ``tokens`` token rows.
 
     Rows ``bs..rows`` are pad requests of ``pad["pad_q_len"]`` tokens each, with
     ``seq_len = pad_q_len`` (never shorter than their queries). Token rows past the pad
     requests (the ragged tail of a DRAFT_EXTEND graph) belong to no request: they lie past
     ``cu_seqlens_q[rows]``, write the dummy slot and are masked out of ``req_to_token``.
-    Every element of ``[:rows]`` and ``[:tokens]`` is written, so nothing stale survives.
+    After the call every element of ``[:rows]`` and ``[:tokens]`` holds this step's value;
+    ``tag`` (what this mirror held, from the previous call) lets it skip pad and constant
+    elements that already do. ``page_bound`` is left to :class:`PageBounds`. The batch must
+    have passed :meth:`Batch.check` (uniform modes: every ``q_len`` equals ``pad_q_len``).
     """
     bs, n, pad_q = batch.bs, batch.num_tokens, pad["pad_q_len"]
     padded = n + (rows - bs) * pad_q
     assert padded <= tokens, f"{padded} token rows do not fit in {tokens}"
+    uniform = not MODES[batch.mode].ragged
+    key = (rows, tokens, pad_q, pad["pad_seq_len"], pad["dummy_slot"], pad["dummy_req"], uniform)
+    same = tag is not None and tag.key == key
+    row_end = max(bs, tag.bs) if same else rows  # rows [bs, row_end) need their pad values
+    tok_end = max(n, tag.n) if same else tokens
+    loc = batch.out_cache_loc
     host["input_ids"][:n] = batch.input_ids
-    host["input_ids"][n:tokens] = 0
-    host["positions"][:n] = batch.positions
-    host["positions"][n:tokens] = 0
-    host["out_cache_loc"][:n] = batch.out_cache_loc_steps[:, 0]
-    host["out_cache_loc"][n:tokens] = pad["dummy_slot"]
-    req_id = host["req_id_per_token"]
-    req_id[:n] = np.repeat(np.arange(bs), batch.q_lens)
+    host["input_ids"][n:tok_end] = 0
+    _positions(batch, host["positions"])
+    host["positions"][n:tok_end] = 0
+    host["out_cache_loc"][:n] = loc if loc.size == n else batch.out_cache_loc_steps[:, 0]
+    host["out_cache_loc"][n:tok_end] = pad["dummy_slot"]
+    host["req_pool_indices"][:bs] = batch.req_pool_indices
+    host["req_pool_indices"][bs:row_end] = pad["dummy_req"]
+    host["cache_seqlens"][:bs] = batch.seq_lens
+    host["cache_seqlens"][bs:row_end] = pad["pad_seq_len"]
+    cu, req_id = host["cu_seqlens_q"], host["req_id_per_token"]
+    if uniform and padded == tokens:
+        # NOTE: every row (real or pad) has pad_q tokens: both tables are functions of the key.
+        if not same:
+            np.multiply(_arange(rows + 1), pad_q, out=cu[: rows + 1])
+            req_id[:tokens] = np.repeat(_arange(rows), pad_q)[:tokens]
+        return MirrorTag(key, bs, n)
+    req_id[:n] = np.repeat(_arange(bs), batch.q_lens)
     req_id[n:padded] = np.repeat(np.arange(bs, rows), pad_q)
     req_id[padded:tokens] = max(rows - 1, 0)
-    host["req_pool_indices"][:bs] = batch.req_pool_indices
-    host["req_pool_indices"][bs:rows] = pad["dummy_req"]
-    host["cache_seqlens"][:bs] = batch.seq_lens
-    host["cache_seqlens"][bs:rows] = pad["pad_seq_len"]
-    cu = host["cu_seqlens_q"]
     cu[0] = 0
     np.cumsum(batch.q_lens, out=cu[1 : bs + 1])
-    cu[bs + 1 : rows + 1] = n + pad_q * np.arange(1, rows - bs + 1)
+    cu[bs + 1 : rows + 1] = n + pad_q * _arange(rows - bs + 1)[1:]
+    return MirrorTag(key, bs, n)
 
 
 def record_slots(buffers: StepBuffers, req_to_token: ReqToToken) -> None:
@@ -74,13 +175,67 @@ def record_slots(buffers: StepBuffers, req_to_token: ReqToToken) -> None:
     req_to_token.table.index_put_((rows, kv_pos), buffers.out_cache_loc.to(torch.int32))
 
 
-def gather_page_table(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
-    """``page_table[r, j] = req_to_token[req_pool_indices[r], j * page_size] // page_size``."""
-    starts = req_to_token.table[buffers.req_pool_indices[:, None], req_to_token.page_starts[None, :]]
-    torch.div(starts, page_size, rounding_mode="floor", out=buffers.page_table)
+def gather_page_table(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int, extra: int = 0) -> None:
+    """``page_table[r, j] = req_to_token[req_pool_indices[r], j * page_size] // page_size`` for
+    the row's real pages ``j < ceil((cache_seqlens[r] + extra) / page_size)``, the dummy page
+    past them (the torch update: reads every column; the oracle of the fused kernel)."""
+    table = req_to_token.table
+    starts = table[buffers.req_pool_indices[:, None], req_to_token.page_starts[None, :]]
+    need = torch.div(buffers.cache_seqlens.long() + (extra + page_size - 1), page_size, rounding_mode="floor")
+    cols = torch.arange(starts.shape[1], device=starts.device)
+    pages = torch.div(starts, page_size, rounding_mode="floor")
+    dummy = req_to_token.dummy_slot // page_size
+    buffers.page_table.copy_(torch.where(cols[None, :] < need[:, None], pages, dummy))
 
 
 def derive(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int) -> None:
-    """Device half of the update: record this step's slots, then gather the page table."""
+    """Device half of the update: record this step's slots, then gather the page table.
+
+    On CUDA one fused Triton kernel (:mod:`graphrt.metadata.kernels`) does both in O(real
+    pages); elsewhere the torch ops below, which are its oracle.
+    """
+    if fused_update(buffers.page_table.device):
+        _fused(buffers, req_to_token, page_size, buffers.out_cache_loc, 0, record=True)
+        return
     record_slots(buffers, req_to_token)
     gather_page_table(buffers, req_to_token, page_size)
+
+
+def derive_draft(
+    buffers: StepBuffers, draft_loc: torch.Tensor, req_to_token: ReqToToken, page_size: int, tree: bool
+) -> None:
+    """DRAFT_DECODE: a chain records every draft step's slot (``draft_loc [T, steps]``, step
+    ``i`` at position ``seq_len - 1 + i``) and its page table covers the last step's keys;
+    a tree records nothing (its drafts are read through the cascade) and gathers the prefix."""
+    extra = 0 if tree else draft_loc.shape[1] - 1
+    if fused_update(buffers.page_table.device):
+        _fused(buffers, req_to_token, page_size, draft_loc, extra, record=not tree)
+        return
+    if not tree:
+        for i in range(draft_loc.shape[1]):
+            step = dataclasses.replace(
+                buffers,
+                out_cache_loc=draft_loc[:, i],
+                positions=buffers.positions + i,
+                cache_seqlens=buffers.cache_seqlens + i,
+            )
+            record_slots(step, req_to_token)
+    gather_page_table(buffers, req_to_token, page_size, extra)
+
+
+def _fused(
+    b: StepBuffers, req_to_token: ReqToToken, page_size: int, loc: torch.Tensor, extra: int, record: bool
+) -> None:
+    step_update(
+        req_to_token.table,
+        b.cache_seqlens,
+        b.cu_seqlens_q,
+        b.req_pool_indices,
+        loc,
+        b.page_bound,
+        b.page_table,
+        page_size=page_size,
+        dummy_page=req_to_token.dummy_slot // page_size,
+        extra=extra,
+        record=record,
+    )

@@ -22,7 +22,7 @@ from graphrt.metadata.base import StepBuffers, StepMetadata
 from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
-from graphrt.metadata.step import derive, gather_page_table, record_slots
+from graphrt.metadata.step import derive, derive_draft
 from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
 
@@ -90,10 +90,7 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
         for i in range(loc.shape[1])
     ]
     tree = inputs.cascade is not None
-    if not tree:
-        for step in steps:  # NOTE: chain drafts own positions seq_len-1+i of their request
-            record_slots(step, env.req_to_token)
-    gather_page_table(b, env.req_to_token, env.page_size)
+    derive_draft(b, loc, env.req_to_token, env.page_size, tree)
     if tree:
         derive_prefix(inputs.cascade, b.cache_seqlens, 1)
     tokens, out = b.input_ids, []

@@ -78,7 +78,9 @@ class GraphRuntime:
         max_bs = self.dispatcher.policy.largest
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local = local_geometry(config)
-        self.families = Families(dims, self.device, config.speculative, self.kind, local, config.sample)
+        self.families = Families(
+            dims, self.device, config.speculative, self.kind, local, config.sample, config.page_size
+        )
         self.buffers = self.families.step
         self.extra = self.families.extra  # the attention kind's own family, if any
         self.env = StepEnv(
@@ -121,6 +123,8 @@ class GraphRuntime:
             for mode, bucket in keys:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
+        # NOTE: capture recorded updates it never ran; the next replay rewrites every column.
+        self.families.forget_pages()
         graphs = tuple(g.info for g in self.dispatcher.graphs.values())
         report = CaptureReport(
             self.engine.name,
@@ -250,6 +254,7 @@ class GraphRuntime:
             kind=self.kind,
             local=self.env.local,
             sample=self.config.sample,
+            page_size=self.config.page_size,
         )
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():
@@ -294,7 +299,12 @@ def _select(batch: Batch, out: Any) -> torch.Tensor:
 
 
 def _check_host_scalars(batch: Batch, captured: dict[str, Any]) -> None:
-    needed = int(batch.q_lens.max()) if batch.bs else 0
+    if not batch.bs:
+        needed = 0
+    elif MODES[batch.mode].ragged:
+        needed = int(batch.q_lens.max())
+    else:  # NOTE: a checked uniform batch has one q_len for every request
+        needed = int(batch.q_lens[0])
     if needed > captured["max_seqlen_q"]:
         raise HostScalarMismatch(
             f"max_seqlen_q: batch needs {needed}, graph was captured with {captured['max_seqlen_q']}"

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from graphrt.step.checks import Scratch, fast_ok
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, tokens_per_req
 from graphrt.step.sampling import SamplingParams
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
+#: One token per request, shared read-only by DECODE batches that omit ``q_lens``.
+_ONES = np.ones(4096, dtype=np.int64)
+_ONES.flags.writeable = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,11 @@ class Limits:
     tree: bool = False
     #: The runtime has a sampling family (``RuntimeConfig(sample=True)``).
     sample: bool = False
+    #: Reusable arrays of the fast check (not part of the limits' value).
+    scratch: Scratch = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scratch", Scratch(self.max_reqs, self.num_live_slots))
 
 
 def model_vocab_size(forward: Any) -> int | None:
@@ -47,6 +57,8 @@ def model_vocab_size(forward: Any) -> int | None:
 
 
 def _host_ints(name: str, value: Any) -> np.ndarray:
+    if type(value) is np.ndarray and value.dtype == np.int64 and value.ndim == 1:
+        return value  # NOTE: the fast path: already what a batch holds, no conversion
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
             raise ValueError(
@@ -139,15 +151,16 @@ class Batch:
             "out_cache_loc": _host_ints("out_cache_loc", out_cache_loc),
         }
         bs = arrays["seq_lens"].size
-        if q_lens is None:
+        implicit = q_lens is None
+        if implicit:
             if not MODES[mode].implicit_q_len:
                 raise ValueError(f"mode {mode.name} needs q_lens (query tokens per request)")
-            q_lens = np.ones(bs, dtype=np.int64)
+            q_lens = _ONES[:bs] if bs <= _ONES.size else np.ones(bs, dtype=np.int64)
         arrays["q_lens"] = _host_ints("q_lens", q_lens)
         mask = None if tree_mask is None else _tree_mask(tree_mask, arrays["q_lens"])
         params = None if sampling is None else tuple(sampling)
         batch = cls(mode=mode, tree_mask=mask, sampling=params, **arrays)
-        batch._check_shapes()
+        batch._check_shapes(implicit)
         return batch
 
     @property
@@ -191,8 +204,12 @@ class Batch:
         depth = self.tree_mask.sum(axis=2).reshape(-1) - 1
         return np.repeat(self.seq_lens - self.q_lens, self.q_lens) + depth
 
-    def _check_shapes(self) -> None:
+    def _check_shapes(self, implicit_q: bool = False) -> None:
         bs, n = self.bs, self.num_tokens
+        if implicit_q and self.req_pool_indices.size == bs and self.out_cache_loc.size == n == bs:
+            if MODES[self.mode].idle and bs:
+                raise ValueError(f"an IDLE step has no requests, got bs {bs}")
+            return  # NOTE: one token per request by construction; the rest needs no reduction
         for name in ("req_pool_indices", "q_lens"):
             if getattr(self, name).size != bs:
                 raise ValueError(f"Batch.{name} has {getattr(self, name).size} rows, seq_lens has {bs}")
@@ -223,6 +240,12 @@ class Batch:
         if self.bs == 0:
             return
         self._check_geometry(limits)
+        if fast_ok(self, limits, limits.scratch):
+            return
+        self._check_full(limits)
+
+    def _check_full(self, limits: Limits) -> None:
+        """Every check after the geometry, one by one; raises the first that fails."""
         _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
         _distinct("req_pool_indices", self.req_pool_indices, "row")
         end = int(self.kv_positions.max()) + 1

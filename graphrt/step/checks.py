@@ -1,0 +1,100 @@
+"""The fast half of ``Batch.check``: a sufficient condition for a valid batch, allocation-light.
+
+``fast_ok`` returns True only when every check of :meth:`Batch.check` would pass; when it
+returns False the full check runs and raises with its usual message (so messages and their
+order never change). Range checks are one unsigned ``max`` each (a negative int64 viewed as
+uint64 is huge); distinctness writes each value's index into a reusable "stamp" table and
+reads it back: a row that repeats finds a later index than its own; KV slots (millions of
+possible values) are sorted instead. No ``np.unique``, no per-request Python loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from graphrt.step.modes import MODES
+
+if TYPE_CHECKING:
+    from graphrt.step.batch import Batch, Limits
+
+
+class Scratch:
+    """Reusable host arrays of the fast check (one per :class:`Limits`).
+
+    ``rows`` is the request-row stamp table; KV slots are checked by sorting (measured faster
+    than a stamp table over millions of slots, whose scattered writes miss the cache).
+    """
+
+    def __init__(self, max_reqs: int, num_live_slots: int) -> None:
+        self.rows = np.zeros(max(max_reqs, 1), dtype=np.int64)
+        self.index = np.arange(max(max_reqs, 1), dtype=np.int64)
+
+
+def below(arr: np.ndarray, hi: int) -> bool:
+    """``0 <= arr < hi`` elementwise (int64 ``arr``, non-empty), in one reduction."""
+    return int(arr.view(np.uint64).max()) < hi
+
+
+def distinct_rows(rows: np.ndarray, scratch: Scratch) -> bool:
+    """True when no request row repeats; ``rows`` already lie in ``[0, max_reqs)``."""
+    n = rows.size
+    if n < 2:
+        return True
+    index = scratch.index[:n]
+    scratch.rows[rows] = index
+    # NOTE: with a repeat, the later index wins in the table, so the earlier one reads back wrong.
+    return bool(np.array_equal(scratch.rows[rows], index))
+
+
+def distinct(values: np.ndarray) -> bool:
+    """True when no value repeats (sort, compare neighbours)."""
+    if values.size < 2:
+        return True
+    ordered = np.sort(values)
+    return not bool(np.equal(ordered[1:], ordered[:-1]).any())
+
+
+def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
+    """True when ``batch`` passes every check of :meth:`Batch.check` after the geometry check.
+
+    False means "run the full check" (which then raises or, rarely, passes).
+    """
+    spec = MODES[batch.mode]
+    seq, q, loc = batch.seq_lens, batch.q_lens, batch.out_cache_loc
+    rows = batch.req_pool_indices
+    if not below(rows, limits.max_reqs) or not distinct_rows(rows, scratch):
+        return False
+    steps = loc.size // batch.input_ids.size if spec.draft_steps else 1
+    # NOTE: the last KV position of a request is seq_len - 1 (+ draft steps - 1).
+    if int(seq.max()) + steps - 1 > limits.max_context_len:
+        return False
+    # NOTE: uniform modes reach here with every q_len equal (the geometry check ran first).
+    if spec.ragged:
+        if bool(np.less(seq, q).any()):
+            return False
+    elif int(seq.min()) < (1 if spec.draft_steps else int(q[0])):
+        return False
+    ps = limits.page_size
+    live = limits.num_live_slots // ps * ps
+    if not below(loc, live) or not distinct(loc):
+        return False
+    if limits.vocab_size is not None and not below(batch.input_ids, limits.vocab_size):
+        return False
+    return ps == 1 or aligned(batch, ps)
+
+
+def aligned(batch: Batch, ps: int) -> bool:
+    """``out_cache_loc % ps == kv_positions % ps`` for every entry."""
+    spec, seq, loc = MODES[batch.mode], batch.seq_lens, batch.out_cache_loc
+    if spec.draft_steps or spec.ragged:
+        diff = loc - batch.kv_positions
+    elif batch.num_tokens == batch.bs:  # one token per request: position seq_len - 1
+        diff = loc - seq + 1
+    else:
+        q = batch.num_tokens // batch.bs
+        diff = loc.reshape(-1, q) - (seq - q)[:, None] - np.arange(q)
+    if ps & (ps - 1) == 0:
+        return not bool((diff & (ps - 1)).any())
+    return not bool((diff % ps).any())
