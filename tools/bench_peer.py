@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from graphrt import GraphRuntime
+from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step import Batch, ForwardMode, SpecGeometry
 
@@ -43,6 +44,17 @@ def make_batch(case: str, rt: GraphRuntime, bs: int, real: int, rng: np.random.G
     for r in range(bs):
         rt.req_to_token.table[r, :real] = torch.as_tensor(_slots(rt, r, 0, real), dtype=torch.int32)
     reqs = np.arange(bs, dtype=np.int64)
+    # NOTE: the bench writes the request table itself (no prefill forward): the KV ledger is
+    # told that these rows hold their first ``real`` positions, as a prefill would have left it.
+    prefill = Batch.create(
+        M.EXTEND,
+        input_ids=np.zeros(bs * real, dtype=np.int64),
+        seq_lens=np.full(bs, real),
+        req_pool_indices=reqs,
+        out_cache_loc=np.concatenate([_slots(rt, r, 0, real) for r in reqs]),
+        q_lens=np.full(bs, real),
+    )
+    rt.req_to_token.ledger.commit(KVWrites.of(prefill))
     n = spec.num_draft_tokens if spec else 1
     if mode is M.DECODE:
         q, loc = np.ones(bs, dtype=np.int64), np.concatenate([_slots(rt, r, real, real + 1) for r in reqs])

@@ -209,6 +209,7 @@ class Batch:
         if implicit_q and self.req_pool_indices.size == bs and self.out_cache_loc.size == n == bs:
             if MODES[self.mode].idle and bs:
                 raise ValueError(f"an IDLE step has no requests, got bs {bs}")
+            self._check_sampling()
             return  # NOTE: one token per request by construction; the rest needs no reduction
         for name in ("req_pool_indices", "q_lens"):
             if getattr(self, name).size != bs:
@@ -223,13 +224,17 @@ class Batch:
             raise ValueError(f"every request needs >= 1 query token, got q_lens min {self.q_lens.min()}")
         if MODES[self.mode].idle and bs:
             raise ValueError(f"an IDLE step has no requests, got bs {bs}")
-        if self.sampling is not None:
-            if len(self.sampling) != bs:
-                raise ValueError(f"Batch.sampling has {len(self.sampling)} entries, seq_lens has {bs}")
-            if not all(isinstance(p, SamplingParams) for p in self.sampling):
-                raise TypeError("Batch.sampling must hold SamplingParams")
-            if not MODES[self.mode].samples:
-                raise ValueError(f"{self.mode.name} does not sample: Batch.sampling is for DECODE and EXTEND")
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        if self.sampling is None:
+            return
+        if len(self.sampling) != self.bs:
+            raise ValueError(f"Batch.sampling has {len(self.sampling)} entries, seq_lens has {self.bs}")
+        if not all(isinstance(p, SamplingParams) for p in self.sampling):
+            raise TypeError("Batch.sampling must hold SamplingParams")
+        if not MODES[self.mode].samples:
+            raise ValueError(f"{self.mode.name} does not sample: Batch.sampling is for DECODE and EXTEND")
 
     def check(self, limits: Limits) -> None:
         """Raise ``ValueError`` naming the value and the limit; writes nothing."""

@@ -80,7 +80,9 @@ def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
     live = limits.num_live_slots // ps * ps
     if not below(loc, live) or not distinct(loc):
         return False
-    if limits.vocab_size is not None and not below(batch.input_ids, limits.vocab_size):
+    # NOTE: without a vocabulary a token id still must not be negative (INT64_MAX as the bound).
+    vocab = limits.vocab_size if limits.vocab_size is not None else np.iinfo(np.int64).max
+    if not below(batch.input_ids, vocab):
         return False
     return ps == 1 or aligned(batch, ps)
 
