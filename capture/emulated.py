@@ -63,7 +63,12 @@ class CaptureSyncError(RuntimeError):
 def _has_mask(func: Any, args: tuple) -> bool:
     if func not in MASK_OPS:
         return False
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+    if not masks:
+        return False
+    # NOTE: ``x[mask] = scalar`` (one mask, a one-element value) is a masked_fill for CUDA: no sync.
+    scalar = func is not aten.index.Tensor and len(args[1]) == 1 and args[2].numel() == 1
+    return not scalar
 
 
 def _refusal(func: Any, args: tuple, kwargs: dict) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,11 @@ from graphrt.capture import kernels as kernels_module
 from graphrt.capture.kernels import demangle, parse_dot, short_name, split_launch, with_times
 
 DOT = Path(__file__).parent / "data" / "fa3_decode_graph.dot"
+
+
+needs_cxxfilt = pytest.mark.skipif(
+    importlib.util.find_spec("cxxfilt") is None, reason="needs cxxfilt (a base dependency; absent offline)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +47,7 @@ def test_fa3_graph_nodes(parsed: tuple[int, tuple[KernelCount, ...]]) -> None:
     assert [k.count for k in kernels] == [1, 1, 1, 1]
 
 
+@needs_cxxfilt
 def test_fa3_kernel_keeps_its_templates(parsed: tuple[int, tuple[KernelCount, ...]]) -> None:
     fa3 = by_prefix(parsed[1], FA3)
     # the template arguments say which FA3 instance this is: Sm90, bf16, head dim 64, persistent
@@ -51,6 +58,7 @@ def test_fa3_kernel_keeps_its_templates(parsed: tuple[int, tuple[KernelCount, ..
     assert "{lambda(float, float)#1}" in by_prefix(parsed[1], REDUCE).name  # parentheses inside templates
 
 
+@needs_cxxfilt
 def test_short_names_elide_deep_templates(parsed: tuple[int, tuple[KernelCount, ...]]) -> None:
     assert short_name(by_prefix(parsed[1], FA3).name) == (
         "cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<…> > >"
@@ -59,6 +67,7 @@ def test_short_names_elide_deep_templates(parsed: tuple[int, tuple[KernelCount, 
     assert short_name("plain_kernel") == "plain_kernel"
 
 
+@needs_cxxfilt
 def test_fa3_graph_launches(parsed: tuple[int, tuple[KernelCount, ...]]) -> None:
     kernels = parsed[1]
     # FA3 persistent kernel: one CTA per SM of an H100 SXM (132), 256 threads, 107 KiB smem
@@ -78,6 +87,7 @@ def test_repeated_kernels_are_counted() -> None:
     assert [k.count for k in kernels] == [2, 2, 2, 2]
 
 
+@needs_cxxfilt
 def test_identical_kernels_with_other_grids_are_one_row() -> None:
     text = DOT.read_text()
     body = text[text.index('"graph_1_node_0"') : text.index('"graph_1_node_1"')]
@@ -89,6 +99,7 @@ def test_identical_kernels_with_other_grids_are_one_row() -> None:
     assert split_launch(mul.launch) == ("6 | 12", "128", "0")
 
 
+@needs_cxxfilt
 def test_profiler_times_attach_by_name(parsed: tuple[int, tuple[KernelCount, ...]]) -> None:
     fa3 = by_prefix(parsed[1], FA3)
     times = {f"void {fa3.name}(flash::Params)": 7.5, "Memset (Device)": 0.5, "unrelated": 1.0}
@@ -135,5 +146,6 @@ def test_empty_dump() -> None:
         ("", ""),
     ],
 )
+@needs_cxxfilt
 def test_demangle(symbol: str, name: str) -> None:
     assert demangle(symbol) == name

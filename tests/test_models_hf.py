@@ -1,11 +1,12 @@
 """Loaded safetensors checkpoints == the transformers forward: prefill and decode, eager and graphed.
 
 Tolerances: fp32 on the CPU, atol = rtol = 1e-4 (measured max |diff| ~1e-6: the two differ only in
-summation order); bf16 on CUDA, atol = rtol = 5e-2 against the fp32 CPU reference.
+summation order); bf16 on CUDA, atol = three times transformers' own bf16 error against its fp32 forward.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,18 @@ CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {
 }
 
 
-def tolerance(device: torch.device) -> float:
-    return 5e-2 if device.type == "cuda" else 1e-4
+def tolerance(device: torch.device, reference: Any, seqs: list[list[int]]) -> float:
+    """fp32 (CPU): 1e-4. bf16 (CUDA): three times transformers' own bf16 error.
+
+    NOTE: a bf16 forward cannot match fp32 logits closer than rounding allows; the bound is what
+    transformers' bf16 forward of the same weights misses its fp32 forward by, times three.
+    """
+    if device.type != "cuda":
+        return 1e-4
+    fp32 = reference_logits(reference, seqs)
+    bf16 = reference_logits(copy.deepcopy(reference).to(torch.bfloat16), seqs)
+    floor = max((a - b).abs().max().item() for a, b in zip(fp32, bf16, strict=True))
+    return max(3 * floor, 1e-2)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -83,5 +94,6 @@ def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple
     path, reference = checkpoint
     seqs = sequences(reference.config.vocab_size)
     model = load(path, device=device)
-    atol = tolerance(device)
-    assert_parity(run_graphrt(model, seqs), reference_logits(reference, seqs), atol=atol, rtol=atol)
+    atol = tolerance(device, reference, seqs)
+    rtol = atol if device.type != "cuda" else 0.0
+    assert_parity(run_graphrt(model, seqs), reference_logits(reference, seqs), atol=atol, rtol=rtol)
