@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import itertools
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +35,29 @@ class BucketPolicy:
             raise ValueError(f"buckets must lie in 1..{max_batch_size}, got {list(buckets)}")
         return cls(tuple(sorted(set(chosen) | {max_batch_size})))
 
+    @classmethod
+    def exact(cls, buckets: Sequence[int], allocation: int) -> BucketPolicy:
+        """``buckets`` as given, after checking they are sorted unique ints in 1..``allocation``.
+
+        Unlike :meth:`create` nothing is added or reordered: a ladder whose largest bucket is
+        below ``allocation`` is allowed (larger batches then run eagerly, counted).
+        """
+        chosen = list(buckets)
+        if not chosen:
+            raise ValueError("buckets must name at least one batch size, got []")
+        for b in chosen:
+            if isinstance(b, bool) or not isinstance(b, numbers.Integral):
+                raise ValueError(f"bucket {b!r} is not an integer (buckets: {chosen})")
+            if not 1 <= b <= allocation:
+                raise ValueError(
+                    f"bucket {b} is outside 1..{allocation}: the static buffers hold {allocation} "
+                    "requests (max_batch_size); build the runtime with a larger one"
+                )
+        for prev, b in itertools.pairwise(chosen):
+            if b <= prev:
+                raise ValueError(f"buckets must be sorted and unique: {b} follows {prev} in {chosen}")
+        return cls(tuple(int(b) for b in chosen))
+
     @property
     def largest(self) -> int:
         """The largest captured batch size."""
@@ -60,7 +85,9 @@ def padded_tokens(weights: Mapping[int, int], buckets: Sequence[int]) -> int:
     return total
 
 
-def optimal_buckets(weights: Mapping[int, int], max_graphs: int, largest: int | None = None) -> tuple[int, ...]:
+def optimal_buckets(
+    weights: Mapping[int, int], max_graphs: int, largest: int | None = None
+) -> tuple[int, ...]:
     """At most ``max_graphs`` buckets, ``largest`` among them, minimising :func:`padded_tokens`.
 
     An exact dynamic program over the k distinct sizes with a positive weight, O(k² ·
