@@ -143,6 +143,8 @@ class GraphRuntime:
         allocation's ``max_batch_size``, so no batch the buffers hold runs eagerly) is always
         in; steps larger than it are left out (no ladder could serve them).
         """
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         top = self.allocation if largest is None else largest
         if not 1 <= top <= self.allocation:
             raise ValueError(f"largest bucket {top} is outside 1..{self.allocation} (max_batch_size)")
