@@ -4,7 +4,7 @@ The lowest layer beside ``graphrt.buffers``: a graph key is opaque here, and not
 models or attention is imported.
 """
 
-from graphrt.capture.buckets import BucketPolicy, default_buckets
+from graphrt.capture.buckets import BucketPolicy, default_buckets, optimal_buckets, padded_tokens
 from graphrt.capture.dispatch import Dispatcher, Fallback
 from graphrt.capture.emulated import CaptureSyncError, EmulatedEngine
 from graphrt.capture.graph import CaptureEngine, Graph, GraphInfo, KernelCount
@@ -20,4 +20,6 @@ __all__ = [
     "GraphInfo",
     "KernelCount",
     "default_buckets",
+    "optimal_buckets",
+    "padded_tokens",
 ]

@@ -33,6 +33,11 @@ class Dispatcher:
             raise ValueError(f"bucket {bucket} is not in the policy {self.policy.buckets}")
         self.graphs[(mode, bucket)] = graph
 
+    def replace(self, policy: BucketPolicy) -> None:
+        """Drop every graph and dispatch by ``policy`` from now on (counters keep counting)."""
+        self.graphs.clear()
+        self.policy = policy
+
     def captured_modes(self) -> set[Hashable]:
         """Every mode with at least one graph."""
         return {mode for mode, _ in self.graphs}

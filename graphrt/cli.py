@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench``, ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -116,8 +116,8 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host"),
-        help="decode: step time; host: host cost",
+        choices=("decode", "host", "buckets"),
+        help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder",
     )
     p.add_argument(
         "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
@@ -126,6 +126,39 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-lens", default="4096,131072", help="host only: max_context_len values")
     p.add_argument("--real-len", type=positive_int, default=512, help="host only: tokens each request holds")
     p.add_argument("--smoke", action="store_true", help="host only: tiny sizes (CI)")
+    _add_buckets_args(p)
+
+
+def _add_buckets_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench buckets``: the ladder the workload picks vs the default one."""
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help='buckets only: .jsonl, one bs per line (an int or {"bs": N}); default: a generated trace',
+    )
+    p.add_argument(
+        "--max-graphs",
+        type=positive_int,
+        default=None,
+        help="buckets only: graphs the suggested ladder may use (default: as many as the default ladder)",
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=256,
+        help="buckets only: the allocation (largest bucket)",
+    )
+    p.add_argument(
+        "--steps", type=positive_int, default=20000, help="buckets only: steps of a generated trace"
+    )
+    p.add_argument(
+        "--mean-bs",
+        type=positive_int,
+        default=40,
+        help="buckets only: mean running requests of a generated trace",
+    )
+    p.add_argument("--seed", type=int, default=0, help="buckets only: seed of a generated trace")
 
 
 def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes: str, iters: int) -> None:
@@ -215,6 +248,10 @@ def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
         from graphrt.tools.bench_host import run_bench_host
 
         return run_bench_host(args)
+    if args.what == "buckets":
+        from graphrt.tools.bench_buckets import run_bench_buckets
+
+        return run_bench_buckets(args)
     args.batch_sizes = args.batch_sizes or "1,8,64"
     if getattr(args, "what", "decode") == "host":
         from graphrt.tools.bench_host import run_bench_host

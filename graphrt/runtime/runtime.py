@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,15 @@ import torch
 
 from graphrt.attention import attention_kind
 from graphrt.buffers import Dims
-from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, Fallback, Graph
+from graphrt.capture import (
+    BucketPolicy,
+    CaptureEngine,
+    Dispatcher,
+    EmulatedEngine,
+    Fallback,
+    Graph,
+    optimal_buckets,
+)
 from graphrt.kv import PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.families import Dummies, Families
@@ -22,7 +31,7 @@ from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, Poiso
 from graphrt.runtime.programs import PROGRAMS, ForwardFn, Sampled, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport, RuntimeStats
-from graphrt.runtime.telemetry import Telemetry
+from graphrt.runtime.telemetry import Telemetry, step_weights
 from graphrt.step.batch import Batch, Limits, model_vocab_size
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
@@ -102,6 +111,11 @@ class GraphRuntime:
         self.telemetry = Telemetry()
         self._lock = threading.Lock()
 
+    @property
+    def allocation(self) -> int:
+        """Requests the static buffers hold: the largest bucket any ladder may have."""
+        return self.families.step.dims.max_bs
+
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
         return rows_per_req(mode, self.config.speculative)
@@ -117,9 +131,56 @@ class GraphRuntime:
     # ---- capture -------------------------------------------------------------------------
     def capture(self, show_progress: bool = False) -> CaptureReport:
         """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""
+        with self._lock:
+            return self._capture_all(show_progress)
+
+    def suggest_buckets(self, max_graphs: int, *, largest: int | None = None) -> tuple[int, ...]:
+        """The ladder of at most ``max_graphs`` buckets that pads the observed steps least.
+
+        Minimises the padded token rows of every graphed step recorded so far (telemetry's
+        histogram: each step weighs its mode's rows per request) with an exact dynamic
+        program (:func:`graphrt.capture.optimal_buckets`). ``largest`` (default: the
+        allocation's ``max_batch_size``, so no batch the buffers hold runs eagerly) is always
+        in; steps larger than it are left out (no ladder could serve them).
+        """
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+        top = self.allocation if largest is None else largest
+        if not 1 <= top <= self.allocation:
+            raise ValueError(f"largest bucket {top} is outside 1..{self.allocation} (max_batch_size)")
+        with self._lock:  # NOTE: run() adds to the histogram; copy it whole
+            counts = dict(self.telemetry.batch_sizes)
+        weights = step_weights(counts, self.config.capture_modes, self.rows_per_req, top)
+        if not weights:
+            raise ValueError(
+                f"no graphed steps of at most {top} requests observed yet: run() some batches first"
+            )
+        return optimal_buckets(weights, max_graphs, top)
+
+    def recapture(self, buckets: Sequence[int], show_progress: bool = False) -> CaptureReport:
+        """Swap in a new ladder: drop every graph and capture ``buckets`` for every mode.
+
+        ``buckets`` must be sorted unique ints in 1..``max_batch_size`` (checked before
+        anything is dropped); the static buffers are reused. Holds the lock ``run()`` takes,
+        so a concurrent step waits and then sees the new ladder whole. If a capture fails,
+        every graph is dropped (steps run eagerly, counted) and the error propagates.
+        """
+        policy = BucketPolicy.exact(buckets, self.allocation)
+        with self._lock:
+            if self.device.type == "cuda":  # NOTE: no replay may still run in the pool we free
+                torch.cuda.synchronize(self.device)
+            self._drop_graphs()
+            self.dispatcher.replace(policy)
+            try:
+                return self._capture_all(show_progress)
+            except BaseException:
+                self._drop_graphs()
+                raise
+
+    def _capture_all(self, show_progress: bool) -> CaptureReport:
         keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
         start = time.perf_counter()
-        with self._lock, self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
+        with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
             for mode, bucket in keys:
                 self._capture_one(mode, bucket)
                 advance(f"{mode.name} bs={bucket}")
@@ -268,6 +329,10 @@ class GraphRuntime:
 
     def release(self) -> None:
         """Drop every captured graph and its outputs (before tearing down a process group)."""
+        with self._lock:
+            self._drop_graphs()
+
+    def _drop_graphs(self) -> None:
         for graph in self.dispatcher.graphs.values():
             reset = getattr(getattr(graph, "graph", None), "reset", None)
             if reset is not None:

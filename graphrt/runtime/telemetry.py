@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,6 +50,8 @@ class Telemetry:
         self.sync = sync
         self.steps: Counter[str] = Counter()
         self.fallbacks: Counter[tuple[str, str]] = Counter()
+        #: Steps per ``(mode, bs)`` over every step ever recorded (the ring forgets; this does not).
+        self.batch_sizes: Counter[tuple[str, int]] = Counter()
 
     @property
     def capacity(self) -> int:
@@ -67,6 +71,7 @@ class Telemetry:
                 torch.cuda.synchronize(device)
             replay_us = (time.perf_counter() - updated) * 1e6
         self.steps[mode] += 1
+        self.batch_sizes[(mode, bs)] += 1
         self.records.append(
             StepRecord(mode, bs, bucket, (updated - start) * 1e6, (launched - updated) * 1e6, replay_us)
         )
@@ -74,9 +79,34 @@ class Telemetry:
     def fell_back(self, mode: str, bs: int, reason: str) -> None:
         """Record a step that ran eagerly because no graph fits it."""
         self.steps[mode] += 1
+        self.batch_sizes[(mode, bs)] += 1
         self.fallbacks[(mode, reason)] += 1
         self.records.append(StepRecord(mode, bs, None, 0.0, 0.0, None, reason))
+
+    def histogram(self, mode: str) -> dict[int, int]:
+        """Steps per batch size of ``mode``, over every step recorded."""
+        return {bs: n for (m, bs), n in self.batch_sizes.items() if m == mode}
 
     def last_replay(self) -> StepRecord | None:
         """The most recent replayed step still in the ring."""
         return next((r for r in reversed(self.records) if r.bucket is not None), None)
+
+
+def step_weights(
+    counts: Mapping[tuple[str, int], int],
+    modes: Iterable[Any],
+    rows_per_req: Callable[[Any], int],
+    largest: int,
+) -> dict[int, int]:
+    """Batch size → pad rows per unit of padding: Σ over ``modes`` of steps × rows per request.
+
+    ``counts`` is :attr:`Telemetry.batch_sizes`; steps of other modes and of more than
+    ``largest`` requests (they run eagerly whatever the ladder) are left out. A step of 0
+    requests (IDLE) pads to the smallest bucket, as one of 1 does.
+    """
+    rows = {getattr(m, "name", str(m)): rows_per_req(m) for m in modes}
+    weights: Counter[int] = Counter()
+    for (mode, bs), n in counts.items():
+        if mode in rows and bs <= largest:
+            weights[max(bs, 1)] += n * rows[mode]
+    return dict(weights)
