@@ -204,3 +204,12 @@ def test_custom_scaling_is_folded_into_q() -> None:
     want = ((q @ k.transpose(-1, -2)) * 0.3).softmax(-1) @ v
     assert weights is None and out.shape == (1, 3, 2, 8)
     torch.testing.assert_close(out, want.transpose(1, 2), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("extra", [{"softcap": 50.0}, {"s_aux": torch.zeros(2)}, {"is_causal": False}])
+def test_attention_features_graphrt_lacks_are_refused(extra: dict[str, Any]) -> None:
+    module = torch.nn.Module()
+    module.layer_idx = 1
+    q = torch.zeros(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="layer 1: graphrt attention does not implement"):
+        graphrt.hf.graphrt_attention(module, q, q, q, None, graphrt_ctx=object(), **extra)

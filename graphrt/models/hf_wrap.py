@@ -30,6 +30,8 @@ ATTENTION_NAME = "graphrt"
 CTX_KWARG = "graphrt_ctx"
 #: Rope types that read the batch's largest position on the host (``dynamic_rope_update``).
 UNCAPTURABLE_ROPE = ("dynamic", "longrope")
+#: Attention keywords some models pass that graphrt's kernels do not implement (refused when set).
+UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +69,7 @@ def graphrt_attention(
             f"attention implementation {ATTENTION_NAME!r} needs graphrt's ctx: call the model through "
             "graphrt.hf.wrap(model)(input_ids, positions, ctx)"
         )
-    if attention_mask is not None:
-        raise ValueError(
-            f"layer {module.layer_idx}: the model built an attention mask; graphrt attends causally "
-            "over the paged KV cache and cannot apply it"
-        )
-    if dropout:
-        raise ValueError(
-            f"layer {module.layer_idx}: attention dropout {dropout} (put the model in eval mode)"
-        )
+    _refuse_unsupported(module.layer_idx, attention_mask, dropout, kwargs)
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     head_dim = q.shape[-1]
     if scaling is not None and scaling != head_dim**-0.5:
@@ -84,6 +78,24 @@ def graphrt_attention(
     window = None if sliding_window is None else int(sliding_window) - 1
     out = ctx.attention(module.layer_idx, q, k, v, window=window)
     return out[None], None
+
+
+def _refuse_unsupported(
+    layer: int, attention_mask: torch.Tensor | None, dropout: float, kwargs: dict[str, Any]
+) -> None:
+    """Raise ``ValueError`` for an attention call graphrt would silently get wrong (Python checks only)."""
+    if attention_mask is not None:
+        raise ValueError(
+            f"layer {layer}: the model built an attention mask; graphrt attends causally "
+            "over the paged KV cache and cannot apply it"
+        )
+    if dropout:
+        raise ValueError(f"layer {layer}: attention dropout {dropout} (put the model in eval mode)")
+    unsupported = [name for name in UNSUPPORTED_KWARGS if kwargs.get(name) is not None]
+    if kwargs.get("is_causal") is False:
+        unsupported.append("is_causal=False")
+    if unsupported:
+        raise ValueError(f"layer {layer}: graphrt attention does not implement {', '.join(unsupported)}")
 
 
 def register() -> None:
