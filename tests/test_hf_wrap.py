@@ -21,10 +21,12 @@ import graphrt.hf  # noqa: E402
 from graphrt import Batch, ForwardMode, RuntimeConfig  # noqa: E402
 from graphrt.capture import CaptureSyncError  # noqa: E402
 from graphrt.models import hf_wrap  # noqa: E402
+from graphrt.step.modes import SpecGeometry  # noqa: E402
 from tests.hf_util import (  # noqa: E402
     BUCKETS,
     MAX_CONTEXT,
     PAGE_SIZE,
+    PROMPT_LENS,
     assert_parity,
     randomize,
     reference_logits,
@@ -90,6 +92,47 @@ def test_wrapped_model_matches_its_transformers_forward(device: torch.device, ca
     assert model.config._attn_implementation == graphrt.hf.ATTENTION_NAME
     atol = 5e-2 if device.type == "cuda" else 1e-4
     assert_parity(run_graphrt(wrapped, seqs), expected, atol=atol, rtol=atol)
+
+
+def test_wrapped_target_verify_matches_transformers() -> None:
+    """A TARGET_VERIFY step (a chain of 4 query tokens per request) graphed, bs 3 in bucket 4."""
+    model = build("qwen3-gqa-headdim", seed=1)
+    seqs, n = sequences(model.config.vocab_size, seed=1), 4
+    expected = reference_logits(model, seqs)
+    config = RuntimeConfig(
+        max_batch_size=4,
+        max_context_len=MAX_CONTEXT,
+        page_size=PAGE_SIZE,
+        buckets=BUCKETS,
+        capture_modes=(ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
+        speculative=SpecGeometry(num_steps=3, topk=1, num_draft_tokens=n),
+        debug=True,
+    )
+    runtime = graphrt.hf.stack(model, config).runtime
+    runtime.capture()
+    pages = config.max_pages
+    runtime.run(
+        Batch.create(
+            ForwardMode.EXTEND,
+            input_ids=np.concatenate([s[:p] for s, p in zip(seqs, PROMPT_LENS, strict=True)]),
+            seq_lens=list(PROMPT_LENS),
+            req_pool_indices=[0, 1, 2],
+            out_cache_loc=[r * pages * PAGE_SIZE + i for r, p in enumerate(PROMPT_LENS) for i in range(p)],
+            q_lens=list(PROMPT_LENS),
+        )
+    )
+    verify = Batch.create(
+        ForwardMode.TARGET_VERIFY,
+        input_ids=np.concatenate([s[p : p + n] for s, p in zip(seqs, PROMPT_LENS, strict=True)]),
+        seq_lens=[p + n for p in PROMPT_LENS],
+        req_pool_indices=[0, 1, 2],
+        out_cache_loc=[r * pages * PAGE_SIZE + i for r, p in enumerate(PROMPT_LENS) for i in range(p, p + n)],
+        q_lens=[n] * 3,
+    )
+    got = runtime.run(verify).float()
+    want = torch.cat([expected[r][p : p + n] for r, p in enumerate(PROMPT_LENS)])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert runtime.stats().replays == {"TARGET_VERIFY": 1}
 
 
 def test_geometry_and_stack() -> None:
