@@ -119,8 +119,9 @@ def check_capturable(model: nn.Module) -> None:
     """Raise ``ValueError`` naming what would stop ``model``'s forward from being captured.
 
     Refused: rope types that compare the batch's largest position to a Python int
-    (``dynamic``, ``longrope``), an encoder (non-causal attention), attention layers without a
-    ``layer_idx``, and configs that force extra outputs (attentions, hidden states).
+    (``dynamic``, ``longrope``), an encoder (non-causal attention) and a model without attention
+    layers that carry a ``layer_idx``. Extra outputs (attentions, hidden states) need no check:
+    the wrapper's forward turns them off whatever the config says.
     """
     config = model.config
     bad = sorted(_rope_types(config) & set(UNCAPTURABLE_ROPE))
@@ -129,9 +130,6 @@ def check_capturable(model: nn.Module) -> None:
             f"rope type {bad[0]!r} cannot be captured: it rescales from each batch's largest "
             "position on the host (torch.max(position_ids) compared to a Python int)"
         )
-    for flag in ("output_attentions", "output_hidden_states"):
-        if getattr(config, flag, False):
-            raise ValueError(f"config.{flag} is set: extra outputs are not captured, turn it off")
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__}: no attention layer with a layer_idx found")
