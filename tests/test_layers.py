@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[int, str], ...] = (
     (5, "graphrt.runtime"),
     (6, "graphrt.engine"),
     (7, "graphrt"),  # the package's own __init__: the public facade
+    (7, "graphrt.hf"),  # facade of the transformers wrapper (models.hf_wrap + engine.stack)
     (8, "graphrt.debug"),
     (9, "graphrt.tools"),
     (10, "graphrt.cli"),  # the console entry point: dispatches to tools

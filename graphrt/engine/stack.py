@@ -11,6 +11,7 @@ from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.metadata.local import with_model_chunk
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.dsa import TinyDSA
+from graphrt.models.hf_wrap import HFWrapped
 from graphrt.models.llama import TinyLlama
 from graphrt.models.loader import default_dtype, load, resolve
 from graphrt.models.parallel import SINGLE
@@ -22,7 +23,7 @@ from graphrt.step.config import RuntimeConfig
 
 @dataclass(frozen=True, slots=True)
 class ModelStack:
-    model: TinyLlama | TinyDSA | CausalLM
+    model: TinyLlama | TinyDSA | CausalLM | HFWrapped
     kv: PagedKVCache | MLAKVCache
     req_to_token: ReqToToken
     runtime: GraphRuntime
@@ -83,8 +84,14 @@ def build_stack(
     return ModelStack(model, kv, req_to_token, runtime)
 
 
-def stack_for(model: CausalLM, config: RuntimeConfig, *, max_reqs: int | None = None) -> ModelStack:
-    """A paged KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``."""
+def stack_for(
+    model: CausalLM | HFWrapped, config: RuntimeConfig, *, max_reqs: int | None = None
+) -> ModelStack:
+    """A paged KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
+
+    The cache takes the model's parameter dtype and device and ``model.cfg``'s geometry
+    (``num_layers``, ``num_kv_heads``, ``head_dim``, ``vocab_size``).
+    """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
     shape = KVShape(
