@@ -8,6 +8,7 @@ names the flag, the value and what is allowed, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 from collections.abc import Sequence
 
@@ -213,53 +214,35 @@ def build_parser() -> Parser:
     return parser
 
 
+#: (command, bench target) -> the tools module and function that implement it.
+COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
+    ("demo", None): ("graphrt.tools.demo", "run_demo"),
+    ("generate", None): ("graphrt.tools.generate", "run_generate"),
+    ("inspect", None): ("graphrt.tools.inspect", "run_inspect"),
+    ("debug", None): ("graphrt.tools.tui.app", "run_debug"),
+    ("bench-spec", None): ("graphrt.tools.bench_spec", "run_bench_spec"),
+    ("bench", "decode"): ("graphrt.tools.bench", "run_bench"),
+    ("bench", "host"): ("graphrt.tools.bench_host", "run_bench_host"),
+    ("bench", "buckets"): ("graphrt.tools.bench_buckets", "run_bench_buckets"),
+}
+
+
 def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from graphrt.tools.demo import demo_sampling, run_demo
+        from graphrt.tools.demo import demo_sampling
 
         try:
             args.sampling = demo_sampling(args)
         except (TypeError, ValueError) as err:
             parser.error(f"demo: {err}")
-        return run_demo(args)
-    if args.command == "generate":
-        from graphrt.tools.generate import run_generate
-
-        return run_generate(args)
-    if args.command == "generate":
-        from graphrt.tools.generate import run_generate
-
-        return run_generate(args)
-    if args.command == "inspect":
-        from graphrt.tools.inspect import run_inspect
-
-        return run_inspect(args)
-    if args.command == "debug":  # NOTE: the only command that imports Textual
-        try:
-            from graphrt.tools.tui.app import run_debug
-        except ImportError:
-            return fail("graphrt debug", RuntimeError(TUI_HINT))
-        return run_debug(args)
-    if args.command == "bench-spec":
-        from graphrt.tools.bench_spec import run_bench_spec
-
-        return run_bench_spec(args)
-    if args.what == "host":
-        from graphrt.tools.bench_host import run_bench_host
-
-        return run_bench_host(args)
-    if args.what == "buckets":
-        from graphrt.tools.bench_buckets import run_bench_buckets
-
-        return run_bench_buckets(args)
-    args.batch_sizes = args.batch_sizes or "1,8,64"
-    if getattr(args, "what", "decode") == "host":
-        from graphrt.tools.bench_host import run_bench_host
-
-        return run_bench_host(args)
-    from graphrt.tools.bench import run_bench
-
-    return run_bench(args)
+    module, name = COMMANDS[(args.command, getattr(args, "what", None))]
+    try:
+        run = getattr(importlib.import_module(module), name)
+    except ImportError:
+        if args.command != "debug":  # NOTE: the only command with an optional dependency (Textual)
+            raise
+        return fail("graphrt debug", RuntimeError(TUI_HINT))
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
