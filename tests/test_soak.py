@@ -228,3 +228,12 @@ def test_soak_long(device: torch.device) -> None:
     _report(kinds, time.perf_counter() - start)
     bad = {k for k in kinds if k.startswith("bad:")}
     assert len(bad) == 13, bad  # every kind of bad batch was injected
+
+
+def test_bench_ledger_runs() -> None:
+    """The README's isolation cost comes from ``python -m tests.bench_ledger``: keep it working."""
+    from tests.bench_ledger import measure
+
+    for rewrite in (False, True):
+        p50, p90 = measure(8, rewrite)
+        assert 0 < p50 <= p90
