@@ -10,6 +10,7 @@ warm-up. The short run is in the fast lane; the long one is marked ``slow``.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import re
 import time
@@ -70,32 +71,26 @@ def addresses(runtime: GraphRuntime) -> dict[str, int]:
         for i, host in enumerate(family.host_arenas):
             found[f"{name}.host[{i}]"] = host.data_ptr()
         for key, view in family._views.items():
-            for field, t in vars(view).items() if hasattr(view, "__dict__") else _slots(view):
-                if isinstance(t, torch.Tensor):
-                    found[f"{name}.view{key}.{field}"] = t.data_ptr()
+            for field, t in tensors_of(view).items():
+                found[f"{name}.view{key}.{field}"] = t.data_ptr()
     for attr, value in vars(runtime.kv).items():
         for i, t in enumerate(value if isinstance(value, list) else [value]):
             if isinstance(t, torch.Tensor):
                 found[f"kv.{attr}[{i}]"] = t.data_ptr()
     found["req_to_token"] = runtime.req_to_token.table.data_ptr()
     for (mode, bucket), out in runtime._outputs.items():
-        for i, t in enumerate(_tensors(out)):
-            found[f"out.{mode.name}.{bucket}[{i}]"] = t.data_ptr()
+        for field, t in tensors_of(out).items():
+            found[f"out.{mode.name}.{bucket}.{field}"] = t.data_ptr()
     return found
 
 
-def _slots(obj: Any) -> list[tuple[str, Any]]:
-    return [(n, getattr(obj, n)) for n in getattr(type(obj), "__slots__", ())]
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    return (
-        [t for t in vars(out).values() if isinstance(t, torch.Tensor)]
-        if hasattr(out, "__dict__")
-        else [t for _, t in _slots(out) if isinstance(t, torch.Tensor)]
-    )
+def tensors_of(obj: Any) -> dict[str, torch.Tensor]:
+    """The tensor fields of a dataclass (a bucket view, a program's output), or the tensor itself."""
+    if isinstance(obj, torch.Tensor):
+        return {"": obj}
+    assert dataclasses.is_dataclass(obj), type(obj)
+    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return {name: t for name, t in values.items() if isinstance(t, torch.Tensor)}
 
 
 def torch_memory(device: torch.device) -> tuple[int, int]:
@@ -144,6 +139,8 @@ def _soak(device: torch.device, steps: int, warm: int, seed: int) -> Counter[str
     rt, twin = graphed.runtime, eager.runtime
     work = Workload(np.random.default_rng(seed), ROWS, CONTEXT, PAGE, graphed.model.vocab_size, SPEC)
     start_addresses = addresses(rt)
+    views = sum(len(f._views) for f in rt.families.used_by(M.DRAFT_DECODE))
+    assert views >= len(BUCKETS) and len(start_addresses) > 50, start_addresses
     checkpoints = {warm + (steps - warm) * k // 3 for k in range(3)}
     host: list[int] = []
     memory: list[tuple[int, int]] = []
