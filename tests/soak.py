@@ -204,7 +204,8 @@ class Workload:
         for r in self.rng.permutation(self._live(room=1)).tolist():
             pos = self.lens[r]
             for o in self.rng.permutation(sorted(self.lens)).tolist():
-                held = [p for p in range(pos % self.page, self.lens[o], self.page) if o != r or p < pos]
+                # NOTE: positions of row o that share the page offset of r's next position.
+                held = list(range(pos % self.page, self.lens[o], self.page))
                 if o == r or not held:
                     continue
                 slot = slot_of(s, o, held[int(self.rng.integers(0, len(held)))])
@@ -217,7 +218,7 @@ class Workload:
         return None
 
     def _bad_read_past_valid(self, s: Setup) -> Step | None:
-        rows = [r for r in self._live(room=3)]
+        rows = self._live(room=3)
         if not rows:
             return None
         r = self._pick(rows, 1)[0]
@@ -253,7 +254,7 @@ class Workload:
             return None
         rows = np.concatenate([b.req_pool_indices, b.req_pool_indices[:1]])
         seq = np.concatenate([b.seq_lens, b.seq_lens[:1]])
-        locs = np.concatenate([b.out_cache_loc, b.out_cache_loc[:1] + 0])
+        locs = np.concatenate([b.out_cache_loc, b.out_cache_loc[:1]])
         bad = remade(
             b,
             req_pool_indices=rows,
