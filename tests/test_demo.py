@@ -11,6 +11,7 @@ ARGS = ["demo", "--device", "cpu", "--prompts", "3", "--max-new-tokens", "4"]
 ARGS += ["--max-batch-size", "4", "--max-context-len", "128"]
 
 
+@pytest.mark.slow
 def test_cpu_demo_checks_tokens_and_prints_no_speedup(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(ARGS) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -62,6 +62,7 @@ def greedy_continues(model: torch.nn.Module, prompt: list[int], output: list[int
     return logits[len(prompt) - 1 :].argmax(-1).tolist()
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_equals_transformers() -> None:
     from graphrt.models.tokenizer import chat_prompt, load_tokenizer
 

@@ -97,6 +97,7 @@ def engine_tokens(rank: int, world: int, speculative: dict | None, device: str =
     return out, ref, stats.replays, stats.fallbacks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("speculative", [None, {"num_steps": 3}], ids=["greedy", "speculative"])
 def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None) -> None:
     results = run_ranks(engine_tokens, 2, speculative, deadline_s=420, exit_s=20)
@@ -106,6 +107,7 @@ def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None) -> None
     assert results[0][2:] == results[1][2:]
 
 
+@pytest.mark.slow
 def test_torchrun_demo_prints_once_and_exits() -> None:
     # NOTE: on the CPU over gloo, whatever GPUs the machine has (one-GPU boxes included)
     cmd = [

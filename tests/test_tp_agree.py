@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
@@ -79,6 +80,7 @@ def _skip_collective(rank: int, world: int) -> tuple[str, str, float]:
     return (*result, time.monotonic() - start)
 
 
+@pytest.mark.slow
 def test_a_skipped_collective_times_out_naming_the_rank() -> None:
     (kind, message, seconds), _ = run_ranks(_skip_collective, 2, timeout_s=3.0, deadline_s=240)
     assert kind == "CollectiveError", message
