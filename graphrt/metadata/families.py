@@ -10,6 +10,7 @@ at the step's exact size, so both paths share every write and derive function.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,21 +137,16 @@ class Families:
         return families.full(batch.mode)
 
     def view(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> StepInputs:
-        views = {f.family: f.view(bucket, rows_per_req) for f in self.used_by(mode)}
-        extra = self.extra.view(bucket, rows_per_req) if self.extra is not None else None
-        return StepInputs(
-            views["step"],
-            views.get("cascade"),
-            views.get("draft"),
-            extra,
-            views.get("local"),
-            views.get("sampling"),
-        )
+        """Bucket views of every family ``mode`` reads (cached: addresses never change)."""
+        return self._inputs(mode, lambda f: f.view(bucket, rows_per_req))
 
     def full(self, mode: ForwardMode) -> StepInputs:
         """Whole-allocation views (the eager path allocates families at the exact size)."""
-        views = {f.family: f.view_type(**f.full) for f in self.used_by(mode)}
-        extra = self.extra.view_type(**self.extra.full) if self.extra is not None else None
+        return self._inputs(mode, lambda f: f.view_type(**f.full))
+
+    def _inputs(self, mode: ForwardMode, view: Callable[[StaticBuffers], Any]) -> StepInputs:
+        views = {f.family: view(f) for f in self.used_by(mode)}
+        extra = view(self.extra) if self.extra is not None else None
         return StepInputs(
             views["step"],
             views.get("cascade"),
