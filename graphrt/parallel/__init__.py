@@ -7,8 +7,9 @@ record them as single nodes; :mod:`.channel` broadcasts rank 0's step so every r
 """
 
 from graphrt.parallel.channel import Message, Op, StepChannel, pack, unpack
-from graphrt.parallel.group import CollectiveError, TPGroup, init_tp, shutdown
+from graphrt.parallel.group import CollectiveError, TPGroup
 from graphrt.parallel.ops import all_gather_last, all_reduce_
+from graphrt.parallel.world import init_tp, shutdown
 
 __all__ = [
     "CollectiveError",

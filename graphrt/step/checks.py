@@ -10,14 +10,41 @@ possible values) are sorted instead. No ``np.unique``, no per-request Python loo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from graphrt.step.modes import MODES
+from graphrt.step.modes import MODES, ForwardMode
 
-if TYPE_CHECKING:
-    from graphrt.step.batch import Batch, Limits
+
+class Batch(Protocol):
+    """What the fast check reads of a :class:`graphrt.step.batch.Batch` (host int64 arrays)."""
+
+    mode: ForwardMode
+    input_ids: np.ndarray
+    seq_lens: np.ndarray
+    req_pool_indices: np.ndarray
+    out_cache_loc: np.ndarray
+    q_lens: np.ndarray
+
+    @property
+    def bs(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def kv_positions(self) -> np.ndarray: ...
+
+
+class Limits(Protocol):
+    """What the fast check reads of :class:`graphrt.step.batch.Limits`."""
+
+    max_reqs: int
+    max_context_len: int
+    page_size: int
+    num_live_slots: int
+    vocab_size: int | None
 
 
 class Scratch:
