@@ -81,16 +81,21 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--page-size", type=positive_int, default=16, help="KV cache page size in tokens")
     p.add_argument("--max-context-len", type=positive_int, default=512, help="longest prompt + new tokens")
     p.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (PATH + .npz)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
-    p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+    _sampling_args(p, "prompt i samples with seed + i")
     p.add_argument(
         "--tp",
         type=positive_int,
         default=1,
         help="tensor-parallel size: run under torchrun --nproc-per-node N",
     )
+
+
+def _sampling_args(p: argparse.ArgumentParser, seed_help: str) -> None:
+    """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
 
 
 def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
@@ -109,6 +114,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
         "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
     )
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
+    _sampling_args(p, "the request's random stream (same seed, same text)")
 
 
 def _add_host_args(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import sys
 
 from graphrt.engine import Engine
 from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
+from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import UsageError, resolve_device
 
 
@@ -21,6 +22,10 @@ def prompt_ids(args: argparse.Namespace, tokenizer: object) -> list[int]:
 def run_generate(args: argparse.Namespace) -> int:
     """``graphrt generate``: stream the reply as text (or print one JSON object with ``--json``)."""
     device = resolve_device(args.device)
+    try:
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
+    except ValueError as err:  # NOTE: names the field, the value and the allowed range
+        raise UsageError("--temperature/--top-k/--top-p", "", str(err)) from err
     tokenizer = load_tokenizer(args.model)
     ids = prompt_ids(args, tokenizer)
     if len(ids) + args.max_new_tokens > args.max_context_len:
@@ -30,7 +35,8 @@ def run_generate(args: argparse.Namespace) -> int:
             f"does not fit: the prompt has {len(ids)} tokens and --max-context-len is {args.max_context_len}",
         )
     engine = Engine(args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len)
-    rid, stop, out = engine.add_request(ids, args.max_new_tokens), stop_ids(tokenizer), []
+    rid = engine.add_request(ids, args.max_new_tokens, sampling)
+    stop, out = stop_ids(tokenizer), []
     shown = ""
     while engine.waiting or engine.running:
         tokens = [t for r, t in engine.step() if r == rid]
