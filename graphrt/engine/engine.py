@@ -8,14 +8,14 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from graphrt.engine.request import EngineStats, Request
 from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
-from graphrt.engine.speculative import SpecOptions, SpecRunner, SpecState
+from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
 from graphrt.engine.tp import tp_generate
 from graphrt.models.presets import DSAConfig, preset
@@ -25,46 +25,6 @@ from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
 from graphrt.step.sampling import SamplingParams, per_request
-
-
-@dataclass(slots=True)
-class Request:
-    rid: int
-    prompt: list[int]
-    max_new_tokens: int
-    output: list[int] = field(default_factory=list)
-    req_idx: int = -1
-    pages: list[int] = field(default_factory=list)
-    spec: SpecState = field(default_factory=SpecState)
-    sampling: SamplingParams | None = None  # None: greedy
-
-    @property
-    def done(self) -> bool:
-        """At ``max_new_tokens``, or the last token is one of the request's stop tokens."""
-        stops = self.sampling.stop_token_ids if self.sampling is not None else ()
-        return len(self.output) >= self.max_new_tokens or bool(self.output and self.output[-1] in stops)
-
-    def slots(self, start: int, stop: int, page_size: int) -> np.ndarray:
-        pos = np.arange(start, stop)
-        return np.asarray(self.pages)[pos // page_size] * page_size + pos % page_size
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """What :meth:`Engine.stats` reports: runtime counters plus decode and speculative totals."""
-
-    replays: dict[str, int]
-    eager: dict[str, int]
-    fallbacks: dict[str, dict[str, int]]
-    decode_steps: int
-    decode_seconds: float
-    prefill_steps: int
-    generated_tokens: int
-    draft_replays: dict[str, int] = field(default_factory=dict)
-    verify_steps: int = 0  # per request: one draft → verify → extend round
-    acceptance_rate: float = 0.0  # accepted drafts / proposed drafts
-    mean_accept_length: float = 0.0  # tokens committed per request per round (incl. the bonus)
-    accepted_per_position: tuple[int, ...] = ()
 
 
 class Engine:
