@@ -22,6 +22,20 @@ PAGE_SIZE, MAX_CONTEXT, BUCKETS = 16, 64, (1, 2, 4)
 PROMPT_LENS, DECODE_STEPS = (5, 17, 9), 4
 
 
+#: Tiny transformers configs shared by the checkpoint and wrapper tests.
+SMALL = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128
+)
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
+
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Weights ``N(0, 1/fan_in)``, norms ``1 + N(0, 0.1)``, biases ``N(0, 0.1)``."""
     gen = torch.Generator().manual_seed(seed)

@@ -24,9 +24,11 @@ from graphrt.models import hf_wrap  # noqa: E402
 from graphrt.step.modes import SpecGeometry  # noqa: E402
 from tests.hf_util import (  # noqa: E402
     BUCKETS,
+    LLAMA3,
     MAX_CONTEXT,
     PAGE_SIZE,
     PROMPT_LENS,
+    SMALL,
     assert_parity,
     randomize,
     reference_logits,
@@ -34,17 +36,6 @@ from tests.hf_util import (  # noqa: E402
     sequences,
 )
 
-SMALL = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128
-)
-LLAMA3 = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
 #: id → (model class, config class, config kwargs)
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama-gqa": ("LlamaForCausalLM", "LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2)),

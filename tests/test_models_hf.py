@@ -17,19 +17,16 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from graphrt.models import load  # noqa: E402
-from tests.hf_util import assert_parity, reference_logits, run_graphrt, save_checkpoint, sequences  # noqa: E402
-
-SMALL = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128
+from tests.hf_util import (  # noqa: E402
+    LLAMA3,
+    SMALL,
+    assert_parity,
+    reference_logits,
+    run_graphrt,
+    save_checkpoint,
+    sequences,
 )
-LLAMA3 = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
+
 #: id → (model class, config class, config kwargs, rewrite rope keys in the legacy spelling)
 CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {
     "llama-gqa-llama3-legacy": (

@@ -53,6 +53,17 @@ def _measure(runtime: GraphRuntime, batch: Batch, iters: int, device: torch.devi
     }
 
 
+def decode_batch(bs: int, context: int, pages_per_req: int, vocab: int, rng: np.random.Generator) -> Batch:
+    """DECODE of ``bs`` requests in rows ``0..bs-1``, each holding ``context`` tokens."""
+    return Batch.create(
+        ForwardMode.DECODE,
+        input_ids=rng.integers(0, vocab, bs),
+        seq_lens=[context + 1] * bs,
+        req_pool_indices=list(range(bs)),
+        out_cache_loc=np.concatenate([slots(r, pages_per_req, context, context + 1) for r in range(bs)]),
+    )
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """``graphrt bench``: writes a new result file under ``args.out`` and prints its table."""
     device = resolve_device(args.device)
@@ -78,15 +89,7 @@ def run_bench(args: argparse.Namespace) -> int:
             progress.advance(task)
         for bs in sizes:
             progress.update(task, description=f"DECODE bs={bs}")
-            batch = Batch.create(
-                ForwardMode.DECODE,
-                input_ids=rng.integers(0, 512, bs),
-                seq_lens=[args.context + 1] * bs,
-                req_pool_indices=list(range(bs)),
-                out_cache_loc=np.concatenate(
-                    [slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
-                ),
-            )
+            batch = decode_batch(bs, args.context, pages_per_req, 512, rng)
             rows.append({"bs": bs, **_measure(runtime, batch, args.iters, device)})
             progress.advance(task)
     result = {

@@ -22,7 +22,7 @@ from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import LlamaConfig
 from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
 from graphrt.runtime import TPRuntime
-from graphrt.tools.bench import PAGE_SIZE, slots, time_us
+from graphrt.tools.bench import PAGE_SIZE, decode_batch, slots, time_us
 from graphrt.tools.env import environment
 
 LLAMA3_8B = LlamaConfig(
@@ -111,15 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     rows = []
     for bs in sizes:
-        batch = Batch.create(
-            ForwardMode.DECODE,
-            input_ids=rng.integers(0, 128000, bs),
-            seq_lens=[args.context + 1] * bs,
-            req_pool_indices=list(range(bs)),
-            out_cache_loc=np.concatenate(
-                [slots(r, pages_per_req, args.context, args.context + 1) for r in range(bs)]
-            ),
-        )
+        batch = decode_batch(bs, args.context, pages_per_req, 128000, rng)
         eager = time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device)
         graph = time_us(lambda b=batch: runtime.run(b), args.iters, device)
         host = time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True)
