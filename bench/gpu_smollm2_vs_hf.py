@@ -1,8 +1,13 @@
-"""SmolLM2 greedy tokens, graphrt (graphs, bf16) vs transformers (bf16, same GGUF) on one GPU.
+"""SmolLM2 on one GPU: graphrt vs transformers on the same GGUF, in fp32 and bf16.
 
-Usage: ``python bench/gpu_smollm2_vs_hf.py PATH.gguf``. Prints both continuations and the first
-position where they differ (bf16 may legitimately diverge after a near-tie; the fp32 CPU test
-``tests/test_smollm2.py`` is the exact check).
+Usage: ``python bench/gpu_smollm2_vs_hf.py PATH.gguf``.
+
+- fp32: graphrt (graphs, reference attention) and transformers must give identical greedy
+  tokens (the same check as the CPU test ``tests/test_smollm2.py``).
+- bf16: greedy tokens may legitimately differ after a near-tie (on "What is the capital of
+  France?" the fp32 logits of the top two first tokens are 0.08 apart, below bf16's resolution at
+  25), so the check is the prefill logits' error against transformers' fp32 logits: graphrt's
+  (graphs, FA3, sgl-kernel fused ops) must be within 3x transformers' own bf16 error.
 """
 
 from __future__ import annotations
@@ -19,25 +24,49 @@ from graphrt.models.tokenizer import chat_prompt, load_tokenizer
 QUESTION, NEW = "What is the capital of France?", 24
 
 
-def main(path: str) -> None:
-    tok = load_tokenizer(path)
-    ids = chat_prompt(tok, QUESTION)
-    ours = Engine(path, device=torch.device("cuda"), max_batch_size=1, max_context_len=256).generate(
-        [ids], NEW
-    )[0]
-    gguf = Path(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-    )
+def hf_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+    """transformers' last-prefill-position logits (float32) and its greedy continuation."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     hf = hf.cuda().eval()
+    prompt = torch.tensor([ids], device="cuda")
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=NEW, do_sample=False)
-    theirs = out[0, len(ids) :].tolist()
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-    print("graphrt     :", tok.decode(ours, skip_special_tokens=True))
-    print("transformers:", tok.decode(theirs, skip_special_tokens=True))
-    print("identical" if first is None else f"first difference at token {first}")
+        logits = hf(prompt).logits[0, -1].float()
+        out = hf.generate(prompt, max_new_tokens=NEW, do_sample=False)
+    return logits, out[0, len(ids) :].tolist()
+
+
+def graphrt_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+    """graphrt's first-step logits and greedy continuation (graphs; FA3 in bf16)."""
+    backend = None if dtype == torch.bfloat16 else "reference"
+    eng = Engine(
+        str(path), device="cuda", max_batch_size=1, max_context_len=256, dtype=dtype,
+        backend=backend, record_logits=True,
+    )
+    tokens = eng.generate([ids], NEW)[0]
+    return next(iter(eng.logits.values()))[0].float().cuda(), tokens
+
+
+def main(path: Path) -> int:
+    tok = load_tokenizer(str(path))
+    ids = chat_prompt(tok, QUESTION)
+    hf32, hf32_tokens = hf_run(path, ids, torch.float32)
+    ours32, ours32_tokens = graphrt_run(path, ids, torch.float32)
+    hf16, hf16_tokens = hf_run(path, ids, torch.bfloat16)
+    ours16, ours16_tokens = graphrt_run(path, ids, torch.bfloat16)
+    top2 = hf32.topk(2)
+    print(f"fp32 graphrt     : {tok.decode(ours32_tokens, skip_special_tokens=True)!r}")
+    print(f"fp32 transformers: {tok.decode(hf32_tokens, skip_special_tokens=True)!r}")
+    print(f"bf16 graphrt     : {tok.decode(ours16_tokens, skip_special_tokens=True)!r}")
+    print(f"bf16 transformers: {tok.decode(hf16_tokens, skip_special_tokens=True)!r}")
+    err_ours, err_hf = (ours16 - hf32).abs().max().item(), (hf16 - hf32).abs().max().item()
+    err32 = (ours32 - hf32).abs().max().item()
+    print(f"fp32 top-2 first tokens {top2.indices.tolist()} gap {(top2.values[0] - top2.values[1]).item():.3f}")
+    print(f"prefill logits max|diff| vs transformers fp32: graphrt fp32 {err32:.2e}, "
+          f"graphrt bf16 {err_ours:.3f}, transformers bf16 {err_hf:.3f}")
+    ok = ours32_tokens == hf32_tokens and err_ours <= 3 * err_hf
+    print("PASS" if ok else "FAIL", "(fp32 tokens identical; bf16 error within 3x transformers' own)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(Path(sys.argv[1])))

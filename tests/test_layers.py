@@ -156,3 +156,16 @@ def test_runtime_never_imports_debug_aids(graph: dict[str, list[tuple[str, bool]
         if layer_of(module)[1] in ("graphrt.debug", "graphrt.tools", "graphrt.cli", "graphrt.__main__"):
             continue
         assert not [t for t, _ in targets if t.startswith(("graphrt.debug", "graphrt.tools"))], module
+
+
+def test_pyproject_lists_every_package() -> None:
+    """A wheel (not only an editable install) must carry every subpackage."""
+    tomllib = pytest.importorskip("tomllib")  # NOTE: Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    for name, folder in tool["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder).parts
+            assert ".".join((name, *rel)) in listed, f"{init.parent} is not in pyproject's packages"
