@@ -19,7 +19,8 @@ import torch
 import transformers
 
 from graphrt import Engine
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer
+from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
+from graphrt.step.sampling import SamplingParams
 
 QUESTION, NEW = "What is the capital of France?", 24
 
@@ -39,10 +40,17 @@ def graphrt_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.T
     """graphrt's first-step logits and greedy continuation (graphs; FA3 in bf16)."""
     backend = None if dtype == torch.bfloat16 else "reference"
     eng = Engine(
-        str(path), device="cuda", max_batch_size=1, max_context_len=256, dtype=dtype,
-        backend=backend, record_logits=True,
+        str(path),
+        device="cuda",
+        max_batch_size=1,
+        max_context_len=256,
+        dtype=dtype,
+        backend=backend,
+        record_logits=True,
     )
-    tokens = eng.generate([ids], NEW)[0]
+    # NOTE: stop at the end-of-turn token as transformers' generate does (its EOS ends the output)
+    stops = SamplingParams(stop_token_ids=tuple(stop_ids(load_tokenizer(str(path)))))
+    tokens = eng.generate([ids], NEW, stops)[0]
     return next(iter(eng.logits.values()))[0].float().cuda(), tokens
 
 
@@ -60,9 +68,13 @@ def main(path: Path) -> int:
     print(f"bf16 transformers: {tok.decode(hf16_tokens, skip_special_tokens=True)!r}")
     err_ours, err_hf = (ours16 - hf32).abs().max().item(), (hf16 - hf32).abs().max().item()
     err32 = (ours32 - hf32).abs().max().item()
-    print(f"fp32 top-2 first tokens {top2.indices.tolist()} gap {(top2.values[0] - top2.values[1]).item():.3f}")
-    print(f"prefill logits max|diff| vs transformers fp32: graphrt fp32 {err32:.2e}, "
-          f"graphrt bf16 {err_ours:.3f}, transformers bf16 {err_hf:.3f}")
+    print(
+        f"fp32 top-2 first tokens {top2.indices.tolist()} gap {(top2.values[0] - top2.values[1]).item():.3f}"
+    )
+    print(
+        f"prefill logits max|diff| vs transformers fp32: graphrt fp32 {err32:.2e}, "
+        f"graphrt bf16 {err_ours:.3f}, transformers bf16 {err_hf:.3f}"
+    )
     ok = ours32_tokens == hf32_tokens and err_ours <= 3 * err_hf
     print("PASS" if ok else "FAIL", "(fp32 tokens identical; bf16 error within 3x transformers' own)")
     return 0 if ok else 1
