@@ -6,6 +6,7 @@ Nothing is downloaded: transformers builds each model from a config with random 
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,20 @@ def save_checkpoint(
 
 
 @torch.no_grad()
+def tolerance(device: torch.device, reference: Any, seqs: list[list[int]]) -> float:
+    """fp32 (CPU): 1e-4. bf16 (CUDA): three times transformers' own bf16 error.
+
+    NOTE: a bf16 forward cannot match fp32 logits closer than rounding allows; the bound is what
+    transformers' bf16 forward of the same weights misses its fp32 forward by, times three.
+    """
+    if device.type != "cuda":
+        return 1e-4
+    fp32 = reference_logits(reference, seqs)
+    bf16 = reference_logits(copy.deepcopy(reference).to(torch.bfloat16), seqs)
+    floor = max((a - b).abs().max().item() for a, b in zip(fp32, bf16, strict=True))
+    return max(3 * floor, 1e-2)
+
+
 def reference_logits(model: torch.nn.Module, sequences: list[list[int]]) -> list[torch.Tensor]:
     """transformers' logits ``[len, vocab]`` (fp32, CPU) of each full sequence, no cache."""
     return [model(torch.tensor([s]), use_cache=False).logits[0].float() for s in sequences]

@@ -6,7 +6,6 @@ summation order); bf16 on CUDA, atol = three times transformers' own bf16 error 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from tests.hf_util import (  # noqa: E402
     run_graphrt,
     save_checkpoint,
     sequences,
+    tolerance,
 )
 
 #: id → (model class, config class, config kwargs, rewrite rope keys in the legacy spelling)
@@ -60,20 +60,6 @@ CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {
         False,
     ),
 }
-
-
-def tolerance(device: torch.device, reference: Any, seqs: list[list[int]]) -> float:
-    """fp32 (CPU): 1e-4. bf16 (CUDA): three times transformers' own bf16 error.
-
-    NOTE: a bf16 forward cannot match fp32 logits closer than rounding allows; the bound is what
-    transformers' bf16 forward of the same weights misses its fp32 forward by, times three.
-    """
-    if device.type != "cuda":
-        return 1e-4
-    fp32 = reference_logits(reference, seqs)
-    bf16 = reference_logits(copy.deepcopy(reference).to(torch.bfloat16), seqs)
-    floor = max((a - b).abs().max().item() for a, b in zip(fp32, bf16, strict=True))
-    return max(3 * floor, 1e-2)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
