@@ -213,7 +213,13 @@ def _result(args: argparse.Namespace, run: dict[str, Any], rows: list, seconds: 
         "read_bytes": run["read_bytes"],
         "floor": run["floor"],
         "parity_check": {"metric": PARITY_METRIC, "tolerance": run["tol"], "passed": True},
-        "compile": {"mode": "reduce-overhead", "dynamic": False, "budget_s": run["budget"].budget_s},
+        "compile": {
+            "mode": "reduce-overhead",
+            "dynamic": False,
+            "budget_s": run["budget"].budget_s,
+            "spent_s": run["budget"].spent_s,
+            "cudagraph_skips": steps.cudagraph_skips(),
+        },
         "seconds": seconds,
         "rows": rows,
     }
@@ -252,6 +258,8 @@ def _print(result: dict[str, Any], out: Path) -> None:
     skipped = sorted({r["compile_skipped"] for r in result["rows"] if not r["hf_compiled_us"]})
     if skipped:
         table.caption += f"; compiled skipped: {'; '.join(skipped)}"
+    if result["compile"]["cudagraph_skips"]:
+        table.caption += f"; Inductor skipped CUDA graphs {result['compile']['cudagraph_skips']}x (see log)"
     if result["engine"] != "cuda":
         table.caption += "; graphs are emulated on the CPU: not a GPU speed"
     console = wide_console()

@@ -165,3 +165,14 @@ def time_first_call(step: HFStep, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+def cudagraph_skips() -> int | None:
+    """Compiled graphs Inductor ran *without* CUDA graphs so far (a reduce-overhead model that
+    is not being replayed: its time would not be what reduce-overhead promises), or None when
+    this torch does not count them."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["inductor"]["cudagraph_skips"])
