@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -34,6 +34,9 @@ TUI_HINT = (
     "graphrt debug needs Textual, which the tui extra installs: pip install -e '.[tui]' in a clone "
     "(pip install 'textual>=0.80' anywhere); graphrt inspect PATH shows the same facts without it"
 )
+
+#: ``graphrt bench TARGET`` batch sizes when ``--batch-sizes`` is not given.
+BENCH_SIZES = {"decode": "1,8,64", "host": "1,8,64", "buckets": "1,8,64", "model": "1,16,64"}
 
 
 def _common(log: bool = True) -> Parser:
@@ -123,8 +126,9 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets"),
-        help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder",
+        choices=("decode", "host", "buckets", "model"),
+        help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
+        "model: a whole model's step vs the weight-read floor and transformers",
     )
     p.add_argument(
         "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
@@ -168,13 +172,46 @@ def _add_buckets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="buckets only: seed of a generated trace")
 
 
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench model``: graphrt vs the weight-read floor vs transformers (eager, compiled)."""
+    p.add_argument(
+        "--shape",
+        default=None,
+        help="model only: a Llama preset (random weights); default llama-3-8b on CUDA, tiny-llama on CPU",
+    )
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="model only: skip torch.compile of transformers (minutes at 8B)",
+    )
+    p.add_argument(
+        "--compile-budget",
+        type=float,
+        default=330.0,
+        help="model only: seconds of torch.compile; a batch size whose compile would overrun it is skipped",
+    )
+    p.add_argument(
+        "--parity-tol",
+        type=float,
+        default=None,
+        help="model only: relative L2 logit error allowed (default: 5e-2 bf16, 1e-3 fp32)",
+    )
+
+
 def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes: str, iters: int) -> None:
     what = "decode" if name == "bench" else "verify / draft decode / draft extend"
     p = sub.add_parser(name, parents=[common], help=f"{what} step time, eager vs graph; JSON under --out")
     if name == "bench":
         _add_host_args(p)
+        _add_model_args(p)
     _device_args(p)
-    p.add_argument("--batch-sizes", type=batch_sizes, default=sizes, help="comma-separated batch sizes")
+    p.add_argument(
+        "--batch-sizes",
+        type=batch_sizes,
+        default=None if name == "bench" else sizes,
+        help="comma-separated batch sizes"
+        + (f" (default {sizes}; model: 1,16,64)" if name == "bench" else ""),
+    )
     p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
     p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
     p.add_argument(
@@ -193,7 +230,7 @@ def build_parser() -> Parser:
     common = _common()
     _add_demo(sub, common)
     _add_generate(sub, common)
-    _add_bench(sub, common, "bench", "1,8,64", 50)
+    _add_bench(sub, common, "bench", BENCH_SIZES["decode"], 50)
     _add_bench(sub, common, "bench-spec", "1,8,32", 30)
     inspect = sub.add_parser("inspect", parents=[common], help="a snapshot's facts as tables on stdout")
     inspect.add_argument("path", metavar="PATH", help="snapshot JSON (its .npz beside it)")
@@ -230,6 +267,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "decode"): ("graphrt.tools.bench", "run_bench"),
     ("bench", "host"): ("graphrt.tools.bench_host", "run_bench_host"),
     ("bench", "buckets"): ("graphrt.tools.bench_buckets", "run_bench_buckets"),
+    ("bench", "model"): ("graphrt.tools.bench_model", "run_bench_model"),
 }
 
 
@@ -241,7 +279,10 @@ def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
             args.sampling = demo_sampling(args)
         except (TypeError, ValueError) as err:
             parser.error(f"demo: {err}")
-    module, name = COMMANDS[(args.command, getattr(args, "what", None))]
+    what = getattr(args, "what", None)
+    if args.command == "bench" and args.batch_sizes is None:
+        args.batch_sizes = batch_sizes(BENCH_SIZES[what])
+    module, name = COMMANDS[(args.command, what)]
     try:
         run = getattr(importlib.import_module(module), name)
     except ImportError:

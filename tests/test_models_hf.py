@@ -59,6 +59,14 @@ CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {
         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False),
         False,
     ),
+    # NOTE: head_dim 64 is a size sgl-kernel's fused q/k norm + RoPE is built for: on CUDA this
+    # case runs it (graphed and eager) against transformers.
+    "qwen3-headdim64-fused-qk-norm": (
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        dict(num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True),
+        False,
+    ),
 }
 
 

@@ -29,15 +29,26 @@ WARMUP = 3
 
 
 def time_us(
-    fn: Callable[[], object], iters: int, device: torch.device, host_only: bool = False
+    fn: Callable[[], object],
+    iters: int,
+    device: torch.device,
+    host_only: bool = False,
+    setup: Callable[[], object] | None = None,
 ) -> list[float]:
-    """``iters`` samples of ``fn()`` in µs: to the device being done, or (``host_only``) to return."""
+    """``iters`` samples of ``fn()`` in µs: to the device being done, or (``host_only``) to return.
+
+    ``setup`` runs before every call (warm-ups too), outside the timed span: e.g. rewinding a
+    cache so that each sample repeats the same step.
+    """
+    setup = setup or _nothing
     for _ in range(WARMUP):
+        setup()
         fn()
     if device.type == "cuda" and not host_only:
-        return _cuda_events_us(fn, iters, device)
+        return _cuda_events_us(fn, iters, device, setup)
     samples = []
     for _ in range(iters):
+        setup()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -48,9 +59,16 @@ def time_us(
     return samples
 
 
-def _cuda_events_us(fn: Callable[[], object], iters: int, device: torch.device) -> list[float]:
+def _nothing() -> None:
+    return None
+
+
+def _cuda_events_us(
+    fn: Callable[[], object], iters: int, device: torch.device, setup: Callable[[], object]
+) -> list[float]:
     pairs = []
     for _ in range(iters):
+        setup()
         torch.cuda.synchronize(device)  # NOTE: an idle stream, so the start event fires at once
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -14,11 +14,16 @@ from graphrt.attention.context import ForwardContext
 from graphrt.models import ops
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
 from graphrt.models.rope import rope_inv_freq
 
 
 class CausalLMAttention(nn.Module):
-    """GQA attention with optional q/k/v bias and per-head q/k RMSNorm, through ``ctx``."""
+    """GQA attention with optional q/k/v bias and per-head q/k RMSNorm, through ``ctx``.
+
+    With q/k RMSNorm (Qwen3) the norm and RoPE go through :func:`qk_norm_rope` (one fused
+    sgl-kernel on GPU when it applies, the torch ops otherwise).
+    """
 
     def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -29,16 +34,21 @@ class CausalLMAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeInputs, ctx: ForwardContext) -> torch.Tensor:
         cfg = self.cfg
-        q, k, v = self.qkv(x).split(self.splits, dim=-1)
-        # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
-        q, k = ops.apply_rope(
-            self.q_norm(q.reshape(-1, cfg.num_heads, cfg.head_dim)).contiguous(),
-            self.k_norm(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim)).contiguous(),
-            cos_sin,
-        )
-        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            weights = (self.q_norm.weight, self.k_norm.weight)
+            heads = (cfg.num_heads, cfg.num_kv_heads)
+            q, k, v = qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope)
+        else:
+            q, k, v = self.qkv(x).split(self.splits, dim=-1)
+            # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
+            q, k = ops.apply_rope(
+                q.reshape(-1, cfg.num_heads, cfg.head_dim).contiguous(),
+                k.reshape(-1, cfg.num_kv_heads, cfg.head_dim).contiguous(),
+                rope.cos_sin,
+            )
+            v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         out = ctx.attention(self.layer_id, q, k, v, window=cfg.window(self.layer_id))
         return self.o(out.reshape(-1, self.splits[0]))
 
@@ -67,6 +77,21 @@ class CausalLM(Decoder):
             cfg.rope_theta, cfg.head_dim, cfg.rope_type, cfg.rope_params, self.freq_factors
         )
         self.inv_freq = inv_freq.to(device)
+
+    def fused_rope_theta(self) -> float | None:
+        """``rope_theta`` when sgl-kernel's fused q/k norm + RoPE computes this model's angles
+        (q/k norm, default rope type, no frequency factors); else None."""
+        cfg = self.cfg
+        plain = cfg.rope_type == "default" and self.freq_factors is None
+        return cfg.rope_theta if cfg.qk_norm and plain else None
+
+    def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
+        """The cos/sin table, plus int32 positions and theta for the fused kernel when it may run."""
+        cos_sin = super().rope_inputs(positions, dtype)
+        theta = self.fused_rope_theta()
+        if theta is not None and positions.is_cuda:
+            positions = positions.to(torch.int32)  # NOTE: once per step; the kernel reads int32
+        return RopeInputs(cos_sin, positions, theta)
 
     def row_splits(self) -> dict[str, tuple[int, ...]]:
         """Row sizes of each fused parameter's parts, by parameter-name suffix."""

@@ -102,10 +102,11 @@ class Block(nn.Module):
         self.mlp = mlp
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor, ctx: Any
+        self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x``: the previous sublayer's output (the embedding for the first block, with
-        ``residual`` None). Returns this block's MLP output and the residual stream before it."""
+        ``residual`` None). ``cos_sin``: the decoder's ``rope_inputs`` (passed to the attention).
+        Returns this block's MLP output and the residual stream before it."""
         if residual is None:
             h, residual = self.attn_norm(x), x
         else:
@@ -170,9 +171,13 @@ class Decoder(nn.Module):
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
 
+    def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> Any:
+        """What every layer's attention gets for RoPE, made once per step: ``[T, rope_dim]`` cos/sin."""
+        return ops.rope_cos_sin(positions, self.inv_freq, dtype)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
         x = self.embed(input_ids)
-        cos_sin = ops.rope_cos_sin(positions, self.inv_freq, x.dtype)  # NOTE: once per step, every layer
+        cos_sin = self.rope_inputs(positions, x.dtype)  # NOTE: once per step, every layer
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos_sin, ctx)

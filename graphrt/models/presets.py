@@ -102,6 +102,18 @@ PRESETS: dict[str, LlamaConfig | DSAConfig] = {
         head_dim=64,
         intermediate_size=512,
     ),
+    # NOTE: Llama-3-8B's shapes (random weights: for benchmarks, never for text).
+    "llama-3-8b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        rope_theta=500000.0,
+        rms_eps=1e-5,
+    ),
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
 }
