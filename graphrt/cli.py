@@ -195,6 +195,12 @@ def _add_spec_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round")
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per prompt")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="random prompt length")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="weights and KV (auto: bf16 on CUDA); fp32 keeps near-ties from flipping tokens",
+    )
 
 
 def build_parser() -> Parser:

@@ -129,3 +129,17 @@ def test_tree_with_a_random_draft_is_exact_graphed(plain: list[list[int]]) -> No
     stats = engine.stats()
     assert stats.fallbacks == {} and set(stats.draft_replays) == {"DRAFT_EXTEND", "DRAFT_DECODE"}
     assert len(stats.acceptance_per_step) == 2 and 0 < stats.mean_accept_length < 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8"])
+def test_dsa_tree_moves_latent_and_indexer_keys(kv_cache_dtype: str) -> None:
+    """A DSA target's moved path carries its MLA latent and its indexer keys (both read later)."""
+    prompts = [np.random.default_rng(i).integers(0, 256, 3 + 2 * i).tolist() for i in range(3)]
+    kw = {**KW, "max_batch_size": 2, "buckets": (1, 2), "use_graphs": False, "kv_cache_dtype": kv_cache_dtype}
+    plain = Engine("tiny-dsa", **kw).generate(prompts, 8)  # type: ignore[arg-type]
+    spec = {"draft_model": "tiny-dsa", "num_steps": 2, "topk": 2}
+    engine = Engine("tiny-dsa", speculative=spec, **kw)  # type: ignore[arg-type]
+    reversed_guesses(engine)
+    assert engine.generate(prompts, 8) == plain
+    assert engine.stats().acceptance_rate == 1.0

@@ -1,8 +1,9 @@
 """``graphrt bench-spec --target MODEL``: the speculative engine end to end, chain and tree drafts.
 
 Runs plain greedy decoding and the speculative engine for each ``--topk`` on the same prompts,
-checks the tokens are equal, and reports acceptance (mean accepted length, the fraction of
-verifies accepting each draft step) and decode throughput. Writes
+checks the tokens are equal (in bf16 a near-tie may flip between the verify's and the decode's
+shapes: ``--dtype fp32`` compares exactly), and reports acceptance (mean accepted length, the
+fraction of verifies accepting each draft step) and decode throughput. Writes
 ``<out>/spec_accept_<device>_<UTC time>.json``.
 """
 
@@ -13,6 +14,7 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 from rich.table import Table
 
 from graphrt import Engine
@@ -33,6 +35,7 @@ def _run(args: argparse.Namespace, speculative: dict[str, Any] | None) -> dict:
         max_batch_size=max(args.batch_sizes),
         max_context_len=args.context,
         speculative=speculative,
+        dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype),
     )
     prompts = _prompts(engine.model.vocab_size, max(args.batch_sizes), args.prompt_len)
     start = time.perf_counter()
