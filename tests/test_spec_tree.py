@@ -74,7 +74,9 @@ def reversed_guesses(engine: Engine) -> None:
     engine.spec._set_guesses = flipped  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize(
+    "use_graphs", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "graphs"]
+)
 def test_off_branch_paths_are_moved_and_tokens_stay_exact(plain: list[list[int]], use_graphs: bool) -> None:
     engine = tree_engine(use_graphs, num_steps=2, topk=2, draft_model="tiny-llama")
     reversed_guesses(engine)
