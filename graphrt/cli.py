@@ -214,11 +214,29 @@ def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes
     )
     p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
     p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
+    if name == "bench-spec":
+        _add_spec_engine_args(p)
     p.add_argument(
         "--out",
         default="bench/results",
         metavar="DIR",
         help="results directory (created; a new file per run)",
+    )
+
+
+def _add_spec_engine_args(p: argparse.ArgumentParser) -> None:
+    """``bench-spec --target``: the speculative engine end to end (acceptance, tokens == greedy)."""
+    p.add_argument("--target", help="run the engine on this model (preset, checkpoint, .gguf, smollm2)")
+    p.add_argument("--draft", help="draft model (default: the target drafting for itself)")
+    p.add_argument("--topk", type=batch_sizes, default="1,2,4", help="comma-separated draft branch counts")
+    p.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per prompt")
+    p.add_argument("--prompt-len", type=positive_int, default=32, help="random prompt length")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="weights and KV (auto: bf16 on CUDA); fp32 keeps near-ties from flipping tokens",
     )
 
 

@@ -65,8 +65,10 @@ def test_always_rejected_draft_still_decodes_exactly(plain: list[list[int]]) -> 
 def test_speculative_options_are_checked() -> None:
     with pytest.raises(ValueError, match=r"unknown speculative option\(s\) \['steps'\]"):
         spec_engine(False, steps=3)
-    with pytest.raises(ValueError, match=r"chain drafts only \(topk 1\), got topk 2"):
-        spec_engine(False, num_steps=3, topk=2)
+    with pytest.raises(ValueError, match=r"draft_init must be one of \('target', 'seed', 'checkpoint'\)"):
+        spec_engine(False, num_steps=3, draft_init="copy")
+    with pytest.raises(ValueError, match=r"num_draft_tokens 8 must lie in \[2, 1 \+ topk \* num_steps = 7\]"):
+        spec_engine(False, num_steps=3, topk=2, num_draft_tokens=8)
     with pytest.raises(ValueError, match=r"num_draft_tokens must be num_steps \+ 1 = 4"):
         spec_engine(False, num_steps=3, num_draft_tokens=3)
     engine = spec_engine(False, num_steps=3)

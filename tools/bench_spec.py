@@ -121,7 +121,14 @@ def _measure(rt: GraphRuntime, batch: Batch, iters: int, device: torch.device) -
 
 
 def run_bench_spec(args: argparse.Namespace) -> int:
-    """``graphrt bench-spec``: writes a new result file under ``args.out`` and prints its table."""
+    """``graphrt bench-spec``: writes a new result file under ``args.out`` and prints its table.
+
+    With ``--target``: the speculative engine end to end instead (``bench_spec_accept``).
+    """
+    if getattr(args, "target", None):
+        from graphrt.tools.bench_spec_accept import run_bench_spec_accept
+
+        return run_bench_spec_accept(args)
     device = resolve_device(args.device)
     backend_arg = resolve_backend(args.backend, device)
     sizes = list(args.batch_sizes)

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.engine.draft import build_draft
 from graphrt.engine.request import EngineStats, Request
 from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
 from graphrt.engine.tp import tp_generate
-from graphrt.models.presets import DSAConfig, preset
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.step.batch import Batch
@@ -46,10 +46,13 @@ class Engine:
     max_batch_size, page_size, max_context_len : int
         Running requests, KV page size, longest sequence (prompt + new tokens).
     speculative : dict, optional
-        Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft", "num_steps": k,
-        "topk": 1, "num_draft_tokens": k + 1, "draft_init": "target" | "seed", "draft_seed": 1}``.
-        ``draft_init="target"`` gives the draft the target's weights by name (early exit). Each round is DRAFT_DECODE →
-        TARGET_VERIFY → DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
+        Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft" | checkpoint,
+        "num_steps": k, "topk": 1, "num_draft_tokens": 1 + topk * k, "draft_init": "target" |
+        "seed" | "checkpoint", "draft_seed": 1}``. The draft needs the target's vocabulary.
+        ``topk > 1`` drafts a tree (the draft's ``topk`` best next tokens, each continued
+        greedily). ``draft_init="target"`` (the default for a preset draft) gives the draft the
+        target's weights by name (early exit). Each round is DRAFT_DECODE → TARGET_VERIFY →
+        DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
     kv_cache_dtype : str, optional
         DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
     dtype : torch.dtype, optional
@@ -124,33 +127,19 @@ class Engine:
 
     def _draft_runner(self, spec: SpecOptions, config: RuntimeConfig, show_progress: bool) -> SpecRunner:
         """The draft model's stack (same pages and request rows as the target's) and runner."""
-        modes = (ForwardMode.DRAFT_EXTEND,) + (
-            (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
-        )
-        draft_config = dataclasses.replace(config, capture_modes=modes if self.use_graphs else ())
-        # NOTE: a DSA draft keeps a DSA target's MLA layout (BF16 or FP8-656).
-        dsa_draft = isinstance(preset(spec.draft_model), DSAConfig)
-        layout = getattr(self.kv, "layout", None) if dsa_draft else None
-        draft = build_stack(
-            spec.draft_model,
+        draft = build_draft(
+            spec,
+            self.model,
+            self.kv,
+            config,
             self.device,
-            draft_config,
-            seed=spec.draft_seed,
-            kv_cache_dtype=layout,
+            use_graphs=self.use_graphs,
             tp=self.tp,
+            show_progress=show_progress,
         )
         self.draft_model = draft.model
-        if spec.draft_init == "target":
-            # NOTE: a shallower preset of the same width becomes the target's first layers plus
-            # its head (self-speculative early exit); the same preset becomes a copy.
-            own = dict(self.model.named_parameters())
-            with torch.no_grad():
-                for name, p in draft.model.named_parameters():
-                    p.copy_(own[name])
-        if self.use_graphs:
-            draft.runtime.capture(show_progress)
         self.draft_runtime = self._ranked(draft.runtime, 1)
-        return SpecRunner(self.runtime, self.draft_runtime, spec, config.page_size)
+        return SpecRunner(self.runtime, self.draft_runtime, spec, config.page_size, self.kv)
 
     def _ranked(self, runtime: Any, target: int) -> Any:
         """With TP, a runtime whose steps every rank runs with rank 0's batch."""
@@ -159,7 +148,7 @@ class Engine:
     @property
     def _lookahead(self) -> int:
         """KV positions a request may write past its last token (a verify's drafts)."""
-        return self.spec.geometry.num_draft_tokens if self.spec else 0
+        return self.spec.lookahead if self.spec else 0
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(

@@ -28,7 +28,10 @@ class Request:
         return len(self.output) >= self.max_new_tokens or bool(self.output and self.output[-1] in stops)
 
     def slots(self, start: int, stop: int, page_size: int) -> np.ndarray:
-        pos = np.arange(start, stop)
+        return self.at(np.arange(start, stop), page_size)
+
+    def at(self, pos: np.ndarray, page_size: int) -> np.ndarray:
+        """The KV slot of each position in ``pos`` (int64) in this request's pages."""
         return np.asarray(self.pages)[pos // page_size] * page_size + pos % page_size
 
 
@@ -45,6 +48,12 @@ class EngineStats:
     generated_tokens: int
     draft_replays: dict[str, int] = field(default_factory=dict)
     verify_steps: int = 0  # per request: one draft → verify → extend round
-    acceptance_rate: float = 0.0  # accepted drafts / proposed drafts
+    acceptance_rate: float = 0.0  # accepted drafts / (verifies × deepest acceptable path)
     mean_accept_length: float = 0.0  # tokens committed per request per round (incl. the bonus)
-    accepted_per_position: tuple[int, ...] = ()
+    accepted_per_position: tuple[int, ...] = ()  # verifies that accepted a draft at depth > i
+
+    @property
+    def acceptance_per_step(self) -> tuple[float, ...]:
+        """Per draft step (tree depth) ``i``: the fraction of verifies that accepted it."""
+        n = self.verify_steps
+        return tuple(c / n if n else 0.0 for c in self.accepted_per_position)
