@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, overlap), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -123,8 +123,9 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets"),
-        help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder",
+        choices=("decode", "host", "buckets", "overlap"),
+        help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
+        "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on",
     )
     p.add_argument(
         "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
@@ -230,6 +231,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "decode"): ("graphrt.tools.bench", "run_bench"),
     ("bench", "host"): ("graphrt.tools.bench_host", "run_bench_host"),
     ("bench", "buckets"): ("graphrt.tools.bench_buckets", "run_bench_buckets"),
+    ("bench", "overlap"): ("graphrt.tools.bench_overlap", "run_bench_overlap"),
 }
 
 

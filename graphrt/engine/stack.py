@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from graphrt.engine.speculative import SpecOptions
 from graphrt.kv import KVShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.metadata.local import with_model_chunk
@@ -19,6 +21,7 @@ from graphrt.models.presets import PRESETS, DSAConfig, preset
 from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
+from graphrt.step.modes import ForwardMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +105,37 @@ def stack_for(
     return ModelStack(
         model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     )
+
+
+def build_draft(
+    spec: SpecOptions,
+    target: torch.nn.Module,
+    target_kv: PagedKVCache | MLAKVCache,
+    device: torch.device,
+    config: RuntimeConfig,
+    use_graphs: bool,
+    tp: TPGroup = SINGLE,
+) -> ModelStack:
+    """The draft model's stack (same pages and request rows as the target's), not captured.
+
+    Its runtime captures DRAFT_EXTEND (and DRAFT_DECODE when the draft runs forwards) when
+    ``use_graphs``. ``draft_init="target"`` copies the target's weights by name.
+    """
+    modes = (ForwardMode.DRAFT_EXTEND,) + (
+        (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
+    )
+    draft_config = dataclasses.replace(config, capture_modes=modes if use_graphs else ())
+    # NOTE: a DSA draft keeps a DSA target's MLA layout (BF16 or FP8-656).
+    dsa_draft = isinstance(preset(spec.draft_model), DSAConfig)
+    layout = getattr(target_kv, "layout", None) if dsa_draft else None
+    draft = build_stack(
+        spec.draft_model, device, draft_config, seed=spec.draft_seed, kv_cache_dtype=layout, tp=tp
+    )
+    if spec.draft_init == "target":
+        # NOTE: a shallower preset of the same width becomes the target's first layers plus
+        # its head (self-speculative early exit); the same preset becomes a copy.
+        own = dict(target.named_parameters())
+        with torch.no_grad():
+            for name, p in draft.model.named_parameters():
+                p.copy_(own[name])
+    return draft
