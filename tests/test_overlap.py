@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from graphrt import Batch, Engine, ForwardMode, SamplingParams
+from tests.conftest import DEVICES
 
 MAX_BS = 4
 KW = {"device": "cpu", "max_batch_size": MAX_BS, "max_context_len": 96, "buckets": (1, 2, 4)}
@@ -171,3 +172,16 @@ def test_runtime_feed_needs_sampled_tokens(engines: dict) -> None:
     )
     with pytest.raises(ValueError, match=r"the batch needs Batch\.sampling"):
         e.runtime.run(batch, feed=e.overlap.feed.decode)
+
+
+@pytest.mark.parametrize("device", [DEVICES[1]])
+def test_overlap_same_tokens_on_cuda(device: str) -> None:
+    """bf16 on a GPU: budgets only, so both engines run identical batches (identical GEMM shapes),
+    graphs and the eager prefill alike; seeded sampling too."""
+    kw = {**KW, "device": device}
+    runs = []
+    for overlap in (False, True):
+        e = Engine(overlap=overlap, **kw)  # type: ignore[arg-type]
+        runs.append((e.generate(PROMPTS, MAX_NEW), e.generate(PROMPTS, MAX_NEW, SEEDED)))
+        assert (e.overlap is not None) == overlap
+    assert runs[0] == runs[1]

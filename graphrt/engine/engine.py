@@ -124,9 +124,10 @@ class Engine:
         if spec is not None:
             self.spec = self._draft_runner(spec, config, show_progress)
         self.max_context_len, self.page_size = max_context_len, page_size
-        rows = self.runtime.req_to_token.max_reqs
-        on = why_not is None and overlap is not False
-        self.overlap: Overlap | None = Overlap(rows + 1, rows, self.device) if on else None
+        self.overlap: Overlap | None = None
+        if why_not is None and overlap is not False:  # NOTE: tp 1 here: a plain GraphRuntime
+            rows = self.runtime.req_to_token.max_reqs
+            self.overlap = Overlap(rows + 1, rows, self.device)
         self._free_reqs = deque(range(max_batch_size))
         self._free_pages = deque(range(self.kv.dummy_page))
         self._ids = itertools.count()
