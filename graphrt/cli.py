@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -126,9 +126,10 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model"),
+        choices=("decode", "host", "buckets", "model", "overlap"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
-        "model: a whole model's step vs the weight-read floor and transformers",
+        "model: a whole model's step vs the weight-read floor and transformers; "
+        "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on",
     )
     p.add_argument(
         "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
@@ -286,6 +287,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "host"): ("graphrt.tools.bench_host", "run_bench_host"),
     ("bench", "buckets"): ("graphrt.tools.bench_buckets", "run_bench_buckets"),
     ("bench", "model"): ("graphrt.tools.bench_model", "run_bench_model"),
+    ("bench", "overlap"): ("graphrt.tools.bench_overlap", "run_bench_overlap"),
 }
 
 

@@ -44,11 +44,11 @@ def record(engine: Engine) -> Recorded:
     """Wrap ``engine.runtime.run`` to log each step's mode and decode batch size."""
     log, run = Recorded(), engine.runtime.run
 
-    def logged(batch: Batch, *, eager: bool = False) -> torch.Tensor:
+    def logged(batch: Batch, *, eager: bool = False, **kw: object) -> torch.Tensor:
         log.modes.append(batch.mode)
         if batch.mode is ForwardMode.DECODE:
             log.decode_sizes.append(batch.bs)
-        return run(batch, eager=eager)
+        return run(batch, eager=eager, **kw)  # type: ignore[arg-type]
 
     engine.runtime.run = logged  # type: ignore[method-assign]
     return log

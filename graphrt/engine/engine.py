@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.engine.batches import decode_batch, prefill_batch
 from graphrt.engine.draft import build_draft
-from graphrt.engine.request import EngineStats, Request
+from graphrt.engine.overlap import Launched, Overlap, unsupported
+from graphrt.engine.request import EngineStats, Request, check_prompt, engine_stats
 from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
@@ -64,6 +66,13 @@ class Engine:
         ``graphrt.parallel.shutdown()``, before the process exits.
     tp_timeout_s : float, optional
         Seconds any collective waits for the other ranks before raising (naming the rank).
+    overlap : bool, optional
+        Run the host one step ahead of the device (:mod:`graphrt.engine.overlap`): step N+1 is
+        prepared and launched while step N runs, its input ids gathered on the device from
+        step N's sampled tokens, and :meth:`step` returns step N's tokens one step late. Same
+        tokens as without it. Default (None): on wherever supported — CUDA, and the CPU too so
+        tests run the same path — off with ``speculative``, ``record_logits`` or ``tp > 1``;
+        ``True`` with one of those raises ``ValueError``.
     """
 
     def __init__(
@@ -85,12 +94,16 @@ class Engine:
         dtype: torch.dtype | None = None,
         tp: int = 1,
         tp_timeout_s: float | None = None,
+        overlap: bool | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tp = init_tp(tp, self.device, tp_timeout_s)
         self.device = self.tp.device if tp > 1 else self.device
         self.channel = StepChannel(self.tp) if tp > 1 else None
         spec = SpecOptions.parse(speculative) if speculative is not None else None
+        why_not = unsupported(spec is not None, record_logits, tp)
+        if overlap and why_not:
+            raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         config = RuntimeConfig(
             max_batch_size=max_batch_size,
             max_context_len=max_context_len,
@@ -115,6 +128,10 @@ class Engine:
         if spec is not None:
             self.spec = self._draft_runner(spec, config, show_progress)
         self.max_context_len, self.page_size = max_context_len, page_size
+        self.overlap: Overlap | None = None
+        if why_not is None and overlap is not False:  # NOTE: tp 1 here: a plain GraphRuntime
+            rows = self.runtime.req_to_token.max_reqs
+            self.overlap = Overlap(rows + 1, rows, self.device)
         self._free_reqs = deque(range(max_batch_size))
         self._free_pages = deque(range(self.kv.dummy_page))
         self._ids = itertools.count()
@@ -160,20 +177,7 @@ class Engine:
         speculative engine is refused (``ValueError``).
         """
         vocab = self.model.vocab_size
-        tokens = [int(t) for t in prompt]
-        if not tokens:
-            raise ValueError("prompt is empty")
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} out of range [0, {vocab})")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if len(tokens) + max_new_tokens + self._lookahead > self.max_context_len:
-            drafts = f" + {self._lookahead} draft tokens" if self._lookahead else ""
-            raise ValueError(
-                f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens}{drafts} "
-                f"exceeds max_context_len {self.max_context_len}"
-            )
+        tokens = check_prompt(prompt, max_new_tokens, vocab, self._lookahead, self.max_context_len)
         params = admit_params(sampling, speculative=self.spec is not None, vocab_size=vocab, rng=self._seeds)
         req = Request(next(self._ids), tokens, max_new_tokens, sampling=params)
         self.waiting.append(req)
@@ -232,8 +236,11 @@ class Engine:
     def step(self) -> list[tuple[int, int]]:
         """One forward: prefill newly admitted requests, else decode the running ones.
 
-        Returns the ``(request id, token)`` pairs produced.
+        Returns the ``(request id, token)`` pairs produced; with ``overlap`` those of the step
+        launched by the call before (one step late).
         """
+        if self.overlap is not None:
+            return self._step_ahead(self.overlap)
         admitted = self._admit()
         if admitted:
             produced = self._prefill(admitted)
@@ -260,33 +267,53 @@ class Engine:
         self.running.extend(admitted)
         return admitted
 
+    def _step_ahead(self, overlap: Overlap) -> list[tuple[int, int]]:
+        """Launch the next step, then read the one launched before it (one step late).
+
+        A request that reaches ``max_new_tokens`` gives its row and pages back once its last
+        step is launched (stream order keeps them safe for the next occupant), as without
+        overlap. One that samples a stop token is seen a step late, so it may have run one
+        more step: that token is dropped and the KV it wrote freed with its row.
+        """
+        start = time.perf_counter()
+        admitted = self._admit()
+        reqs = admitted or [r for r in self.running if r.req_idx >= 0 and not r.done]
+        launched = None
+        if reqs:
+            fed = not admitted
+            batch = (
+                decode_batch(reqs, self.page_size, fed=True) if fed else prefill_batch(reqs, self.page_size)
+            )
+            batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
+            launched = overlap.launch(self.runtime, batch, reqs, eager=not self.use_graphs, fed=fed)
+            for r in reqs:
+                if r.launched_all:
+                    self._release(r)
+        produced = self._take(overlap.swap(launched))
+        self._retire()
+        if admitted:
+            self._prefill_steps += 1
+        elif reqs:
+            self._decode_seconds += time.perf_counter() - start
+            self._decode_steps += 1
+        return produced
+
+    def _take(self, step: Launched | None) -> list[tuple[int, int]]:
+        """Append a read step's tokens; a request already done drops its one extra token."""
+        if step is None:
+            return []
+        tokens = step.read()
+        kept = [(r, t) for r, t in zip(step.reqs, tokens, strict=True) if not r.done]
+        return self._append([r for r, _ in kept], [t for _, t in kept])
+
     def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
-        lens = [len(r.prompt) for r in reqs]
-        batch = Batch.create(
-            ForwardMode.EXTEND,
-            input_ids=np.concatenate([r.prompt for r in reqs]),
-            seq_lens=lens,
-            req_pool_indices=[r.req_idx for r in reqs],
-            out_cache_loc=np.concatenate(
-                [r.slots(0, n, self.page_size) for r, n in zip(reqs, lens, strict=True)]
-            ),
-            q_lens=lens,
-        )
-        produced = self._run_and_sample(reqs, batch, np.cumsum(lens) - 1)
+        batch = prefill_batch(reqs, self.page_size)
+        produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
         self._prefill_steps += 1
         return produced
 
     def _decode(self, reqs: list[Request]) -> list[tuple[int, int]]:
-        seq_lens = [len(r.prompt) + len(r.output) for r in reqs]
-        batch = Batch.create(
-            ForwardMode.DECODE,
-            input_ids=[r.output[-1] for r in reqs],
-            seq_lens=seq_lens,
-            req_pool_indices=[r.req_idx for r in reqs],
-            out_cache_loc=np.concatenate(
-                [r.slots(n - 1, n, self.page_size) for r, n in zip(reqs, seq_lens, strict=True)]
-            ),
-        )
+        batch = decode_batch(reqs, self.page_size)
         start = time.perf_counter()
         produced = self._run_and_sample(reqs, batch, np.arange(len(reqs)))  # NOTE: syncs: real timing
         self._decode_seconds += time.perf_counter() - start
@@ -329,12 +356,18 @@ class Engine:
     def _retire(self) -> None:
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
-            self.runtime.req_to_token.free(r.req_idx)
-            if self.spec is not None:
-                self.spec.draft.req_to_token.free(r.req_idx)
-            self._free_reqs.append(r.req_idx)
-            self._free_pages.extend(r.pages)
+            if r.req_idx >= 0:  # NOTE: an overlapped request may have given its row back already
+                self._release(r)
             self.finished[r.rid] = r
+
+    def _release(self, r: Request) -> None:
+        """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
+        self.runtime.req_to_token.free(r.req_idx)
+        if self.spec is not None:
+            self.spec.draft.req_to_token.free(r.req_idx)
+        self._free_reqs.append(r.req_idx)
+        self._free_pages.extend(r.pages)
+        r.req_idx, r.pages = -1, []
 
     def close(self) -> None:
         """Release the captured graphs (and sync): do this before a process group is destroyed."""
@@ -346,25 +379,6 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
-        rt = self.runtime.stats()
         generated = sum(len(r.output) for r in (*self.finished.values(), *self.running))
-        stats = EngineStats(
-            rt.replays,
-            rt.eager,
-            rt.fallbacks,
-            self._decode_steps,
-            self._decode_seconds,
-            self._prefill_steps,
-            generated,
-        )
-        if self.spec is None:
-            return stats
-        acc = self.spec.stats
-        return dataclasses.replace(
-            stats,
-            draft_replays=self.spec.draft.stats().replays,
-            verify_steps=acc.verify_steps,
-            acceptance_rate=acc.rate,
-            mean_accept_length=acc.mean_accept_length,
-            accepted_per_position=tuple(acc.per_position),
-        )
+        counts = (self._decode_steps, self._decode_seconds, self._prefill_steps, generated)
+        return engine_stats(self.runtime.stats(), *counts, self.spec)

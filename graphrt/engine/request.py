@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphrt.engine.speculative import SpecState
+from graphrt.engine.speculative import SpecRunner, SpecState
+from graphrt.runtime.report import RuntimeStats
 from graphrt.step.sampling import SamplingParams
 
 
@@ -20,6 +23,13 @@ class Request:
     pages: list[int] = field(default_factory=list)
     spec: SpecState = field(default_factory=SpecState)
     sampling: SamplingParams | None = None  # None: greedy
+    #: Tokens launched but not read yet (an overlapped engine reads each step one step late).
+    inflight: int = 0
+
+    @property
+    def launched_all(self) -> bool:
+        """Every token up to ``max_new_tokens`` is read or in flight: no step needs to run."""
+        return len(self.output) + self.inflight >= self.max_new_tokens
 
     @property
     def done(self) -> bool:
@@ -57,3 +67,53 @@ class EngineStats:
         """Per draft step (tree depth) ``i``: the fraction of verifies that accepted it."""
         n = self.verify_steps
         return tuple(c / n if n else 0.0 for c in self.accepted_per_position)
+
+    accepted_per_position: tuple[int, ...] = ()
+
+
+def check_prompt(
+    prompt: Sequence[int], max_new_tokens: int, vocab: int, lookahead: int, max_context_len: int
+) -> list[int]:
+    """The prompt's token ids; ``ValueError`` for an empty prompt, an id outside ``[0, vocab)``,
+    a budget below 1 or a request that cannot fit ``max_context_len`` (with ``lookahead``
+    draft positions)."""
+    tokens = [int(t) for t in prompt]
+    if not tokens:
+        raise ValueError("prompt is empty")
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} out of range [0, {vocab})")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(tokens) + max_new_tokens + lookahead > max_context_len:
+        drafts = f" + {lookahead} draft tokens" if lookahead else ""
+        raise ValueError(
+            f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens}{drafts} "
+            f"exceeds max_context_len {max_context_len}"
+        )
+    return tokens
+
+
+def engine_stats(
+    rt: RuntimeStats,
+    decode_steps: int,
+    decode_seconds: float,
+    prefill_steps: int,
+    generated: int,
+    spec: SpecRunner | None,
+) -> EngineStats:
+    """An engine's counters: its runtime's, its own, and the speculative runner's."""
+    stats = EngineStats(
+        rt.replays, rt.eager, rt.fallbacks, decode_steps, decode_seconds, prefill_steps, generated
+    )
+    if spec is None:
+        return stats
+    acc = spec.stats
+    return dataclasses.replace(
+        stats,
+        draft_replays=spec.draft.stats().replays,
+        verify_steps=acc.verify_steps,
+        acceptance_rate=acc.rate,
+        mean_accept_length=acc.mean_accept_length,
+        accepted_per_position=tuple(acc.per_position),
+    )

@@ -28,6 +28,7 @@ from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.local import local_geometry
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
+from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.programs import PROGRAMS, ForwardFn, Sampled, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport, RuntimeStats
@@ -234,7 +235,7 @@ class GraphRuntime:
         return found | self.backend.host_scalars() | self.env.scalars.as_dict()
 
     # ---- steps ---------------------------------------------------------------------------
-    def run(self, batch: Batch, *, eager: bool = False) -> torch.Tensor:
+    def run(self, batch: Batch, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
 
         A batch with ``Batch.sampling`` (runtime built with ``sample=True``) returns instead the
@@ -249,14 +250,20 @@ class GraphRuntime:
 
         One step at a time: a lock serialises callers from several threads (each waits for
         the step in flight), since every step shares the static buffers and the KV cache.
+
+        ``feed`` (:mod:`graphrt.runtime.feed`; needs ``Batch.sampling``): the step's input ids
+        are gathered on the device from each request row's last sampled token, and its sampled
+        tokens recorded there, so the host need not read them before the next step.
         """
+        if feed is not None and batch.sampling is None:
+            raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
         with self._lock:
             batch.check(self.limits)
             writes = KVWrites.of(batch, scratch=self._scratch(batch.mode))
             self.req_to_token.ledger.check(writes)
             chosen = None if eager or not MODES[batch.mode].graphed else self._select(batch)
             try:
-                out = self._eager(batch) if chosen is None else self._replay(batch, *chosen)
+                out = self._eager(batch, feed) if chosen is None else self._replay(batch, *chosen, feed)
             except BaseException:
                 # NOTE: the step may have written positions >= start: they hold nothing valid.
                 self.req_to_token.ledger.truncate(writes.rows, writes.starts)
@@ -277,18 +284,24 @@ class GraphRuntime:
         _check_host_scalars(batch, chosen[1].info.host_scalars)
         return chosen
 
-    def _replay(self, batch: Batch, bucket: int, graph: Graph) -> torch.Tensor:
+    def _replay(self, batch: Batch, bucket: int, graph: Graph, feed: StepFeed | None = None) -> torch.Tensor:
         rows_per_req = self.rows_per_req(batch.mode)
         start = time.perf_counter()
         self._write(batch, bucket, rows_per_req)
+        step = self.buffers.view(bucket, rows_per_req)  # NOTE: cached views: free
         updated = time.perf_counter()
         with torch.no_grad():
+            if feed is not None:
+                feed.before(step, batch.bs)
             graph.replay()
         self.telemetry.replayed(batch.mode.name, batch.bs, bucket, start, updated, self.device)
         if self.config.debug:
             self._check_poison(batch.mode, bucket, rows_per_req)
         self.dispatcher.count_replay(batch.mode)
-        return _select(batch, self._outputs[(batch.mode, bucket)]).clone()
+        out = _select(batch, self._outputs[(batch.mode, bucket)]).clone()
+        if feed is not None:
+            feed.after(step, batch.bs, out)
+        return out
 
     def _scratch(self, mode: ForwardMode) -> bool:
         """Tree drafts write their steps to scratch slots that enter no request row."""
@@ -300,7 +313,7 @@ class GraphRuntime:
                 family.poison()
         self.families.write(batch, bucket, bucket * rows_per_req, self.pad_values(batch.mode))
 
-    def _eager(self, batch: Batch) -> torch.Tensor:
+    def _eager(self, batch: Batch, feed: StepFeed | None = None) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
         pad = self.pad_values(batch.mode)
         # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
@@ -319,8 +332,12 @@ class GraphRuntime:
         )
         max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
         with torch.no_grad():
-            out = PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q)
-        return _select(batch, out)
+            if feed is not None:
+                feed.before(inputs.step, batch.bs)
+            out = _select(batch, PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q))
+            if feed is not None:
+                feed.after(inputs.step, batch.bs, out)
+        return out
 
     def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
         left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]

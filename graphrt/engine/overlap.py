@@ -1,0 +1,102 @@
+"""The overlapped engine's device half: launch step N+1 before reading step N's tokens.
+
+As in SGLang's overlap scheduler, the host prepares and launches the next step while the GPU
+runs the current one, and learns a step's tokens one step late:
+
+- the tokens a step samples stay on the device (:class:`graphrt.runtime.feed.TokenFeed`,
+  indexed by request row) and the next DECODE step gathers its input ids from there, so no
+  step waits for the host to see the previous one's tokens;
+- each step's tokens come back by one non-blocking copy into a pinned buffer (a ring of two:
+  step N's is read while step N+1's is being filled) and an event; :meth:`Overlap.swap` hands
+  back the step before the one just launched, read with :meth:`Launched.read`.
+
+On the CPU the copy is synchronous and there are no events: the same code path, so CI runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphrt.engine.request import Request
+from graphrt.runtime.feed import TokenFeed
+from graphrt.step.batch import Batch
+
+#: Pinned buffers in the ring: the step being read and the step in flight.
+DEPTH = 2
+
+
+@dataclass(slots=True)
+class Launched:
+    """A launched step: its requests (in batch order) and where its tokens arrive."""
+
+    reqs: list[Request]
+    host: torch.Tensor  # [bs] int64, pinned on CUDA
+    copied: Any  # torch.cuda.Event recorded after the copy, or None (CPU: already there)
+
+    def read(self) -> list[int]:
+        """The step's tokens: waits for its copy only (later steps keep running)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        for r in self.reqs:
+            r.inflight -= 1
+        return self.host.tolist()
+
+
+class Overlap:
+    """The token feed, the pinned ring and the step in flight of one engine.
+
+    ``rows``: request rows of ``req_to_token`` including the dummy; ``max_bs``: the most
+    requests one step holds.
+    """
+
+    def __init__(self, rows: int, max_bs: int, device: torch.device) -> None:
+        self.feed = TokenFeed(rows, device)
+        cuda = device.type == "cuda"
+        self._host = [torch.empty(max_bs, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
+        self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
+        self._slot = 0
+        self.inflight: Launched | None = None
+
+    def launch(self, runtime: Any, batch: Batch, reqs: list[Request], *, eager: bool, fed: bool) -> Launched:
+        """Run ``batch`` (sampled: ``Batch.sampling`` set) without reading its tokens.
+
+        ``fed``: a DECODE batch whose input ids are gathered from the feed (its host
+        ``input_ids`` are placeholders); else (a prefill) they are the prompts. Either records
+        its tokens in the feed.
+        """
+        feed = self.feed.decode if fed else self.feed.prefill
+        tokens = runtime.run(batch, eager=eager, feed=feed)
+        slot, self._slot = self._slot, (self._slot + 1) % DEPTH
+        host = self._host[slot][: batch.bs]
+        host.copy_(tokens, non_blocking=True)
+        event = self._events[slot]
+        if event is not None:
+            event.record()
+        for r in reqs:
+            r.inflight += 1
+        return Launched(reqs, host, event)
+
+    def swap(self, launched: Launched | None) -> Launched | None:
+        """Make ``launched`` the step in flight; returns the one before it (to read now)."""
+        previous, self.inflight = self.inflight, launched
+        return previous
+
+
+def unsupported(speculative: bool, record_logits: bool, tp: int) -> str | None:
+    """Why an engine cannot overlap its steps, or None when it can.
+
+    Speculative rounds are left out: a round's accept lengths decide the next round's slots,
+    query lengths and draft inputs on the host, so the next round cannot be built before the
+    verify's tokens are read. ``record_logits`` reads every step's logits on the host; with
+    tensor parallelism rank 0's batches go through the step channel, which carries no feed.
+    """
+    if speculative:
+        return "speculative decoding (each round's batch needs the previous round's accepted tokens)"
+    if record_logits:
+        return "record_logits=True (logits are read on the host every step)"
+    if tp > 1:
+        return f"tensor parallelism (tp {tp})"
+    return None

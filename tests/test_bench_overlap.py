@@ -1,0 +1,58 @@
+"""``graphrt bench overlap``: runs on the CPU (tokens compared, no device intervals), and its
+interval arithmetic finds the idle time between replays on a synthetic device timeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphrt.cli import main
+from graphrt.tools.bench_overlap import Op, replay_gaps, union_us
+
+GRAPH = ["update", "gemm", "attn", "sample"]
+
+
+def timeline(steps: int, idle: list[float]) -> list[Op]:
+    """Each step: upload (2 µs), feed (1 µs), the graph's 4 kernels (10 µs each, 0.5 µs apart),
+    copy-back (2 µs) 0.5 µs after the last kernel; ``idle[i]`` µs of nothing before step
+    ``i + 1``'s upload."""
+    ops, t = [], 0.0
+    for i in range(steps):
+        ops += [Op("Memcpy HtoD", t, t + 2), Op("gather", t + 2, t + 3)]
+        t += 3
+        for name in GRAPH:
+            ops.append(Op(name, t, t + 10))
+            t += 10.5
+        ops.append(Op("Memcpy DtoH", t, t + 2))
+        t += 2 + (idle[i] if i < len(idle) else 0.0)
+    return ops
+
+
+def test_union_clips_and_merges() -> None:
+    ops = [Op("a", 0, 4), Op("b", 2, 6), Op("c", 10, 12)]
+    assert union_us(ops) == 8
+    assert union_us(ops, 3, 11) == 4  # [3, 6) and [10, 11)
+
+
+def test_replay_gaps_count_only_idle_time_between_replays() -> None:
+    idle = [0.0, 7.0, 25.0]
+    ops = timeline(4, idle)
+    gaps = replay_gaps(ops, 4, GRAPH)
+    # copy-back, upload and feed are busy, not gap; the 0.5 µs before the copy-back is idle
+    assert gaps == pytest.approx([x + 0.5 for x in idle])
+    assert replay_gaps(ops[:-1], 4, GRAPH) is None  # not periodic: no guess
+    assert replay_gaps(ops, 4, ["nothing"]) is None
+
+
+def test_bench_overlap_on_cpu(tmp_path: Path) -> None:
+    args = ["bench", "overlap", "--device", "cpu", "--batch-sizes", "1,2", "--iters", "3", "--context", "5"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    result = json.loads(next(tmp_path.glob("overlap_*.json")).read_text())
+    assert {"timestamp", "git_commit", "args", "env"} <= set(result) and result["env"]["torch"]
+    assert [r["bs"] for r in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["tokens_equal"] is True
+        for key in ("off", "on"):
+            assert row[key]["wall_us"] > 0 and row[key]["busy_us"] is None  # no device timeline

@@ -1,0 +1,221 @@
+"""``graphrt bench overlap``: does the engine keep the GPU busy? Overlap on vs off, same run.
+
+For each batch size, two tiny-llama engines (``overlap=False`` and ``overlap=True``) decode the
+same ``bs`` prompts of ``--context`` tokens (every request's budget outlasts the window, so
+the batch stays at ``bs``). After a warm-up the device is synchronised and ``--iters`` calls of ``Engine.step()`` are timed
+(host ``perf_counter``, then a sync) under ``torch.profiler`` with CUDA activity only (no CPU op
+tracing, which would slow the host path being measured). From the profiler's device intervals
+(kernels and copies):
+
+- ``busy_us``: the union of device intervals per step; ``ratio = step wall time / busy_us``
+  (1.0: the GPU never waits for the host);
+- ``gap_us``: per pair of consecutive graph replays, the time between the end of the first and
+  the start of the second in which nothing ran on the device (the upload, the token feed and
+  the token copy-back count as busy). A replay's device ops are found by profiling one bare
+  replay of the same graph and matching its op names inside the step's periodic op sequence.
+
+The tokens of both engines are compared (``tokens_equal``). On the CPU the same steps run and
+the tokens are compared, but there are no device intervals: busy, ratio and gaps are null.
+JSON: ``<out>/overlap_<UTC time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from rich.table import Table
+
+from graphrt import Engine, ForwardMode
+from graphrt.tools.bench_record import header, percentiles, write_result
+from graphrt.tools.cli_args import resolve_backend, resolve_device
+from graphrt.tools.console import wide_console
+
+WARMUP = 8  # steps after the prefill before the window
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One device interval (µs): a kernel, a copy or a memset."""
+
+    name: str
+    start: float
+    end: float
+
+
+def union_us(ops: Sequence[Op], lo: float = -np.inf, hi: float = np.inf) -> float:
+    """Length of the union of ``ops`` clipped to ``[lo, hi]``."""
+    total, reach = 0.0, lo
+    for op in sorted(ops, key=lambda o: o.start):
+        start, end = max(op.start, reach), min(op.end, hi)
+        if end > start:
+            total += end - start
+        reach = max(reach, min(op.end, hi))
+    return total
+
+
+def replay_gaps(ops: Sequence[Op], steps: int, replay: Sequence[str]) -> list[float] | None:
+    """Idle µs between consecutive replays, or None when the steps' op sequence is not periodic
+    or holds no run of ``replay`` (the op names of one bare replay)."""
+    ops = sorted(ops, key=lambda o: o.start)
+    k = len(replay)
+    if not k or steps < 2 or len(ops) % steps:
+        return None
+    period = len(ops) // steps
+    names = [o.name for o in ops[:period]]
+    offset = next((i for i in range(period - k + 1) if names[i : i + k] == list(replay)), None)
+    if offset is None:
+        return None
+    runs = [ops[i * period + offset : i * period + offset + k] for i in range(steps)]
+    gaps = []
+    for i in range(steps - 1):
+        end, start = max(o.end for o in runs[i]), runs[i + 1][0].start
+        between = ops[i * period + offset + k : (i + 1) * period + offset]
+        gaps.append(max(start - end, 0.0) - union_us(between, end, start))
+    return gaps
+
+
+@contextlib.contextmanager
+def device_ops(device: torch.device) -> Iterator[list[Op]]:
+    """Collect the device intervals of the block (synchronised at both ends); none on the CPU."""
+    ops: list[Op] = []
+    if device.type != "cuda":
+        yield ops
+        return
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        yield ops
+        torch.cuda.synchronize(device)
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA and e.end_ns() > e.start_ns():
+            ops.append(Op(e.name(), e.start_ns() / 1e3, e.end_ns() / 1e3))
+
+
+@dataclass(slots=True)
+class Measured:
+    wall_us: float  # per step, host clock, synchronised at the end
+    host_us: list[float]  # each step() call
+    ops: list[Op]
+    tokens: list[list[int]]
+
+
+def measure(engine: Engine, prompts: list[list[int]], steps: int) -> Measured:
+    """Prefill ``prompts``, warm up, time ``steps`` decode steps, then finish every request."""
+    ids = [engine.add_request(p, 1 + WARMUP + steps + 2) for p in prompts]
+    for _ in range(1 + WARMUP):
+        engine.step()
+    host = []
+    with device_ops(engine.device) as ops:
+        start = time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            engine.step()
+            host.append((time.perf_counter() - t) * 1e6)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        wall = (time.perf_counter() - start) * 1e6 / steps
+    while engine.waiting or engine.running:
+        engine.step()
+    engine.step()  # NOTE: an overlapped engine may hold one step nobody needs any more
+    return Measured(wall, host, ops, [engine.finished[i].output for i in ids])
+
+
+def bare_replay(engine: Engine, bs: int) -> list[str]:
+    """Device op names of one replay of the DECODE graph for ``bs`` (run after every request
+    finished: it rewrites only freed rows and slots)."""
+    graph = engine.runtime.dispatcher.graphs.get((ForwardMode.DECODE, bs))
+    if graph is None:
+        return []
+    with device_ops(engine.device) as ops:
+        graph.replay()
+    return [o.name for o in sorted(ops, key=lambda o: o.start)]
+
+
+def _row(m: Measured, steps: int, replay: list[str]) -> dict[str, Any]:
+    busy = union_us(m.ops) / steps if m.ops else None
+    gaps = replay_gaps(m.ops, steps, replay) if m.ops else None
+    return {
+        "wall_us": m.wall_us,
+        "host_us": percentiles(m.host_us),
+        "busy_us": busy,
+        "ratio": m.wall_us / busy if busy else None,
+        "gap_us": percentiles(gaps) if gaps else None,
+        "device_ops_per_step": len(m.ops) / steps if m.ops else None,
+    }
+
+
+def run_bench_overlap(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    backend = resolve_backend(args.backend, device)
+    sizes = sorted(set(args.batch_sizes))
+    kw = {"device": device, "backend": backend, "buckets": sizes, "max_batch_size": sizes[-1]}
+    steps = args.iters
+    context = args.context + 1 + WARMUP + steps + 2
+    engines = {on: Engine("tiny-llama", overlap=on, max_context_len=context, **kw) for on in (False, True)}
+    rng = np.random.default_rng(0)
+    rows = []
+    for bs in sizes:
+        prompts = [rng.integers(0, 512, args.context).tolist() for _ in range(bs)]
+        runs = {on: measure(engines[on], prompts, steps) for on in (False, True)}
+        replay = bare_replay(engines[False], bs)
+        row = {"bs": bs, "tokens_equal": runs[False].tokens == runs[True].tokens}
+        row |= {("on" if on else "off"): _row(runs[on], steps, replay) for on in (False, True)}
+        rows.append(row)
+    result = {
+        **header("overlap", args, device),
+        "model": "tiny-llama",
+        "backend": backend,
+        "steps": steps,
+        "prompt_len": args.context,
+        "rows": rows,
+    }
+    out = write_result(result, args.out, "overlap")
+    _print(result, str(out))
+    return 0 if all(r["tokens_equal"] for r in rows) else 1
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _print(result: dict[str, Any], out: str) -> None:
+    table = Table(
+        title=f"tiny-llama decode, {result['steps']} steps, overlap off vs on ({result['env']['device']})"
+    )
+    cols = (
+        "bs",
+        "overlap",
+        "wall µs/step",
+        "host µs p50",
+        "GPU busy µs",
+        "wall/busy",
+        "gap µs p50",
+        "gap p90",
+        "tokens",
+    )
+    for col in cols:
+        table.add_column(col, justify="right")
+    for row in result["rows"]:
+        for key in ("off", "on"):
+            m, gap = row[key], row[key]["gap_us"] or {}
+            table.add_row(
+                str(row["bs"]),
+                key,
+                _fmt(m["wall_us"]),
+                _fmt(m["host_us"]["p50"]),
+                _fmt(m["busy_us"]),
+                _fmt(m["ratio"], ".3f"),
+                _fmt(gap.get("p50"), ".1f"),
+                _fmt(gap.get("p90"), ".1f"),
+                "equal" if row["tokens_equal"] else "DIFFER",
+            )
+    table.caption = "targets (overlap on): wall/busy ≤ 1.05, gap p50 ≤ 10 µs; CPU: no device intervals (—)"
+    console = wide_console()
+    console.print(table)
+    console.print(f"written to {out}")
