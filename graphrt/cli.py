@@ -182,8 +182,7 @@ def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes
     p.add_argument("--batch-sizes", type=batch_sizes, default=sizes, help="comma-separated batch sizes")
     p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
     p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
-    if name == "bench":
-        _tp_arg(p, "decode only: ")
+    _tp_arg(p, "decode only: " if name == "bench" else "")
     p.add_argument(
         "--out",
         default="bench/results",

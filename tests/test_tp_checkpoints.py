@@ -166,9 +166,13 @@ def test_torchrun_generate_tp2_prints_tp1_reply_once(
     assert json.loads(lines[0]) == want
 
 
-def test_torchrun_bench_tp2_rank0_writes_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "stem", "title"),
+    [("bench", "decode", "decode step, tiny-llama"), ("bench-spec", "spec", "speculative steps")],
+)
+def test_torchrun_bench_tp2_rank0_writes_once(tmp_path: Path, command: str, stem: str, title: str) -> None:
     argv = [
-        "bench",
+        command,
         "--tp",
         "2",
         "--device",
@@ -181,9 +185,9 @@ def test_torchrun_bench_tp2_rank0_writes_once(tmp_path: Path) -> None:
         "16",
     ]
     done = torchrun(2, *argv, "--out", str(tmp_path))
-    files = list(tmp_path.glob("decode_tp2_cpu_*.json"))
+    files = list(tmp_path.glob(f"{stem}_tp2_cpu_*.json"))
     assert len(files) == 1, files
     result = json.loads(files[0].read_text())
-    assert result["tp"] == 2 and [r["bs"] for r in result["rows"]] == [1, 2]
+    assert result["tp"] == 2 and {r["bs"] for r in result["rows"]} == {1, 2}
     assert all(r["max_abs_diff"] <= ATOL for r in result["rows"])
-    assert done.stdout.count("decode step, tiny-llama") == 1
+    assert done.stdout.count(title) == 1  # rank 0 only

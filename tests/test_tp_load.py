@@ -24,7 +24,7 @@ from graphrt.parallel import TPGroup  # noqa: E402
 from tests.hf_util import SMALL, save_checkpoint  # noqa: E402
 
 CPU = torch.device("cpu")
-#: id → (model class, config kwargs): GQA split, KV heads replicated (1 KV head), q/k norm,
+#: id → (model class, config kwargs): GQA split, KV heads replicated (1 KV head; a sliding window), q/k norm,
 #: qkv and o bias, a vocabulary (97) that no TP size > 1 divides, tied and untied heads.
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-gqa": ("Llama", dict(num_attention_heads=4, num_key_value_heads=2)),
@@ -38,7 +38,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             vocab_size=97,
         ),
     ),
-    "mistral-one-kv-head": ("Mistral", dict(num_attention_heads=4, num_key_value_heads=1)),
+    "mistral-one-kv-head": ("Mistral", dict(num_attention_heads=4, num_key_value_heads=1, sliding_window=7)),
     "qwen2-bias": ("Qwen2", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
     "qwen3-qk-norm": ("Qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
 }
