@@ -154,7 +154,7 @@ def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, 
 def _print(result: dict, out: Path) -> None:
     env = result["env"]
     table = Table(
-        title=f"decode step, tiny-llama, context {result['context']}, TP {result['tp']} — "
+        title=f"decode step, tiny-llama, context {result['context']}, TP {result.get('tp', 1)} — "
         f"{env['device']}, {result['backend']}"
     )
     for col in ("bs", "eager µs", "graph µs", "graph host µs", "speedup", "max |diff|"):

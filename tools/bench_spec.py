@@ -186,7 +186,7 @@ def _bench_spec(args: argparse.Namespace, device: torch.device, backend_arg: str
 
 def _print(result: dict, out: Path) -> None:
     table = Table(
-        title=f"speculative steps, context {result['context']}, TP {result['tp']} — "
+        title=f"speculative steps, context {result['context']}, TP {result.get('tp', 1)} — "
         f"{result['env']['device']}, {result['backend']}"
     )
     for col in ("topk", "mode", "bs", "tokens", "eager µs", "graph µs", "host µs", "speedup", "max |diff|"):
