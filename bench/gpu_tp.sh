@@ -14,7 +14,7 @@ nvidia-smi topo -m 2>&1 | tee -a "$log"
 python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())" | tee -a "$log"
 status=0
 step() { echo "== $*" | tee -a "$log"; timeout "${STEP_LIMIT:-480}" "$@" 2>&1 | tee -a "$log"; s=${PIPESTATUS[0]}; echo "== exit $s" | tee -a "$log"; [ "$s" = 0 ] || status=1; }
-step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp_gpu.py
+step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp_gpu.py tests/test_tp_checkpoints.py
 step torchrun --nproc-per-node 2 -m graphrt.tools.bench_allreduce --out "$OUT"
 step python3 -m graphrt.tools.bench_tp --tp 1 --out "$OUT"
 GRAPHRT_ALLREDUCE=nccl step torchrun --nproc-per-node 2 -m graphrt.tools.bench_tp --tp 2 --out "$OUT"

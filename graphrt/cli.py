@@ -85,11 +85,15 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--max-context-len", type=positive_int, default=512, help="longest prompt + new tokens")
     p.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (PATH + .npz)")
     _sampling_args(p, "prompt i samples with seed + i")
+    _tp_arg(p)
+
+
+def _tp_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     p.add_argument(
         "--tp",
         type=positive_int,
         default=1,
-        help="tensor-parallel size: run under torchrun --nproc-per-node N",
+        help=f"{scope}tensor-parallel size: run under torchrun --nproc-per-node N (rank 0 prints)",
     )
 
 
@@ -118,6 +122,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     )
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
     _sampling_args(p, "the request's random stream (same seed, same text)")
+    _tp_arg(p)
 
 
 def _add_host_args(p: argparse.ArgumentParser) -> None:
@@ -217,6 +222,7 @@ def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes
     p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
     if name == "bench-spec":
         _add_spec_engine_args(p)
+    _tp_arg(p, "decode only: " if name == "bench" else "")
     p.add_argument(
         "--out",
         default="bench/results",

@@ -150,3 +150,17 @@ def assert_parity(run: ParityRun, expected: list[torch.Tensor], atol: float, rto
         want = torch.stack([expected[r][n + step] for r, n in enumerate(PROMPT_LENS)])
         torch.testing.assert_close(run.decode_eager[step], want, atol=atol, rtol=rtol)
         torch.testing.assert_close(run.decode_graph[step], want, atol=atol, rtol=rtol)
+
+
+def save_word_tokenizer(path: Path, vocab: int) -> None:
+    """A word-level tokenizer (``t0 … t{vocab-1}``, EOS the last) saved beside a tiny checkpoint.
+
+    Nothing is downloaded: ``graphrt generate`` needs a tokenizer for text and stop ids.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{vocab - 1}").save_pretrained(path)

@@ -45,7 +45,7 @@ def transformers_twin(model: CausalLM) -> torch.nn.Module:
     )
     twin = transformers.LlamaForCausalLM(config).eval()
     params = dict(model.named_parameters())
-    state = {name: params[s.param][s.start : s.stop] for name, s in slots(model).items()}
+    state = {name: s.view(params[s.param]) for name, s in slots(model).items()}
     missing, unexpected = twin.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     return twin

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -110,8 +111,10 @@ def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None) -> None
 @pytest.mark.slow
 def test_torchrun_demo_prints_once_and_exits() -> None:
     # NOTE: on the CPU over gloo, whatever GPUs the machine has (one-GPU boxes included)
-    cmd = [
-        "torchrun",
+    cmd = [  # NOTE: this interpreter's torchrun, so the checkout under test runs (not a PATH one)
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         "--nproc-per-node",
         "2",
         "-m",

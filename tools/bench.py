@@ -2,7 +2,12 @@
 
 Each step is timed from ``runtime.run(batch)`` to its output being ready, so it includes
 validation, the host update, the upload and the replay (or eager forward); p10/p50/p90 of
-``--iters`` steps. Each run writes ``<out>/decode_<device>_<backend>_<UTC time>.json``.
+``--iters`` steps. Each run writes ``<out>/decode_<device>_<backend>_<UTC time>.json``
+(``decode_tp<N>_…`` with ``--tp N``).
+
+With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank holds its shard of
+tiny-llama and runs every step (rank 0's batch, broadcast); times are rank 0's, and only
+rank 0 prints and writes.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
+from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
+from graphrt.runtime import TPRuntime
 from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
 from graphrt.tools.cli_args import resolve_backend, resolve_device
 from graphrt.tools.console import bench_progress, wide_console
@@ -30,12 +37,16 @@ def slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
     return (req * pages_per_req + pos // PAGE_SIZE) * PAGE_SIZE + pos % PAGE_SIZE
 
 
-def _runtime(device: torch.device, max_bs: int, context: int, backend: str | None) -> GraphRuntime:
+def _runtime(
+    device: torch.device, max_bs: int, context: int, backend: str | None, tp: TPGroup
+) -> GraphRuntime:
+    """tiny-llama's runtime (this rank's shard with ``tp``, every step run by every rank)."""
     max_ctx = context + 64
     config = RuntimeConfig(
         max_batch_size=max_bs, max_context_len=max_ctx, page_size=PAGE_SIZE, backend=backend
     )
-    return build_stack("tiny-llama", device, config).runtime
+    runtime = build_stack("tiny-llama", device, config, tp=tp).runtime
+    return TPRuntime(runtime, StepChannel(tp)) if tp.size > 1 else runtime  # type: ignore[return-value]
 
 
 def _measure(runtime: GraphRuntime, batch: Batch, iters: int, device: torch.device) -> dict[str, Any]:
@@ -65,16 +76,29 @@ def decode_batch(bs: int, context: int, pages_per_req: int, vocab: int, rng: np.
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """``graphrt bench``: writes a new result file under ``args.out`` and prints its table."""
+    """``graphrt bench``: writes a new result file under ``args.out`` and prints its table.
+
+    With ``--tp N`` every rank runs it; rank 0 writes and prints.
+    """
     device = resolve_device(args.device)
     backend = resolve_backend(args.backend, device)
+    size = getattr(args, "tp", 1)
+    tp = init_tp(size, device)
+    try:
+        return _bench(args, tp.device if size > 1 else device, backend, tp)
+    finally:
+        if size > 1:
+            shutdown()
+
+
+def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, tp: TPGroup) -> int:
     sizes = list(args.batch_sizes)
-    runtime = _runtime(device, max(sizes), args.context, backend)
-    report = runtime.capture(show_progress=True)
+    runtime = _runtime(device, max(sizes), args.context, backend, tp)
+    report = runtime.capture(show_progress=tp.is_driver)
     pages_per_req = runtime.config.max_pages
     rng = np.random.default_rng(0)
     rows = []
-    with bench_progress() as progress:
+    with bench_progress(tp.is_driver) as progress:
         task = progress.add_task("prefill", total=max(sizes) + len(sizes))
         for req in range(max(sizes)):  # prefill every request to `context` tokens, one at a time
             prompt = Batch.create(
@@ -95,6 +119,7 @@ def run_bench(args: argparse.Namespace) -> int:
     result = {
         **header("decode_step", args, device),
         "model": "tiny-llama",
+        "tp": tp.size,
         "context": args.context,
         "page_size": PAGE_SIZE,
         "iters": args.iters,
@@ -119,15 +144,18 @@ def run_bench(args: argparse.Namespace) -> int:
         },
         "rows": rows,
     }
-    out = write_result(result, args.out, f"decode_{device.type}_{runtime.backend.name}")
-    _print(result, out)
+    if tp.is_driver:  # NOTE: every rank measured the same steps; rank 0's times are written
+        ranks = f"tp{tp.size}_" if tp.size > 1 else ""
+        out = write_result(result, args.out, f"decode_{ranks}{device.type}_{runtime.backend.name}")
+        _print(result, out)
     return 0
 
 
 def _print(result: dict, out: Path) -> None:
     env = result["env"]
     table = Table(
-        title=f"decode step, tiny-llama, context {result['context']} — {env['device']}, {result['backend']}"
+        title=f"decode step, tiny-llama, context {result['context']}, TP {result.get('tp', 1)} — "
+        f"{env['device']}, {result['backend']}"
     )
     for col in ("bs", "eager µs", "graph µs", "graph host µs", "speedup", "max |diff|"):
         table.add_column(col, justify="right", no_wrap=True)

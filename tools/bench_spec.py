@@ -3,7 +3,9 @@
 A target (tiny-llama) and a draft (tiny-llama-draft) runtime are prefilled to ``context``
 tokens per request; each mode's step is timed from ``runtime.run(batch)`` to a synced output,
 for a chain (``topk 1``) and a tree (``topk 2``, cascade + merge_state). Each run writes
-``<out>/spec_<device>_<backend>_<UTC time>.json`` (p10/p50/p90 per step).
+``<out>/spec_<device>_<backend>_<UTC time>.json`` (p10/p50/p90 per step; ``spec_tp<N>_…``
+with ``--tp N``: under ``torchrun --nproc-per-node N`` every rank runs every step, rank 0's
+batch broadcast, and rank 0 prints and writes).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from rich.table import Table
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
 from graphrt.metadata.cascade import chain_tree_mask
+from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
+from graphrt.runtime import TPRuntime
 from graphrt.step.modes import SpecGeometry
 from graphrt.tools.bench import PAGE_SIZE, slots
 from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
@@ -29,7 +33,10 @@ M = ForwardMode
 GEOMETRIES = (SpecGeometry(num_steps=3), SpecGeometry(num_steps=3, topk=2, num_draft_tokens=6))
 
 
-def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, backend: str | None):
+def _runtimes(
+    device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, backend: str | None, tp: TPGroup
+) -> tuple[GraphRuntime, GraphRuntime]:
+    """Target and draft runtimes (this rank's shards with ``tp``, each step run by every rank)."""
     config = RuntimeConfig(
         max_batch_size=max_bs,
         max_context_len=ctx + 64,
@@ -39,7 +46,7 @@ def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, b
         capture_modes=(M.TARGET_VERIFY,),
     )
     rows = max_bs * (1 + spec.topk)  # NOTE: every tree branch gets a scratch row of its own
-    target = build_stack("tiny-llama", device, config, max_reqs=rows).runtime
+    target = build_stack("tiny-llama", device, config, max_reqs=rows, tp=tp).runtime
     draft_config = RuntimeConfig(
         **{
             f: getattr(config, f)
@@ -47,8 +54,11 @@ def _runtimes(device: torch.device, spec: SpecGeometry, max_bs: int, ctx: int, b
         },
         capture_modes=(M.DRAFT_DECODE, M.DRAFT_EXTEND),
     )
-    draft = build_stack("tiny-llama-draft", device, draft_config, max_reqs=rows, seed=1).runtime
-    return target, draft
+    draft = build_stack("tiny-llama-draft", device, draft_config, max_reqs=rows, seed=1, tp=tp).runtime
+    if tp.size == 1:
+        return target, draft
+    channel = StepChannel(tp)
+    return TPRuntime(target, channel, 0), TPRuntime(draft, channel, 1)  # type: ignore[return-value]
 
 
 def _prefill(rt: GraphRuntime, reqs: int, ctx: int, rng: np.random.Generator) -> None:
@@ -131,13 +141,23 @@ def run_bench_spec(args: argparse.Namespace) -> int:
         return run_bench_spec_accept(args)
     device = resolve_device(args.device)
     backend_arg = resolve_backend(args.backend, device)
+    size = getattr(args, "tp", 1)
+    tp = init_tp(size, device)
+    try:
+        return _bench_spec(args, tp.device if size > 1 else device, backend_arg, tp)
+    finally:
+        if size > 1:
+            shutdown()
+
+
+def _bench_spec(args: argparse.Namespace, device: torch.device, backend_arg: str | None, tp: TPGroup) -> int:
     sizes = list(args.batch_sizes)
     rng, rows, engine, backend = np.random.default_rng(0), [], "", ""
-    with bench_progress() as progress:
+    with bench_progress(tp.is_driver) as progress:
         task = progress.add_task("", total=len(GEOMETRIES) * len(sizes) * 3)
         for spec in GEOMETRIES:
             progress.update(task, description=f"topk {spec.topk}: capture + prefill")
-            target, draft = _runtimes(device, spec, max(sizes), args.context, backend_arg)
+            target, draft = _runtimes(device, spec, max(sizes), args.context, backend_arg, tp)
             captures = [target.capture(), draft.capture()]
             backend, engine = target.backend.name, target.engine.name
             for rt in (target, draft):
@@ -155,6 +175,7 @@ def run_bench_spec(args: argparse.Namespace) -> int:
         **header("spec_steps", args, device),
         "target": "tiny-llama",
         "draft": "tiny-llama-draft",
+        "tp": tp.size,
         "num_steps": 3,
         "context": args.context,
         "page_size": PAGE_SIZE,
@@ -164,14 +185,16 @@ def run_bench_spec(args: argparse.Namespace) -> int:
         "engine": engine,
         "rows": rows,
     }
-    out = write_result(result, args.out, f"spec_{device.type}_{backend}")
-    _print(result, out)
+    if tp.is_driver:  # NOTE: every rank measured the same steps; rank 0's times are written
+        ranks = f"tp{tp.size}_" if tp.size > 1 else ""
+        _print(result, write_result(result, args.out, f"spec_{ranks}{device.type}_{backend}"))
     return 0
 
 
 def _print(result: dict, out: Path) -> None:
     table = Table(
-        title=f"speculative steps, context {result['context']} — {result['env']['device']}, {result['backend']}"
+        title=f"speculative steps, context {result['context']}, TP {result.get('tp', 1)} — "
+        f"{result['env']['device']}, {result['backend']}"
     )
     for col in ("topk", "mode", "bs", "tokens", "eager µs", "graph µs", "host µs", "speedup", "max |diff|"):
         table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)

@@ -18,8 +18,8 @@ def wide_console(width: int | None = None) -> Console:
     return Console(width=width) if width else Console()
 
 
-def bench_progress() -> Progress:
-    """A progress bar on stderr: what runs now, done / total, elapsed time."""
+def bench_progress(show: bool = True) -> Progress:
+    """A progress bar on stderr: what runs now, done / total, elapsed time (``show``: else silent)."""
     return Progress(
         TextColumn("[bold]measuring[/]"),
         BarColumn(),
@@ -27,4 +27,5 @@ def bench_progress() -> Progress:
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
+        disable=not show,
     )

@@ -1,13 +1,20 @@
-"""``graphrt generate``: one prompt through a checkpoint with graphs, text streamed as it decodes."""
+"""``graphrt generate``: one prompt through a checkpoint with graphs, text streamed as it decodes.
+
+With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank holds its shard of the
+model and runs rank 0's steps; the reply is greedy and printed by rank 0 only, in the same
+form as with one rank (all at once instead of streamed).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
 
 from graphrt.engine import Engine
 from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
+from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import UsageError, resolve_device
 
@@ -19,13 +26,23 @@ def prompt_ids(args: argparse.Namespace, tokenizer: object) -> list[int]:
     return chat_prompt(tokenizer, args.prompt)
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    """``graphrt generate``: stream the reply as text (or print one JSON object with ``--json``)."""
-    device = resolve_device(args.device)
+def _sampling(args: argparse.Namespace, tp: int) -> SamplingParams:
     try:
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
     except ValueError as err:  # NOTE: names the field, the value and the allowed range
         raise UsageError("--temperature/--top-k/--top-p", "", str(err)) from err
+    if tp > 1 and sampling != SamplingParams(seed=args.seed):
+        raise UsageError(
+            "--temperature", args.temperature, f"samples: with --tp {tp} decoding is greedy only"
+        )
+    return sampling
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``graphrt generate``: stream the reply as text (or print one JSON object with ``--json``)."""
+    tp = getattr(args, "tp", 1)
+    device = resolve_device(args.device)
+    sampling = _sampling(args, tp)
     tokenizer = load_tokenizer(args.model)
     ids = prompt_ids(args, tokenizer)
     if len(ids) + args.max_new_tokens > args.max_context_len:
@@ -34,7 +51,32 @@ def run_generate(args: argparse.Namespace) -> int:
             args.max_new_tokens,
             f"does not fit: the prompt has {len(ids)} tokens and --max-context-len is {args.max_context_len}",
         )
-    engine = Engine(args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len)
+    if tp == 1:
+        engine = Engine(args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len)
+        _stream(args, engine, tokenizer, ids, sampling)
+        return 0
+    try:
+        engine = Engine(
+            args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len, tp=tp
+        )
+        out = _until_stop(engine.generate([ids], args.max_new_tokens)[0], stop_ids(tokenizer))
+        engine.close()
+        if engine.tp.is_driver:  # NOTE: every rank holds the reply; rank 0 prints it
+            _print(args, tokenizer, ids, out, shown="")
+    finally:
+        shutdown()
+    return 0
+
+
+def _until_stop(out: list[int], stop: set[int]) -> list[int]:
+    """``out`` up to (without) its first stop token."""
+    return out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
+
+
+def _stream(
+    args: argparse.Namespace, engine: Engine, tokenizer: Any, ids: list[int], sampling: SamplingParams
+) -> None:
+    """One rank: step the engine and write the reply's new text as each token comes."""
     rid = engine.add_request(ids, args.max_new_tokens, sampling)
     stop, out = stop_ids(tokenizer), []
     shown = ""
@@ -42,19 +84,23 @@ def run_generate(args: argparse.Namespace) -> int:
         tokens = [t for r, t in engine.step() if r == rid]
         out.extend(tokens)
         if any(t in stop for t in tokens):
-            out = out[: next(i for i, t in enumerate(out) if t in stop)]
+            out = _until_stop(out, stop)
             break
         if not args.json:  # NOTE: decode the whole reply each time; BPE pieces join across tokens
             text = tokenizer.decode(out, skip_special_tokens=True)
             sys.stdout.write(text[len(shown) :])
             sys.stdout.flush()
             shown = text
+    _print(args, tokenizer, ids, out, shown)
+
+
+def _print(args: argparse.Namespace, tokenizer: Any, ids: list[int], out: list[int], shown: str) -> None:
+    """The JSON object, or the reply's text not yet ``shown`` and a newline."""
     text = tokenizer.decode(out, skip_special_tokens=True)
     if args.json:
         print(json.dumps({"prompt_ids": ids, "output_ids": out, "text": text}))
     else:
         print(text[len(shown) :])
-    return 0
 
 
 __all__ = ["run_generate"]

@@ -62,7 +62,8 @@ class Engine:
     tp : int
         Tensor-parallel size: build on every rank of a ``torchrun --nproc-per-node tp`` world
         (or an initialised ``torch.distributed`` group of that size) and call :meth:`generate`
-        on every rank; rank 0 schedules, every rank returns its tokens. :meth:`close`, then
+        on every rank; rank 0 schedules, every rank returns its tokens. Presets and checkpoints
+        alike: each rank builds (or reads) only its shard. :meth:`close`, then
         ``graphrt.parallel.shutdown()``, before the process exits.
     tp_timeout_s : float, optional
         Seconds any collective waits for the other ranks before raising (naming the rank).

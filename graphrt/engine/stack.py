@@ -48,19 +48,15 @@ def build_stack(
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
     ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA presets keep
-    the model's dtype. ``tp``: this rank's shards of the same model; its KV cache holds the
-    rank's KV heads only.
+    the model's dtype. ``tp``: this rank's shards of the same model (a preset's or a
+    checkpoint's); its KV cache holds the rank's KV heads only.
     """
     dtype = dtype or default_dtype(device)
     checkpoint = None if name in PRESETS else resolve(name)
     if checkpoint is not None:
-        if tp.size > 1:
-            raise ValueError(
-                f"tensor parallelism (tp {tp.size}) runs the built-in presets; {name} is a checkpoint"
-            )
         if kv_cache_dtype not in (None, "auto"):
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
-        return stack_for(load(checkpoint, device=device, dtype=dtype), config, max_reqs=max_reqs)
+        return stack_for(load(checkpoint, device=device, dtype=dtype, tp=tp), config, max_reqs=max_reqs)
     cfg = preset(name)
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
@@ -90,13 +86,13 @@ def stack_for(
     """A paged KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
 
     The cache takes the model's parameter dtype and device and ``model.cfg``'s geometry
-    (``num_layers``, ``num_kv_heads``, ``head_dim``, ``vocab_size``).
+    (``num_layers``, ``head_dim``, ``vocab_size``); its KV heads are the ones this rank
+    stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
     """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
-    shape = KVShape(
-        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.page_size, max_reqs * config.max_pages + 1
-    )
+    heads = getattr(model, "num_kv_heads", cfg.num_kv_heads)
+    shape = KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, max_reqs * config.max_pages + 1)
     kv = PagedKVCache(shape, param.dtype, param.device)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
     return ModelStack(

@@ -2,7 +2,8 @@
 
 Architectures differ only in flags of :class:`ModelConfig` (q/k/v bias, q/k RMSNorm, sliding
 layers, tied embeddings, RoPE scaling); the skeleton is :class:`Decoder`, so the forward is the
-same ``forward(input_ids, positions, ctx)`` as the built-in presets.
+same ``forward(input_ids, positions, ctx)`` as the built-in presets, and tensor parallelism
+shards it the same way (the parallel layers of :mod:`graphrt.models.parallel`).
 """
 
 from __future__ import annotations
@@ -14,23 +15,31 @@ from graphrt.attention.context import ForwardContext
 from graphrt.models import ops
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.parallel import SINGLE, ColumnParallelLinear, RowParallelLinear, kv_heads, scaled, split
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
 from graphrt.models.rope import rope_inv_freq
+from graphrt.parallel import TPGroup
 
 
 class CausalLMAttention(nn.Module):
     """GQA attention with optional q/k/v bias and per-head q/k RMSNorm, through ``ctx``.
 
     With q/k RMSNorm (Qwen3) the norm and RoPE go through :func:`qk_norm_rope` (one fused
-    sgl-kernel on GPU when it applies, the torch ops otherwise).
+    sgl-kernel on GPU when it applies, the torch ops otherwise). With ``tp`` it holds this rank's query heads and the KV heads they read (split, or
+    replicated when there are fewer KV heads than ranks; :func:`kv_heads`).
     """
 
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         self.cfg, self.layer_id = cfg, layer_id
-        self.splits = (cfg.num_heads * cfg.head_dim, *(2 * (cfg.num_kv_heads * cfg.head_dim,)))
-        self.qkv = nn.Linear(cfg.hidden_size, sum(self.splits), bias=cfg.qkv_bias)
-        self.o = nn.Linear(self.splits[0], cfg.hidden_size, bias=cfg.o_bias)
+        heads, kv = split(cfg.num_heads, tp, "num_heads"), kv_heads(cfg.num_kv_heads, cfg.num_heads, tp)
+        self.num_heads, self.num_kv_heads = heads.size, kv.size
+        q_part, kv_part = scaled(heads, cfg.head_dim), scaled(kv, cfg.head_dim)
+        self.splits = (q_part.size, kv_part.size, kv_part.size)
+        self.qkv = ColumnParallelLinear(
+            cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"), bias=cfg.qkv_bias
+        )
+        self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
 
@@ -38,17 +47,17 @@ class CausalLMAttention(nn.Module):
         cfg = self.cfg
         if cfg.qk_norm:
             weights = (self.q_norm.weight, self.k_norm.weight)
-            heads = (cfg.num_heads, cfg.num_kv_heads)
+            heads = (self.num_heads, self.num_kv_heads)
             q, k, v = qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope)
         else:
             q, k, v = self.qkv(x).split(self.splits, dim=-1)
             # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
             q, k = ops.apply_rope(
-                q.reshape(-1, cfg.num_heads, cfg.head_dim).contiguous(),
-                k.reshape(-1, cfg.num_kv_heads, cfg.head_dim).contiguous(),
+                q.reshape(-1, self.num_heads, cfg.head_dim).contiguous(),
+                k.reshape(-1, self.num_kv_heads, cfg.head_dim).contiguous(),
                 rope.cos_sin,
             )
-            v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(-1, self.num_kv_heads, cfg.head_dim)
         out = ctx.attention(self.layer_id, q, k, v, window=cfg.window(self.layer_id))
         return self.o(out.reshape(-1, self.splits[0]))
 
@@ -57,16 +66,27 @@ class CausalLM(Decoder):
     """A loaded decoder; ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, vocab] fp32``.
 
     Fused projections: ``attn.qkv`` holds q, k, v rows and ``mlp.gate_up`` gate then up rows
-    (``checkpoint.LAYER_TENSORS`` maps checkpoint tensors onto them).
+    (``checkpoint.LAYER_TENSORS`` maps checkpoint tensors onto them). With ``tp`` every
+    parameter is this rank's shard (``Decoder``'s embedding, MLP and head; the attention here).
     """
 
-    def __init__(self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None) -> None:
-        super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i))
+    def __init__(
+        self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp)
         self.freq_factors = freq_factors
         self.tie()
 
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank stores (its KV cache's head count)."""
+        return self.layers[0].attn.num_kv_heads
+
     def tie(self) -> None:
-        """Share the embedding with the LM head when the checkpoint ties them."""
+        """Share the embedding with the LM head when the checkpoint ties them.
+
+        Both hold the same vocabulary rows on every rank (``vocab_split``), so a shard ties too.
+        """
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
 

@@ -1,8 +1,10 @@
 """Where each checkpoint tensor (Hugging Face names) lands in :class:`CausalLM`, and the checks.
 
 Names follow transformers' Llama/Qwen layout; GGUF files are renamed to it first. Expected
-shapes come from the model built on the meta device, so every check runs before any memory
-is allocated on the target device.
+shapes come from the model built on the meta device, so every check (a TP size that does not
+divide the heads included) runs before any memory is allocated on the target device. With
+tensor parallelism each parameter's :class:`~graphrt.models.parallel.Shard` says which rows or
+columns of a checkpoint tensor this rank keeps, and the source reads only those.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.hf_config import ModelConfig
+from graphrt.models.parallel import SINGLE, Shard, copy_shard, to_empty, whole
+from graphrt.parallel import TPGroup
 
 Shape = tuple[int, ...]
 
@@ -24,7 +28,7 @@ GLOBAL_TENSORS: dict[str, tuple[str, int | None]] = {
     "model.norm.weight": ("norm.weight", None),
     "lm_head.weight": ("lm_head.weight", None),
 }
-#: Per layer ``model.layers.{i}.<key>`` → ``layers.{i}.<value>``; parts index ``row_splits()``.
+#: Per layer ``model.layers.{i}.<key>`` → ``layers.{i}.<value>``; parts name a fused block.
 LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
     "input_layernorm.weight": ("attn_norm.weight", None),
     "post_attention_layernorm.weight": ("mlp_norm.weight", None),
@@ -59,40 +63,43 @@ class TensorSource(Protocol):
 
     def shapes(self) -> dict[str, Shape]: ...
 
-    def read(self, name: str, device: torch.device) -> torch.Tensor: ...
+    def read(self, name: str, device: torch.device, shard: Shard) -> torch.Tensor:
+        """``shard``'s slice of tensor ``name`` (``shard.start:shard.stop`` along ``shard.dim``)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """Rows ``start:stop`` of parameter ``param``; ``shape`` is what the checkpoint must hold."""
+    """Where a checkpoint tensor lands: ``shard`` of parameter ``param``; ``shape`` is what the
+    checkpoint must hold (the full tensor, whatever the TP size)."""
 
     param: str
-    start: int
-    stop: int
-    shape: Shape
+    shard: Shard
 
+    @property
+    def shape(self) -> Shape:
+        return self.shard.shape
 
-def _slot(
-    name: str, part: int | None, params: Mapping[str, torch.Tensor], splits: Mapping[str, Shape]
-) -> Slot:
-    shape = tuple(params[name].shape)
-    if part is None:
-        return Slot(name, 0, shape[0], shape)
-    sizes = next(s for suffix, s in splits.items() if name.rsplit(".", 1)[0].endswith(suffix))
-    start = sum(sizes[:part])
-    return Slot(name, start, start + sizes[part], (sizes[part], *shape[1:]))
+    def view(self, param: torch.Tensor) -> torch.Tensor:
+        """The part of ``param`` this checkpoint tensor fills (padding excluded)."""
+        return param.narrow(self.shard.dim, self.shard.dest, self.shard.length)
 
 
 def slots(model: CausalLM) -> dict[str, Slot]:
     """Every checkpoint tensor ``model`` needs, by checkpoint name (tied heads need none)."""
     params = dict(model.named_parameters())
-    splits = model.row_splits()
     names = dict(GLOBAL_TENSORS)
     for i in range(model.cfg.num_layers):
         names |= {
             f"model.layers.{i}.{k}": (f"layers.{i}.{p}", part) for k, (p, part) in LAYER_TENSORS.items()
         }
-    return {k: _slot(p, part, params, splits) for k, (p, part) in names.items() if p in params}
+    out = {}
+    for name, (param, part) in names.items():
+        if param in params:
+            p = params[param]
+            shard = p.shard(part) if hasattr(p, "shard") else whole(tuple(p.shape))
+            out[name] = Slot(param, shard)
+    return out
 
 
 def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied: bool) -> None:
@@ -113,17 +120,21 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
             )
 
 
-def materialize(source: TensorSource, device: torch.device, dtype: torch.dtype) -> CausalLM:
-    """Check ``source`` on the meta device, then allocate on ``device`` and copy every tensor in."""
+def materialize(
+    source: TensorSource, device: torch.device, dtype: torch.dtype, tp: TPGroup = SINGLE
+) -> CausalLM:
+    """Check ``source`` on the meta device, then allocate on ``device`` and copy every tensor in.
+
+    With ``tp`` the model is this rank's shard and only the shard's slices are read.
+    """
     with torch.device("meta"):
-        model = CausalLM(source.config, source.freq_factors).to(dtype)
+        model = CausalLM(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
     expected = slots(model)
     check_tensors(expected, source.shapes(), source.config.tie_word_embeddings)
-    model = model.to_empty(device=device)
+    model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, slot in expected.items():
-            params[slot.param][slot.start : slot.stop].copy_(source.read(name, device))
+    for name, slot in expected.items():
+        copy_shard(params[slot.param], source.read(name, device, slot.shard), slot.shard)
     model.reset_rope(device)
     return model.eval()

@@ -17,6 +17,7 @@ import torch
 
 from graphrt.models.checkpoint import CheckpointError, Shape
 from graphrt.models.hf_config import ModelConfig, parse_config
+from graphrt.models.parallel import Shard, cut
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 #: ``{arch}.<key>`` in the GGUF metadata → ``config.json`` key.
@@ -123,7 +124,14 @@ class GGUFFile:
                 )
         return {name: tuple(int(d) for d in reversed(t.shape)) for name, t in self.tensors.items()}
 
-    def read(self, name: str, device: torch.device) -> torch.Tensor:
+    def read(self, name: str, device: torch.device, shard: Shard) -> torch.Tensor:
+        """``shard``'s slice of ``name``, dequantised.
+
+        NOTE: the whole tensor is dequantised (on the host) and only the slice kept: quantised
+        blocks run along the last GGUF dim (the checkpoint's columns, 32 or 256 values a block),
+        so a column shard does not start on a block boundary in general, and a row-permuted q/k
+        is put back in order over whole heads first.
+        """
         from gguf.quants import dequantize
 
         t = self.tensors[name]
@@ -132,4 +140,4 @@ class GGUFFile:
         heads = PERMUTED.get(self.arch, {}).get(name.split(".", 3)[-1])
         if heads is not None:
             w = unpermute(w, getattr(self.config, heads))
-        return w.to(device)
+        return cut(w, shard).to(device)

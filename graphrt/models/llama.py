@@ -14,10 +14,10 @@ from graphrt.models.parallel import (
     SINGLE,
     ColumnParallelLinear,
     ParallelLMHead,
-    Part,
     RowParallelLinear,
     VocabParallelEmbedding,
     kv_heads,
+    scaled,
     split,
 )
 from graphrt.models.presets import LlamaConfig
@@ -41,10 +41,6 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
-def _scaled(part: Part, by: int) -> Part:
-    return Part(part.full * by, part.start * by, part.size * by)
-
-
 class Attention(nn.Module):
     """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`)."""
 
@@ -53,7 +49,7 @@ class Attention(nn.Module):
         self.cfg, self.layer_id = cfg, layer_id
         heads, kv = split(cfg.num_heads, tp, "num_heads"), kv_heads(cfg.num_kv_heads, cfg.num_heads, tp)
         self.num_heads, self.num_kv_heads = heads.size, kv.size
-        q_part, kv_part = _scaled(heads, cfg.head_dim), _scaled(kv, cfg.head_dim)
+        q_part, kv_part = scaled(heads, cfg.head_dim), scaled(kv, cfg.head_dim)
         self.qkv = ColumnParallelLinear(cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"))
         self.o = RowParallelLinear(q_part, cfg.hidden_size, tp)
 

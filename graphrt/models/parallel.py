@@ -1,15 +1,17 @@
 """Sharded layers: each knows its slice of the full weight and narrows a full tensor into it.
 
-Every parameter carries ``full_shape`` (its unsharded shape) and ``weight_loader(param,
-loaded, part=None)``: ``loaded`` is the full tensor (or, with ``part``, one named block of a
-fused weight such as a checkpoint's ``k_proj``), and the loader copies this rank's rows or
-columns. Seeded init and checkpoint loaders both go through it, so a rank only ever keeps
-its slices. With one rank every layer is its plain counterpart (same shapes, no collective).
+Every parameter carries ``full_shape`` (its unsharded shape), ``shard(part=None)`` (the
+:class:`Shard` of a full tensor, or with ``part`` of one named block of a fused weight such as
+a checkpoint's ``k_proj``, that this rank keeps) and ``weight_loader(param, loaded, part=None)``
+(copies that shard out of a full ``loaded``). Seeded init goes through ``weight_loader``;
+checkpoint loaders read only the ``shard`` from the file (:func:`copy_shard`), so a rank only
+ever holds its slices. With one rank every layer is its plain counterpart (same shapes, no
+collective).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,13 +47,54 @@ def vocab_split(vocab_size: int, tp: TPGroup) -> Part:
     return Part(vocab_size, tp.rank * size, size)
 
 
-def _narrow_rows(loaded: torch.Tensor, part: Part) -> torch.Tensor:
-    """Rows ``part`` of ``loaded``, zero-padded past its end (a padded vocabulary shard)."""
-    rows = loaded[part.start : part.start + part.size]
-    if rows.shape[0] == part.size:
-        return rows
-    pad = rows.new_zeros((part.size - rows.shape[0], *rows.shape[1:]))
-    return torch.cat((rows, pad))
+def scaled(part: Part, by: int) -> Part:
+    """``part`` in units ``by`` times larger (heads → rows of ``head_dim`` each)."""
+    return Part(part.full * by, part.start * by, part.size * by)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Indices ``start:stop`` along ``dim`` of a checkpoint tensor of ``shape`` are this rank's.
+
+    They land at ``dest:dest + (stop - start)`` of the parameter along the same dim; the
+    parameter's ``size - (stop - start)`` indices after them are zero padding (the last
+    rank's vocabulary rows past the vocabulary).
+    """
+
+    dim: int
+    start: int
+    stop: int
+    dest: int
+    size: int
+    shape: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+
+def whole(shape: Sequence[int]) -> Shard:
+    """The shard of a replicated parameter (every rank keeps all of it)."""
+    return Shard(0, 0, shape[0], 0, shape[0], tuple(shape))
+
+
+def row_shard(part: Part, dest: int, rest: Sequence[int]) -> Shard:
+    """Rows ``part`` of a ``[part.full, *rest]`` tensor, clipped to its end, at row ``dest``."""
+    start, stop = min(part.start, part.full), min(part.start + part.size, part.full)
+    return Shard(0, start, stop, dest, part.size, (part.full, *rest))
+
+
+@torch.no_grad()
+def copy_shard(param: torch.Tensor, piece: torch.Tensor, shard: Shard) -> None:
+    """Copy ``piece`` (the shard, already cut out of the full tensor) into ``param``; zero the padding."""
+    param.narrow(shard.dim, shard.dest, shard.length).copy_(piece)
+    if shard.length < shard.size:
+        param.narrow(shard.dim, shard.dest + shard.length, shard.size - shard.length).zero_()
+
+
+def cut(loaded: torch.Tensor, shard: Shard) -> torch.Tensor:
+    """The shard's indices of a full tensor ``loaded``."""
+    return loaded.narrow(shard.dim, shard.start, shard.length)
 
 
 def kv_heads(num_kv_heads: int, num_heads: int, tp: TPGroup) -> Part:
@@ -71,54 +114,102 @@ def kv_heads(num_kv_heads: int, num_heads: int, tp: TPGroup) -> Part:
     return Part(num_kv_heads, tp.rank * num_kv_heads // tp.size, 1)
 
 
-def _loader_param(shape: Sequence[int], full_shape: Sequence[int], loader: object) -> nn.Parameter:
+Sharding = Callable[[int | str | None], Shard]
+#: What a sharded parameter carries beyond its data.
+ATTRS = ("full_shape", "shard", "weight_loader")
+
+
+def to_empty(module: nn.Module, device: torch.device) -> nn.Module:
+    """``module.to_empty(device=device)`` keeping every parameter's :data:`ATTRS`.
+
+    NOTE: moving off the meta device makes new ``Parameter`` objects, which drops them.
+    """
+    kept = {n: {a: getattr(p, a) for a in ATTRS if hasattr(p, a)} for n, p in module.named_parameters()}
+    module = module.to_empty(device=device)
+    for name, p in module.named_parameters():
+        for attr, value in kept.get(name, {}).items():
+            setattr(p, attr, value)
+    return module
+
+
+def _loader_param(shape: Sequence[int], full_shape: Sequence[int], shard: Sharding) -> nn.Parameter:
+    """A parameter with ``full_shape``, ``shard(part)`` and a ``weight_loader`` built on them."""
     p = nn.Parameter(torch.empty(*shape))
     p.full_shape = tuple(full_shape)  # type: ignore[attr-defined]
-    p.weight_loader = loader  # type: ignore[attr-defined]
+    p.shard = shard  # type: ignore[attr-defined]
+    p.weight_loader = _loader(shard)  # type: ignore[attr-defined]
     return p
+
+
+def _loader(shard: Sharding) -> Callable[..., None]:
+    def load(param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
+        s = shard(part)
+        copy_shard(param, cut(loaded, s), s)
+
+    return load
 
 
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T`` with W's output rows split: one or more fused blocks (``parts``), no collective.
 
-    ``names`` name the blocks (``("q", "k", "v")``) for loaders that bring them one by one.
+    ``names`` name the blocks (``("q", "k", "v")``) for loaders that bring them one by one;
+    ``bias`` rows are split like the weight's.
     """
 
-    def __init__(self, in_features: int, parts: Sequence[Part], names: Sequence[str] = ()) -> None:
+    def __init__(
+        self, in_features: int, parts: Sequence[Part], names: Sequence[str] = (), bias: bool = False
+    ) -> None:
         super().__init__()
         self.parts, self.names = tuple(parts), tuple(names)
         local, full = sum(p.size for p in parts), sum(p.full for p in parts)
-        self.weight = _loader_param((local, in_features), (full, in_features), self.load)
+        self.weight = _loader_param((local, in_features), (full, in_features), self._sharding(in_features))
+        self.bias = _loader_param((local,), (full,), self._sharding()) if bias else None
+        for p in (self.weight, self.bias):
+            if p is not None:  # NOTE: a fused tensor at once: every block's shard in turn
+                p.weight_loader = self._fused_loader(p.weight_loader)  # type: ignore[attr-defined]
 
-    @torch.no_grad()
-    def load(self, param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
-        if part is None:
-            blocks = loaded.split([p.full for p in self.parts], dim=0)
-            local = [_narrow_rows(b, p) for b, p in zip(blocks, self.parts, strict=True)]
-            param.copy_(torch.cat(local, dim=0))
-            return
-        i = self.names.index(part) if isinstance(part, str) else part
-        offset, p = sum(q.size for q in self.parts[:i]), self.parts[i]
-        param[offset : offset + p.size].copy_(_narrow_rows(loaded, p))
+    def _sharding(self, *rest: int) -> Sharding:
+        def shard(part: int | str | None = None) -> Shard:
+            if part is None and len(self.parts) != 1:
+                raise ValueError(f"a fused weight of {len(self.parts)} blocks: name the block (part)")
+            i = self.names.index(part) if isinstance(part, str) else (part or 0)
+            return row_shard(self.parts[i], sum(q.size for q in self.parts[:i]), rest)
+
+        return shard
+
+    def _fused_loader(self, load: Callable[..., None]) -> Callable[..., None]:
+        def fused(param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
+            if part is not None or len(self.parts) == 1:
+                return load(param, loaded, part)
+            for i, block in enumerate(loaded.split([p.full for p in self.parts], dim=0)):
+                load(param, block, i)
+
+        return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """``y = sum over ranks of x_r W_r^T``: W's input columns split, one all-reduce after."""
+    """``y = sum over ranks of x_r W_r^T (+ b)``: W's input columns split, one all-reduce after.
 
-    def __init__(self, cols: Part, out_features: int, tp: TPGroup) -> None:
+    The ``bias`` is replicated and added once, after the all-reduce.
+    """
+
+    def __init__(self, cols: Part, out_features: int, tp: TPGroup, bias: bool = False) -> None:
         super().__init__()
         self.cols, self.tp = cols, tp
-        self.weight = _loader_param((out_features, cols.size), (out_features, cols.full), self.load)
-
-    @torch.no_grad()
-    def load(self, param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
-        param.copy_(loaded.narrow(1, self.cols.start, self.cols.size))
+        full = (out_features, cols.full)
+        columns = Shard(1, cols.start, cols.start + cols.size, 0, cols.size, full)
+        self.weight = _loader_param((out_features, cols.size), full, lambda part=None: columns)
+        bias_shard = whole((out_features,))
+        self.bias = (
+            _loader_param((out_features,), (out_features,), lambda part=None: bias_shard) if bias else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce_(F.linear(x, self.weight), self.tp)
+        out = all_reduce_(F.linear(x, self.weight), self.tp)
+        return out if self.bias is None else out + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -127,11 +218,10 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
         super().__init__()
         self.rows, self.tp = vocab_split(vocab_size, tp), tp
-        self.weight = _loader_param((self.rows.size, hidden_size), (vocab_size, hidden_size), self.load)
-
-    @torch.no_grad()
-    def load(self, param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
-        param.copy_(_narrow_rows(loaded, self.rows))
+        rows = row_shard(self.rows, 0, (hidden_size,))
+        self.weight = _loader_param(
+            (self.rows.size, hidden_size), (vocab_size, hidden_size), lambda part=None: rows
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint directory: ``config.json`` + ``*.safetensors`` (sharded or not).
 
 Shapes come from the file headers (nothing is read); tensors are read with ``safe_open``
-straight onto the target device, one at a time.
+straight onto the target device, one at a time, and only the rows or columns a tensor-parallel
+rank keeps (``get_slice``: the rest of the tensor is never read).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from graphrt.models.checkpoint import CheckpointError, Shape
 from graphrt.models.hf_config import ModelConfig, parse_config
+from graphrt.models.parallel import Shard
 
 #: safetensors dtypes a checkpoint may hold; anything else is a quantised format.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -71,6 +73,8 @@ class SafetensorsDir:
                     out[name] = tuple(part.get_shape())
         return out
 
-    def read(self, name: str, device: torch.device) -> torch.Tensor:
+    def read(self, name: str, device: torch.device, shard: Shard) -> torch.Tensor:
+        """``shard``'s rows (``dim`` 0) or columns (``dim`` 1) of ``name``, read from the file."""
+        index = (slice(None),) * shard.dim + (slice(shard.start, shard.stop),)
         with _safe_open(self.files[name], str(device)) as f:
-            return f.get_tensor(name)
+            return f.get_slice(name)[index].to(device)
