@@ -95,6 +95,8 @@ class StaticBuffers(Generic[T]):
             end = _align(end + spec.nbytes(dims))
             host_end = end if spec.host else host_end
         self.arena = torch.zeros(end, dtype=torch.uint8, device=device)
+        # NOTE: the upload's destination, sliced once (a tensor slice costs ~2 µs per step).
+        self._upload_dst = self.arena[:host_end]
         pin = device.type == "cuda"
         # NOTE: a ring of pinned mirrors on CUDA: the host fills mirror k+1 while mirror k's
         # copy is still in flight; on the CPU the copy is synchronous, so one mirror does.
@@ -171,8 +173,7 @@ class StaticBuffers(Generic[T]):
 
     def upload(self) -> None:
         """One asynchronous copy of the current mirror's host-written buffers to the device."""
-        host = self.host_arenas[self.slot]
-        self.arena[: host.numel()].copy_(host, non_blocking=True)
+        self._upload_dst.copy_(self.host_arenas[self.slot], non_blocking=True)
         event = self._events[self.slot]
         if event is not None:
             event.record()

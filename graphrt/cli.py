@@ -143,6 +143,14 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-lens", default="4096,131072", help="host only: max_context_len values")
     p.add_argument("--real-len", type=positive_int, default=512, help="host only: tokens each request holds")
     p.add_argument("--smoke", action="store_true", help="host only: tiny sizes (CI)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="host only: time each phase of run() (replay stubbed), first page size and context",
+    )
+    p.add_argument(
+        "--profile-top", type=int, default=0, help="host --profile: also print cProfile's top N functions"
+    )
     _add_buckets_args(p)
 
 

@@ -28,3 +28,13 @@ def test_bench_host_smoke(tmp_path: Path) -> None:
         "floor_launch",
     ):
         assert row[key]["p50"] > 0
+
+
+def test_bench_host_profile_smoke(tmp_path: Path, capsys) -> None:
+    """``--profile`` times each phase of run() (replay stubbed) and writes no result file."""
+    args = ["bench", "host", "--profile", "--profile-top", "3", "--smoke", "--modes", "decode,verify-chain"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for phase in ("run_rewrite", "validate", "kv_check", "write_upload", "kv_commit", "tottime"):
+        assert phase in out
+    assert "verify-chain" in out and not list(tmp_path.glob("host_*.json"))

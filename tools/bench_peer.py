@@ -31,7 +31,7 @@ MODES: dict[str, tuple[ForwardMode, SpecGeometry | None]] = {
 }
 
 
-def _slots(rt: GraphRuntime, row: int, start: int, stop: int) -> np.ndarray:
+def slots_of(rt: GraphRuntime, row: int, start: int, stop: int) -> np.ndarray:
     ps = rt.config.page_size
     per = (rt.kv.shape.num_pages - 1) // rt.req_to_token.max_reqs
     pos = np.arange(start, stop)
@@ -42,7 +42,7 @@ def make_batch(case: str, rt: GraphRuntime, bs: int, real: int, rng: np.random.G
     """A batch of ``bs`` requests holding ``real`` tokens each (their slots already recorded)."""
     mode, spec = MODES[case]
     for r in range(bs):
-        rt.req_to_token.table[r, :real] = torch.as_tensor(_slots(rt, r, 0, real), dtype=torch.int32)
+        rt.req_to_token.table[r, :real] = torch.as_tensor(slots_of(rt, r, 0, real), dtype=torch.int32)
     reqs = np.arange(bs, dtype=np.int64)
     # NOTE: the bench writes the request table itself (no prefill forward): the KV ledger is
     # told that these rows hold their first ``real`` positions, as a prefill would have left it.
@@ -51,24 +51,24 @@ def make_batch(case: str, rt: GraphRuntime, bs: int, real: int, rng: np.random.G
         input_ids=np.zeros(bs * real, dtype=np.int64),
         seq_lens=np.full(bs, real),
         req_pool_indices=reqs,
-        out_cache_loc=np.concatenate([_slots(rt, r, 0, real) for r in reqs]),
+        out_cache_loc=np.concatenate([slots_of(rt, r, 0, real) for r in reqs]),
         q_lens=np.full(bs, real),
     )
     rt.req_to_token.ledger.commit(KVWrites.of(prefill))
     n = spec.num_draft_tokens if spec else 1
     if mode is M.DECODE:
-        q, loc = np.ones(bs, dtype=np.int64), np.concatenate([_slots(rt, r, real, real + 1) for r in reqs])
+        q, loc = np.ones(bs, dtype=np.int64), np.concatenate([slots_of(rt, r, real, real + 1) for r in reqs])
     elif mode is M.TARGET_VERIFY:
-        q, loc = np.full(bs, n), np.concatenate([_slots(rt, r, real, real + n) for r in reqs])
+        q, loc = np.full(bs, n), np.concatenate([slots_of(rt, r, real, real + n) for r in reqs])
     elif mode is M.DRAFT_DECODE:
         steps = spec.draft_forwards  # type: ignore[union-attr]
         q, loc = (
             np.ones(bs, dtype=np.int64),
-            np.concatenate([_slots(rt, r, real, real + steps) for r in reqs]),
+            np.concatenate([slots_of(rt, r, real, real + steps) for r in reqs]),
         )
     else:
         q = rng.integers(1, n + 1, bs)
-        loc = np.concatenate([_slots(rt, r, real, real + a) for r, a in zip(reqs, q, strict=True)])
+        loc = np.concatenate([slots_of(rt, r, real, real + a) for r, a in zip(reqs, q, strict=True)])
     seq = real + (1 if mode is M.DRAFT_DECODE else q)
     tree = None
     if spec is not None and spec.topk > 1 and mode is M.TARGET_VERIFY:

@@ -79,6 +79,9 @@ class Families:
         self.sampling = (
             StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, device) if sample else None
         )
+        #: Per mode: (families used, extra page-table keys, families with host buffers to copy).
+        #: Functions of the mode and of which families exist, so worked out once, not per step.
+        self._plans: dict[ForwardMode, tuple[tuple[StaticBuffers, ...], int, tuple[StaticBuffers, ...]]] = {}
 
     def used_by(self, mode: ForwardMode) -> list[StaticBuffers]:
         """The families ``mode`` writes and reads (its update touches nothing else)."""
@@ -168,7 +171,7 @@ class Families:
         Each family writes the next mirror of its ring, so this never waits for the copy of
         the step before (only for the one ``ring`` steps back).
         """
-        used = self.used_by(batch.mode)
+        used, extra, uploads = self._plan(batch.mode)
         step = self.step
         host = step.next_mirror()
         step.tags[step.slot] = write_host(batch, host, rows, tokens, pad, step.tags[step.slot])
@@ -176,7 +179,6 @@ class Families:
             # NOTE: a fresh, poisoned or just-captured page table: rewrite every column once.
             self.pages.forget()
             step.state["pages_known"] = True
-        extra = self.extra_keys(batch.mode)
         self.pages.write(host["page_bound"], batch.seq_lens, rows, extra, pad["pad_seq_len"])
         if self.cascade in used:
             write_cascade_host(batch, self.cascade.next_mirror(), tokens, pad["dummy_slot"])
@@ -184,9 +186,17 @@ class Families:
             write_draft_host(batch, self.draft.next_mirror(), tokens, pad["dummy_slot"])
         if self.sampling in used:
             write_sampling_host(batch.sampling or (), batch.seq_lens, self.sampling.next_mirror(), rows)
-        for family in used:
-            if family.host_arena.numel():  # NOTE: device-derived families have nothing to copy
-                family.upload()
+        for family in uploads:
+            family.upload()
+
+    def _plan(self, mode: ForwardMode) -> tuple[tuple[StaticBuffers, ...], int, tuple[StaticBuffers, ...]]:
+        plan = self._plans.get(mode)
+        if plan is None:
+            used = tuple(self.used_by(mode))
+            # NOTE: device-derived families have no host buffers, so nothing to copy.
+            uploads = tuple(f for f in used if f.host_arena.numel())
+            plan = self._plans[mode] = (used, self.extra_keys(mode), uploads)
+        return plan
 
     def forget_pages(self) -> None:
         """The device page table no longer matches the host record (e.g. after a capture)."""

@@ -9,7 +9,7 @@ path calls the same two functions on fresh, exact-size arrays.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,13 +37,12 @@ STEP_SPECS = (
 HOST_FIELDS = tuple(s.name for s in STEP_SPECS if s.host)
 
 
-@dataclass(frozen=True, slots=True)
-class MirrorTag:
+class MirrorTag(NamedTuple):
     """What one host mirror's pad and constant regions hold after a :func:`write_host`.
 
     ``key`` is the layout (rows, token rows, pad values, uniform or ragged); ``bs`` / ``n`` the
     real rows and tokens written last. The next write with the same key rewrites only the
-    rows the last batch had and this one has not.
+    rows the last batch had and this one has not. A named tuple: one is built every step.
     """
 
     key: tuple
@@ -139,15 +138,19 @@ def write_host(
     tok_end = max(n, tag.n) if same else tokens
     loc = batch.out_cache_loc
     host["input_ids"][:n] = batch.input_ids
-    host["input_ids"][n:tok_end] = 0
     _positions(batch, host["positions"])
-    host["positions"][n:tok_end] = 0
     host["out_cache_loc"][:n] = loc if loc.size == n else batch.out_cache_loc_steps[:, 0]
-    host["out_cache_loc"][n:tok_end] = pad["dummy_slot"]
     host["req_pool_indices"][:bs] = batch.req_pool_indices
-    host["req_pool_indices"][bs:row_end] = pad["dummy_req"]
     host["cache_seqlens"][:bs] = batch.seq_lens
-    host["cache_seqlens"][bs:row_end] = pad["pad_seq_len"]
+    # NOTE: in the steady state (same key, batch not shrinking) no pad element changes: the
+    # guards skip five empty slice assignments (~0.2 µs each).
+    if tok_end > n:
+        host["input_ids"][n:tok_end] = 0
+        host["positions"][n:tok_end] = 0
+        host["out_cache_loc"][n:tok_end] = pad["dummy_slot"]
+    if row_end > bs:
+        host["req_pool_indices"][bs:row_end] = pad["dummy_req"]
+        host["cache_seqlens"][bs:row_end] = pad["pad_seq_len"]
     cu, req_id = host["cu_seqlens_q"], host["req_id_per_token"]
     if uniform and padded == tokens:
         # NOTE: every row (real or pad) has pad_q tokens: both tables are functions of the key.

@@ -19,17 +19,16 @@ from graphrt.capture import (
     CaptureEngine,
     Dispatcher,
     EmulatedEngine,
-    Fallback,
-    Graph,
     optimal_buckets,
 )
 from graphrt.kv import PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.local import local_geometry
-from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
+from graphrt.runtime.errors import PoisonLeft
+from graphrt.runtime.fastpath import ModePlan, Route, Routes, select
 from graphrt.runtime.feed import StepFeed
-from graphrt.runtime.programs import PROGRAMS, ForwardFn, Sampled, StepEnv
+from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry, step_weights
@@ -107,7 +106,10 @@ class GraphRuntime:
             sample=config.sample,
         )
         self._pads: dict[ForwardMode, dict[str, int]] = {}
+        self._plans: dict[ForwardMode, ModePlan] = {}
         self._outputs: dict[tuple[ForwardMode, int], Any] = {}
+        #: Per mode and bs: the graph path's route; dropped with the graphs (runtime/fastpath.py).
+        self.routes = Routes(self.dispatcher, self._outputs)
         self._eager_steps: Counter[ForwardMode] = Counter()
         self.telemetry = Telemetry()
         self._lock = threading.Lock()
@@ -179,6 +181,7 @@ class GraphRuntime:
                 raise
 
     def _capture_all(self, show_progress: bool) -> CaptureReport:
+        self.routes.clear()  # NOTE: routes name graphs; capture replaces them
         keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
         start = time.perf_counter()
         with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
@@ -210,7 +213,7 @@ class GraphRuntime:
         inputs = self.families.view(mode, bucket, rows_per_req)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
-        self._write(_empty_batch(mode), bucket, rows_per_req)
+        self._write(_empty_batch(mode), bucket, bucket * rows_per_req)
         program = PROGRAMS[mode]
 
         def step() -> torch.Tensor:
@@ -259,63 +262,66 @@ class GraphRuntime:
             raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
         with self._lock:
             batch.check(self.limits)
-            writes = KVWrites.of(batch, scratch=self._scratch(batch.mode))
-            self.req_to_token.ledger.check(writes)
-            chosen = None if eager or not MODES[batch.mode].graphed else self._select(batch)
+            plan = self._plan(batch.mode)
+            writes = KVWrites.of(batch, scratch=plan.scratch)
+            ledger = self.req_to_token.ledger
+            ledger.check(writes)
+            route = None if eager or not plan.graphed else self._route(batch, plan)
             try:
-                out = self._eager(batch, feed) if chosen is None else self._replay(batch, *chosen, feed)
+                out = (
+                    self._eager(batch, plan, feed)
+                    if route is None
+                    else self._replay(batch, plan, route, feed)
+                )
             except BaseException:
                 # NOTE: the step may have written positions >= start: they hold nothing valid.
-                self.req_to_token.ledger.truncate(writes.rows, writes.starts)
+                ledger.truncate(writes.rows, writes.starts)
                 raise
-            self.req_to_token.ledger.commit(writes)
+            ledger.commit(writes)
             return out
 
-    def _select(self, batch: Batch) -> tuple[int, Graph] | None:
-        """The graph for ``batch`` (host scalars checked), or None: fall back to eager."""
-        chosen = self.dispatcher.select(batch.mode, batch.bs)
-        if isinstance(chosen, Fallback):
-            if self.config.strict:
-                raise GraphFallbackError(chosen.reason)
-            self.dispatcher.count_fallback(chosen)
-            log.debug("%s bs=%d runs eagerly: %s", batch.mode.name, batch.bs, chosen.reason)
-            self.telemetry.fell_back(batch.mode.name, batch.bs, chosen.reason)
-            return None
-        _check_host_scalars(batch, chosen[1].info.host_scalars)
-        return chosen
+    def _plan(self, mode: ForwardMode) -> ModePlan:
+        plan = self._plans.get(mode)
+        if plan is None:
+            scratch = MODES[mode].draft_steps and self.families.cascade in self.families.used_by(mode)
+            plan = ModePlan.of(mode, bool(scratch), self.rows_per_req(mode), self.pad_values(mode))
+            self._plans[mode] = plan
+        return plan
 
-    def _replay(self, batch: Batch, bucket: int, graph: Graph, feed: StepFeed | None = None) -> torch.Tensor:
-        rows_per_req = self.rows_per_req(batch.mode)
+    def _route(self, batch: Batch, plan: ModePlan) -> Route | None:
+        """The graph route for ``batch`` (host scalars checked), or None: fall back to eager."""
+        return self.routes.get(batch, plan, self.config.strict, self.telemetry)
+
+    def _replay(
+        self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
+    ) -> torch.Tensor:
         start = time.perf_counter()
-        self._write(batch, bucket, rows_per_req)
-        step = self.buffers.view(bucket, rows_per_req)  # NOTE: cached views: free
+        self._write(batch, route.bucket, route.tokens, plan.pad)
         updated = time.perf_counter()
-        with torch.no_grad():
-            if feed is not None:
-                feed.before(step, batch.bs)
-            graph.replay()
-        self.telemetry.replayed(batch.mode.name, batch.bs, bucket, start, updated, self.device)
+        if feed is not None:
+            step = self.buffers.view(route.bucket, plan.rows_per_req)  # NOTE: cached views: free
+            feed.before(step, batch.bs)
+        # NOTE: no torch.no_grad() (~3 µs): a CUDA graph replay records no autograd, and the
+        # emulated engine's replay enters no_grad itself.
+        route.graph.replay()
+        self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(batch.mode, bucket, rows_per_req)
-        self.dispatcher.count_replay(batch.mode)
-        out = _select(batch, self._outputs[(batch.mode, bucket)]).clone()
+            self._check_poison(plan.mode, route.bucket, plan.rows_per_req)
+        self.dispatcher.count_replay(plan.mode)
+        out = route.result(batch.sampling is not None, batch.input_ids.size).clone()
         if feed is not None:
             feed.after(step, batch.bs, out)
         return out
 
-    def _scratch(self, mode: ForwardMode) -> bool:
-        """Tree drafts write their steps to scratch slots that enter no request row."""
-        return MODES[mode].draft_steps and self.families.cascade in self.families.used_by(mode)
-
-    def _write(self, batch: Batch, bucket: int, rows_per_req: int) -> None:
+    def _write(self, batch: Batch, bucket: int, tokens: int, pad: dict[str, int] | None = None) -> None:
         if self.config.debug:
             for family in self.families.used_by(batch.mode):
                 family.poison()
-        self.families.write(batch, bucket, bucket * rows_per_req, self.pad_values(batch.mode))
+        self.families.write(batch, bucket, tokens, pad or self.pad_values(batch.mode))
 
-    def _eager(self, batch: Batch, feed: StepFeed | None = None) -> torch.Tensor:
+    def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
-        pad = self.pad_values(batch.mode)
+        pad = plan.pad
         # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
         # with collectives or side effects sees the same call shape either way.
         inputs = Families.exact(
@@ -334,7 +340,8 @@ class GraphRuntime:
         with torch.no_grad():
             if feed is not None:
                 feed.before(inputs.step, batch.bs)
-            out = _select(batch, PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q))
+            raw = PROGRAMS[batch.mode](self.env, batch.mode, inputs, max_q)
+            out = select(raw, batch.sampling is not None, batch.bs, batch.num_tokens)
             if feed is not None:
                 feed.after(inputs.step, batch.bs, out)
         return out
@@ -356,6 +363,7 @@ class GraphRuntime:
                 reset()
         self.dispatcher.graphs.clear()
         self._outputs.clear()
+        self.routes.clear()
 
     def stats(self) -> RuntimeStats:
         """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
@@ -370,24 +378,3 @@ class GraphRuntime:
 def _empty_batch(mode: ForwardMode) -> Batch:
     empty = np.zeros(0, dtype=np.int64)
     return Batch(mode, empty, empty, empty, empty, empty)
-
-
-def _select(batch: Batch, out: Any) -> torch.Tensor:
-    """The real rows of a program's output: sampled tokens ``[bs]`` when the batch asked for
-    them, else the forward's output ``[num_tokens, ...]``."""
-    if isinstance(out, Sampled):
-        return out.tokens[: batch.bs] if batch.sampling is not None else out.logits[: batch.num_tokens]
-    return out[: batch.num_tokens]
-
-
-def _check_host_scalars(batch: Batch, captured: dict[str, Any]) -> None:
-    if not batch.bs:
-        needed = 0
-    elif MODES[batch.mode].ragged:
-        needed = int(batch.q_lens.max())
-    else:  # NOTE: a checked uniform batch has one q_len for every request
-        needed = int(batch.q_lens[0])
-    if needed > captured["max_seqlen_q"]:
-        raise HostScalarMismatch(
-            f"max_seqlen_q: batch needs {needed}, graph was captured with {captured['max_seqlen_q']}"
-        )

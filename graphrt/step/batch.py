@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.step.checks import Scratch, fast_ok
+from graphrt.step.checks import Scratch, any_true, fast_ok, umax
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, tokens_per_req
 from graphrt.step.sampling import SamplingParams
 
@@ -238,11 +238,12 @@ class Batch:
 
     def check(self, limits: Limits) -> None:
         """Raise ``ValueError`` naming the value and the limit; writes nothing."""
-        if self.bs > limits.max_reqs:
-            raise ValueError(f"batch too large: bs {self.bs} > max_reqs {limits.max_reqs}")
+        bs = self.seq_lens.size
+        if bs > limits.max_reqs:
+            raise ValueError(f"batch too large: bs {bs} > max_reqs {limits.max_reqs}")
         if self.sampling is not None and not limits.sample:
             raise ValueError("Batch.sampling needs a runtime built with RuntimeConfig(sample=True)")
-        if self.bs == 0:
+        if bs == 0:
             return
         self._check_geometry(limits)
         if fast_ok(self, limits, limits.scratch):
@@ -288,23 +289,46 @@ class Batch:
 
     def _check_geometry(self, limits: Limits) -> None:
         """Raise ``ValueError`` when the query lengths, tree mask or draft slots do not fit the mode."""
-        spec = MODES[self.mode]
-        want = tokens_per_req(self.mode, limits.speculative) if spec.graphed else None
+        rule = limits.scratch.geometry.get(self.mode)
+        if rule is None:  # NOTE: a function of (mode, limits) only: worked out once per mode
+            rule = limits.scratch.geometry[self.mode] = _Geometry.of(self.mode, limits)
+        want = rule.want
         if want is None:
             return
-        tree = limits.tree and spec.tree is TreeInput.MASK
-        if tree != (self.tree_mask is not None):
-            need = "needs Batch.tree_mask (topk > 1)" if tree else "takes no tree_mask (topk 1: a chain)"
+        if rule.tree != (self.tree_mask is not None):
+            need = "needs Batch.tree_mask (topk > 1)" if rule.tree else "takes no tree_mask (topk 1: a chain)"
             raise ValueError(f"{self.mode.name} {need}")
-        steps = limits.speculative.draft_forwards if limits.speculative else 0
-        if spec.draft_steps and self.draft_steps != steps:
-            raise ValueError(f"{self.mode.name} writes {steps} slot(s) per token, got {self.draft_steps}")
+        if rule.draft and self.draft_steps != rule.steps:
+            raise ValueError(
+                f"{self.mode.name} writes {rule.steps} slot(s) per token, got {self.draft_steps}"
+            )
         q = self.q_lens
-        if spec.ragged and q.max() > want:
-            raise ValueError(f"{self.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
-        if not spec.ragged and (q != want).any():
+        if rule.ragged:
+            if umax(q) > want:
+                raise ValueError(f"{self.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
+        elif not (want == 1 and q.base is _ONES) and any_true(q != want):
+            # NOTE: q_lens that view the read-only _ONES (Batch.create's default) are all 1.
             bad = int(q[q != want][0])
             raise ValueError(f"{self.mode.name} takes {want} token(s) per request, got q_len {bad}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """What the geometry check of one mode compares against (functions of the limits)."""
+
+    want: int | None  # tokens per request; None: not a graphed mode, nothing to check
+    tree: bool
+    draft: bool
+    steps: int
+    ragged: bool
+
+    @classmethod
+    def of(cls, mode: ForwardMode, limits: Limits) -> _Geometry:
+        spec = MODES[mode]
+        want = tokens_per_req(mode, limits.speculative) if spec.graphed else None
+        steps = limits.speculative.draft_forwards if limits.speculative else 0
+        tree = limits.tree and spec.tree is TreeInput.MASK
+        return cls(want, tree, bool(spec.draft_steps), steps, bool(spec.ragged))
 
 
 def _distinct(name: str, arr: np.ndarray, what: str) -> None:

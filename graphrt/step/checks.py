@@ -10,7 +10,7 @@ possible values) are sorted instead. No ``np.unique``, no per-request Python loo
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,18 +50,43 @@ class Limits(Protocol):
 class Scratch:
     """Reusable host arrays of the fast check (one per :class:`Limits`).
 
-    ``rows`` is the request-row stamp table; KV slots are checked by sorting (measured faster
-    than a stamp table over millions of slots, whose scattered writes miss the cache).
+    ``rows`` is the request-row stamp table; KV slots are checked by sorting a copy in
+    ``sorted`` (measured faster than a stamp table over millions of slots, whose scattered
+    writes miss the cache). ``geometry`` caches each mode's geometry rule (``Batch.check``).
     """
 
     def __init__(self, max_reqs: int, num_live_slots: int) -> None:
         self.rows = np.zeros(max(max_reqs, 1), dtype=np.int64)
         self.index = np.arange(max(max_reqs, 1), dtype=np.int64)
+        # NOTE: fixed size (a longer array sorts a fresh copy): the host footprint never grows.
+        self.sorted = np.zeros(max(max_reqs, 1) * SORT_ROWS_PER_REQ, dtype=np.int64)
+        self.geometry: dict[ForwardMode, Any] = {}
+
+
+#: Entries per request the slot-sorting scratch holds (a verify tree's tokens, a draft's steps).
+SORT_ROWS_PER_REQ = 16
+
+
+def umax(arr: np.ndarray) -> int:
+    """``int(arr.max())`` of a non-empty 1-D array: ``argmax`` is a C method, ``max`` goes through
+    numpy's Python-level reduction wrapper (about 1.5 µs more per call, measured)."""
+    return int(arr[arr.argmax()])
+
+
+def umin(arr: np.ndarray) -> int:
+    """``int(arr.min())`` of a non-empty 1-D array (see :func:`umax`)."""
+    return int(arr[arr.argmin()])
+
+
+def any_true(mask: np.ndarray) -> bool:
+    """``mask.any()`` of a 1-D bool array: ``argmax`` finds the first True in C, where ``any``
+    and ``np.count_nonzero`` both pass through Python-level wrappers first."""
+    return bool(mask.size) and bool(mask[mask.argmax()])
 
 
 def below(arr: np.ndarray, hi: int) -> bool:
     """``0 <= arr < hi`` elementwise (int64 ``arr``, non-empty), in one reduction."""
-    return int(arr.view(np.uint64).max()) < hi
+    return umax(arr.view(np.uint64)) < hi
 
 
 def distinct_rows(rows: np.ndarray, scratch: Scratch) -> bool:
@@ -71,16 +96,23 @@ def distinct_rows(rows: np.ndarray, scratch: Scratch) -> bool:
         return True
     index = scratch.index[:n]
     scratch.rows[rows] = index
-    # NOTE: with a repeat, the later index wins in the table, so the earlier one reads back wrong.
-    return bool(np.array_equal(scratch.rows[rows], index))
+    # NOTE: with a repeat, the later index wins in the table, so the earlier one reads back
+    # wrong. Comparing raw bytes is a memcmp (array_equal costs ~2 µs of Python wrappers).
+    return scratch.rows[rows].tobytes() == index.tobytes()
 
 
-def distinct(values: np.ndarray) -> bool:
-    """True when no value repeats (sort, compare neighbours)."""
-    if values.size < 2:
+def distinct(values: np.ndarray, scratch: Scratch | None = None) -> bool:
+    """True when no value repeats (sort a copy, compare neighbours)."""
+    n = values.size
+    if n < 2:
         return True
-    ordered = np.sort(values)
-    return not bool(np.equal(ordered[1:], ordered[:-1]).any())
+    if scratch is not None and n <= scratch.sorted.size:
+        ordered = scratch.sorted[:n]
+        ordered[:] = values
+        ordered.sort()
+    else:
+        ordered = np.sort(values)
+    return not any_true(ordered[1:] == ordered[:-1])
 
 
 def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
@@ -95,23 +127,26 @@ def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
         return False
     steps = loc.size // batch.input_ids.size if spec.draft_steps else 1
     # NOTE: the last KV position of a request is seq_len - 1 (+ draft steps - 1).
-    if int(seq.max()) + steps - 1 > limits.max_context_len:
+    if umax(seq) + steps - 1 > limits.max_context_len:
         return False
     # NOTE: uniform modes reach here with every q_len equal (the geometry check ran first).
     if spec.ragged:
-        if bool(np.less(seq, q).any()):
+        if any_true(seq < q):
             return False
-    elif int(seq.min()) < (1 if spec.draft_steps else int(q[0])):
+    elif umin(seq) < (1 if spec.draft_steps else int(q[0])):
         return False
     ps = limits.page_size
     live = limits.num_live_slots // ps * ps
-    if not below(loc, live) or not distinct(loc):
+    if not below(loc, live) or not distinct(loc, scratch):
         return False
     # NOTE: without a vocabulary a token id still must not be negative (INT64_MAX as the bound).
-    vocab = limits.vocab_size if limits.vocab_size is not None else np.iinfo(np.int64).max
+    vocab = limits.vocab_size if limits.vocab_size is not None else INT64_MAX
     if not below(batch.input_ids, vocab):
         return False
     return ps == 1 or aligned(batch, ps)
+
+
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def aligned(batch: Batch, ps: int) -> bool:
@@ -119,11 +154,14 @@ def aligned(batch: Batch, ps: int) -> bool:
     spec, seq, loc = MODES[batch.mode], batch.seq_lens, batch.out_cache_loc
     if spec.draft_steps or spec.ragged:
         diff = loc - batch.kv_positions
-    elif batch.num_tokens == batch.bs:  # one token per request: position seq_len - 1
-        diff = loc - seq + 1
+    elif batch.input_ids.size == seq.size:  # one token per request: position seq_len - 1
+        diff = loc - seq
+        diff += 1
     else:
-        q = batch.num_tokens // batch.bs
-        diff = loc.reshape(-1, q) - (seq - q)[:, None] - np.arange(q)
+        q = batch.input_ids.size // seq.size
+        diff = (loc.reshape(-1, q) - (seq - q)[:, None] - np.arange(q)).reshape(-1)
+    # NOTE: both remainders are >= 0 (numpy's % takes the divisor's sign): max 0 means all 0.
     if ps & (ps - 1) == 0:
-        return not bool((diff & (ps - 1)).any())
-    return not bool((diff % ps).any())
+        diff &= ps - 1
+        return umax(diff) == 0
+    return umax(diff % ps) == 0

@@ -17,6 +17,10 @@ class ForwardMode(Enum):
     IDLE = "idle"
     EXTEND = "extend"
 
+    # NOTE: members are singletons compared by identity, so the identity hash (C-level) is
+    # correct; Enum's own hashes the name in Python, ~0.3 µs per MODES lookup on the hot path.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class SpecGeometry:

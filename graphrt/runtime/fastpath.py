@@ -1,0 +1,149 @@
+"""What ``GraphRuntime.run()`` precomputes so a graphed step does little more than its checks.
+
+Profiled on the CPU (``graphrt bench host --profile``), the host time of a step that was not
+a check, the write or the launch went to lookups that give the same answer every step: the
+mode table (an enum hash is a Python-level call, ~0.3 µs, and a step made ~17), the
+dispatcher, the graph's host scalars and the slice of the static output (a
+``torch.Tensor.__getitem__`` costs ~2 µs). They are functions of the mode, or of
+``(mode, bs)``, and are worked out once here:
+
+- :class:`ModePlan` per mode: the mode-table facts ``run()`` reads and the pad values.
+- :class:`Route` per ``(mode, bs)`` on the graph path: the bucket, the graph, the host scalar
+  it baked in and the views of its static output that a batch of ``bs`` requests returns.
+
+Routes name captured graphs, so they go stale when the graphs change: the runtime drops
+every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``).
+Plans depend only on the runtime's config and never go stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphrt.capture import Dispatcher, Fallback, Graph
+from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch
+from graphrt.runtime.programs import Sampled
+from graphrt.runtime.telemetry import Telemetry
+from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES, ForwardMode
+
+log = logging.getLogger("graphrt.runtime.runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class ModePlan:
+    """The facts of one mode that ``run()`` needs every step (configuration, never data)."""
+
+    mode: ForwardMode
+    name: str
+    graphed: bool
+    ragged: bool
+    #: Tree drafts write their steps to scratch slots that enter no request row.
+    scratch: bool
+    rows_per_req: int
+    #: Values padded rows hold (DESIGN rule 3), by the names the pad rules use.
+    pad: dict[str, int]
+
+    @classmethod
+    def of(cls, mode: ForwardMode, scratch: bool, rows_per_req: int, pad: dict[str, int]) -> ModePlan:
+        spec = MODES[mode]
+        return cls(mode, mode.name, bool(spec.graphed), bool(spec.ragged), scratch, rows_per_req, pad)
+
+
+@dataclass(slots=True)
+class Route:
+    """The graph a batch of ``bs`` requests of one mode replays, and what it returns.
+
+    ``tokens``: the graph's token rows (``bucket * rows_per_req``); ``max_q``: the
+    ``max_seqlen_q`` it was captured with; ``num_tokens``: the query tokens of a uniform
+    batch of ``bs`` requests (-1 for ragged modes, whose count varies per step).
+    """
+
+    bucket: int
+    graph: Graph
+    tokens: int
+    max_q: int
+    output: Any
+    bs: int
+    num_tokens: int
+    #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
+    _views: dict[bool, torch.Tensor] = field(default_factory=dict)
+
+    def result(self, sampled: bool, num_tokens: int) -> torch.Tensor:
+        """The real rows of the static output (a view; the caller clones it).
+
+        ``sampled``: the batch asked for tokens (``Batch.sampling``). A batch whose token count
+        differs from the uniform one (ragged modes) is sliced on the spot.
+        """
+        if num_tokens != self.num_tokens:
+            return select(self.output, sampled, self.bs, num_tokens)
+        view = self._views.get(sampled)
+        if view is None:
+            view = self._views[sampled] = select(self.output, sampled, self.bs, num_tokens)
+        return view
+
+
+def select(out: Any, sampled: bool, bs: int, num_tokens: int) -> torch.Tensor:
+    """The real rows of a program's output: sampled tokens ``[bs]`` when the batch asked for
+    them, else the forward's output ``[num_tokens, ...]``."""
+    if isinstance(out, Sampled):
+        return out.tokens[:bs] if sampled else out.logits[:num_tokens]
+    return out[:num_tokens]
+
+
+class Routes:
+    """Routes per mode and ``bs``, made on a step's first visit; :meth:`clear` drops them all.
+
+    ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied).
+    """
+
+    def __init__(self, dispatcher: Dispatcher, outputs: dict[tuple[ForwardMode, int], Any]) -> None:
+        self.dispatcher, self.outputs = dispatcher, outputs
+        self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
+
+    def clear(self) -> None:
+        """Forget every route (the graphs they name were dropped or replaced)."""
+        self.by_mode.clear()
+
+    def get(self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry) -> Route | None:
+        """The route of ``batch`` (its host scalars checked), or None: run it eagerly.
+
+        A fallback is never cached: each one is counted (``strict``: raised instead).
+        """
+        bs = batch.seq_lens.size
+        routes = self.by_mode.setdefault(plan.mode, {})
+        route = routes.get(bs)
+        if route is None:
+            chosen = self.dispatcher.select(plan.mode, bs)
+            if isinstance(chosen, Fallback):
+                if strict:
+                    raise GraphFallbackError(chosen.reason)
+                self.dispatcher.count_fallback(chosen)
+                log.debug("%s bs=%d runs eagerly: %s", plan.name, bs, chosen.reason)
+                telemetry.fell_back(plan.name, bs, chosen.reason)
+                return None
+            bucket, graph = chosen
+            n = -1 if plan.ragged else bs * plan.rows_per_req
+            max_q = graph.info.host_scalars["max_seqlen_q"]
+            output = self.outputs[(plan.mode, bucket)]
+            route = routes[bs] = Route(bucket, graph, bucket * plan.rows_per_req, max_q, output, bs, n)
+        check_host_scalars(batch, plan.ragged, route.max_q)
+        return route
+
+
+def check_host_scalars(batch: Batch, ragged: bool, max_seqlen_q: int) -> None:
+    """The batch's ``max_seqlen_q`` must not exceed the one the graph baked in (rule 4)."""
+    if not batch.seq_lens.size:
+        needed = 0
+    elif ragged:
+        needed = int(batch.q_lens.max())
+    else:  # NOTE: a checked uniform batch has one q_len for every request
+        needed = int(batch.q_lens[0])
+    if needed > max_seqlen_q:
+        raise HostScalarMismatch(
+            f"max_seqlen_q: batch needs {needed}, graph was captured with {max_seqlen_q}"
+        )
