@@ -25,15 +25,29 @@ from graphrt.step.sampling import SamplingParams
 QUESTION, NEW = "What is the capital of France?", 24
 
 
-def hf_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
-    """transformers' last-prefill-position logits (float32) and its greedy continuation."""
+def hf_run(
+    path: Path, ids: list[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, list[int], list[torch.Tensor]]:
+    """transformers' last-prefill-position logits (float32), greedy continuation and the logits
+    of each generated position."""
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     hf = hf.cuda().eval()
     prompt = torch.tensor([ids], device="cuda")
     with torch.no_grad():
         logits = hf(prompt).logits[0, -1].float()
-        out = hf.generate(prompt, max_new_tokens=NEW, do_sample=False)
-    return logits, out[0, len(ids) :].tolist()
+        out = hf.generate(
+            prompt, max_new_tokens=NEW, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    return logits, out.sequences[0, len(ids) :].tolist(), [s[0].float() for s in out.logits]
+
+
+def first_difference(ours: list[int], theirs: list[int], steps: list[torch.Tensor]) -> str:
+    """Where two greedy runs part, and transformers' logit gap between the two tokens there."""
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    if i is None:
+        return "identical" if len(ours) == len(theirs) else f"one run stops early: {ours} vs {theirs}"
+    gap = (steps[i][theirs[i]] - steps[i][ours[i]]).item()
+    return f"differ at token {i} ({ours[i]} vs {theirs[i]}); transformers' logit gap there {gap:.2e}"
 
 
 def graphrt_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
@@ -57,9 +71,9 @@ def graphrt_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.T
 def main(path: Path) -> int:
     tok = load_tokenizer(str(path))
     ids = chat_prompt(tok, QUESTION)
-    hf32, hf32_tokens = hf_run(path, ids, torch.float32)
+    hf32, hf32_tokens, hf32_steps = hf_run(path, ids, torch.float32)
     ours32, ours32_tokens = graphrt_run(path, ids, torch.float32)
-    hf16, hf16_tokens = hf_run(path, ids, torch.bfloat16)
+    hf16, hf16_tokens, _ = hf_run(path, ids, torch.bfloat16)
     ours16, ours16_tokens = graphrt_run(path, ids, torch.bfloat16)
     top2 = hf32.topk(2)
     print(f"fp32 graphrt     : {tok.decode(ours32_tokens, skip_special_tokens=True)!r}")
@@ -68,6 +82,8 @@ def main(path: Path) -> int:
     print(f"bf16 transformers: {tok.decode(hf16_tokens, skip_special_tokens=True)!r}")
     err_ours, err_hf = (ours16 - hf32).abs().max().item(), (hf16 - hf32).abs().max().item()
     err32 = (ours32 - hf32).abs().max().item()
+    print(f"fp32 token ids: graphrt {ours32_tokens}, transformers {hf32_tokens}")
+    print("fp32:", first_difference(ours32_tokens, hf32_tokens, hf32_steps))
     print(
         f"fp32 top-2 first tokens {top2.indices.tolist()} gap {(top2.values[0] - top2.values[1]).item():.3f}"
     )
