@@ -39,8 +39,12 @@ MAX_BS, BUCKETS = 4, (1, 2, 4)  # DECODE with bs 5..8 falls back to eager (count
 SPEC = SpecGeometry(num_steps=3)
 MODES = (M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND, M.DRAFT_DECODE, M.IDLE)
 BAD_RATE = 0.12
-#: host bytes (tracemalloc, graphrt's own lines) the run may gain between the first and last checkpoint after warm-up
-HOST_SLACK = 16 * 1024
+#: host bytes (tracemalloc, graphrt's own lines) the run may gain between the first and last
+#: checkpoint after warm-up: a fixed slack for caches that settle (dict resizes, free lists) plus
+#: a per-step allowance below any per-step leak (the smallest Python object is ~32 bytes: a
+#: step that keeps one object alive grows by >= 32 B per step; CUDA runs show ~7 B per step of
+#: bounded warm-up in tensor/int caches)
+HOST_SLACK, HOST_SLACK_PER_STEP = 4 * 1024, 8
 
 
 def twins(device: torch.device) -> tuple[Setup, Setup]:
@@ -185,7 +189,8 @@ def _soak(device: torch.device, steps: int, warm: int, seed: int) -> Counter[str
     assert addresses(rt) == start_addresses
     grown, top = host_growth(host[0], host[-1])
     print(f"soak memory: graphrt host growth {grown} B, torch (tensors, bytes) {memory}")
-    assert grown < HOST_SLACK, f"graphrt's host memory grew by {grown} B; top growers:\n{top}"
+    bound = HOST_SLACK + HOST_SLACK_PER_STEP * (steps - warm)
+    assert grown < bound, f"graphrt's host memory grew by {grown} B (> {bound}); top growers:\n{top}"
     assert len({m for m in memory}) == 1, f"torch memory changed across checkpoints: {memory}"
     same_live_kv(graphed, eager, work.lens)
     stats = rt.stats()
