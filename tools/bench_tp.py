@@ -19,23 +19,13 @@ import torch.distributed as dist
 
 from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.models.llama import TinyLlama
-from graphrt.models.presets import LlamaConfig
+from graphrt.models.presets import PRESETS, LlamaConfig
 from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
 from graphrt.runtime import TPRuntime
 from graphrt.tools.bench import PAGE_SIZE, decode_batch, slots, time_us
 from graphrt.tools.env import environment
 
-LLAMA3_8B = LlamaConfig(
-    vocab_size=128256,
-    hidden_size=4096,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    intermediate_size=14336,
-    rope_theta=500000.0,
-    rms_eps=1e-5,
-)
+LLAMA3_8B = PRESETS["llama-3-8b"]  # NOTE: one definition of the shape, the presets'
 COLLECTIVE_KERNELS = ("nccl", "allreduce", "all_reduce", "one_shot", "allgather")
 
 
