@@ -194,6 +194,11 @@ def run_bench_host(args: argparse.Namespace) -> int:
                     row |= {"mode": case, "bs": bs, "page_size": ps, "max_context_len": ctx}
                     row["floor_launch"] = _stats(sample_us(floor, args.iters, device))
                     rows.append(row)
+                    # NOTE: one line per row as it finishes: a long sweep cut short keeps them.
+                    Console(stderr=True).log(
+                        f"{case} ps {ps} ctx {ctx} bs {bs}: run {row['run']['p50']:.1f} µs, "
+                        f"peer {row['peer_total_p50']:.1f} µs"
+                    )
                 del rt, peer
     result = {
         "bench": "host",
