@@ -140,6 +140,9 @@ def host_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot) -> tupl
     stats = last.compare_to(first, "lineno")
     own = sum(s.size_diff for s in stats if s.traceback[0].filename.startswith(OWN_CODE))
     top = "\n".join(str(s) for s in stats[:8])
+    # NOTE: where the top two growers were allocated from (12 frames), to find who keeps them.
+    deep = [s for s in last.compare_to(first, "traceback") if s.size_diff > 0][:2]
+    top += "".join("\n--- " + str(s) + "\n" + "\n".join(s.traceback.format()) for s in deep)
     return own, top
 
 
@@ -151,7 +154,7 @@ def close(a: torch.Tensor, b: torch.Tensor, where: str) -> None:
 def soak(device: torch.device, steps: int, warm: int, seed: int) -> Counter[str]:
     # NOTE: traced from the start, so every live object is counted: growth after warm-up is
     # real growth, not objects of before the trace being replaced by traced ones.
-    tracemalloc.start()
+    tracemalloc.start(12)
     try:
         return _soak(device, steps, warm, seed)
     finally:
