@@ -22,10 +22,10 @@ from rich.table import Table
 
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
-from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
+from graphrt.parallel import StepChannel, TPGroup
 from graphrt.runtime import TPRuntime
 from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
-from graphrt.tools.cli_args import resolve_backend, resolve_device
+from graphrt.tools.cli_args import under_tp
 from graphrt.tools.console import bench_progress, wide_console
 
 PAGE_SIZE = 16
@@ -80,15 +80,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     With ``--tp N`` every rank runs it; rank 0 writes and prints.
     """
-    device = resolve_device(args.device)
-    backend = resolve_backend(args.backend, device)
-    size = getattr(args, "tp", 1)
-    tp = init_tp(size, device)
-    try:
-        return _bench(args, tp.device if size > 1 else device, backend, tp)
-    finally:
-        if size > 1:
-            shutdown()
+    return under_tp(args, _bench)
 
 
 def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, tp: TPGroup) -> int:

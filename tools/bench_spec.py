@@ -21,12 +21,12 @@ from rich.table import Table
 from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
 from graphrt.metadata.cascade import chain_tree_mask
-from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
+from graphrt.parallel import StepChannel, TPGroup
 from graphrt.runtime import TPRuntime
 from graphrt.step.modes import SpecGeometry
 from graphrt.tools.bench import PAGE_SIZE, slots
 from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
-from graphrt.tools.cli_args import resolve_backend, resolve_device
+from graphrt.tools.cli_args import under_tp
 from graphrt.tools.console import bench_progress, wide_console
 
 M = ForwardMode
@@ -139,15 +139,7 @@ def run_bench_spec(args: argparse.Namespace) -> int:
         from graphrt.tools.bench_spec_accept import run_bench_spec_accept
 
         return run_bench_spec_accept(args)
-    device = resolve_device(args.device)
-    backend_arg = resolve_backend(args.backend, device)
-    size = getattr(args, "tp", 1)
-    tp = init_tp(size, device)
-    try:
-        return _bench_spec(args, tp.device if size > 1 else device, backend_arg, tp)
-    finally:
-        if size > 1:
-            shutdown()
+    return under_tp(args, _bench_spec)
 
 
 def _bench_spec(args: argparse.Namespace, device: torch.device, backend_arg: str | None, tp: TPGroup) -> int:

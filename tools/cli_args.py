@@ -10,9 +10,12 @@ import argparse
 import logging
 import re
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 import torch
+
+from graphrt.parallel import TPGroup, init_tp, shutdown
 
 #: ``--backend`` and ``--device`` values meaning "the best this machine has".
 AUTO = "auto"
@@ -158,3 +161,20 @@ def fail(prog: str, err: Exception) -> int:
     """Print ``err`` as the one-line error of ``prog``; returns the exit code (2)."""
     print(f"{prog}: error: {err}", file=sys.stderr)
     return 2
+
+
+def under_tp(
+    args: argparse.Namespace,
+    body: Callable[[argparse.Namespace, torch.device, str | None, TPGroup], int],
+) -> int:
+    """Run a bench's ``body(args, device, backend, tp)`` on this rank's device with ``args.tp``
+    ranks (a process group when tp > 1, shut down after, whatever ``body`` raises)."""
+    device = resolve_device(args.device)
+    backend = resolve_backend(args.backend, device)
+    size = getattr(args, "tp", 1)
+    tp = init_tp(size, device)
+    try:
+        return body(args, tp.device if size > 1 else device, backend, tp)
+    finally:
+        if size > 1:
+            shutdown()
