@@ -17,6 +17,7 @@ from graphrt import Engine
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.checkpoint import slots
 from graphrt.models.loader import packaged_path
+from graphrt.tools.model_twin import hf_config
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -30,19 +31,7 @@ PROMPT = "Write a short story about a robot who learns to paint."
 def transformers_twin(model: CausalLM) -> torch.nn.Module:
     """A transformers ``LlamaForCausalLM`` holding exactly ``model``'s weights."""
     cfg = model.cfg
-    config = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.rms_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-    )
+    config = hf_config(cfg, cfg.max_position_embeddings, tied=cfg.tie_word_embeddings)
     twin = transformers.LlamaForCausalLM(config).eval()
     params = dict(model.named_parameters())
     state = {name: s.view(params[s.param]) for name, s in slots(model).items()}

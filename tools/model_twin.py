@@ -72,8 +72,9 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def hf_config(cfg: LlamaConfig, max_positions: int) -> Any:
-    """transformers' ``LlamaConfig`` of graphrt's preset ``cfg`` (SDPA attention, untied head)."""
+def hf_config(cfg: Any, max_positions: int, tied: bool = False) -> Any:
+    """transformers' ``LlamaConfig`` of a graphrt Llama config ``cfg`` (a preset's or a loaded
+    checkpoint's), SDPA attention, the head tied to the embedding when ``tied``."""
     from transformers import LlamaConfig as HFLlamaConfig
 
     return HFLlamaConfig(
@@ -87,7 +88,7 @@ def hf_config(cfg: LlamaConfig, max_positions: int) -> Any:
         rms_norm_eps=cfg.rms_eps,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
         max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         attention_bias=False,
         mlp_bias=False,
         attn_implementation="sdpa",
