@@ -11,55 +11,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrt.attention.context import ForwardContext
-from graphrt.models import ops
 from graphrt.models.hf_config import ModelConfig
-from graphrt.models.llama import Decoder, RMSNorm
-from graphrt.models.parallel import SINGLE, ColumnParallelLinear, RowParallelLinear, kv_heads, scaled, split
+from graphrt.models.llama import Attention, Decoder, RMSNorm
+from graphrt.models.parallel import SINGLE
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
 from graphrt.models.rope import rope_inv_freq
 from graphrt.parallel import TPGroup
 
 
-class CausalLMAttention(nn.Module):
-    """GQA attention with optional q/k/v bias and per-head q/k RMSNorm, through ``ctx``.
+class CausalLMAttention(Attention):
+    """:class:`Attention` with the checkpoint's q/k/v and o biases and per-head q/k RMSNorm.
 
     With q/k RMSNorm (Qwen3) the norm and RoPE go through :func:`qk_norm_rope` (one fused
-    sgl-kernel on GPU when it applies, the torch ops otherwise). With ``tp`` it holds this rank's query heads and the KV heads they read (split, or
-    replicated when there are fewer KV heads than ranks; :func:`kv_heads`).
+    sgl-kernel on GPU when it applies, the torch ops otherwise). With ``tp`` it holds this
+    rank's query heads and the KV heads they read (split, or replicated when there are fewer KV
+    heads than ranks; :func:`kv_heads`).
     """
 
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup = SINGLE) -> None:
-        super().__init__()
-        self.cfg, self.layer_id = cfg, layer_id
-        heads, kv = split(cfg.num_heads, tp, "num_heads"), kv_heads(cfg.num_kv_heads, cfg.num_heads, tp)
-        self.num_heads, self.num_kv_heads = heads.size, kv.size
-        q_part, kv_part = scaled(heads, cfg.head_dim), scaled(kv, cfg.head_dim)
-        self.splits = (q_part.size, kv_part.size, kv_part.size)
-        self.qkv = ColumnParallelLinear(
-            cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"), bias=cfg.qkv_bias
-        )
-        self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=cfg.o_bias)
+        super().__init__(cfg, layer_id, tp, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: RopeInputs, ctx: ForwardContext) -> torch.Tensor:
+    def project(self, x: torch.Tensor, rope: RopeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        if cfg.qk_norm:
-            weights = (self.q_norm.weight, self.k_norm.weight)
-            heads = (self.num_heads, self.num_kv_heads)
-            q, k, v = qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope)
-        else:
-            q, k, v = self.qkv(x).split(self.splits, dim=-1)
-            # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
-            q, k = ops.apply_rope(
-                q.reshape(-1, self.num_heads, cfg.head_dim).contiguous(),
-                k.reshape(-1, self.num_kv_heads, cfg.head_dim).contiguous(),
-                rope.cos_sin,
-            )
-            v = v.reshape(-1, self.num_kv_heads, cfg.head_dim)
-        out = ctx.attention(self.layer_id, q, k, v, window=cfg.window(self.layer_id))
-        return self.o(out.reshape(-1, self.splits[0]))
+        if not cfg.qk_norm:
+            return super().project(x, rope.cos_sin)
+        weights = (self.q_norm.weight, self.k_norm.weight)
+        heads = (self.num_heads, self.num_kv_heads)
+        return qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope)
 
 
 class CausalLM(Decoder):

@@ -42,32 +42,44 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`)."""
+    """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`).
 
-    def __init__(self, cfg: LlamaConfig, layer_id: int, tp: TPGroup = SINGLE) -> None:
+    ``qkv_bias`` / ``o_bias``: biases on the projections (Qwen2's q/k/v, some checkpoints' o).
+    Subclasses change how q, k and v are made (:meth:`project`), e.g. with per-head q/k norms.
+    """
+
+    def __init__(
+        self, cfg: Any, layer_id: int, tp: TPGroup = SINGLE, qkv_bias: bool = False, o_bias: bool = False
+    ) -> None:
         super().__init__()
         self.cfg, self.layer_id = cfg, layer_id
         heads, kv = split(cfg.num_heads, tp, "num_heads"), kv_heads(cfg.num_kv_heads, cfg.num_heads, tp)
         self.num_heads, self.num_kv_heads = heads.size, kv.size
         q_part, kv_part = scaled(heads, cfg.head_dim), scaled(kv, cfg.head_dim)
-        self.qkv = ColumnParallelLinear(cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"))
-        self.o = RowParallelLinear(q_part, cfg.hidden_size, tp)
+        self.splits = (q_part.size, kv_part.size, kv_part.size)
+        self.qkv = ColumnParallelLinear(
+            cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"), bias=qkv_bias
+        )
+        self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=o_bias)
 
-    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        cfg, d = self.cfg, self.cfg.head_dim
-        q_dim, kv_dim = self.num_heads * d, self.num_kv_heads * d
-        q, k, v = self.qkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
+    def project(self, x: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D])`` of ``x``, q and k rotated by ``rope``
+        (this step's ``cos_sin [T, D]``)."""
+        d = self.cfg.head_dim
+        q, k, v = self.qkv(x).split(self.splits, dim=-1)
         # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
         q, k = ops.apply_rope(
             q.reshape(-1, self.num_heads, d).contiguous(),
             k.reshape(-1, self.num_kv_heads, d).contiguous(),
-            cos_sin,
+            rope,
         )
-        v = v.reshape(-1, self.num_kv_heads, d)
-        out = ctx.attention(
-            self.layer_id, q, k, v, window=cfg.window(self.layer_id), chunk=cfg.chunk(self.layer_id)
-        )
-        return self.o(out.reshape(-1, q_dim))
+        return q, k, v.reshape(-1, self.num_kv_heads, d)
+
+    def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
+        cfg, layer = self.cfg, self.layer_id
+        q, k, v = self.project(x, rope)
+        out = ctx.attention(layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer))
+        return self.o(out.reshape(-1, self.splits[0]))
 
 
 class MLP(nn.Module):
