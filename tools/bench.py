@@ -75,6 +75,18 @@ def decode_batch(bs: int, context: int, pages_per_req: int, vocab: int, rng: np.
     )
 
 
+def prefill_batch(req: int, context: int, pages_per_req: int, vocab: int, rng: np.random.Generator) -> Batch:
+    """EXTEND of ``context`` random tokens into row ``req`` from position 0."""
+    return Batch.create(
+        ForwardMode.EXTEND,
+        input_ids=rng.integers(0, vocab, context),
+        seq_lens=[context],
+        req_pool_indices=[req],
+        out_cache_loc=slots(req, pages_per_req, 0, context),
+        q_lens=[context],
+    )
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """``graphrt bench``: writes a new result file under ``args.out`` and prints its table.
 
@@ -93,15 +105,7 @@ def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, 
     with bench_progress(tp.is_driver) as progress:
         task = progress.add_task("prefill", total=max(sizes) + len(sizes))
         for req in range(max(sizes)):  # prefill every request to `context` tokens, one at a time
-            prompt = Batch.create(
-                ForwardMode.EXTEND,
-                input_ids=rng.integers(0, 512, args.context),
-                seq_lens=[args.context],
-                req_pool_indices=[req],
-                out_cache_loc=slots(req, pages_per_req, 0, args.context),
-                q_lens=[args.context],
-            )
-            runtime.run(prompt)
+            runtime.run(prefill_batch(req, args.context, pages_per_req, 512, rng))
             progress.advance(task)
         for bs in sizes:
             progress.update(task, description=f"DECODE bs={bs}")

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
+from graphrt import ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import PRESETS, LlamaConfig
 from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
 from graphrt.runtime import TPRuntime
-from graphrt.tools.bench import PAGE_SIZE, decode_batch, slots, time_us
+from graphrt.tools.bench import PAGE_SIZE, decode_batch, prefill_batch, time_us
 from graphrt.tools.env import environment
 
 LLAMA3_8B = PRESETS["llama-3-8b"]  # NOTE: one definition of the shape, the presets'
@@ -89,16 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     report = runtime.capture(show_progress=tp.rank == 0)
     pages_per_req, rng = runtime.config.max_pages, np.random.default_rng(0)
     for req in range(max(sizes)):
-        runtime.run(
-            Batch.create(
-                ForwardMode.EXTEND,
-                input_ids=rng.integers(0, 128000, args.context),
-                seq_lens=[args.context],
-                req_pool_indices=[req],
-                out_cache_loc=slots(req, pages_per_req, 0, args.context),
-                q_lens=[args.context],
-            )
-        )
+        runtime.run(prefill_batch(req, args.context, pages_per_req, 128000, rng))
     rows = []
     for bs in sizes:
         batch = decode_batch(bs, args.context, pages_per_req, 128000, rng)
