@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 
@@ -30,10 +31,21 @@ class Dims:
         """Evaluate ``"max_bs"``, ``"max_bs+1"`` or a plain int."""
         if isinstance(dim, int):
             return dim
-        name, _, extra = dim.partition("+")
-        if name not in SYMBOLS:
-            raise ValueError(f"unknown dim symbol {name!r}; known: {', '.join(SYMBOLS)}")
-        return getattr(self, name) + (int(extra) if extra else 0)
+        name, extra = _parse(dim)
+        return getattr(self, name) + extra
+
+
+@cache
+def _parse(dim: str) -> tuple[str, int]:
+    """``"max_bs+1"`` -> ``("max_bs", 1)``, parsed once per distinct symbol.
+
+    NOTE: once, because a freshly split name passed to ``getattr`` is kept by CPython's
+    attribute cache until another lookup evicts it: host memory that a soak run counts.
+    """
+    name, _, extra = dim.partition("+")
+    if name not in SYMBOLS:
+        raise ValueError(f"unknown dim symbol {name!r}; known: {', '.join(SYMBOLS)}")
+    return name, int(extra) if extra else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,6 +199,7 @@ def run_bench_host(args: argparse.Namespace) -> int:
                         f"{case} ps {ps} ctx {ctx} bs {bs}: run {row['run']['p50']:.1f} µs, "
                         f"peer {row['peer_total_p50']:.1f} µs"
                     )
+                rt.release()  # NOTE: waits for the device before dropping graphs and pool
                 del rt, peer
     result = {
         "bench": "host",

@@ -35,6 +35,9 @@ class ReqToToken:
         # NOTE: column j*page_size of a row holds the first slot of the row's page j.
         self.page_starts = torch.arange(0, max_context_len, page_size, device=device)
         self.ledger = KVLedger(max_reqs, max_context_len, dummy_slot)
+        # NOTE: one read-only view, made once: callers read it every step.
+        self._valid_view = self.ledger.valid_lens.view()
+        self._valid_view.flags.writeable = False
 
     @property
     def dummy_req(self) -> int:
@@ -44,9 +47,7 @@ class ReqToToken:
     @property
     def valid_lens(self) -> np.ndarray:
         """``[max_reqs]`` int64: positions each row has validly written (read-only view)."""
-        view = self.ledger.valid_lens.view()
-        view.flags.writeable = False
-        return view
+        return self._valid_view
 
     def free(self, row: int) -> None:
         """Release ``row`` and its slots: it reads nothing until a step writes it from 0."""

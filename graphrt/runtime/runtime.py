@@ -357,6 +357,9 @@ class GraphRuntime:
             self._drop_graphs()
 
     def _drop_graphs(self) -> None:
+        if self.device.type == "cuda":
+            # NOTE: a replay still running must not find its graph and pool gone.
+            torch.cuda.synchronize(self.device)
         for graph in self.dispatcher.graphs.values():
             reset = getattr(getattr(graph, "graph", None), "reset", None)
             if reset is not None:
