@@ -52,7 +52,6 @@ class CudaEngine:
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device)
         self.record_kernels = record_kernels
-        self._owns_blas_workspace = False
 
     @contextmanager
     def frozen_gc(self) -> Iterator[None]:
@@ -86,7 +85,6 @@ class CudaEngine:
         if self.record_kernels:
             graph.enable_debug_mode()
         recording = time.perf_counter()
-        self._own_blas_workspace()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             out = fn()
         recorded = time.perf_counter()
@@ -99,21 +97,6 @@ class CudaEngine:
         info = GraphInfo(key, done - recording, pool_bytes, nodes, kernels)
         info.warmup_seconds, info.instantiate_seconds = warmed - start, done - recorded
         return CudaGraph(graph, info), out
-
-    def _own_blas_workspace(self) -> None:
-        """Have the first capture allocate cuBLAS's workspace inside this engine's pool.
-
-        NOTE: cuBLAS keeps one workspace per (handle, stream), made on first use; a graph
-        bakes its address. Made by the warm-up, it lives in the general pool, and whoever
-        clears the workspaces (``torch.compile(mode="reduce-overhead")`` does, before and after
-        each recording) hands that memory to the next allocation while our graphs still write
-        it: corrupted tensors, then illegal memory accesses. Cleared once here, the workspace
-        is remade by the first capture, in the private pool, which no one else allocates from
-        and which stays reserved while the graphs live.
-        """
-        if not self._owns_blas_workspace:
-            torch._C._cuda_clearCublasWorkspaces()
-            self._owns_blas_workspace = True
 
     def _kernel_times(self, graph: torch.cuda.CUDAGraph) -> dict[str, float]:
         """GPU µs per kernel name in one profiled replay; empty when the profiler sees none.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import re
 import time
 import tracemalloc
@@ -45,6 +46,9 @@ BAD_RATE = 0.12
 #: step that keeps one object alive grows by >= 32 B per step; CUDA runs show ~7 B per step of
 #: bounded warm-up in tensor/int caches)
 HOST_SLACK, HOST_SLACK_PER_STEP = 4 * 1024, 8
+#: frames kept per traced allocation (``GRAPHRT_SOAK_FRAMES``): 1 is enough to name the line that
+#: grows; more show who called it, at several times the cost (tracing dominates the run)
+FRAMES = int(os.environ.get("GRAPHRT_SOAK_FRAMES", "1"))
 
 
 def twins(device: torch.device) -> tuple[Setup, Setup]:
@@ -140,7 +144,7 @@ def host_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot) -> tupl
     stats = last.compare_to(first, "lineno")
     own = sum(s.size_diff for s in stats if s.traceback[0].filename.startswith(OWN_CODE))
     top = "\n".join(str(s) for s in stats[:8])
-    # NOTE: where the top two growers were allocated from (12 frames), to find who keeps them.
+    # NOTE: where the top two growers were allocated from (FRAMES deep), to find who keeps them.
     deep = [s for s in last.compare_to(first, "traceback") if s.size_diff > 0][:2]
     top += "".join("\n--- " + str(s) + "\n" + "\n".join(s.traceback.format()) for s in deep)
     return own, top
@@ -154,7 +158,7 @@ def close(a: torch.Tensor, b: torch.Tensor, where: str) -> None:
 def soak(device: torch.device, steps: int, warm: int, seed: int) -> Counter[str]:
     # NOTE: traced from the start, so every live object is counted: growth after warm-up is
     # real growth, not objects of before the trace being replaced by traced ones.
-    tracemalloc.start(12)
+    tracemalloc.start(FRAMES)
     try:
         return _soak(device, steps, warm, seed)
     finally:
