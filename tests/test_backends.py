@@ -40,3 +40,17 @@ def test_backends_match_naive_oracle(
 def test_fa3_is_selected_on_hopper_with_sgl_kernel() -> None:
     pytest.importorskip("sgl_kernel.flash_attn")
     assert available_backends(torch.device("cuda"))[0] == "fa3"
+
+
+def test_fa3_is_not_offered_for_fp32_kv() -> None:
+    """FA3 refuses fp32 at launch: an fp32 cache selects the reference, and asking for FA3
+    by name says why (device and dtype), before anything is built."""
+    from graphrt.attention.fa3 import fa3_available
+
+    cuda = torch.device("cuda")
+    assert not fa3_available(cuda, torch.float32)
+    assert "fa3" not in available_backends(cuda, dtype=torch.float32)
+    assert available_backends(cuda, dtype=torch.float32) == ["reference"]
+    with pytest.raises(ValueError, match=r"'fa3' is not available on cuda with a float32 KV cache"):
+        select_backend("fa3", cuda, dtype=torch.float32)
+    assert select_backend(None, cuda, dtype=torch.float32).name == "reference"

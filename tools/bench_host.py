@@ -1,8 +1,8 @@
 """``graphrt bench host``: host cost of one step, graphrt vs an SGLang-style peer vs the floors.
 
 Per mode, batch size, page size and ``max_context_len`` (every request holds ``--real-len``
-tokens): host p50/p99 of ``Batch.create``, of ``run()`` and of its phases (validate,
-write+upload, launch); the peer's prepare (seed 001's replay path for the mode, torch ops on
+tokens): host p50/p99 of ``Batch.create``, of ``run()`` and of its phases (validate, the KV
+isolation check, write+upload, launch); the peer's prepare (seed 001's replay path for the mode, torch ops on
 static buffers of the same shapes, its ``.item()`` included; ``tools/bench_peer.py``); the
 floors (one pinned H2D copy of the host mirror, one replay of a 1-node graph); the GPU time
 of the replay. The device is synchronized before every timed call, so host times are those
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphrt import GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
+from graphrt.kv.ledger import KVWrites
 from graphrt.models import TinyLlama, preset
 from graphrt.step import Batch, ForwardMode, SpecGeometry
 from graphrt.tools.bench_peer import MODES as CASES
@@ -134,6 +135,7 @@ def measure(rt: GraphRuntime, peer: Peer, batch: Batch, args: argparse.Namespace
     fields = {k: getattr(batch, k) for k in ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc")}
     q = None if batch.mode is ForwardMode.DECODE else batch.q_lens
     step = rt.families.step
+    ledger, scratch = rt.req_to_token.ledger, rt.plan(batch.mode).scratch
     row = {
         "create": _stats(
             sample_us(
@@ -143,6 +145,7 @@ def measure(rt: GraphRuntime, peer: Peer, batch: Batch, args: argparse.Namespace
         "run": _stats(sample_us(lambda: rt.run(batch), iters, dev)),
         "run_rewrite": None,
         "validate": _stats(sample_us(lambda: batch.check(rt.limits), iters, dev)),
+        "isolate": _stats(sample_us(lambda: ledger.check(KVWrites.of(batch, scratch=scratch)), iters, dev)),
         "write_upload": _stats(
             sample_us(lambda: rt.families.write(batch, bucket, bucket * rows, pad), iters, dev)
         ),
@@ -244,6 +247,7 @@ def _print(result: dict, out: Path) -> None:
         "create",
         "run()",
         "validate",
+        "isolate",
         "write+up",
         "launch",
         "peer",
@@ -265,6 +269,7 @@ def _print(result: dict, out: Path) -> None:
             f("create"),
             f("run"),
             f("validate"),
+            f("isolate"),
             f("write_upload"),
             f("launch"),
             f("peer_prepare"),

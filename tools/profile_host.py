@@ -107,7 +107,7 @@ def stub_replays(rt: GraphRuntime) -> None:
 
 def phases(rt: GraphRuntime, batch: Batch, iters: int) -> dict[str, np.ndarray]:
     """Each phase of ``run()`` on its own, in the order ``run()`` takes them."""
-    plan = rt._plan(batch.mode)
+    plan = rt.plan(batch.mode)
     ledger = rt.req_to_token.ledger
     writes = KVWrites.of(batch, scratch=plan.scratch)
     route = rt._route(batch, plan)
@@ -163,7 +163,7 @@ def profile_runtime(rt: GraphRuntime, case: str, bs: int, args: argparse.Namespa
         batch = steady.next()
     rows["run_rewrite"] = timed_us(lambda: rt.run(batch), args.iters)
     # NOTE: the phases time a step appending to its rows: drop what the runs above wrote.
-    writes = KVWrites.of(batch, scratch=rt._plan(batch.mode).scratch)
+    writes = KVWrites.of(batch, scratch=rt.plan(batch.mode).scratch)
     rt.req_to_token.ledger.truncate(writes.rows, writes.starts)
     rows |= phases(rt, batch, args.iters)
     if args.profile_top:

@@ -10,8 +10,14 @@ import torch
 from graphrt.attention.registry import register
 from graphrt.metadata.base import StepMetadata
 
+#: KV/query dtypes the FA3 kernel takes (it refuses fp32 at launch).
+FA3_DTYPES = (torch.bfloat16, torch.float16)
 
-def fa3_available(device: torch.device) -> bool:
+
+def fa3_available(device: torch.device, dtype: torch.dtype | None = None) -> bool:
+    """FA3 runs on ``device`` (Hopper, sgl_kernel importable) for a ``dtype`` KV cache."""
+    if dtype is not None and dtype not in FA3_DTYPES:
+        return False
     if device.type != "cuda" or importlib.util.find_spec("sgl_kernel") is None:
         return False
     try:

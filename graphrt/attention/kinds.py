@@ -34,10 +34,15 @@ class AttentionKind(Protocol):
 
 
 class MHAKind:
+    """MHA/GQA over a paged cache of ``dtype`` (FA3 takes bf16/fp16 only: fp32 runs the reference)."""
+
     name = "mha"
 
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
     def select_backend(self, name: str | None, device: torch.device) -> Any:
-        return select_backend(name, device, self.name)
+        return select_backend(name, device, self.name, dtype=self.dtype)
 
     def static_buffers(self, dims: Dims, device: torch.device) -> None:
         return None
@@ -73,4 +78,4 @@ class SparseMLAKind:
 
 def attention_kind(kv: Any) -> AttentionKind:
     """The kind a KV cache implies."""
-    return SparseMLAKind(kv) if isinstance(kv, MLAKVCache) else MHAKind()
+    return SparseMLAKind(kv) if isinstance(kv, MLAKVCache) else MHAKind(kv.dtype)

@@ -163,4 +163,4 @@ class ReferenceBackend:
         return {}
 
 
-register("mha", "reference", lambda device: True)(ReferenceBackend)
+register("mha", "reference", lambda device, **need: True)(ReferenceBackend)

@@ -69,6 +69,8 @@ def select_backend(name: str | None, device: torch.device, kind: str = "mha", **
     if (kind, name) not in _REGISTRY:
         raise ValueError(f"unknown {label} {name!r}; known: {', '.join(known_backends(kind))}")
     if name not in usable:
-        where = f"{device}" + (f" with a {need['layout']} KV cache" if "layout" in need else "")
+        cache = need.get("layout") or str(need.get("dtype", "")).removeprefix("torch.")
+        where = f"{device}" + (f" with a {cache} KV cache" if cache else "")
         raise ValueError(f"{label} {name!r} is not available on {where}; available: {', '.join(usable)}")
-    return _REGISTRY[(kind, name)].factory(**need)
+    # NOTE: ``dtype`` only decides availability; factories take the kind's build arguments.
+    return _REGISTRY[(kind, name)].factory(**{k: v for k, v in need.items() if k != "dtype"})

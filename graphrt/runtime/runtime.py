@@ -262,7 +262,7 @@ class GraphRuntime:
             raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
         with self._lock:
             batch.check(self.limits)
-            plan = self._plan(batch.mode)
+            plan = self.plan(batch.mode)
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
             ledger.check(writes)
@@ -280,7 +280,8 @@ class GraphRuntime:
             ledger.commit(writes)
             return out
 
-    def _plan(self, mode: ForwardMode) -> ModePlan:
+    def plan(self, mode: ForwardMode) -> ModePlan:
+        """The facts of ``mode`` that every step reads (made once per mode; see ``fastpath``)."""
         plan = self._plans.get(mode)
         if plan is None:
             scratch = MODES[mode].draft_steps and self.families.cascade in self.families.used_by(mode)
