@@ -215,6 +215,17 @@ def _result(args: argparse.Namespace, run: dict[str, Any], rows: list, seconds: 
         "graphs": {
             "buckets": list(run["stack"].runtime.dispatcher.policy.buckets),
             "seconds": report.seconds,
+            # NOTE: per graph, the capture split the targets are stated in
+            "per_graph": [
+                {
+                    "key": str(g.key),
+                    "warmup_s": g.warmup_seconds,
+                    "capture_s": g.capture_seconds,
+                    "instantiate_s": g.instantiate_seconds,
+                    "pool_bytes": g.pool_bytes,
+                }
+                for g in report.graphs
+            ],
         },
         "graph_replays": stats.replays.get("DECODE", 0),
         "eager_fallbacks": stats.fallbacks.get("DECODE", {}),
