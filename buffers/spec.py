@@ -39,8 +39,8 @@ class Dims:
 def _parse(dim: str) -> tuple[str, int]:
     """``"max_bs+1"`` -> ``("max_bs", 1)``, parsed once per distinct symbol.
 
-    NOTE: once, because a freshly split name passed to ``getattr`` is kept by CPython's
-    attribute cache until another lookup evicts it: host memory that a soak run counts.
+    NOTE: once, so a call allocates nothing: on the H100 the soak test found the strings split
+    here on every call kept alive (230 of ~47 B over 300 steps, who kept them unknown).
     """
     name, _, extra = dim.partition("+")
     if name not in SYMBOLS:
