@@ -1,0 +1,109 @@
+"""``python -m graphrt.tools.profile_engine``: the engine's own host time per decode step.
+
+Builds tiny-llama engines (the emulated graph engine on the CPU) and, per batch size and
+overlap setting, times ``Engine.step()`` over a decode window with ``time.perf_counter_ns``
+and the time spent inside ``GraphRuntime.run()`` (wrapped on the engine's runtime). The
+engine's bookkeeping is ``step - run``: building batches, per-request loops, slot
+allocation, stop checks, token appends, the overlap's device ops. ``--profile`` adds a
+``cProfile`` of the window (top functions by own time, ``run()``'s callees included).
+
+Prints µs p50 per step and writes nothing: a diagnostic, not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from typing import Any
+
+import numpy as np
+
+from graphrt import Engine
+
+WARMUP = 8
+
+
+class RunTimer:
+    """Wraps ``runtime.run``: accumulates the ns spent inside it."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.inner, self.ns = runtime.run, 0
+        runtime.run = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            self.ns += time.perf_counter_ns() - start
+
+
+def measure(engine: Engine, bs: int, steps: int, rng: np.random.Generator, profile: int) -> dict[str, float]:
+    """Prefill ``bs`` prompts, warm up, time ``steps`` decode steps, finish every request."""
+    prompts = [rng.integers(0, 512, 16).tolist() for _ in range(bs)]
+    for p in prompts:
+        engine.add_request(p, 1 + WARMUP + steps + 2)
+    for _ in range(1 + WARMUP):
+        engine.step()
+    timer = engine.runtime.run if isinstance(engine.runtime.run, RunTimer) else RunTimer(engine.runtime)
+    step_ns, host_ns = [], []
+    prof = cProfile.Profile() if profile else None
+    for _ in range(steps):
+        timer.ns = 0
+        if prof is not None:
+            prof.enable()
+        start = time.perf_counter_ns()
+        engine.step()
+        took = time.perf_counter_ns() - start
+        if prof is not None:
+            prof.disable()
+        step_ns.append(took)
+        host_ns.append(took - timer.ns)
+    while engine.waiting or engine.running:
+        engine.step()
+    engine.step()
+    if prof is not None:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(profile)
+        print(out.getvalue())
+    return {"step_us": np.median(step_ns) / 1e3, "engine_us": np.median(host_ns) / 1e3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", default="1,16,64")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--eager", action="store_true", help="no graphs (eager steps)")
+    parser.add_argument("--speculative", action="store_true", help="a chain draft, 3 steps")
+    parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    context = 16 + 1 + WARMUP + args.steps * 4 + 32
+    kw: dict[str, Any] = {
+        "device": "cpu",
+        "buckets": sizes,
+        "max_batch_size": max(sizes),
+        "max_context_len": context,
+        "use_graphs": not args.eager,
+    }
+    settings: list[tuple[str, dict[str, Any]]] = (
+        [("spec", {"speculative": {"num_steps": 3}})]
+        if args.speculative
+        else [("off", {"overlap": False}), ("on", {"overlap": True})]
+    )
+    rng = np.random.default_rng(0)
+    print(f"{'bs':>4} {'overlap':>8} {'step µs p50':>12} {'engine µs p50 (step - run)':>28}")
+    for name, extra in settings:
+        engine = Engine("tiny-llama", **kw, **extra)
+        for bs in sizes:
+            r = measure(engine, bs, args.steps, rng, args.profile)
+            print(f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}")
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
