@@ -20,35 +20,48 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
-from graphrt import Engine
+from graphrt import Engine, ForwardMode
 
 WARMUP = 8
 
 
 class RunTimer:
-    """Wraps ``runtime.run``: accumulates the ns spent inside it."""
+    """Wraps ``runtime.run``: accumulates the ns spent inside it.
 
-    def __init__(self, runtime: Any) -> None:
-        self.inner, self.ns = runtime.run, 0
+    ``stub``: decode steps do not run at all; each returns token 1 per request (no model, no
+    graph, no checks): the step's time is then the engine's alone, without the noise of the
+    CPU model's compute around it.
+    """
+
+    def __init__(self, runtime: Any, stub: bool = False) -> None:
+        self.inner, self.ns, self.stub = runtime.run, 0, stub
         runtime.run = self
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, batch: Any, **kwargs: Any) -> Any:
         start = time.perf_counter_ns()
         try:
-            return self.inner(*args, **kwargs)
+            if self.stub and batch.mode is ForwardMode.DECODE:
+                return torch.ones(batch.bs, dtype=torch.int64)
+            return self.inner(batch, **kwargs)
         finally:
             self.ns += time.perf_counter_ns() - start
 
 
-def measure(engine: Engine, bs: int, steps: int, rng: np.random.Generator, profile: int) -> dict[str, float]:
+def measure(
+    engine: Engine, bs: int, steps: int, rng: np.random.Generator, profile: int, stub: bool = False
+) -> dict[str, float]:
     """Prefill ``bs`` prompts, warm up, time ``steps`` decode steps, finish every request."""
     prompts = [rng.integers(0, 512, 16).tolist() for _ in range(bs)]
     for p in prompts:
         engine.add_request(p, 1 + WARMUP + steps + 2)
     for _ in range(1 + WARMUP):
         engine.step()
-    timer = engine.runtime.run if isinstance(engine.runtime.run, RunTimer) else RunTimer(engine.runtime)
+    timer = engine.runtime.run
+    if not isinstance(timer, RunTimer):
+        timer = RunTimer(engine.runtime)
+    timer.stub = stub
     step_ns, host_ns = [], []
     prof = cProfile.Profile() if profile else None
     for _ in range(steps):
@@ -78,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eager", action="store_true", help="no graphs (eager steps)")
     parser.add_argument("--speculative", action="store_true", help="a chain draft, 3 steps")
+    parser.add_argument("--stub", action="store_true", help="decode steps return token 1, run nothing")
     parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
@@ -99,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, extra in settings:
         engine = Engine("tiny-llama", **kw, **extra)
         for bs in sizes:
-            r = measure(engine, bs, args.steps, rng, args.profile)
+            r = measure(engine, bs, args.steps, rng, args.profile, args.stub)
             print(f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}")
         engine.close()
     return 0
