@@ -25,28 +25,35 @@ import torch
 from graphrt import Engine, ForwardMode
 
 WARMUP = 8
+TIMERS: dict[int, RunTimer] = {}  # NOTE: one per engine: its runtimes are wrapped once
 
 
 class RunTimer:
-    """Wraps ``runtime.run``: accumulates the ns spent inside it.
+    """Wraps ``runtime.run`` (the target's, and the draft's when speculative): accumulates the
+    ns spent inside them.
 
     ``stub``: decode steps do not run at all; each returns token 1 per request (no model, no
     graph, no checks): the step's time is then the engine's alone, without the noise of the
     CPU model's compute around it.
     """
 
-    def __init__(self, runtime: Any, stub: bool = False) -> None:
-        self.inner, self.ns, self.stub = runtime.run, 0, stub
-        runtime.run = self
+    def __init__(self, engine: Engine, stub: bool = False) -> None:
+        self.ns, self.stub = 0, stub
+        for runtime in (engine.runtime, getattr(engine, "draft_runtime", None)):
+            if runtime is not None:
+                runtime.run = self._timed(runtime.run)
 
-    def __call__(self, batch: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter_ns()
-        try:
-            if self.stub and batch.mode is ForwardMode.DECODE:
-                return torch.ones(batch.bs, dtype=torch.int64)
-            return self.inner(batch, **kwargs)
-        finally:
-            self.ns += time.perf_counter_ns() - start
+    def _timed(self, run: Any) -> Any:
+        def timed(batch: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                if self.stub and batch.mode is ForwardMode.DECODE:
+                    return torch.ones(batch.bs, dtype=torch.int64)
+                return run(batch, **kwargs)
+            finally:
+                self.ns += time.perf_counter_ns() - start
+
+        return timed
 
 
 def measure(
@@ -58,9 +65,9 @@ def measure(
         engine.add_request(p, 1 + WARMUP + steps + 2)
     for _ in range(1 + WARMUP):
         engine.step()
-    timer = engine.runtime.run
-    if not isinstance(timer, RunTimer):
-        timer = RunTimer(engine.runtime)
+    timer = TIMERS.get(id(engine))
+    if timer is None:
+        timer = TIMERS[id(engine)] = RunTimer(engine)
     timer.stub = stub
     step_ns, host_ns = [], []
     prof = cProfile.Profile() if profile else None
