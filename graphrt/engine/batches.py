@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
 from graphrt.step.batch import Batch
@@ -52,10 +53,7 @@ class DecodeRows:
         bs = len(reqs)
         self.reqs, self.rids, self.page_size = reqs, [r.rid for r in reqs], page_size
         self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
-        width = max((len(r.pages) for r in reqs), default=1)
-        self.pages = np.zeros((bs, width), dtype=np.int64)
-        for i, r in enumerate(reqs):
-            self.pages[i, : len(r.pages)] = r.pages
+        self.pages = page_table(reqs)
         self.index = np.arange(bs)
         #: The next step's KV length per request: its tokens read or in flight, plus the new one.
         self.seq_lens = _frozen(
@@ -87,8 +85,7 @@ class DecodeRows:
         ``fed``: the input ids come from the device (:mod:`graphrt.runtime.feed`); the host
         gives placeholder zeros, which pass the vocabulary check the host still runs.
         """
-        ps, pos = self.page_size, self.seq_lens - 1
-        locs = self.pages[self.index, pos // ps] * ps + pos % ps
+        locs = slots_at(self.pages, self.index, self.seq_lens - 1, self.page_size)
         return Batch.create(
             ForwardMode.DECODE,
             input_ids=self.zeros if fed else self.last,
