@@ -265,4 +265,4 @@ class SpecRunner:
         k = self.geometry.topk
         best = logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices
         for r, row in zip(reqs, best.tolist(), strict=True):
-            r.spec.draft_tokens = tuple(int(t) for t in row)
+            r.spec.draft_tokens = tuple(row)  # NOTE: tolist() gives Python ints already
