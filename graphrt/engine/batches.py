@@ -117,4 +117,6 @@ class DecodeRows:
         ``tokens [bs]`` is one of their stop tokens (``Request.done``, without a loop)."""
         if self.stops is not None:
             finishing = finishing | (self.stops == tokens[:, None]).any(axis=1)
+        if not finishing.any():  # NOTE: the usual step: nothing ends, no index list to build
+            return []
         return [self.reqs[i] for i in np.flatnonzero(finishing)]
