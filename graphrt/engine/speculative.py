@@ -231,10 +231,12 @@ class SpecRunner:
         if not req.size:
             return
         at = {key: committed[req] - 1 + nodes for key, nodes in (("src", src), ("dst", dst))}
-        slots = {
-            key: torch.as_tensor(slots_at(table, req, pos, self.page_size), device=self.target_kv.device)
-            for key, pos in at.items()
-        }
+        found = {key: slots_at(table, req, pos, self.page_size) for key, pos in at.items()}
+        if any(int(s.min()) < 0 for s in found.values()):
+            # NOTE: a position past a request's pages (-1 padded): this move does not pass
+            # through run()'s checks, so refuse it here rather than write another page.
+            raise RuntimeError("speculative KV move outside a request's pages")
+        slots = {key: torch.as_tensor(s, device=self.target_kv.device) for key, s in found.items()}
         move_slots(self.target_kv, slots["src"], slots["dst"])
 
     def _extend(
