@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.request import Request
+from graphrt.engine.sampling import row_params
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
+from graphrt.step.sampling import SamplingParams
 
 
-def prefill_batch(reqs: list[Request], page_size: int) -> Batch:
+def prefill_batch(
+    reqs: list[Request], page_size: int, sampling: tuple[SamplingParams, ...] | None = None
+) -> Batch:
     """EXTEND: every prompt token of ``reqs``, KV from position 0."""
     lens = [len(r.prompt) for r in reqs]
     return Batch.create(
@@ -19,25 +24,99 @@ def prefill_batch(reqs: list[Request], page_size: int) -> Batch:
         req_pool_indices=[r.req_idx for r in reqs],
         out_cache_loc=np.concatenate([r.slots(0, n, page_size) for r, n in zip(reqs, lens, strict=True)]),
         q_lens=lens,
+        sampling=sampling,
     )
 
 
-def decode_batch(reqs: list[Request], page_size: int, *, fed: bool = False) -> Batch:
-    """DECODE: one token per request, its last one (read, or still in flight).
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr`` made read-only: it is shared by every batch of the rows until they change."""
+    arr.flags.writeable = False
+    return arr
 
-    ``fed``: the input ids come from the device (:mod:`graphrt.runtime.feed`); the host writes
-    placeholder zeros, which pass the vocabulary check the host still runs.
+
+class DecodeRows:
+    """DECODE batches for one list of running requests, laid out once and advanced each step.
+
+    The running set of continuous batching changes only when a request joins or leaves; in
+    between, every step writes the next position of the same rows. So the request rows, page
+    table, sampling parameters, budgets and stop tokens become arrays once (``O(bs)`` Python,
+    when the set changes), and a step costs a few numpy operations instead of loops over the
+    requests: :meth:`batch`, then :meth:`advance` once the step is launched.
+
+    ``sampled``: the batches carry ``Batch.sampling`` (the runtime samples in its program).
+
+    NOTE: the arrays a batch holds are never written afterwards (read-only or replaced by new
+    ones), so a batch cannot change under the runtime once it was checked.
     """
-    seq_lens = [len(r.prompt) + len(r.output) + r.inflight for r in reqs]
-    # NOTE: plain ints, not one numpy call per request: this runs on the host every step.
-    locs = [
-        r.pages[(n - 1) // page_size] * page_size + (n - 1) % page_size
-        for r, n in zip(reqs, seq_lens, strict=True)
-    ]
-    return Batch.create(
-        ForwardMode.DECODE,
-        input_ids=np.zeros(len(reqs), dtype=np.int64) if fed else [r.output[-1] for r in reqs],
-        seq_lens=seq_lens,
-        req_pool_indices=[r.req_idx for r in reqs],
-        out_cache_loc=locs,
-    )
+
+    def __init__(self, reqs: list[Request], page_size: int, *, sampled: bool) -> None:
+        bs = len(reqs)
+        self.reqs, self.rids, self.page_size = reqs, [r.rid for r in reqs], page_size
+        self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
+        self.pages = page_table(reqs)
+        self.index = np.arange(bs)
+        #: The next step's KV length per request: its tokens read or in flight, plus the new one.
+        self.seq_lens = _frozen(
+            np.array([len(r.prompt) + len(r.output) + r.inflight for r in reqs], dtype=np.int64)
+        )
+        #: ``seq_lens`` at which a request's budget is used up (no step needs to run).
+        self.limit = np.array([len(r.prompt) + r.max_new_tokens for r in reqs], dtype=np.int64)
+        #: The next step's input ids when the host gives them: each request's last read token.
+        self.last = _frozen(np.array([r.output[-1] if r.output else 0 for r in reqs], dtype=np.int64))
+        # NOTE: placeholders of a fed step (the device gathers the ids); in range for the check.
+        self.zeros = _frozen(np.zeros(bs, dtype=np.int64))
+        self.sampling = row_params([r.sampling for r in reqs]) if sampled else None
+        stops = [r.sampling.stop_token_ids if r.sampling is not None else () for r in reqs]
+        most = max((len(s) for s in stops), default=0)
+        #: ``[bs, most]`` stop token ids, -1 padded (never a token); None: no request has any.
+        self.stops: np.ndarray | None = None
+        if most:
+            self.stops = np.full((bs, most), -1, dtype=np.int64)
+            for i, s in enumerate(stops):
+                self.stops[i, : len(s)] = s
+
+    @property
+    def bs(self) -> int:
+        return len(self.reqs)
+
+    def batch(self, *, fed: bool = False) -> Batch:
+        """The next DECODE step: one token per request at position ``seq_lens - 1``.
+
+        ``fed``: the input ids come from the device (:mod:`graphrt.runtime.feed`); the host
+        gives placeholder zeros, which pass the vocabulary check the host still runs.
+        """
+        locs = slots_at(self.pages, self.index, self.seq_lens - 1, self.page_size)
+        return Batch.create(
+            ForwardMode.DECODE,
+            input_ids=self.zeros if fed else self.last,
+            seq_lens=self.seq_lens,
+            req_pool_indices=self.rows,
+            out_cache_loc=locs,
+            sampling=self.sampling,
+        )
+
+    def advance(self, tokens: np.ndarray | None = None) -> np.ndarray:
+        """After the step of :meth:`batch` is launched: move every request one position on.
+
+        ``tokens``: the step's tokens when read (the next step's host input ids). Returns the
+        mask of requests whose budget that step used up (its token is their last).
+        """
+        self.seq_lens = _frozen(self.seq_lens + 1)
+        if tokens is not None:
+            self.last = _frozen(tokens.astype(np.int64, copy=True))
+        return self.seq_lens >= self.limit
+
+    def append(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """Append a step's ``tokens`` (one per request, in order); the ``(rid, token)`` pairs."""
+        for r, t in zip(self.reqs, tokens, strict=True):
+            r.output.append(t)
+        return list(zip(self.rids, tokens, strict=True))
+
+    def finished(self, finishing: np.ndarray, tokens: np.ndarray) -> list[Request]:
+        """The requests a step ended: ``finishing`` (from :meth:`advance`), or whose token in
+        ``tokens [bs]`` is one of their stop tokens (``Request.done``, without a loop)."""
+        if self.stops is not None:
+            finishing = finishing | (self.stops == tokens[:, None]).any(axis=1)
+        if not finishing.any():  # NOTE: the usual step: nothing ends, no index list to build
+            return []
+        return [self.reqs[i] for i in np.flatnonzero(finishing)]

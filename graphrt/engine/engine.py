@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
-import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -13,23 +11,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.engine.batches import decode_batch, prefill_batch
+from graphrt.engine.batches import DecodeRows
 from graphrt.engine.draft import build_draft
-from graphrt.engine.overlap import Launched, Overlap, unsupported
+from graphrt.engine.overlap import Overlap, unsupported
+from graphrt.engine.pool import Pool
 from graphrt.engine.request import EngineStats, Request, check_prompt, engine_stats
-from graphrt.engine.sampling import admit_params, host_tokens, row_params, until_stop
+from graphrt.engine.sampling import admit_params
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
+from graphrt.engine.steps import EngineSteps
 from graphrt.engine.tp import tp_generate
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
-from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
 from graphrt.step.sampling import SamplingParams, per_request
 
 
-class Engine:
+class Engine(EngineSteps):
     """Generation with a built-in model; decode steps replay captured graphs.
 
     Greedy by default; a request with :class:`graphrt.SamplingParams` is sampled inside the
@@ -133,8 +132,10 @@ class Engine:
         if why_not is None and overlap is not False:  # NOTE: tp 1 here: a plain GraphRuntime
             rows = self.runtime.req_to_token.max_reqs
             self.overlap = Overlap(rows + 1, rows, self.device)
-        self._free_reqs = deque(range(max_batch_size))
-        self._free_pages = deque(range(self.kv.dummy_page))
+        tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())
+        self.pool = Pool(max_batch_size, self.kv.dummy_page, page_size, tables)
+        self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
+        self._ended = False  # the last overlapped read ended a request (see _take)
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
         self.waiting: deque[Request] = deque()
@@ -162,11 +163,6 @@ class Engine:
     def _ranked(self, runtime: Any, target: int) -> Any:
         """With TP, a runtime whose steps every rank runs with rank 0's batch."""
         return runtime if self.channel is None else TPRuntime(runtime, self.channel, target)
-
-    @property
-    def _lookahead(self) -> int:
-        """KV positions a request may write past its last token (a verify's drafts)."""
-        return self.spec.lookahead if self.spec else 0
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(
@@ -232,143 +228,6 @@ class Engine:
         while self.waiting or self.running:
             self.step()
         return [self.finished[i].output for i in ids]
-
-    # ---- one step ------------------------------------------------------------------------
-    def step(self) -> list[tuple[int, int]]:
-        """One forward: prefill newly admitted requests, else decode the running ones.
-
-        Returns the ``(request id, token)`` pairs produced; with ``overlap`` those of the step
-        launched by the call before (one step late).
-        """
-        if self.overlap is not None:
-            return self._step_ahead(self.overlap)
-        admitted = self._admit()
-        if admitted:
-            produced = self._prefill(admitted)
-            if self.spec is not None:
-                self.spec.start([r for r in admitted if not r.done], eager=not self.use_graphs)
-        elif self.running:
-            produced = self._decode(self.running) if self.spec is None else self._spec_round(self.running)
-        else:
-            return []
-        self._retire()
-        return produced
-
-    def _admit(self) -> list[Request]:
-        admitted = []
-        while self.waiting and self._free_reqs:
-            req = self.waiting[0]
-            need = -(-(len(req.prompt) + req.max_new_tokens + self._lookahead) // self.page_size)
-            if need > len(self._free_pages):
-                break
-            self.waiting.popleft()
-            req.req_idx = self._free_reqs.popleft()
-            req.pages = [self._free_pages.popleft() for _ in range(need)]
-            admitted.append(req)
-        self.running.extend(admitted)
-        return admitted
-
-    def _step_ahead(self, overlap: Overlap) -> list[tuple[int, int]]:
-        """Launch the next step, then read the one launched before it (one step late).
-
-        A request that reaches ``max_new_tokens`` gives its row and pages back once its last
-        step is launched (stream order keeps them safe for the next occupant), as without
-        overlap. One that samples a stop token is seen a step late, so it may have run one
-        more step: that token is dropped and the KV it wrote freed with its row.
-        """
-        start = time.perf_counter()
-        admitted = self._admit()
-        reqs = admitted or [r for r in self.running if r.req_idx >= 0 and not r.done]
-        launched = None
-        if reqs:
-            fed = not admitted
-            batch = (
-                decode_batch(reqs, self.page_size, fed=True) if fed else prefill_batch(reqs, self.page_size)
-            )
-            batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
-            launched = overlap.launch(self.runtime, batch, reqs, eager=not self.use_graphs, fed=fed)
-            for r in reqs:
-                if r.launched_all:
-                    self._release(r)
-        produced = self._take(overlap.swap(launched))
-        self._retire()
-        if admitted:
-            self._prefill_steps += 1
-        elif reqs:
-            self._decode_seconds += time.perf_counter() - start
-            self._decode_steps += 1
-        return produced
-
-    def _take(self, step: Launched | None) -> list[tuple[int, int]]:
-        """Append a read step's tokens; a request already done drops its one extra token."""
-        if step is None:
-            return []
-        tokens = step.read()
-        kept = [(r, t) for r, t in zip(step.reqs, tokens, strict=True) if not r.done]
-        return self._append([r for r, _ in kept], [t for _, t in kept])
-
-    def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
-        batch = prefill_batch(reqs, self.page_size)
-        produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
-        self._prefill_steps += 1
-        return produced
-
-    def _decode(self, reqs: list[Request]) -> list[tuple[int, int]]:
-        batch = decode_batch(reqs, self.page_size)
-        start = time.perf_counter()
-        produced = self._run_and_sample(reqs, batch, np.arange(len(reqs)))  # NOTE: syncs: real timing
-        self._decode_seconds += time.perf_counter() - start
-        self._decode_steps += 1
-        return produced
-
-    def _spec_round(self, reqs: list[Request]) -> list[tuple[int, int]]:
-        assert self.spec is not None
-        start = time.perf_counter()
-        new = self.spec.round(reqs, eager=not self.use_graphs)
-        self._decode_seconds += time.perf_counter() - start
-        self._decode_steps += 1
-        new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
-        for r, tokens in zip(reqs, new, strict=True):
-            r.output.extend(tokens)
-        return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
-
-    def _run_and_sample(self, reqs: list[Request], batch: Batch, last: np.ndarray) -> list[tuple[int, int]]:
-        """Run ``batch`` and append each request's next token (``last``: its last token row).
-
-        The runtime samples inside its program; an engine recording logits takes them and
-        applies the same sampler here, so its tokens are the same.
-        """
-        eager = not self.use_graphs
-        if self.runtime.config.sample and not self.record_logits:
-            batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
-            return self._append(reqs, self.runtime.run(batch, eager=eager).tolist())
-        logits = self.runtime.run(batch, eager=eager)[last]
-        tokens = host_tokens(logits, [r.sampling for r in reqs], batch.seq_lens)
-        if self.record_logits:
-            for r, row in zip(reqs, logits.float().cpu(), strict=True):
-                self.logits.setdefault(r.rid, []).append(row)
-        return self._append(reqs, tokens)
-
-    def _append(self, reqs: list[Request], tokens: list[int]) -> list[tuple[int, int]]:
-        for r, t in zip(reqs, tokens, strict=True):
-            r.output.append(t)
-        return [(r.rid, t) for r, t in zip(reqs, tokens, strict=True)]
-
-    def _retire(self) -> None:
-        for r in [r for r in self.running if r.done]:
-            self.running.remove(r)
-            if r.req_idx >= 0:  # NOTE: an overlapped request may have given its row back already
-                self._release(r)
-            self.finished[r.rid] = r
-
-    def _release(self, r: Request) -> None:
-        """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
-        self.runtime.req_to_token.free(r.req_idx)
-        if self.spec is not None:
-            self.spec.draft.req_to_token.free(r.req_idx)
-        self._free_reqs.append(r.req_idx)
-        self._free_pages.extend(r.pages)
-        r.req_idx, r.pages = -1, []
 
     def close(self) -> None:
         """Release the captured graphs (and sync): do this before a process group is destroyed."""

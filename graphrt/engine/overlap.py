@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from graphrt.engine.batches import DecodeRows
 from graphrt.engine.request import Request
 from graphrt.runtime.feed import TokenFeed
 from graphrt.step.batch import Batch
@@ -35,14 +37,18 @@ class Launched:
     reqs: list[Request]
     host: torch.Tensor  # [bs] int64, pinned on CUDA
     copied: Any  # torch.cuda.Event recorded after the copy, or None (CPU: already there)
+    #: A DECODE step: the rows it was built from (their stop tokens), and the mask of requests
+    #: whose budget it used up. None: a prefill.
+    rows: DecodeRows | None = None
+    finishing: np.ndarray | None = None
 
-    def read(self) -> list[int]:
-        """The step's tokens: waits for its copy only (later steps keep running)."""
+    def read(self) -> np.ndarray:
+        """The step's tokens ``[bs]`` int64: waits for its copy only (later steps keep running)."""
         if self.copied is not None:
             self.copied.synchronize()
         for r in self.reqs:
             r.inflight -= 1
-        return self.host.tolist()
+        return self.host.numpy().copy()  # NOTE: a copy: the ring's buffer is filled again
 
 
 class Overlap:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.spec_tree import Accepted, TreeLayout
 from graphrt.kv.move import move_slots
 from graphrt.runtime import GraphRuntime
@@ -152,10 +153,13 @@ class SpecRunner:
     def round(self, reqs: Sequence[Any], eager: bool) -> list[list[int]]:
         """One draft → verify → extend round; returns the tokens each request commits."""
         committed = np.array([len(r.prompt) + len(r.output) for r in reqs])
-        drafts = self._draft(reqs, committed, eager)
-        predicted = self._verify(reqs, committed, drafts, eager)
+        # NOTE: the pages and rows of the round's requests as arrays, once: every phase's KV
+        # slots are then one numpy op, not one per request.
+        table, rows = page_table(reqs), np.array([r.req_idx for r in reqs], dtype=np.int64)
+        drafts = self._draft(reqs, rows, table, committed, eager)
+        predicted = self._verify(reqs, rows, table, committed, drafts, eager)
         acc = self.tree.accept(drafts, predicted)
-        self._move_path(reqs, committed, acc)
+        self._move_path(table, committed, acc)
         new = []
         for r, d, b, a, t in zip(reqs, drafts, acc.branch, acc.length, acc.bonus, strict=True):
             budget = r.max_new_tokens - len(r.output)
@@ -163,10 +167,13 @@ class SpecRunner:
         self.stats.count(acc.length)
         live = [i for i, r in enumerate(reqs) if len(r.output) + len(new[i]) < r.max_new_tokens]
         if live:
-            self._extend([reqs[i] for i in live], committed[live], [new[i] for i in live], eager)
+            picked = ([reqs[i] for i in live], rows[live], table[live])
+            self._extend(*picked, committed[live], [new[i] for i in live], eager)
         return new
 
-    def _draft(self, reqs: Sequence[Any], committed: np.ndarray, eager: bool) -> np.ndarray:
+    def _draft(
+        self, reqs: Sequence[Any], rows: np.ndarray, table: np.ndarray, committed: np.ndarray, eager: bool
+    ) -> np.ndarray:
         """``[bs, topk, num_steps]``: each branch's first guess, then its greedy continuation."""
         first = np.array([r.spec.draft_tokens for r in reqs])  # [bs, topk]
         steps, k = self.geometry.draft_forwards, self.geometry.topk
@@ -179,17 +186,23 @@ class SpecRunner:
             ForwardMode.DRAFT_DECODE,
             input_ids=first.reshape(-1),
             seq_lens=committed + 1,
-            req_pool_indices=[r.req_idx for r in reqs],
-            out_cache_loc=np.concatenate(
-                [r.at(m + offsets, self.page_size) for r, m in zip(reqs, committed, strict=True)]
-            ),
+            req_pool_indices=rows,
+            out_cache_loc=slots_at(
+                table, np.arange(len(reqs))[:, None], committed[:, None] + offsets, self.page_size
+            ).reshape(-1),
             q_lens=np.full(len(reqs), k),
         )
         rest = self.draft.run(batch, eager=eager).cpu().numpy().reshape(len(reqs), k, steps)
         return np.concatenate([first[:, :, None], rest], axis=2)
 
     def _verify(
-        self, reqs: Sequence[Any], committed: np.ndarray, drafts: np.ndarray, eager: bool
+        self,
+        reqs: Sequence[Any],
+        rows: np.ndarray,
+        table: np.ndarray,
+        committed: np.ndarray,
+        drafts: np.ndarray,
+        eager: bool,
     ) -> np.ndarray:
         """The target's argmax after every verify node, ``[bs, num_draft_tokens]``."""
         n, bs = self.geometry.num_draft_tokens, len(reqs)
@@ -198,17 +211,17 @@ class SpecRunner:
             ForwardMode.TARGET_VERIFY,
             input_ids=self.tree.tokens(pending, drafts).reshape(-1),
             seq_lens=committed - 1 + n,
-            req_pool_indices=[r.req_idx for r in reqs],
-            out_cache_loc=np.concatenate(
-                [r.slots(m - 1, m - 1 + n, self.page_size) for r, m in zip(reqs, committed, strict=True)]
-            ),
+            req_pool_indices=rows,
+            out_cache_loc=slots_at(
+                table, np.arange(bs)[:, None], committed[:, None] - 1 + np.arange(n), self.page_size
+            ).reshape(-1),
             q_lens=np.full(bs, n),
             tree_mask=self.tree.mask(bs),
         )
         logits = self.target.run(batch, eager=eager)
         return logits.argmax(dim=-1).cpu().numpy().reshape(bs, n)
 
-    def _move_path(self, reqs: Sequence[Any], committed: np.ndarray, acc: Accepted) -> None:
+    def _move_path(self, table: np.ndarray, committed: np.ndarray, acc: Accepted) -> None:
         """Copy the target KV of each accepted draft from its node's slot to its position's.
 
         Node ``k`` sits at position ``m - 1 + k``; the next verify reads the path as positions
@@ -218,27 +231,32 @@ class SpecRunner:
         if not req.size:
             return
         at = {key: committed[req] - 1 + nodes for key, nodes in (("src", src), ("dst", dst))}
-        slots = {
-            key: torch.as_tensor(
-                np.concatenate([reqs[i].at(p[None], self.page_size) for i, p in zip(req, pos, strict=True)]),
-                device=self.target_kv.device,
-            )
-            for key, pos in at.items()
-        }
+        found = {key: slots_at(table, req, pos, self.page_size) for key, pos in at.items()}
+        if any(int(s.min()) < 0 for s in found.values()):
+            # NOTE: a position past a request's pages (-1 padded): this move does not pass
+            # through run()'s checks, so refuse it here rather than write another page.
+            raise RuntimeError("speculative KV move outside a request's pages")
+        slots = {key: torch.as_tensor(s, device=self.target_kv.device) for key, s in found.items()}
         move_slots(self.target_kv, slots["src"], slots["dst"])
 
     def _extend(
-        self, reqs: Sequence[Any], committed: np.ndarray, new: Sequence[list[int]], eager: bool
+        self,
+        reqs: Sequence[Any],
+        rows: np.ndarray,
+        table: np.ndarray,
+        committed: np.ndarray,
+        new: Sequence[list[int]],
+        eager: bool,
     ) -> None:
         q = np.array([len(t) for t in new])
+        owner = np.repeat(np.arange(len(reqs)), q)  # the request of each new token, in order
+        pos = np.repeat(committed, q) + np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
         batch = Batch.create(
             ForwardMode.DRAFT_EXTEND,
             input_ids=np.concatenate(new),
             seq_lens=committed + q,
-            req_pool_indices=[r.req_idx for r in reqs],
-            out_cache_loc=np.concatenate(
-                [r.slots(m, m + n, self.page_size) for r, m, n in zip(reqs, committed, q, strict=True)]
-            ),
+            req_pool_indices=rows,
+            out_cache_loc=slots_at(table, owner, pos, self.page_size),
             q_lens=q,
         )
         logits = self.draft.run(batch, eager=eager)
@@ -249,4 +267,4 @@ class SpecRunner:
         k = self.geometry.topk
         best = logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices
         for r, row in zip(reqs, best.tolist(), strict=True):
-            r.spec.draft_tokens = tuple(int(t) for t in row)
+            r.spec.draft_tokens = tuple(row)  # NOTE: tolist() gives Python ints already
