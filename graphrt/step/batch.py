@@ -37,7 +37,7 @@ class Limits:
     scratch: Scratch = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scratch", Scratch(self.max_reqs, self.num_live_slots))
+        object.__setattr__(self, "scratch", Scratch(self.max_reqs, self.num_live_slots, self.page_size))
 
 
 def model_vocab_size(forward: Any) -> int | None:

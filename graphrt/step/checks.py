@@ -55,7 +55,9 @@ class Scratch:
     writes miss the cache). ``geometry`` caches each mode's geometry rule (``Batch.check``).
     """
 
-    def __init__(self, max_reqs: int, num_live_slots: int) -> None:
+    def __init__(self, max_reqs: int, num_live_slots: int, page_size: int = 1) -> None:
+        #: ``page_size`` as a 0-d array (see :func:`aligned`).
+        self.page = np.array(page_size, dtype=np.int64)
         self.rows = np.zeros(max(max_reqs, 1), dtype=np.int64)
         self.index = np.arange(max(max_reqs, 1), dtype=np.int64)
         # NOTE: fixed size (a longer array sorts a fresh copy): the host footprint never grows.
@@ -143,25 +145,34 @@ def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
     vocab = limits.vocab_size if limits.vocab_size is not None else INT64_MAX
     if not below(batch.input_ids, vocab):
         return False
-    return ps == 1 or aligned(batch, ps)
+    return ps == 1 or aligned(batch, scratch.page)
 
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 
 
-def aligned(batch: Batch, ps: int) -> bool:
-    """``out_cache_loc % ps == kv_positions % ps`` for every entry."""
+def aligned(batch: Batch, page: np.ndarray) -> bool:
+    """``out_cache_loc % ps == kv_positions % ps`` for every entry (``page``: 0-d ``ps``).
+
+    NOTE: ``page`` is a 0-d array, not an int: numpy 2 converts a Python scalar operand on
+    every call (~0.2 µs per ufunc); in-place and ``out=`` forms cost more than a fresh array
+    at these sizes (measured). Remainders are >= 0 (numpy's % takes the divisor's sign).
+    """
     spec, seq, loc = MODES[batch.mode], batch.seq_lens, batch.out_cache_loc
     if spec.draft_steps or spec.ragged:
-        diff = loc - batch.kv_positions
-    elif batch.input_ids.size == seq.size:  # one token per request: position seq_len - 1
-        diff = loc - seq
-        diff += 1
-    else:
-        q = batch.input_ids.size // seq.size
-        diff = (loc.reshape(-1, q) - (seq - q)[:, None] - np.arange(q)).reshape(-1)
-    # NOTE: both remainders are >= 0 (numpy's % takes the divisor's sign): max 0 means all 0.
-    if ps & (ps - 1) == 0:
-        diff &= ps - 1
-        return umax(diff) == 0
-    return umax(diff % ps) == 0
+        return umax((loc - batch.kv_positions) % page) == 0
+    if batch.input_ids.size == seq.size:
+        # NOTE: one token per request, at position seq_len - 1: aligned iff every
+        # (slot - seq_len) % ps is ps - 1, i.e. their minimum is.
+        return umin((loc - seq) % page) == int(page) - 1
+    q = batch.input_ids.size // seq.size
+    diff = loc.reshape(-1, q) - (seq - q)[:, None] - _arange(q)
+    return umax(diff.reshape(-1) % page) == 0
+
+
+def _arange(n: int) -> np.ndarray:
+    return _ARANGE[:n] if n <= _ARANGE.size else np.arange(n, dtype=np.int64)
+
+
+_ARANGE = np.arange(1024, dtype=np.int64)
+_ARANGE.flags.writeable = False
