@@ -28,17 +28,17 @@ _ARANGE.flags.writeable = False
 def _any(mask: np.ndarray) -> bool:
     """``mask.any()`` (bool, or non-negative ints): ``argmax`` is C, ``any`` and
     ``np.count_nonzero`` pass through Python-level wrappers first (~1 µs, measured)."""
-    return bool(mask.size) and bool(mask[mask.argmax()])
+    return mask.size > 0 and bool(mask.item(mask.argmax()))
 
 
 def _max(arr: np.ndarray) -> int:
     """``int(arr.max())`` of a non-empty 1-D array (``argmax`` is C; see :func:`_any`)."""
-    return int(arr[arr.argmax()])
+    return arr.item(arr.argmax())
 
 
 def _min(arr: np.ndarray) -> int:
     """``int(arr.min())`` of a non-empty 1-D array (see :func:`_max`)."""
-    return int(arr[arr.argmin()])
+    return arr.item(arr.argmin())
 
 
 class KVIsolationError(ValueError):

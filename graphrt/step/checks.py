@@ -72,23 +72,27 @@ SORT_ROWS_PER_REQ = 16
 def umax(arr: np.ndarray) -> int:
     """``int(arr.max())`` of a non-empty 1-D array: ``argmax`` is a C method, ``max`` goes through
     numpy's Python-level reduction wrapper (about 1.5 µs more per call, measured)."""
-    return int(arr[arr.argmax()])
+    return arr.item(arr.argmax())  # NOTE: item() gives a Python int, ~60 ns less than int(arr[i])
 
 
 def umin(arr: np.ndarray) -> int:
     """``int(arr.min())`` of a non-empty 1-D array (see :func:`umax`)."""
-    return int(arr[arr.argmin()])
+    return arr.item(arr.argmin())
 
 
 def any_true(mask: np.ndarray) -> bool:
     """``mask.any()`` of a 1-D bool array: ``argmax`` finds the first True in C, where ``any``
     and ``np.count_nonzero`` both pass through Python-level wrappers first."""
-    return bool(mask.size) and bool(mask[mask.argmax()])
+    return mask.size > 0 and bool(mask.item(mask.argmax()))
+
+
+#: A dtype instance, not the class: ``view`` skips converting it (~30 ns).
+_U64 = np.dtype(np.uint64)
 
 
 def below(arr: np.ndarray, hi: int) -> bool:
     """``0 <= arr < hi`` elementwise (int64 ``arr``, non-empty), in one reduction."""
-    return umax(arr.view(np.uint64)) < hi
+    return umax(arr.view(_U64)) < hi
 
 
 def distinct_rows(rows: np.ndarray, scratch: Scratch) -> bool:
