@@ -50,9 +50,10 @@ class Limits(Protocol):
 class Scratch:
     """Reusable host arrays of the fast check (one per :class:`Limits`).
 
-    ``rows`` is the request-row stamp table; KV slots are checked by sorting a copy in
-    ``sorted`` (measured faster than a stamp table over millions of slots, whose scattered
-    writes miss the cache). ``geometry`` caches each mode's geometry rule (``Batch.check``).
+    ``rows`` is the request-row stamp table; KV slots are checked by sorting a fresh copy
+    (:func:`distinct_below`: measured faster than a stamp table over millions of slots, whose
+    scattered writes miss the cache, and than filling a reusable array first). ``geometry``
+    caches each mode's geometry rule (``Batch.check``).
     """
 
     def __init__(self, max_reqs: int, num_live_slots: int, page_size: int = 1) -> None:
@@ -60,13 +61,7 @@ class Scratch:
         self.page = np.array(page_size, dtype=np.int64)
         self.rows = np.zeros(max(max_reqs, 1), dtype=np.int64)
         self.index = np.arange(max(max_reqs, 1), dtype=np.int64)
-        # NOTE: fixed size (a longer array sorts a fresh copy): the host footprint never grows.
-        self.sorted = np.zeros(max(max_reqs, 1) * SORT_ROWS_PER_REQ, dtype=np.int64)
         self.geometry: dict[ForwardMode, Any] = {}
-
-
-#: Entries per request the slot-sorting scratch holds (a verify tree's tokens, a draft's steps).
-SORT_ROWS_PER_REQ = 16
 
 
 def umax(arr: np.ndarray) -> int:
@@ -107,17 +102,11 @@ def distinct_rows(rows: np.ndarray, scratch: Scratch) -> bool:
     return scratch.rows[rows].tobytes() == index.tobytes()
 
 
-def distinct(values: np.ndarray, scratch: Scratch | None = None) -> bool:
+def distinct(values: np.ndarray) -> bool:
     """True when no value repeats (sort a copy, compare neighbours)."""
-    n = values.size
-    if n < 2:
+    if values.size < 2:
         return True
-    if scratch is not None and n <= scratch.sorted.size:
-        ordered = scratch.sorted[:n]
-        ordered[:] = values
-        ordered.sort()
-    else:
-        ordered = np.sort(values)
+    ordered = np.sort(values)
     return not any_true(ordered[1:] == ordered[:-1])
 
 
