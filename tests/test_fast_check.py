@@ -7,7 +7,7 @@ import pytest
 
 from graphrt import Batch, ForwardMode
 from graphrt.step import Limits, SpecGeometry
-from graphrt.step.checks import distinct, distinct_rows, fast_ok
+from graphrt.step.checks import distinct, distinct_below, distinct_rows, fast_ok
 
 SPEC = SpecGeometry(num_steps=3, topk=1)
 
@@ -91,3 +91,10 @@ def test_create_keeps_int64_arrays() -> None:
         Batch.create(
             ForwardMode.DECODE, input_ids=[1, 2], seq_lens=seq, req_pool_indices=[0, 1], out_cache_loc=[4]
         )
+
+
+def test_distinct_below() -> None:
+    assert distinct_below(np.array([3, 1, 2]), 4) and distinct_below(np.zeros(0, np.int64), 1)
+    assert not distinct_below(np.array([3, 1, 3]), 4)  # repeat
+    assert not distinct_below(np.array([3, 1, 4]), 4) and not distinct_below(np.array([-1, 2]), 4)
+    assert distinct_below(np.array([0]), 1) and not distinct_below(np.array([1]), 1)

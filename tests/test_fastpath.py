@@ -98,3 +98,30 @@ def test_telemetry_ring_reads_as_records() -> None:
     assert all(isinstance(r, StepRecord) for r in records) and len(records) == 2
     assert records[0].fallback == "too big" and records[1].update_us == 0.25e6
     assert t.last_replay() == records[1] and t.steps["DECODE"] == 3
+
+
+def test_rewriting_a_tail_equals_truncate_then_commit() -> None:
+    """A step rewriting its own tail (same slots; other slots; some rows only growing) leaves
+    the state that truncating first and committing afresh leaves (the ledger's shortcuts)."""
+    rows, starts = np.array([2, 0, 3]), np.array([4, 4, 4])
+    first = KVWrites(
+        rows, starts, np.ones(3, np.int64), np.array([10, 20, 30]), np.arange(3), starts, True, True
+    )
+    again = [
+        first,
+        first._replace(slots=np.array([11, 20, 31])),
+        first._replace(
+            starts=np.array([4, 5, 4]), slots=np.array([10, 21, 30]), slot_pos=np.array([4, 5, 4])
+        ),
+    ]
+    for w in again:
+        a, b = KVLedger(4, 64, 256), KVLedger(4, 64, 256)
+        for ledger in (a, b):
+            ledger.valid_lens[rows] = 4
+            ledger.commit(first)
+        a.check(w)
+        a.commit(w)
+        b.truncate(w.rows, w.starts)
+        b.commit(w)
+        for name in ("valid_lens", "table", "owner", "refs", "slot_pos"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)

@@ -64,6 +64,10 @@ class PageBounds:
         self.max_pages, self.page_size, self.track = max_pages, page_size, track
         self.held = np.full(max_bs, max_pages, dtype=np.int64)
         self.need = np.zeros(max_bs, dtype=np.int64)
+        # NOTE: 0-d arrays, not ints: numpy 2 converts a Python scalar operand on every call
+        # (~0.2 µs per ufunc, measured); ``_bias`` per ``extra`` (a function of the mode).
+        self._ps = np.array(page_size, dtype=np.int64)
+        self._bias: dict[int, np.ndarray] = {}
 
     def forget(self) -> None:
         """The device page table is unknown (poisoned, or written by a capture)."""
@@ -74,29 +78,36 @@ class PageBounds:
         if not self.track:
             bound[:rows] = self.max_pages
             return
-        bs, ps, need = seq.size, self.page_size, self.need
-        np.add(seq, extra + ps - 1, out=need[:bs])
-        if ps > 1:
-            np.floor_divide(need[:bs], ps, out=need[:bs])
-        need[bs:rows] = -(-(pad_seq_len + extra) // ps)
-        np.maximum(self.held[:rows], need[:rows], out=bound[:rows], casting="unsafe")
-        self.held[:rows] = need[:rows]
+        bias = self._bias.get(extra)
+        if bias is None:
+            bias = self._bias[extra] = np.array(extra + self.page_size - 1, dtype=np.int64)
+        bs, need, held = seq.size, self.need[:rows], self.held[:rows]
+        np.floor_divide(seq + bias, self._ps, out=need[:bs])
+        if rows > bs:
+            need[bs:] = -(-(pad_seq_len + extra) // self.page_size)
+        np.maximum(held, need, out=bound[:rows], casting="unsafe")
+        held[:] = need
 
 
-def _positions(batch: Batch, out: np.ndarray) -> None:
-    """``out[:num_tokens] = batch.positions``, without temporaries for uniform chains."""
-    spec, bs, n = MODES[batch.mode], batch.bs, batch.num_tokens
+def _positions(batch: Batch, out: np.ndarray, bs: int, n: int) -> None:
+    """``out[:n] = batch.positions``, without temporaries for uniform chains."""
     if not bs:
         return
+    if n == bs and batch.tree_mask is None:  # NOTE: one token per request, any mode
+        np.subtract(batch.seq_lens, _ONE, out=out[:n])
+        return
+    spec = MODES[batch.mode]
     if spec.ragged or batch.tree_mask is not None:
         out[:n] = batch.positions
     elif spec.draft_steps:  # every branch at seq_len - 1
-        np.subtract(batch.seq_lens[:, None], 1, out=out[:n].reshape(bs, n // bs))
-    elif n == bs:
-        np.subtract(batch.seq_lens, 1, out=out[:n])
+        np.subtract(batch.seq_lens[:, None], _ONE, out=out[:n].reshape(bs, n // bs))
     else:
         q = n // bs
         np.add((batch.seq_lens - q)[:, None], _arange(q), out=out[:n].reshape(bs, q))
+
+
+#: 0-d, not an int: numpy 2 converts a Python scalar operand on every call (~0.2 µs).
+_ONE = np.array(1, dtype=np.int64)
 
 
 def _arange(n: int) -> np.ndarray:
@@ -138,7 +149,7 @@ def write_host(
     tok_end = max(n, tag.n) if same else tokens
     loc = batch.out_cache_loc
     host["input_ids"][:n] = batch.input_ids
-    _positions(batch, host["positions"])
+    _positions(batch, host["positions"], bs, n)
     host["out_cache_loc"][:n] = loc if loc.size == n else batch.out_cache_loc_steps[:, 0]
     host["req_pool_indices"][:bs] = batch.req_pool_indices
     host["cache_seqlens"][:bs] = batch.seq_lens

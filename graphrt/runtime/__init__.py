@@ -5,10 +5,11 @@ metadata families and replays the graph whose program (:mod:`graphrt.runtime.pro
 per mode) runs the device half of the update and the model. Telemetry keeps per-step times.
 """
 
+from graphrt.runtime.capturing import make_engine
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
 from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
-from graphrt.runtime.runtime import GraphRuntime, make_engine
+from graphrt.runtime.runtime import GraphRuntime
 from graphrt.runtime.telemetry import StepRecord, Telemetry
 from graphrt.runtime.tp import TPRuntime, serve
 

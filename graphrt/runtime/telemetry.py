@@ -50,10 +50,22 @@ class Telemetry:
         # dataclass costs ~0.6 µs to build, and a step builds one whether or not anyone reads it.
         self._ring: deque[tuple] = deque(maxlen=capacity)
         self.sync = sync
-        self.steps: Counter[str] = Counter()
         self.fallbacks: Counter[tuple[str, str]] = Counter()
         #: Steps per ``(mode, bs)`` over every step ever recorded (the ring forgets; this does not).
         self.batch_sizes: Counter[tuple[str, int]] = Counter()
+
+    @property
+    def steps(self) -> Counter[str]:
+        """Steps per mode over every step recorded (summed from :attr:`batch_sizes`).
+
+        NOTE: derived when read, not counted per step: one counter less on the hot path. The
+        items are copied first (one C call under the GIL): a step on another thread may add a
+        key meanwhile.
+        """
+        steps: Counter[str] = Counter()
+        for (mode, _), n in tuple(self.batch_sizes.items()):
+            steps[mode] += n
+        return steps
 
     @property
     def capacity(self) -> int:
@@ -77,13 +89,11 @@ class Telemetry:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             replay_us = (time.perf_counter() - updated) * 1e6
-        self.steps[mode] += 1
         self.batch_sizes[(mode, bs)] += 1
         self._ring.append((mode, bs, bucket, (updated - start) * 1e6, (launched - updated) * 1e6, replay_us))
 
     def fell_back(self, mode: str, bs: int, reason: str) -> None:
         """Record a step that ran eagerly because no graph fits it."""
-        self.steps[mode] += 1
         self.batch_sizes[(mode, bs)] += 1
         self.fallbacks[(mode, reason)] += 1
         self._ring.append((mode, bs, None, 0.0, 0.0, None, reason))

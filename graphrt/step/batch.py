@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.step.checks import Scratch, any_true, fast_ok, umax
+from graphrt.step.checks import Scratch, fast_ok, umax, umin
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, tokens_per_req
 from graphrt.step.sampling import SamplingParams
 
@@ -37,7 +37,7 @@ class Limits:
     scratch: Scratch = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scratch", Scratch(self.max_reqs, self.num_live_slots))
+        object.__setattr__(self, "scratch", Scratch(self.max_reqs, self.num_live_slots, self.page_size))
 
 
 def model_vocab_size(forward: Any) -> int | None:
@@ -306,8 +306,9 @@ class Batch:
         if rule.ragged:
             if umax(q) > want:
                 raise ValueError(f"{self.mode.name}: q_len {int(q.max())} > num_draft_tokens {want}")
-        elif not (want == 1 and q.base is _ONES) and any_true(q != want):
-            # NOTE: q_lens that view the read-only _ONES (Batch.create's default) are all 1.
+        elif not (want == 1 and q.base is _ONES) and not umin(q) == want == umax(q):
+            # NOTE: q_lens that view the read-only _ONES (Batch.create's default) are all 1;
+            # else min and max (two C reductions) beat ``q != want`` on a Python int.
             bad = int(q[q != want][0])
             raise ValueError(f"{self.mode.name} takes {want} token(s) per request, got q_len {bad}")
 

@@ -1,0 +1,53 @@
+"""The eager path of a step: families built at the batch's exact size, the program run directly.
+
+``run()`` takes it when no graph fits the batch (counted, with the reason), when asked
+(``eager=True``) and for modes that are never graphed. Graph and eager paths share every
+write and derive function, so their outputs match.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrt.metadata.families import Families
+from graphrt.runtime.fastpath import ModePlan, select
+from graphrt.runtime.feed import StepFeed
+from graphrt.runtime.programs import PROGRAMS, StepEnv
+from graphrt.step.batch import Batch
+from graphrt.step.config import RuntimeConfig
+
+
+def run_eager(
+    batch: Batch,
+    plan: ModePlan,
+    families: Families,
+    env: StepEnv,
+    config: RuntimeConfig,
+    kind: object,
+    feed: StepFeed | None = None,
+) -> torch.Tensor:
+    """Run ``batch`` eagerly; returns what the graph path returns (a fresh tensor)."""
+    pad = plan.pad
+    # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
+    # with collectives or side effects sees the same call shape either way.
+    inputs = Families.exact(
+        batch,
+        max(batch.bs, 1),
+        pad,
+        families.step.dims,
+        families.step.device,
+        spec=config.speculative,
+        kind=kind,
+        local=env.local,
+        sample=config.sample,
+        page_size=config.page_size,
+    )
+    max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
+    with torch.no_grad():
+        if feed is not None:
+            feed.before(inputs.step, batch.bs)
+        raw = PROGRAMS[batch.mode](env, batch.mode, inputs, max_q)
+        out = select(raw, batch.sampling is not None, batch.bs, batch.num_tokens)
+        if feed is not None:
+            feed.after(inputs.step, batch.bs, out)
+    return out
