@@ -13,7 +13,7 @@ import torch
 from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.kv.ledger import KVIsolationError
 from graphrt.models import TinyLlama, preset
-from graphrt.step.batch import model_vocab_size
+from graphrt.step.limits import model_vocab_size
 from graphrt.step.modes import SpecGeometry
 from tests.state import assert_same_state, state_of
 from tests.test_bad_input import CASES, CONTEXT, MAX_REQS, PAGE, VOCAB, valid

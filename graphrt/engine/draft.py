@@ -10,8 +10,8 @@ from graphrt.engine.speculative import SpecOptions
 from graphrt.engine.stack import ModelStack, build_stack
 from graphrt.models.presets import PRESETS, DSAConfig
 from graphrt.parallel import TPGroup
-from graphrt.step.batch import model_vocab_size
 from graphrt.step.config import RuntimeConfig
+from graphrt.step.limits import model_vocab_size
 from graphrt.step.modes import ForwardMode
 
 

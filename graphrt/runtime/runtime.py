@@ -29,8 +29,9 @@ from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import RuntimeStats
 from graphrt.runtime.telemetry import Telemetry
-from graphrt.step.batch import Batch, Limits, model_vocab_size
+from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
+from graphrt.step.limits import Limits, model_vocab_size
 from graphrt.step.modes import MODES, ForwardMode
 
 

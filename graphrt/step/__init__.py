@@ -5,8 +5,9 @@ Host only. A :class:`Batch` holds one step's inputs as numpy arrays and checks t
 many query tokens a request has and everything else that differs between modes.
 """
 
-from graphrt.step.batch import Batch, Limits
+from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
+from graphrt.step.limits import Limits
 from graphrt.step.modes import (
     MODES,
     ForwardMode,

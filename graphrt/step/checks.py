@@ -38,7 +38,7 @@ class Batch(Protocol):
 
 
 class Limits(Protocol):
-    """What the fast check reads of :class:`graphrt.step.batch.Limits`."""
+    """What the fast check reads of :class:`graphrt.step.limits.Limits`."""
 
     max_reqs: int
     max_context_len: int
