@@ -83,25 +83,20 @@ def _tiny_dsa(index_topk: int, num_heads: int = 4) -> DSAConfig:
     )
 
 
+_TINY = LlamaConfig(
+    vocab_size=512,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+)
+
 PRESETS: dict[str, LlamaConfig | DSAConfig] = {
-    "tiny-llama": LlamaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-    ),
-    "tiny-llama-draft": LlamaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        num_layers=1,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        intermediate_size=512,
-    ),
+    "tiny-llama": _TINY,
+    # NOTE: the tiny target cut to one layer, so a draft can share its weights by name
+    "tiny-llama-draft": replace(_TINY, num_layers=1),
     # NOTE: Llama-3-8B's shapes (random weights: for benchmarks, never for text).
     "llama-3-8b": LlamaConfig(
         vocab_size=128256,
