@@ -8,7 +8,7 @@ import torch
 from graphrt import ForwardMode
 from graphrt.kv.ledger import KVLedger, KVWrites
 from graphrt.runtime.telemetry import StepRecord, Telemetry
-from graphrt.step.checks import any_true, umax, umin
+from graphrt.step.hostops import any_true, umax, umin
 from graphrt.step.modes import MODES
 from tests.test_decode_parity import tolerance
 from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill

@@ -18,27 +18,8 @@ from typing import NamedTuple
 import numpy as np
 
 from graphrt.step.batch import Batch
+from graphrt.step.hostops import any_true, arange, umax, umin
 from graphrt.step.modes import MODES
-
-#: Shared read-only ``arange`` (request index of each slot in a one-write-per-request step).
-_ARANGE = np.arange(4096, dtype=np.int64)
-_ARANGE.flags.writeable = False
-
-
-def _any(mask: np.ndarray) -> bool:
-    """``mask.any()`` (bool, or non-negative ints): ``argmax`` is C, ``any`` and
-    ``np.count_nonzero`` pass through Python-level wrappers first (~1 µs, measured)."""
-    return mask.size > 0 and bool(mask.item(mask.argmax()))
-
-
-def _max(arr: np.ndarray) -> int:
-    """``int(arr.max())`` of a non-empty 1-D array (``argmax`` is C; see :func:`_any`)."""
-    return arr.item(arr.argmax())
-
-
-def _min(arr: np.ndarray) -> int:
-    """``int(arr.min())`` of a non-empty 1-D array (see :func:`_max`)."""
-    return arr.item(arr.argmin())
 
 
 class KVIsolationError(ValueError):
@@ -73,7 +54,7 @@ class KVWrites(NamedTuple):
         starts = batch.seq_lens - 1 if draft else batch.seq_lens - batch.q_lens
         if batch.out_cache_loc.size == batch.bs and not scratch:
             # NOTE: one token per request (DECODE, a 1-step chain): no repeats needed.
-            req = _ARANGE[: starts.size] if starts.size <= _ARANGE.size else np.arange(starts.size)
+            req = arange(starts.size)
             loc = batch.out_cache_loc
             return cls(batch.req_pool_indices, starts, batch.q_lens, loc, req, starts, True, True)
         per_req = batch.q_lens * batch.draft_steps
@@ -105,7 +86,7 @@ class KVLedger:
         """Raise :class:`KVIsolationError` naming the request, the position and the limit."""
         valid = self.valid_lens[w.rows]
         short = valid < w.starts
-        if _any(short):
+        if any_true(short):
             i = int(np.argmax(short))
             row, start, have = int(w.rows[i]), int(w.starts[i]), int(valid[i])
             raise KVIsolationError(
@@ -114,7 +95,7 @@ class KVLedger:
                 f"this request (limit {have})"
             )
         refs = self.refs[w.slots]
-        if _any(refs):
+        if any_true(refs):
             self._check_slots(w, refs, valid)
 
     def _check_slots(self, w: KVWrites, refs: np.ndarray, valid: np.ndarray) -> None:
@@ -127,7 +108,7 @@ class KVLedger:
         # NOTE: the only holder allowed is the writing row itself at a position it drops now.
         mine = (held >= starts) & (held < row_valid) & (self.table[rows, held] == w.slots)
         bad = refs > mine
-        if not _any(bad):
+        if not any_true(bad):
             return
         t = int(np.argmax(bad))
         i, slot, pos = int(w.slot_req[t]), int(w.slots[t]), int(held[t])
@@ -160,7 +141,7 @@ class KVLedger:
         if w.rows.size:
             valid = self.valid_lens[w.rows]
             extra = valid - w.starts
-            if _max(extra) > 0:  # NOTE: the decode steady state skips this: rows only grow
+            if umax(extra) > 0:  # NOTE: the decode steady state skips this: rows only grow
                 if w.recorded and self._rewrites_same(w, valid):
                     return
                 self._release(w.rows, w.starts, extra)
@@ -180,7 +161,7 @@ class KVLedger:
             return
         valid = self.valid_lens[rows]
         extra = valid - keep
-        if _max(extra) <= 0:
+        if umax(extra) <= 0:
             return
         self._release(rows, keep, extra)
         self.valid_lens[rows] = np.minimum(valid, keep)
@@ -196,7 +177,7 @@ class KVLedger:
         if valid.tobytes() != (w.starts + w.counts).tobytes():
             return False
         rows = w.rows if w.per_row else w.rows[w.slot_req]
-        if _any(self.table[rows, w.slot_pos] != w.slots):
+        if any_true(self.table[rows, w.slot_pos] != w.slots):
             return False
         # NOTE: refs, slot_pos and valid_lens already hold the result (check() allowed no other
         # holder); owner may still name the row that shared the slot into this one.
@@ -206,10 +187,10 @@ class KVLedger:
     def _release(self, rows: np.ndarray, keep: np.ndarray, extra: np.ndarray) -> None:
         """Release the slots at positions ``keep[i] .. keep[i] + extra[i] - 1`` of ``rows[i]``
         (``extra`` < 1: nothing); ``valid_lens`` is left to the caller."""
-        if _max(extra) == 1:
+        if umax(extra) == 1:
             # NOTE: at most one position per row (a decode step rewriting its last token):
             # one gather, no repeat / cumsum.
-            if _min(extra) == 1:
+            if umin(extra) == 1:
                 slots = self.table[rows, keep]
             else:
                 drop = extra == 1
@@ -220,7 +201,7 @@ class KVLedger:
             first = np.repeat(keep - np.cumsum(extra) + extra, extra)
             slots = self.table[row, first + np.arange(row.size)]
         refs = self.refs[slots]
-        if _max(refs) == 1:
+        if umax(refs) == 1:
             # NOTE: each slot held by this one position only, so no slot repeats in ``slots``:
             # a plain assignment (np.subtract.at costs several µs).
             self.refs[slots] = 0

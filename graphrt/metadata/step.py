@@ -19,6 +19,7 @@ from graphrt.kv import ReqToToken
 from graphrt.metadata.base import StepBuffers, token_rows
 from graphrt.metadata.kernels import fused_update, step_update
 from graphrt.step.batch import Batch
+from graphrt.step.hostops import arange
 from graphrt.step.modes import MODES
 
 STEP_SPECS = (
@@ -103,21 +104,11 @@ def _positions(batch: Batch, out: np.ndarray, bs: int, n: int) -> None:
         np.subtract(batch.seq_lens[:, None], _ONE, out=out[:n].reshape(bs, n // bs))
     else:
         q = n // bs
-        np.add((batch.seq_lens - q)[:, None], _arange(q), out=out[:n].reshape(bs, q))
+        np.add((batch.seq_lens - q)[:, None], arange(q), out=out[:n].reshape(bs, q))
 
 
 #: 0-d, not an int: numpy 2 converts a Python scalar operand on every call (~0.2 µs).
 _ONE = np.array(1, dtype=np.int64)
-
-
-def _arange(n: int) -> np.ndarray:
-    if n > _ARANGE.size:
-        return np.arange(n, dtype=np.int64)
-    return _ARANGE[:n]
-
-
-_ARANGE = np.arange(1 << 16, dtype=np.int64)
-_ARANGE.flags.writeable = False
 
 
 def write_host(
@@ -166,15 +157,15 @@ def write_host(
     if uniform and padded == tokens:
         # NOTE: every row (real or pad) has pad_q tokens: both tables are functions of the key.
         if not same:
-            np.multiply(_arange(rows + 1), pad_q, out=cu[: rows + 1])
-            req_id[:tokens] = np.repeat(_arange(rows), pad_q)[:tokens]
+            np.multiply(arange(rows + 1), pad_q, out=cu[: rows + 1])
+            req_id[:tokens] = np.repeat(arange(rows), pad_q)[:tokens]
         return MirrorTag(key, bs, n)
-    req_id[:n] = np.repeat(_arange(bs), batch.q_lens)
+    req_id[:n] = np.repeat(arange(bs), batch.q_lens)
     req_id[n:padded] = np.repeat(np.arange(bs, rows), pad_q)
     req_id[padded:tokens] = max(rows - 1, 0)
     cu[0] = 0
     np.cumsum(batch.q_lens, out=cu[1 : bs + 1])
-    cu[bs + 1 : rows + 1] = n + pad_q * _arange(rows - bs + 1)[1:]
+    cu[bs + 1 : rows + 1] = n + pad_q * arange(rows - bs + 1)[1:]
     return MirrorTag(key, bs, n)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.step.checks import fast_ok, umax, umin
+from graphrt.step.checks import fast_ok
+from graphrt.step.hostops import umax, umin
 from graphrt.step.limits import Limits
 from graphrt.step.modes import MODES, ForwardMode, TreeInput, tokens_per_req
 from graphrt.step.sampling import SamplingParams

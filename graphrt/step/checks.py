@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from graphrt.step.hostops import any_true, arange, umax, umin
 from graphrt.step.modes import MODES, ForwardMode
 
 
@@ -62,23 +63,6 @@ class Scratch:
         self.rows = np.zeros(max(max_reqs, 1), dtype=np.int64)
         self.index = np.arange(max(max_reqs, 1), dtype=np.int64)
         self.geometry: dict[ForwardMode, Any] = {}
-
-
-def umax(arr: np.ndarray) -> int:
-    """``int(arr.max())`` of a non-empty 1-D array: ``argmax`` is a C method, ``max`` goes through
-    numpy's Python-level reduction wrapper (about 1.5 µs more per call, measured)."""
-    return arr.item(arr.argmax())  # NOTE: item() gives a Python int, ~60 ns less than int(arr[i])
-
-
-def umin(arr: np.ndarray) -> int:
-    """``int(arr.min())`` of a non-empty 1-D array (see :func:`umax`)."""
-    return arr.item(arr.argmin())
-
-
-def any_true(mask: np.ndarray) -> bool:
-    """``mask.any()`` of a 1-D bool array: ``argmax`` finds the first True in C, where ``any``
-    and ``np.count_nonzero`` both pass through Python-level wrappers first."""
-    return mask.size > 0 and bool(mask.item(mask.argmax()))
 
 
 #: A dtype instance, not the class: ``view`` skips converting it (~30 ns).
@@ -170,13 +154,5 @@ def aligned(batch: Batch, page: np.ndarray) -> bool:
         # (slot - seq_len) % ps is ps - 1, i.e. their minimum is.
         return umin((loc - seq) % page) == int(page) - 1
     q = batch.input_ids.size // seq.size
-    diff = loc.reshape(-1, q) - (seq - q)[:, None] - _arange(q)
+    diff = loc.reshape(-1, q) - (seq - q)[:, None] - arange(q)
     return umax(diff.reshape(-1) % page) == 0
-
-
-def _arange(n: int) -> np.ndarray:
-    return _ARANGE[:n] if n <= _ARANGE.size else np.arange(n, dtype=np.int64)
-
-
-_ARANGE = np.arange(1024, dtype=np.int64)
-_ARANGE.flags.writeable = False
