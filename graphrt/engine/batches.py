@@ -1,11 +1,17 @@
-"""The batches the engine runs: a prefill of newly admitted requests, a decode of running ones."""
+"""The batches the engine runs: a prefill of newly admitted requests, a decode of running ones.
+
+Requests are ``engine.request.Request`` objects, typed ``Any`` here as in ``pages`` and
+``speculative``: ``request`` imports the speculative runner, which builds its prefill here.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from graphrt.engine.pages import page_table, slots_at
-from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
@@ -13,13 +19,18 @@ from graphrt.step.sampling import SamplingParams
 
 
 def prefill_batch(
-    reqs: list[Request], page_size: int, sampling: tuple[SamplingParams, ...] | None = None
+    reqs: Sequence[Any],
+    page_size: int,
+    sampling: tuple[SamplingParams, ...] | None = None,
+    tokens: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """EXTEND: every prompt token of ``reqs``, KV from position 0."""
-    lens = [len(r.prompt) for r in reqs]
+    """EXTEND: every prompt token of ``reqs`` (or ``tokens``, one list per request), KV from
+    position 0."""
+    tokens = [r.prompt for r in reqs] if tokens is None else tokens
+    lens = [len(t) for t in tokens]
     return Batch.create(
         ForwardMode.EXTEND,
-        input_ids=np.concatenate([r.prompt for r in reqs]),
+        input_ids=np.concatenate(tokens),
         seq_lens=lens,
         req_pool_indices=[r.req_idx for r in reqs],
         out_cache_loc=np.concatenate([r.slots(0, n, page_size) for r, n in zip(reqs, lens, strict=True)]),
@@ -49,7 +60,7 @@ class DecodeRows:
     ones), so a batch cannot change under the runtime once it was checked.
     """
 
-    def __init__(self, reqs: list[Request], page_size: int, *, sampled: bool) -> None:
+    def __init__(self, reqs: list[Any], page_size: int, *, sampled: bool) -> None:
         bs = len(reqs)
         self.reqs, self.rids, self.page_size = reqs, [r.rid for r in reqs], page_size
         self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
@@ -112,7 +123,7 @@ class DecodeRows:
             r.output.append(t)
         return list(zip(self.rids, tokens, strict=True))
 
-    def finished(self, finishing: np.ndarray, tokens: np.ndarray) -> list[Request]:
+    def finished(self, finishing: np.ndarray, tokens: np.ndarray) -> list[Any]:
         """The requests a step ended: ``finishing`` (from :meth:`advance`), or whose token in
         ``tokens [bs]`` is one of their stop tokens (``Request.done``, without a loop)."""
         if self.stops is not None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.engine.batches import prefill_batch
 from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.spec_tree import Accepted, TreeLayout
 from graphrt.kv.move import move_slots
@@ -135,20 +136,10 @@ class SpecRunner:
         """After the target's prefill: the draft reads prompt + first token, guesses the next."""
         if not reqs:
             return
-        lens = [len(r.prompt) + len(r.output) for r in reqs]
         tokens = [[*r.prompt, *r.output] for r in reqs]
-        batch = Batch.create(
-            ForwardMode.EXTEND,
-            input_ids=np.concatenate(tokens),
-            seq_lens=lens,
-            req_pool_indices=[r.req_idx for r in reqs],
-            out_cache_loc=np.concatenate(
-                [r.slots(0, n, self.page_size) for r, n in zip(reqs, lens, strict=True)]
-            ),
-            q_lens=lens,
-        )
+        batch = prefill_batch(reqs, self.page_size, tokens=tokens)
         logits = self.draft.run(batch, eager=eager)
-        self._set_guesses(reqs, logits[np.cumsum(lens) - 1])
+        self._set_guesses(reqs, logits[np.cumsum(batch.q_lens) - 1])
 
     def round(self, reqs: Sequence[Any], eager: bool) -> list[list[int]]:
         """One draft → verify → extend round; returns the tokens each request commits."""
