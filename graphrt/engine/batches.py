@@ -39,6 +39,13 @@ def prefill_batch(
     )
 
 
+def append_tokens(reqs: Sequence[Any], tokens: list[int]) -> list[tuple[int, int]]:
+    """Append ``tokens[i]`` to ``reqs[i]``'s output; the ``(request id, token)`` pairs."""
+    for r, t in zip(reqs, tokens, strict=True):
+        r.output.append(t)
+    return [(r.rid, t) for r, t in zip(reqs, tokens, strict=True)]
+
+
 def _frozen(arr: np.ndarray) -> np.ndarray:
     """``arr`` made read-only: it is shared by every batch of the rows until they change."""
     arr.flags.writeable = False
@@ -62,7 +69,7 @@ class DecodeRows:
 
     def __init__(self, reqs: list[Any], page_size: int, *, sampled: bool) -> None:
         bs = len(reqs)
-        self.reqs, self.rids, self.page_size = reqs, [r.rid for r in reqs], page_size
+        self.reqs, self.page_size = reqs, page_size
         self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
         self.pages = page_table(reqs)
         self.index = np.arange(bs)
@@ -119,9 +126,7 @@ class DecodeRows:
 
     def append(self, tokens: list[int]) -> list[tuple[int, int]]:
         """Append a step's ``tokens`` (one per request, in order); the ``(rid, token)`` pairs."""
-        for r, t in zip(self.reqs, tokens, strict=True):
-            r.output.append(t)
-        return list(zip(self.rids, tokens, strict=True))
+        return append_tokens(self.reqs, tokens)
 
     def finished(self, finishing: np.ndarray, tokens: np.ndarray) -> list[Any]:
         """The requests a step ended: ``finishing`` (from :meth:`advance`), or whose token in

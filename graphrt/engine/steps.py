@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.engine.batches import DecodeRows, prefill_batch
+from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
 from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
 from graphrt.engine.request import Request
@@ -137,7 +137,7 @@ class EngineSteps:
         tokens = step.read()
         if step.rows is None or step.finishing is None or self._ended:
             kept = [(r, t) for r, t in zip(step.reqs, tokens.tolist(), strict=True) if not r.done]
-            produced = self._append([r for r, _ in kept], [t for _, t in kept])
+            produced = append_tokens([r for r, _ in kept], [t for _, t in kept])
             done = [r for r, _ in kept if r.done]
         else:
             produced = step.rows.append(tokens.tolist())
@@ -187,9 +187,9 @@ class EngineSteps:
         eager = not self.use_graphs
         if self.runtime.config.sample and not self.record_logits:
             batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
-            return self._append(reqs, self.runtime.run(batch, eager=eager).tolist())
+            return append_tokens(reqs, self.runtime.run(batch, eager=eager).tolist())
         logits = self.runtime.run(batch, eager=eager)[last]
-        return self._append(reqs, self._host_sample(reqs, logits, batch))
+        return append_tokens(reqs, self._host_sample(reqs, logits, batch))
 
     def _host_sample(self, reqs: list[Request], logits: torch.Tensor, batch: Batch) -> list[int]:
         """Each request's token from its row of ``logits`` (recorded when asked)."""
@@ -198,11 +198,6 @@ class EngineSteps:
             for r, row in zip(reqs, logits.float().cpu(), strict=True):
                 self.logits.setdefault(r.rid, []).append(row)
         return tokens
-
-    def _append(self, reqs: list[Request], tokens: list[int]) -> list[tuple[int, int]]:
-        for r, t in zip(reqs, tokens, strict=True):
-            r.output.append(t)
-        return [(r.rid, t) for r, t in zip(reqs, tokens, strict=True)]
 
     def _retire(self, done: list[Request]) -> None:
         """Move ``done`` (in running order) from ``running`` to ``finished``."""
