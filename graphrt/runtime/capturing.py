@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, optimal_buckets
-from graphrt.metadata.families import Families
+from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.metadata.families import Dummies, Families
 from graphrt.runtime.fastpath import Routes
 from graphrt.runtime.programs import PROGRAMS, StepEnv
 from graphrt.runtime.progress import capture_progress
@@ -54,6 +55,9 @@ class Capturing:
     # NOTE: set by GraphRuntime.__init__; declared here for readers and type checkers.
     config: RuntimeConfig
     device: torch.device
+    kv: PagedKVCache
+    req_to_token: ReqToToken
+    _pads: dict[ForwardMode, dict[str, int]]
     engine: CaptureEngine
     dispatcher: Dispatcher
     families: Families
@@ -73,9 +77,21 @@ class Capturing:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
         return rows_per_req(mode, self.config.speculative)
 
+    def pad_values(self, mode: ForwardMode) -> dict[str, int]:
+        """Values padded rows of ``mode`` hold (DESIGN rule 3), by the names the pad rules use."""
+        pads = self._pads.get(mode)
+        if pads is None:
+            dummies = Dummies(self.kv.dummy_slot, self.kv.dummy_page, self.req_to_token.dummy_req)
+            pads = self._pads[mode] = self.families.pad_values(mode, dummies)
+        return pads
+
     def _write(self, batch: Batch, bucket: int, tokens: int, pad: dict[str, int] | None = None) -> None:
-        """Write ``batch`` into the families (GraphRuntime's step path defines it)."""
-        raise NotImplementedError
+        """Write ``batch`` into the families of its mode for ``bucket`` (the step path and the
+        capture's all-padding batch alike); in debug mode the families are poisoned first."""
+        if self.config.debug:
+            for family in self.families.used_by(batch.mode):
+                family.poison()
+        self.families.write(batch, bucket, tokens, pad or self.pad_values(batch.mode))
 
     def capture(self, show_progress: bool = False) -> CaptureReport:
         """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""

@@ -19,7 +19,7 @@ from graphrt.buffers import Dims
 from graphrt.capture import BucketPolicy, Dispatcher
 from graphrt.kv import PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
-from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.families import Families
 from graphrt.metadata.local import local_geometry
 from graphrt.runtime.capturing import Capturing, make_engine
 from graphrt.runtime.eager import run_eager
@@ -99,14 +99,6 @@ class GraphRuntime(Capturing):
         self.telemetry = Telemetry()
         self._lock = threading.Lock()
 
-    def pad_values(self, mode: ForwardMode) -> dict[str, int]:
-        """Values padded rows of ``mode`` hold (DESIGN rule 3), by the names the pad rules use."""
-        pads = self._pads.get(mode)
-        if pads is None:
-            dummies = Dummies(self.kv.dummy_slot, self.kv.dummy_page, self.req_to_token.dummy_req)
-            pads = self._pads[mode] = self.families.pad_values(mode, dummies)
-        return pads
-
     # ---- steps ---------------------------------------------------------------------------
     def run(self, batch: Batch, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
@@ -183,12 +175,6 @@ class GraphRuntime(Capturing):
         if feed is not None:
             feed.after(step, batch.bs, out)
         return out
-
-    def _write(self, batch: Batch, bucket: int, tokens: int, pad: dict[str, int] | None = None) -> None:
-        if self.config.debug:
-            for family in self.families.used_by(batch.mode):
-                family.poison()
-        self.families.write(batch, bucket, tokens, pad or self.pad_values(batch.mode))
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
