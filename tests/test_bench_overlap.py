@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from graphrt.cli import main
-from graphrt.tools.bench_overlap import Op, replay_gaps, union_us
+from graphrt.tools.bench_overlap import replay_gaps
+from graphrt.tools.device_ops import Op, kernel_breakdown, union_us
 
 GRAPH = ["update", "gemm", "attn", "sample"]
 
@@ -56,3 +57,20 @@ def test_bench_overlap_on_cpu(tmp_path: Path) -> None:
         assert row["tokens_equal"] is True
         for key in ("off", "on"):
             assert row[key]["wall_us"] > 0 and row[key]["busy_us"] is None  # no device timeline
+
+
+def test_kernel_breakdown_groups_by_family_per_step() -> None:
+    ops = [
+        Op("void at::native::k<int, 4>(float*)", 0.0, 2.0),
+        Op("nvjet_gemm_64x8", 3.0, 13.0),
+        Op("void at::native::k<float, 2>(int)", 13.0, 14.0),
+        Op("nvjet_gemm_64x8", 20.0, 30.0),
+    ]
+    d = kernel_breakdown(ops, steps=2)
+    assert d["busy_us"] == 11.5 and d["span_us"] == 15.0 and d["launches"] == 2.0
+    assert [(k["kernel"], k["us"], k["launches"]) for k in d["kernels"]] == [
+        ("nvjet_gemm_64x8", 10.0, 1.0),
+        ("at::native::k", 1.5, 1.0),
+    ]
+    assert abs(d["idle_share"] - (1 - 11.5 / 15.0)) < 1e-12
+    assert kernel_breakdown([], steps=3)["kernels"] == []

@@ -11,6 +11,9 @@ request holds ``--context`` tokens) and the same next token:
 - transformers ``LlamaForCausalLM`` over a ``StaticCache``, eager and under
   ``torch.compile(mode="reduce-overhead", dynamic=False)``.
 
+On CUDA, five graphrt replays per batch size also run under ``torch.profiler`` (CUDA activity
+only): the row's ``device`` holds the busy and idle µs per step and the top kernels by time.
+
 Before timing a batch size the bench checks that graphrt's logits match transformers' (and the
 compiled model's) within ``model_twin.PARITY_TOLERANCE``, and raises ``ParityError`` if not.
 Each run writes ``<out>/model_<device>_<shape>_<UTC time>.json``.
@@ -33,6 +36,7 @@ from graphrt.tools import model_steps as steps
 from graphrt.tools.bench_record import fmt_us, header, percentiles, time_us, write_result
 from graphrt.tools.cli_args import UsageError, resolve_backend, resolve_device
 from graphrt.tools.console import bench_progress, wide_console
+from graphrt.tools.device_ops import device_ops, kernel_breakdown
 from graphrt.tools.model_twin import (
     PARITY_METRIC,
     PARITY_TOLERANCE,
@@ -43,6 +47,9 @@ from graphrt.tools.model_twin import (
     step_read_bytes,
     weight_bytes,
 )
+
+#: Replays profiled per batch size for the kernel breakdown (``device_ops.kernel_breakdown``).
+PROFILE_STEPS = 5
 
 #: ``--shape`` when none is given: the real size on a GPU, a tiny one on the CPU.
 DEFAULT_SHAPE = {"cuda": "llama-3-8b", "cpu": "tiny-llama"}
@@ -95,6 +102,11 @@ def _measure_ours(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch.T
     batch = steps.graphrt_decode(stack, run["next_ids"][:bs].numpy(), context)
     ours = stack.runtime.run(batch).float().clone()
     row = {"bs": bs, "graphrt_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))}
+    # NOTE: replays back to back (no sync between): the span per step is the device's step time
+    with device_ops(device) as ops:
+        for _ in range(PROFILE_STEPS):
+            stack.runtime.run(batch)
+    row["device"] = kernel_breakdown(ops, PROFILE_STEPS)
     return row, ours
 
 
@@ -285,3 +297,16 @@ def _print(result: dict[str, Any], out: Path) -> None:
     console = wide_console()
     console.print(table)
     console.print(f"{result['seconds']:.0f} s in all; written to {out}")
+    for r in result["rows"]:
+        if r["device"]["busy_us"] is not None:
+            console.print(_kernels_line(r))
+
+
+def _kernels_line(row: dict[str, Any]) -> str:
+    """Where one graphrt step spends its device time: busy, idle between kernels, top kernels."""
+    d = row["device"]
+    top = ", ".join(f"{k['kernel']} {k['us']:.0f} µs x{k['launches']:.0f}" for k in d["kernels"][:6])
+    return (
+        f"bs {row['bs']} device: {d['busy_us']:.0f} µs busy of {d['span_us']:.0f} µs "
+        f"({d['idle_share']:.1%} idle), {d['launches']:.0f} launches; top: {top}"
+    )

@@ -22,9 +22,8 @@ JSON: ``<out>/overlap_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,28 +35,9 @@ from graphrt import Engine, ForwardMode
 from graphrt.tools.bench_record import header, percentiles, write_result
 from graphrt.tools.cli_args import resolve_backend, resolve_device
 from graphrt.tools.console import wide_console
+from graphrt.tools.device_ops import Op, device_ops, union_us
 
 WARMUP = 8  # steps after the prefill before the window
-
-
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One device interval (µs): a kernel, a copy or a memset."""
-
-    name: str
-    start: float
-    end: float
-
-
-def union_us(ops: Sequence[Op], lo: float = -np.inf, hi: float = np.inf) -> float:
-    """Length of the union of ``ops`` clipped to ``[lo, hi]``."""
-    total, reach = 0.0, lo
-    for op in sorted(ops, key=lambda o: o.start):
-        start, end = max(op.start, reach), min(op.end, hi)
-        if end > start:
-            total += end - start
-        reach = max(reach, min(op.end, hi))
-    return total
 
 
 def replay_gaps(ops: Sequence[Op], steps: int, replay: Sequence[str]) -> list[float] | None:
@@ -79,22 +59,6 @@ def replay_gaps(ops: Sequence[Op], steps: int, replay: Sequence[str]) -> list[fl
         between = ops[i * period + offset + k : (i + 1) * period + offset]
         gaps.append(max(start - end, 0.0) - union_us(between, end, start))
     return gaps
-
-
-@contextlib.contextmanager
-def device_ops(device: torch.device) -> Iterator[list[Op]]:
-    """Collect the device intervals of the block (synchronised at both ends); none on the CPU."""
-    ops: list[Op] = []
-    if device.type != "cuda":
-        yield ops
-        return
-    torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        yield ops
-        torch.cuda.synchronize(device)
-    for e in prof.profiler.kineto_results.events():
-        if e.device_type() == torch.autograd.DeviceType.CUDA and e.end_ns() > e.start_ns():
-            ops.append(Op(e.name(), e.start_ns() / 1e3, e.end_ns() / 1e3))
 
 
 @dataclass(slots=True)
