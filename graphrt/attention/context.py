@@ -16,6 +16,7 @@ import torch
 
 from graphrt.attention.base import AttentionBackend
 from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.local import LocalBuffers
 from graphrt.step.modes import ForwardMode
@@ -127,6 +128,7 @@ class ForwardContext:
         *,
         window: int | None = None,
         chunk: int | None = None,
+        rope: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store ``k``/``v`` at ``out_cache_loc``, then attend.
 
@@ -134,8 +136,16 @@ class ForwardContext:
         head_dim]``; returns ``[num_tokens, num_q_heads, head_dim]``. ``window``: a query at
         position ``p`` sees keys ``p - window … p`` (sliding window); ``chunk``: it sees keys
         from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
+        ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
+        rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
+        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`). ``q``/``k``/``v`` may be
+        views of the qkv projection either way.
         """
-        self.kv.store(layer_id, self.meta.buffers.out_cache_loc, k, v)
+        loc = self.meta.buffers.out_cache_loc
+        if rope is None:
+            self.kv.store(layer_id, loc, k, v)
+        else:
+            q = rope_store(q, k, v, rope, self.kv.k[layer_id], self.kv.v[layer_id], loc)
         scale = q.shape[-1] ** -0.5
         meta, extra = self.meta, {}
         if window is not None:

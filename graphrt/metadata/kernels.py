@@ -21,33 +21,20 @@ the dummy slot everywhere, so both leave identical tables.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # NOTE: optional: the CPU build of torch may come without a usable Triton
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on machines without triton
-    triton = None
+from graphrt.step.switches import tl, triton, triton_enabled
 
 #: Page-table columns per program iteration, and programs per row.
 BLOCK = 256
 SPLIT = 4
-#: ``0``: the torch update on CUDA too (debugging, A/B timing). ``interpret``: the kernel on
-#: the CPU through Triton's interpreter (needs ``TRITON_INTERPRET=1`` before triton is imported;
-#: tests only: the emulated capture engine cannot record a Triton launch).
+#: The switch of this kernel (:mod:`graphrt.step.switches`).
 ENV = "GRAPHRT_FUSED_UPDATE"
 
 
 def fused_update(device: torch.device) -> bool:
     """Whether the update of ``device`` runs the Triton kernel (CUDA, Triton importable)."""
-    flag = os.environ.get(ENV, "1")
-    if flag == "0" or triton is None:
-        return False
-    if device.type == "cuda":
-        return True
-    return flag == "interpret" and os.environ.get("TRITON_INTERPRET") == "1"
+    return triton_enabled(ENV, device)
 
 
 if triton is not None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graphrt.models.hf_config import ModelConfig
-from graphrt.models.llama import Attention, Decoder, RMSNorm
+from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
 from graphrt.models.parallel import SINGLE
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
 from graphrt.models.rope import rope_inv_freq
@@ -33,13 +33,13 @@ class CausalLMAttention(Attention):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
 
-    def project(self, x: torch.Tensor, rope: RopeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, rope: RopeInputs) -> Projected:
         cfg = self.cfg
         if not cfg.qk_norm:
             return super().project(x, rope.cos_sin)
         weights = (self.q_norm.weight, self.k_norm.weight)
         heads = (self.num_heads, self.num_kv_heads)
-        return qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope)
+        return (*qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope), None)
 
 
 class CausalLM(Decoder):

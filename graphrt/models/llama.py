@@ -41,6 +41,11 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
+#: What :meth:`Attention.project` returns: q, k, v and the ``cos_sin`` still to apply to q and
+#: k (None when they are rotated already).
+Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
 class Attention(nn.Module):
     """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`).
 
@@ -62,23 +67,20 @@ class Attention(nn.Module):
         )
         self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=o_bias)
 
-    def project(self, x: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D])`` of ``x``, q and k rotated by ``rope``
-        (this step's ``cos_sin [T, D]``)."""
+    def project(self, x: torch.Tensor, rope: Any) -> Projected:
+        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cos_sin [T, D])`` of ``x``: views of
+        the qkv projection, q and k still to be rotated by ``rope`` (this step's ``cos_sin``),
+        which the attention context does as it stores k (one fused kernel on GPU)."""
         d = self.cfg.head_dim
         q, k, v = self.qkv(x).split(self.splits, dim=-1)
-        # NOTE: contiguous copies let the fused RoPE kernel rotate q and k in place.
-        q, k = ops.apply_rope(
-            q.reshape(-1, self.num_heads, d).contiguous(),
-            k.reshape(-1, self.num_kv_heads, d).contiguous(),
-            rope,
-        )
-        return q, k, v.reshape(-1, self.num_kv_heads, d)
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        q, k, v = (t.view(-1, h, d) for t, h in zip((q, k, v), heads, strict=True))
+        return q, k, v, rope
 
     def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
         cfg, layer = self.cfg, self.layer_id
-        q, k, v = self.project(x, rope)
-        out = ctx.attention(layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer))
+        q, k, v, pending = self.project(x, rope)
+        out = ctx.attention(layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending)
         return self.o(out.reshape(-1, self.splits[0]))
 
 

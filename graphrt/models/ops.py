@@ -15,6 +15,8 @@ from types import ModuleType
 
 import torch
 
+from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
+
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -87,13 +89,6 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     """
     freqs = positions.float()[:, None] * inv_freq.float()[None, :]
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
-
-
-def apply_rope_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` by NeoX halves (``rotate_half``); returns a new tensor."""
-    cos, sin = cos_sin[:, None, :].float().chunk(2, dim=-1)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

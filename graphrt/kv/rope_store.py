@@ -1,0 +1,127 @@
+"""RoPE on q and k fused with the KV store: one kernel per layer on the way into the cache.
+
+A Llama layer's attention input used to take six kernels between the qkv projection and the
+attention kernel: two copies making q and k contiguous, an ``arange`` of rows, the rotation,
+and one ``index_copy_`` each for k and v. :func:`rope_store` does it in one Triton launch:
+it reads q, k and v straight out of the projection's output (any token stride), rotates q into
+a new contiguous tensor and k on its way to the cache, and copies v. Per token ``t`` it reads
+``q[t]``, ``k[t]``, ``v[t]``, ``cos_sin[t]`` and ``loc[t]``, and writes ``q_out[t]`` and
+the cache slot ``loc[t]`` of K and V (the dummy slot for pad rows) — nothing else.
+
+The torch code below is the same math and the oracle (CPU, fp32 caches, Triton switched off).
+Both rotate NeoX halves in float32 from the ``cos_sin`` the model rounded to its dtype, and round
+once to the output dtype, so they agree to that rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrt.step.switches import tl, triton, triton_enabled
+
+#: The switch of the fused kernel (:mod:`graphrt.step.switches`).
+ENV = "GRAPHRT_FUSED_ROPE_STORE"
+FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def rotate_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [T, heads, head_dim]`` by NeoX halves (``rotate_half``); returns a new tensor.
+
+    ``cos_sin [T, head_dim]``: each token's cos half then its sin half (``rope_cos_sin``).
+    """
+    cos, sin = cos_sin[:, None, :].float().chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def store_ref(cache: torch.Tensor, loc: torch.Tensor, x: torch.Tensor) -> None:
+    """``x [T, heads, head_dim]`` into slots ``loc [T]`` of ``cache [pages, page_size, heads, head_dim]``."""
+    cache.view(-1, *x.shape[1:]).index_copy_(0, loc, x.to(cache.dtype))
+
+
+def _fits(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor
+) -> bool:
+    """Whether the kernel handles these tensors: same 16-bit dtype everywhere, heads packed
+    (``stride(-2) == head_dim``, ``stride(-1) == 1``), RoPE over the whole head."""
+    d = q.shape[-1]
+    packed = all(x.stride(-1) == 1 and x.stride(-2) == d for x in (q, k, v))
+    dtypes = {q.dtype, k.dtype, v.dtype, cos_sin.dtype, cache.dtype}
+    return (
+        packed
+        and len(dtypes) == 1
+        and q.dtype in FUSED_DTYPES
+        and cos_sin.shape[-1] == d
+        and cos_sin.stride(-1) == 1
+        and d % 2 == 0
+        and cache.is_contiguous()
+    )
+
+
+def rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+) -> torch.Tensor:
+    """Rotate ``q`` and ``k`` by ``cos_sin``, store the rotated ``k`` and ``v`` at slots ``loc``.
+
+    ``q [T, Hq, D]``, ``k``/``v [T, Hk, D]`` (views of a projection are fine: any token
+    stride), ``cos_sin [T, D]``, caches ``[pages, page_size, Hk, D]``, ``loc [T]`` int64.
+    Returns the rotated ``q`` ``[T, Hq, D]``, contiguous. Inputs are not modified.
+    """
+    if not (triton_enabled(ENV, q.device) and _fits(q, k, v, cos_sin, k_cache) and v_cache.is_contiguous()):
+        store_ref(k_cache, loc, rotate_ref(k, cos_sin))
+        store_ref(v_cache, loc, v)
+        return rotate_ref(q, cos_sin)
+    tokens, hq, d = q.shape
+    out = torch.empty((tokens, hq, d), dtype=q.dtype, device=q.device)
+    if tokens:
+        hk = k.shape[1]
+        _rope_store[(tokens,)](
+            q, k, v, cos_sin, out, k_cache, v_cache, loc,
+            q.stride(0), k.stride(0), v.stride(0), cos_sin.stride(0),
+            HQ=hq, HK=hk, HALF=d // 2,
+            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
+            BLOCK_D=triton.next_power_of_2(d // 2),
+        )  # fmt: skip
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rotate_heads(src, dst, cos, sin, d, heads, H: tl.constexpr, HALF: tl.constexpr):
+        """Rotate ``H`` packed heads at ``src`` (row of ``2 * HALF`` each) into ``dst``."""
+        mask = (heads[:, None] < H) & (d[None, :] < HALF)
+        at = heads[:, None] * (2 * HALF) + d[None, :]
+        x1 = tl.load(src + at, mask=mask).to(tl.float32)
+        x2 = tl.load(src + at + HALF, mask=mask).to(tl.float32)
+        ty = dst.dtype.element_ty
+        tl.store(dst + at, (x1 * cos[None, :] - x2 * sin[None, :]).to(ty), mask=mask)
+        tl.store(dst + at + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(ty), mask=mask)
+
+    @triton.jit
+    def _rope_store(
+        q, k, v, cos_sin, out, k_cache, v_cache, loc,
+        q_stride, k_stride, v_stride, cs_stride,
+        HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0).to(tl.int64)
+        d = tl.arange(0, BLOCK_D)
+        cos = tl.load(cos_sin + t * cs_stride + d, mask=d < HALF).to(tl.float32)
+        sin = tl.load(cos_sin + t * cs_stride + HALF + d, mask=d < HALF).to(tl.float32)
+        slot = tl.load(loc + t).to(tl.int64)
+        row = HK * 2 * HALF  # NOTE: one cache slot holds every KV head of the token
+        hq = tl.arange(0, BLOCK_HQ)
+        _rotate_heads(q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, HQ, HALF)
+        hk = tl.arange(0, BLOCK_HK)
+        _rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, HK, HALF)
+        e = tl.arange(0, 2 * BLOCK_D)
+        mask = (hk[:, None] < HK) & (e[None, :] < 2 * HALF)
+        at = hk[:, None] * (2 * HALF) + e[None, :]
+        tl.store(v_cache + slot * row + at, tl.load(v + t * v_stride + at, mask=mask), mask=mask)
