@@ -146,6 +146,10 @@ def _ratios(row: dict[str, Any], run: dict[str, Any], bs: int) -> dict[str, Any]
     row["kv_read_bytes"] = kv
     row["floor_with_kv_us"] = (run["read_bytes"] + kv) / (floor["bandwidth_gb_s"] * 1e9) * 1e6
     row["over_floor"] = ours / floor["floor_us"]
+    span = row["device"]["span_us"]
+    # NOTE: the device's own step time (replays back to back): what an engine that overlaps
+    # its host work (``Engine(overlap=True)``) pays per step; ``graphrt_us`` also holds run()'s host path.
+    row["device_over_floor"] = span / floor["floor_us"] if span else None
     row["hf_eager_over_graphrt"] = row["hf_eager_us"]["p50"] / ours
     compiled = row["hf_compiled_us"]
     row["hf_compiled_over_graphrt"] = compiled["p50"] / ours if compiled else None
@@ -267,7 +271,17 @@ def _print(result: dict[str, Any], out: Path) -> None:
         title=f"decode step, {result['shape']} ({result['dtype']}), context {result['context']} — "
         f"{env['device']}, {result['backend']}"
     )
-    cols = ("bs", "graphrt µs", "× floor", "transformers µs", "compiled µs", "compiled / graphrt", "rel err")
+    cols = (
+        "bs",
+        "graphrt µs",
+        "× floor",
+        "device µs",
+        "× floor",
+        "transformers µs",
+        "compiled µs",
+        "compiled / graphrt",
+        "rel err",
+    )
     for col in cols:
         table.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
@@ -277,13 +291,16 @@ def _print(result: dict[str, Any], out: Path) -> None:
             str(r["bs"]),
             _cell(r["graphrt_us"]),
             f"{r['over_floor']:.2f}x",
+            f"{r['device']['span_us']:.0f}" if r["device"]["span_us"] else "—",
+            f"{r['device_over_floor']:.2f}x" if r["device_over_floor"] else "—",
             _cell(r["hf_eager_us"]),
             _cell(r["hf_compiled_us"]) if r["hf_compiled_us"] else "skipped",
             f"{ratio:.2f}x" if ratio else "—",
             f"{max(errs):.2g}",
         )
     table.caption = (
-        f"µs: p50 (p10–p90), {result['timer']}; floor {floor['floor_us']:.0f} µs = "
+        f"µs: p50 (p10–p90), {result['timer']}, run() to logits; device µs: one step of "
+        f"{PROFILE_STEPS} replays back to back (profiler); floor {floor['floor_us']:.0f} µs = "
         f"{result['read_bytes'] / 1e9:.3g} GB at {floor['bandwidth_gb_s']:.0f} GB/s (copy); "
         f"parity: rel L2 ≤ {result['parity_check']['tolerance']:g} before timing"
     )
