@@ -35,9 +35,10 @@ def _inputs(device: torch.device, dtype: torch.dtype, tokens: int, hq: int, hk: 
     q, k, v = q.reshape(tokens, hq, d), k.reshape(tokens, hk, d), v.reshape(tokens, hk, d)
     positions = torch.randint(0, 70000, (tokens,), generator=gen).to(device)
     cos_sin = rope_cos_sin(positions, default_inv_freq(500000.0, d).to(device), dtype)
-    pages, page_size = 6, 4
+    pages, page_size = 20, 4
     caches = [torch.randn(pages, page_size, hk, d, generator=gen).to(device, dtype) for _ in "kv"]
-    loc = torch.randperm(pages * page_size, generator=gen)[:tokens].to(device)
+    # NOTE: a column of a [tokens, steps] matrix, as a draft step's slots are (token stride 3)
+    loc = torch.randperm(pages * page_size, generator=gen)[: tokens * 3].to(device).view(tokens, 3)[:, 1]
     return qkv, (q, k, v), cos_sin, caches, loc
 
 

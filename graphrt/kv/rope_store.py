@@ -83,7 +83,7 @@ def rope_store(
         hk = k.shape[1]
         _rope_store[(tokens,)](
             q, k, v, cos_sin, out, k_cache, v_cache, loc,
-            q.stride(0), k.stride(0), v.stride(0), cos_sin.stride(0),
+            q.stride(0), k.stride(0), v.stride(0), cos_sin.stride(0), loc.stride(0),
             HQ=hq, HK=hk, HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
             BLOCK_D=triton.next_power_of_2(d // 2),
@@ -107,7 +107,7 @@ if triton is not None:
     @triton.jit
     def _rope_store(
         q, k, v, cos_sin, out, k_cache, v_cache, loc,
-        q_stride, k_stride, v_stride, cs_stride,
+        q_stride, k_stride, v_stride, cs_stride, loc_stride,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
@@ -115,7 +115,7 @@ if triton is not None:
         d = tl.arange(0, BLOCK_D)
         cos = tl.load(cos_sin + t * cs_stride + d, mask=d < HALF).to(tl.float32)
         sin = tl.load(cos_sin + t * cs_stride + HALF + d, mask=d < HALF).to(tl.float32)
-        slot = tl.load(loc + t).to(tl.int64)
+        slot = tl.load(loc + t * loc_stride).to(tl.int64)
         row = HK * 2 * HALF  # NOTE: one cache slot holds every KV head of the token
         hq = tl.arange(0, BLOCK_HQ)
         _rotate_heads(q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, HQ, HALF)
