@@ -63,7 +63,7 @@ def graphrt_run(path: Path, ids: list[int], dtype: torch.dtype) -> tuple[torch.T
         record_logits=True,
     )
     # NOTE: stop at the end-of-turn token as transformers' generate does (its EOS ends the output)
-    stops = SamplingParams(stop_token_ids=tuple(stop_ids(load_tokenizer(str(path)))))
+    stops = SamplingParams(stop_token_ids=tuple(stop_ids(load_tokenizer(str(path)), path)))
     tokens = eng.generate([ids], NEW, stops)[0]
     return next(iter(eng.logits.values()))[0].float().cuda(), tokens
 

@@ -158,7 +158,7 @@ def _demo(args: argparse.Namespace, tp: int) -> int:
             "the same tokens and logits as eager steps (correctness), not speed. Run on a GPU for the speedup."
         )
     if tokenizer is not None:
-        _print_replies(console, tokenizer, out_graph)
+        _print_replies(console, tokenizer, out_graph, args.model)
     if args.snapshot:
         write_snapshot(graphed, args.snapshot)
         console.print(f"snapshot: {args.snapshot} (+ .npz); open it with graphrt debug / graphrt inspect")
@@ -167,9 +167,9 @@ def _demo(args: argparse.Namespace, tp: int) -> int:
     return 0 if out_graph == out_eager else 1
 
 
-def _print_replies(console: Console, tokenizer: Any, outputs: list[list[int]]) -> None:
+def _print_replies(console: Console, tokenizer: Any, outputs: list[list[int]], model: str) -> None:
     """Each question and the reply up to its first EOS (the engine decodes its full budget)."""
-    stop = stop_ids(tokenizer)
+    stop = stop_ids(tokenizer, model)
     for question, out in zip(QUESTIONS, outputs, strict=False):
         reply = out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
         console.print(f"[bold]{question}[/]\n{tokenizer.decode(reply, skip_special_tokens=True)}\n")

@@ -59,7 +59,7 @@ def run_generate(args: argparse.Namespace) -> int:
         engine = Engine(
             args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len, tp=tp
         )
-        out = _until_stop(engine.generate([ids], args.max_new_tokens)[0], stop_ids(tokenizer))
+        out = _until_stop(engine.generate([ids], args.max_new_tokens)[0], stop_ids(tokenizer, args.model))
         engine.close()
         if engine.tp.is_driver:  # NOTE: every rank holds the reply; rank 0 prints it
             _print(args, tokenizer, ids, out, shown="")
@@ -78,7 +78,7 @@ def _stream(
 ) -> None:
     """One rank: step the engine and write the reply's new text as each token comes."""
     rid = engine.add_request(ids, args.max_new_tokens, sampling)
-    stop, out = stop_ids(tokenizer), []
+    stop, out = stop_ids(tokenizer, args.model), []
     shown = ""
     while engine.waiting or engine.running:
         tokens = [t for r, t in engine.step() if r == rid]

@@ -6,6 +6,7 @@ it is needed for text only, never to load or run a model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,39 @@ def chat_prompt(tokenizer: Any, text: str) -> list[int]:
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
-def stop_ids(tokenizer: Any) -> set[int]:
-    """Token ids that end a reply (the tokenizer's EOS)."""
-    eos = tokenizer.eos_token_id
-    return set(eos) if isinstance(eos, list) else ({eos} if eos is not None else set())
+#: GGUF metadata keys of tokens that end generation (llama.cpp's end-of-generation set).
+GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def _ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in value} if isinstance(value, list | tuple) else {int(value)}
+
+
+def declared_stop_ids(model: str | Path) -> set[int]:
+    """The EOS ids checkpoint ``model`` declares: ``eos_token_id`` of ``generation_config.json``
+    and ``config.json`` (a directory; what transformers' ``generate`` stops at), or the GGUF's
+    end-of-generation ids (:data:`GGUF_STOP_KEYS`)."""
+    path = resolve(model)
+    if path is None:
+        return set()
+    if path.suffix == ".gguf":
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(path)).fields
+        return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
+    found: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        if (path / name).is_file():
+            found |= _ids(json.loads((path / name).read_text()).get("eos_token_id"))
+    return found
+
+
+def stop_ids(tokenizer: Any, model: str | Path | None = None) -> set[int]:
+    """Token ids that end a reply: the tokenizer's EOS and those ``model`` declares.
+
+    NOTE: both, because they disagree across transformers versions: on 5.17 a SmolLM2 GGUF's
+    tokenizer reported an EOS other than the file's ``<|im_end|>``, so replies ran on past it.
+    """
+    return _ids(tokenizer.eos_token_id) | (declared_stop_ids(model) if model is not None else set())
