@@ -20,3 +20,15 @@ def test_bench_spec_target_compares_tokens_and_reports_acceptance(tmp_path: Path
     assert [r["topk"] for r in result["rows"]] == [1, 2] and all(r["equal"] for r in result["rows"])
     for row in result["rows"]:  # NOTE: the draft is a copy of the target: every draft accepted
         assert row["acceptance_per_step"] == [1.0, 1.0] and row["mean_accept_length"] == 3.0
+
+
+def test_agreement_names_where_each_request_departs() -> None:
+    from graphrt.tools.bench_spec_accept import _agreement
+
+    plain = [[1, 2, 3], [4, 5, 6], [7, 8]]
+    assert _agreement([[1, 2, 3], [4, 9, 6], [7, 8, 0]], plain) == {
+        "equal": False,
+        "requests_equal": 1,
+        "departures": [[1, 1], [2, 2]],
+    }
+    assert _agreement(plain, plain) == {"equal": True, "requests_equal": 3, "departures": []}

@@ -1,10 +1,15 @@
 """``graphrt bench-spec --target MODEL``: the speculative engine end to end, chain and tree drafts.
 
 Runs plain greedy decoding and the speculative engine for each ``--topk`` on the same prompts,
-checks the tokens are equal (in bf16 a near-tie may flip between the verify's and the decode's
-shapes: ``--dtype fp32`` compares exactly), and reports acceptance (mean accepted length, the
+checks the tokens are equal, and reports acceptance (mean accepted length, the
 fraction of verifies accepting each draft step) and decode throughput. Writes
 ``<out>/spec_accept_<device>_<UTC time>.json``.
+
+Equality is exact in fp32: there a difference is a bug and the bench exits 1. In bf16 a near-tie
+may flip between the verify's shapes and the decode's (different kernels, different rounding),
+after which the two runs continue differently; each row then records how many requests match
+plain greedy and where each other one first departs (``departures``: request, token index),
+and the exit status stays 0.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def _run(args: argparse.Namespace, speculative: dict[str, Any] | None) -> dict:
     stats = engine.stats()
     engine.close()
     row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": stats.generated_tokens / seconds}
+    row["dtype"] = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
     row |= {"decode_steps": stats.decode_steps, "fallbacks": stats.fallbacks}
     if speculative is not None:
         row |= {
@@ -61,25 +67,44 @@ def run_bench_spec_accept(args: argparse.Namespace) -> int:
     for topk in args.topk:
         spec = {"draft_model": args.draft or args.target, "num_steps": args.num_steps, "topk": topk}
         row = _run(args, spec)
-        row |= {"topk": topk, "num_steps": args.num_steps, "equal": row["tokens"] == plain["tokens"]}
+        row |= {"topk": topk, "num_steps": args.num_steps} | _agreement(row["tokens"], plain["tokens"])
         rows.append({k: v for k, v in row.items() if k != "tokens"})
     plain.pop("tokens")
     result = {**header("spec_accept", args, resolve_device(args.device)), "plain": plain, "rows": rows}
     out = write_result(result, args.out, f"spec_accept_{resolve_device(args.device).type}")
     _print(result, args)
     wide_console().print(f"written to {out}")
-    return 0 if all(r["equal"] for r in rows) else 1
+    exact = plain["dtype"] == "float32"
+    return 0 if all(r["equal"] for r in rows) or not exact else 1
+
+
+def _agreement(spec: list[list[int]], plain: list[list[int]]) -> dict[str, Any]:
+    """Whether the speculative tokens equal plain greedy's; if not, where each request departs."""
+    departures = [
+        [i, next((j for j, (a, b) in enumerate(zip(s, p, strict=False)) if a != b), min(len(s), len(p)))]
+        for i, (s, p) in enumerate(zip(spec, plain, strict=True))
+        if s != p
+    ]
+    return {"equal": not departures, "requests_equal": len(spec) - len(departures), "departures": departures}
 
 
 def _print(result: dict, args: argparse.Namespace) -> None:
     table = Table(title=f"speculative engine: {args.target} drafted by {args.draft or args.target}")
-    for col in ("topk", "steps", "= greedy", "mean accepted", "per-step acceptance", "tok/s", "plain tok/s"):
+    for col in (
+        "topk",
+        "steps",
+        "= greedy (requests)",
+        "mean accepted",
+        "per-step acceptance",
+        "tok/s",
+        "plain tok/s",
+    ):
         table.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
         table.add_row(
             str(r["topk"]),
             str(r["num_steps"]),
-            "yes" if r["equal"] else "NO",
+            "yes" if r["equal"] else f"{r['requests_equal']}/{r['requests_equal'] + len(r['departures'])}",
             f"{r['mean_accept_length']:.2f}",
             " ".join(f"{a:.2f}" for a in r["acceptance_per_step"]),
             f"{r['tokens_per_s']:.1f}",
