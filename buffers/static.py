@@ -12,6 +12,7 @@ import torch
 
 from graphrt.buffers.poison import fill_host_poison, fill_poison, host_mirror, poisoned_mask
 from graphrt.buffers.spec import BufferSpec, Dims
+from graphrt.buffers.stream import current_stream
 
 T = TypeVar("T")
 
@@ -176,7 +177,7 @@ class StaticBuffers(Generic[T]):
         self._upload_dst.copy_(self.host_arenas[self.slot], non_blocking=True)
         event = self._events[self.slot]
         if event is not None:
-            event.record()
+            event.record(current_stream(self.device))
             self._pending[self.slot] = True
 
     def poison(self) -> None:

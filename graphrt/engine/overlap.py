@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.buffers.stream import current_stream
 from graphrt.engine.batches import DecodeRows
 from graphrt.engine.request import Request
 from graphrt.runtime.feed import TokenFeed
@@ -80,7 +81,7 @@ class Overlap:
         host.copy_(tokens, non_blocking=True)
         event = self._events[slot]
         if event is not None:
-            event.record()
+            event.record(current_stream(tokens.device))
         for r in reqs:
             r.inflight += 1
         return Launched(reqs, host, event)

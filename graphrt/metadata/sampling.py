@@ -59,9 +59,12 @@ def write_sampling_host(
     ``params`` may be empty (a batch without ``Batch.sampling``): every row is then greedy.
     """
     n = len(params)
+    # NOTE: batches mostly share one params object (greedy); list.count is one C loop
+    # (identity first), against a Python call per field per row.
+    shared = params[0] if n and params.count(params[0]) == n else None
     for name, value in FIELDS.items():
         column = host[name]
-        column[:n] = [value(p) for p in params]
+        column[:n] = value(shared) if shared is not None else [value(p) for p in params]
         column[n:rows] = value(GREEDY)
     host["position"][:n] = positions[:n]
     host["position"][n:rows] = 0

@@ -118,7 +118,9 @@ class GraphRuntime(Capturing):
 
         ``feed`` (:mod:`graphrt.runtime.feed`; needs ``Batch.sampling``): the step's input ids
         are gathered on the device from each request row's last sampled token, and its sampled
-        tokens recorded there, so the host need not read them before the next step.
+        tokens recorded there, so the host need not read them before the next step. A graphed
+        step then returns a view of the graph's output (no copy), valid until the next step:
+        read it with a stream-ordered copy, as the overlapped engine does.
         """
         if feed is not None and batch.sampling is None:
             raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
@@ -171,9 +173,10 @@ class GraphRuntime(Capturing):
         if self.config.debug:
             self._check_poison(plan.mode, route.bucket, plan.rows_per_req)
         self.dispatcher.count_replay(plan.mode)
-        out = route.result(batch.sampling is not None, batch.input_ids.size).clone()
-        if feed is not None:
-            feed.after(step, batch.bs, out)
+        out = route.result(batch.sampling is not None, batch.input_ids.size)
+        if feed is None:
+            return out.clone()
+        feed.after(step, batch.bs, out)
         return out
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
