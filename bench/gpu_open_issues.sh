@@ -24,7 +24,7 @@ for dtype in fp32 bf16; do
     --num-steps 3 --max-new-tokens 64 --context 512 --dtype "$dtype" --out "$OUT"
   grep -a "│" "$OUT/spec_$dtype.log" | tail -4
 done
-step vs_hf 90 python3 bench/gpu_smollm2_vs_hf.py "$gguf"
+step vs_hf 180 python3 bench/gpu_smollm2_vs_hf.py "$gguf"
 grep -av "Converting\|Loading" "$OUT/vs_hf.log" | tail -6
 step overlap 90 graphrt bench overlap --batch-sizes 1,16,64 --iters 200 --context 128 --out "$OUT"
 grep -a "│" "$OUT/overlap.log" | tail -4
