@@ -19,8 +19,7 @@ from graphrt.metadata import kernels
 from graphrt.metadata.families import Families
 from graphrt.metadata.step import derive, derive_draft, gather_page_table, record_slots
 from graphrt.step import Batch, ForwardMode, SpecGeometry
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from tests.triton_util import INTERPRET, triton_devices
 
 
 @pytest.fixture(autouse=True)
@@ -30,17 +29,6 @@ def _interpret(monkeypatch) -> None:
 
 
 PS_CASES = [1, 16]
-
-
-def _devices() -> list:
-    out = []
-    if torch.cuda.is_available():
-        out.append(pytest.param(torch.device("cuda"), marks=pytest.mark.gpu))
-    if INTERPRET and kernels.triton is not None:
-        out.append(torch.device("cpu"))
-    return out or [
-        pytest.param(torch.device("cpu"), marks=pytest.mark.skip(reason="no CUDA, no TRITON_INTERPRET"))
-    ]
 
 
 def _setup(ps: int, device: torch.device, max_ctx: int = 128, max_reqs: int = 6):
@@ -121,7 +109,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("ps", PS_CASES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_matches_oracle(case: str, ps: int, device: torch.device) -> None:
@@ -138,7 +126,7 @@ def test_fused_matches_oracle(case: str, ps: int, device: torch.device) -> None:
         assert (pages_t[r, n:] == dummy).all()
 
 
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("ps", PS_CASES)
 def test_fused_draft_chain_matches_oracle(ps: int, device: torch.device) -> None:
     spec = SpecGeometry(num_steps=4, topk=1)
@@ -150,7 +138,7 @@ def test_fused_draft_chain_matches_oracle(ps: int, device: torch.device) -> None
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("ps", PS_CASES)
 def test_fused_draft_tree_gathers_prefix_only(ps: int, device: torch.device, monkeypatch) -> None:
     spec = SpecGeometry(num_steps=3, topk=1)

@@ -6,25 +6,13 @@ interpreter); the torch path runs everywhere.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from graphrt.kv import rope_store as rs
 from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _devices() -> list:
-    out = []
-    if torch.cuda.is_available():
-        out.append(pytest.param(torch.device("cuda"), marks=pytest.mark.gpu))
-    if INTERPRET and rs.triton is not None:
-        out.append(torch.device("cpu"))
-    return out or [pytest.param(None, marks=pytest.mark.skip(reason="no CUDA, no TRITON_INTERPRET"))]
+from tests.triton_util import triton_devices
 
 
 def _inputs(device: torch.device, dtype: torch.dtype, tokens: int, hq: int, hk: int, d: int):
@@ -42,7 +30,7 @@ def _inputs(device: torch.device, dtype: torch.dtype, tokens: int, hq: int, hk: 
     return qkv, (q, k, v), cos_sin, caches, loc
 
 
-@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     ("tokens", "hq", "hk", "d"), [(1, 4, 2, 64), (7, 9, 3, 64), (16, 32, 8, 128), (3, 2, 2, 32)]
