@@ -209,3 +209,24 @@ def test_speculative_engine_refuses_sampled_requests() -> None:
     stop = greedy[0][2]
     stopped = engine.generate(PROMPTS[:2], NEW, [SamplingParams(stop_token_ids=(stop,)), SamplingParams()])
     assert stopped == [greedy[0][: greedy[0].index(stop) + 1], greedy[1]]
+
+
+def test_greedy_steps_skip_the_sampling_upload_until_something_changes() -> None:
+    """``write_sampling``: all-greedy rows already on the device need no write and no copy; a
+    sampled row, more rows, or a poison rewrite them (and the tokens stay right throughout)."""
+    from graphrt.buffers import Dims, StaticBuffers
+    from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling
+
+    dims = Dims(max_bs=8, max_tokens=8, max_pages=1, max_context_len=8)
+    family = StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, torch.device("cpu"))
+    positions = np.arange(8, dtype=np.int64)
+    greedy, hot = SamplingParams(), SamplingParams(temperature=0.7, seed=3)
+    assert write_sampling(family, (greedy,) * 2, positions, 4)  # fresh: written
+    assert not write_sampling(family, (greedy,) * 3, positions, 4)  # same rows greedy: skipped
+    assert not write_sampling(family, (), positions, 2)  # fewer rows: still held
+    assert write_sampling(family, (greedy,) * 5, positions, 8)  # rows 4..8 not known yet
+    assert write_sampling(family, (hot, greedy), positions, 2)  # a sampled row: written
+    assert family.host("temperature")[0] == pytest.approx(0.7)
+    assert write_sampling(family, (greedy,), positions, 2)  # and greedy again: rewritten
+    family.poison()
+    assert write_sampling(family, (greedy,), positions, 2)  # poisoned: rewritten

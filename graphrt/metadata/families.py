@@ -22,7 +22,7 @@ from graphrt.metadata.cascade import cascade_specs, write_cascade_host
 from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
 from graphrt.metadata.kernels import fused_update
 from graphrt.metadata.local import LocalBuffers, LocalGeometry
-from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling_host
+from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling
 from graphrt.metadata.step import STEP_SPECS, PageBounds, write_host
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, rows_per_req
@@ -166,7 +166,8 @@ class Families:
         return 0
 
     def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
-        """Host half of the update for every family the mode uses, then one copy each.
+        """Host half of the update for every family the mode uses, then one copy each (none
+        for the sampling family when it already holds this step's values: ``write_sampling``).
 
         Each family writes the next mirror of its ring, so this never waits for the copy of
         the step before (only for the one ``ring`` steps back).
@@ -184,10 +185,12 @@ class Families:
             write_cascade_host(batch, self.cascade.next_mirror(), tokens, pad["dummy_slot"])
         if self.draft in used:
             write_draft_host(batch, self.draft.next_mirror(), tokens, pad["dummy_slot"])
-        if self.sampling in used:
-            write_sampling_host(batch.sampling or (), batch.seq_lens, self.sampling.next_mirror(), rows)
+        sampled = self.sampling in used and write_sampling(
+            self.sampling, batch.sampling or (), batch.seq_lens, rows
+        )
         for family in uploads:
-            family.upload()
+            if family is not self.sampling or sampled:
+                family.upload()
 
     def _plan(self, mode: ForwardMode) -> tuple[tuple[StaticBuffers, ...], int, tuple[StaticBuffers, ...]]:
         plan = self._plans.get(mode)
