@@ -33,6 +33,7 @@ import torch
 from rich.table import Table
 
 from graphrt import Engine, ForwardMode
+from graphrt.buffers.stream import current_stream
 from graphrt.tools.bench_record import header, percentiles, write_result
 from graphrt.tools.cli_args import resolve_backend, resolve_device
 from graphrt.tools.console import wide_console
@@ -70,7 +71,7 @@ class ReplayClock:
     """
 
     def __init__(self, engine: Engine, replays: int) -> None:
-        self.on, self.used = False, 0
+        self.on, self.used, self.device = False, 0, engine.device
         self.cuda = engine.device.type == "cuda"
         n = 2 * replays if self.cuda else 0
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -81,9 +82,10 @@ class ReplayClock:
         def timed() -> None:
             if not (self.on and self.used + 2 <= len(self.events)):
                 return replay()
-            self.events[self.used].record()
+            stream = current_stream(self.device)  # NOTE: cached: Event.record() alone looks it up slowly
+            self.events[self.used].record(stream)
             replay()
-            self.events[self.used + 1].record()
+            self.events[self.used + 1].record(stream)
             self.used += 2
             return None
 
