@@ -5,7 +5,8 @@ tokens): host p50/p99 of ``Batch.create``, of ``run()`` and of its phases (valid
 isolation check, write+upload, launch); the peer's prepare (seed 001's replay path for the mode, torch ops on
 static buffers of the same shapes, its ``.item()`` included; ``tools/bench_peer.py``); the
 floors (one pinned H2D copy of the host mirror, one replay of a 1-node graph); the GPU time
-of the replay. The device is synchronized before every timed call, so host times are those
+of the replay, and on CUDA its kernel breakdown (``gpu_kernels``: five replays profiled back to
+back, top kernels by device time). The device is synchronized before every timed call, so host times are those
 of an idle GPU. The peer's page table must equal graphrt's over each row's real pages: the
 bench asserts it before timing. JSON under ``bench/results/`` (never overwritten).
 """
@@ -31,6 +32,7 @@ from graphrt.step import Batch, ForwardMode, SpecGeometry
 from graphrt.tools.bench_peer import MODES as CASES
 from graphrt.tools.bench_peer import Peer, make_batch
 from graphrt.tools.cli_args import resolve_device
+from graphrt.tools.device_ops import device_ops, kernel_breakdown
 from graphrt.tools.env import environment
 from graphrt.tools.profile_host import CYCLE, SteadyDecode, run_profile, steady_us
 
@@ -68,6 +70,17 @@ def gpu_us(fn: Callable[[], object], iters: int, device: torch.device) -> float 
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return float(np.median(times))
+
+
+def replay_kernels(replay: Callable[[], object], device: torch.device, steps: int = 5) -> dict | None:
+    """Where a replay's device time goes (``device_ops.kernel_breakdown`` of ``steps`` replays
+    back to back): what tells two replays of the same real work apart, e.g. 4k vs 128k."""
+    if device.type != "cuda":
+        return None
+    with device_ops(device) as ops:
+        for _ in range(steps):
+            replay()
+    return kernel_breakdown(ops, steps, top=10)
 
 
 def _stats(samples: np.ndarray) -> dict[str, float]:
@@ -159,6 +172,7 @@ def measure(rt: GraphRuntime, peer: Peer, batch: Batch, args: argparse.Namespace
             )
         ),
         "gpu_replay_us": gpu_us(graph.replay, iters, dev),
+        "gpu_kernels": replay_kernels(graph.replay, dev),
         "bucket": bucket,
     }
     if batch.mode is ForwardMode.DECODE:
