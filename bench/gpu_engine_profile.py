@@ -1,7 +1,10 @@
 """Where the engine's host time goes on a GPU machine: cProfile of ``Engine.step()`` (tiny-llama).
 
 Usage: ``python bench/gpu_engine_profile.py [BS] [STEPS]``. Prints the top functions by own
-time for overlap off and on. A diagnostic (cProfile slows Python ~2x), not a result.
+time for overlap off and on, then the host µs of the engine's DECODE graph launched alone
+(device idle before each call, as ``graphrt bench host`` times ``launch``): the H100 profile
+showed ≈ 90 µs per ``replay()`` inside the engine against 3-4 µs in ``bench host``. A
+diagnostic (cProfile slows Python ~2x), not a result.
 """
 
 from __future__ import annotations
@@ -9,11 +12,12 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
+import time
 
 import numpy as np
 import torch
 
-from graphrt import Engine
+from graphrt import Engine, ForwardMode
 
 
 def main(bs: int, steps: int) -> None:
@@ -40,7 +44,21 @@ def main(bs: int, steps: int) -> None:
         prof.disable()
         print(f"--- overlap {overlap}, bs {bs}, {steps} steps")
         pstats.Stats(prof).sort_stats("tottime").print_stats(24)
+        print(f"bare launch of the engine's DECODE graph, host µs p50: {launch_us(eng, bs):.1f}")
         eng.close()
+
+
+def launch_us(eng: Engine, bs: int, iters: int = 200) -> float:
+    """Host µs p50 of ``replay()`` of the engine's DECODE graph for ``bs``, the device idle before each."""
+    graph = eng.runtime.dispatcher.graphs[(ForwardMode.DECODE, bs)]
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        graph.replay()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return float(np.median(times))
 
 
 if __name__ == "__main__":
