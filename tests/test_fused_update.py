@@ -7,7 +7,6 @@ Runs on the GPU (``-m gpu``) and, when Triton's interpreter works here, on the C
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from graphrt.metadata import kernels
 from graphrt.metadata.families import Families
 from graphrt.metadata.step import derive, derive_draft, gather_page_table, record_slots
 from graphrt.step import Batch, ForwardMode, SpecGeometry
-from tests.triton_util import INTERPRET, triton_devices
+from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
 
 
 @pytest.fixture(autouse=True)
@@ -151,20 +150,7 @@ def test_fused_draft_tree_gathers_prefix_only(ps: int, device: torch.device, mon
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
-@pytest.mark.skipif(INTERPRET or torch.cuda.is_available() or kernels.triton is None, reason="runs itself")
+@rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernel run by Triton's interpreter."""
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    last = done.stdout.strip().splitlines()[-1]
-    assert "10 passed" in last, last
+    rerun_under_interpreter(__file__, passed=10)

@@ -12,7 +12,7 @@ import torch
 from graphrt.kv import rope_store as rs
 from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
-from tests.triton_util import triton_devices
+from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
 
 
 def _inputs(device: torch.device, dtype: torch.dtype, tokens: int, hq: int, hk: int, d: int):
@@ -71,3 +71,9 @@ def test_rotation_is_rope() -> None:
     torch.testing.assert_close(out[0], x[0])
     pair_norm = lambda t: t[..., :4] ** 2 + t[..., 4:] ** 2  # noqa: E731
     torch.testing.assert_close(pair_norm(out), pair_norm(x))
+
+
+@rerun_marks
+def test_kernel_under_triton_interpreter() -> None:
+    """On a CPU box: this file again, with the kernel run by Triton's interpreter."""
+    rerun_under_interpreter(__file__, passed=10)
