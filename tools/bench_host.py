@@ -32,7 +32,7 @@ from graphrt.step import Batch, ForwardMode, SpecGeometry
 from graphrt.tools.bench_peer import MODES as CASES
 from graphrt.tools.bench_peer import Peer, make_batch
 from graphrt.tools.cli_args import resolve_device
-from graphrt.tools.device_ops import device_ops, kernel_breakdown
+from graphrt.tools.device_ops import profile_steps
 from graphrt.tools.env import environment
 from graphrt.tools.profile_host import CYCLE, SteadyDecode, run_profile, steady_us
 
@@ -70,17 +70,6 @@ def gpu_us(fn: Callable[[], object], iters: int, device: torch.device) -> float 
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return float(np.median(times))
-
-
-def replay_kernels(replay: Callable[[], object], device: torch.device, steps: int = 5) -> dict | None:
-    """Where a replay's device time goes (``device_ops.kernel_breakdown`` of ``steps`` replays
-    back to back): what tells two replays of the same real work apart, e.g. 4k vs 128k."""
-    if device.type != "cuda":
-        return None
-    with device_ops(device) as ops:
-        for _ in range(steps):
-            replay()
-    return kernel_breakdown(ops, steps, top=10)
 
 
 def _stats(samples: np.ndarray) -> dict[str, float]:
@@ -172,7 +161,8 @@ def measure(rt: GraphRuntime, peer: Peer, batch: Batch, args: argparse.Namespace
             )
         ),
         "gpu_replay_us": gpu_us(graph.replay, iters, dev),
-        "gpu_kernels": replay_kernels(graph.replay, dev),
+        # NOTE: where the replay's device time goes: what tells 4k from 128k replays apart
+        "gpu_kernels": profile_steps(graph.replay, dev, 5, top=10),
         "bucket": bucket,
     }
     if batch.mode is ForwardMode.DECODE:

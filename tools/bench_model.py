@@ -34,7 +34,7 @@ from graphrt.tools import model_steps as steps
 from graphrt.tools.bench_record import header, percentiles, time_us, write_result
 from graphrt.tools.cli_args import UsageError, resolve_backend, resolve_device
 from graphrt.tools.console import bench_progress
-from graphrt.tools.device_ops import device_ops, kernel_breakdown
+from graphrt.tools.device_ops import profile_steps
 from graphrt.tools.model_table import PROFILE_STEPS, print_table
 from graphrt.tools.model_twin import (
     PARITY_METRIC,
@@ -98,11 +98,7 @@ def _measure_ours(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch.T
     batch = steps.graphrt_decode(stack, run["next_ids"][:bs].numpy(), context)
     ours = stack.runtime.run(batch).float().clone()
     row = {"bs": bs, "graphrt_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))}
-    # NOTE: replays back to back (no sync between): the span per step is the device's step time
-    with device_ops(device) as ops:
-        for _ in range(PROFILE_STEPS):
-            stack.runtime.run(batch)
-    row["device"] = kernel_breakdown(ops, PROFILE_STEPS)
+    row["device"] = profile_steps(lambda: stack.runtime.run(batch), device, PROFILE_STEPS)
     return row, ours
 
 

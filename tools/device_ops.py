@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,3 +89,14 @@ def kernel_breakdown(ops: Sequence[Op], steps: int, top: int = 12) -> dict[str, 
         "launches": len(ops) / steps,
         "kernels": kernels,
     }
+
+
+def profile_steps(
+    step: Callable[[], object], device: torch.device, steps: int, top: int = 12
+) -> dict[str, Any]:
+    """:func:`kernel_breakdown` of ``steps`` calls of ``step`` run back to back (no sync between,
+    so the span per step is the device's step time); all None on the CPU."""
+    with device_ops(device) as ops:
+        for _ in range(steps):
+            step()
+    return kernel_breakdown(ops, steps, top)
