@@ -12,12 +12,12 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
-import time
 
 import numpy as np
 import torch
 
 from graphrt import Engine, ForwardMode
+from graphrt.tools.bench_host import sample_us
 
 
 def main(bs: int, steps: int) -> None:
@@ -51,14 +51,7 @@ def main(bs: int, steps: int) -> None:
 def launch_us(eng: Engine, bs: int, iters: int = 200) -> float:
     """Host µs p50 of ``replay()`` of the engine's DECODE graph for ``bs``, the device idle before each."""
     graph = eng.runtime.dispatcher.graphs[(ForwardMode.DECODE, bs)]
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        graph.replay()
-        times.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize()
-    return float(np.median(times))
+    return float(np.median(sample_us(graph.replay, iters, eng.device)))
 
 
 if __name__ == "__main__":
