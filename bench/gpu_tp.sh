@@ -2,20 +2,25 @@
 # Tensor parallelism on 2 GPUs of one host (nvidia-h200-x2): gpu-marked TP tests, the all-reduce
 # bench (NCCL vs one-shot in a graph), the TP=1 vs TP=2 decode bench (Llama-3-8B shape, random
 # bf16), and the torchrun demo. NVLink multicast stays off. Everything lands in $OUT.
+#   bash bench/gpu_tp.sh [tests|bench|all]   (tests: TP tests + all-reduce bench; bench: the rest)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=${PYTHONPATH:-/tmp/sglk}
 OUT=${OUT:-bench/results/gpu_tp}
 mkdir -p "$OUT"
-log="$OUT/tp.log"
+part=${1:-all}
+log="$OUT/tp_$part.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
 nvidia-smi topo -m 2>&1 | tee -a "$log"
 python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())" | tee -a "$log"
 status=0
 step() { echo "== $*" | tee -a "$log"; timeout "${STEP_LIMIT:-480}" "$@" 2>&1 | tee -a "$log"; s=${PIPESTATUS[0]}; echo "== exit $s" | tee -a "$log"; [ "$s" = 0 ] || status=1; }
+if [ "$part" != bench ]; then
 step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp_gpu.py tests/test_tp_checkpoints.py
 step torchrun --nproc-per-node 2 -m graphrt.tools.bench_allreduce --out "$OUT"
+fi
+[ "$part" = tests ] && { echo "status $status" | tee -a "$log"; exit $status; }
 step python3 -m graphrt.tools.bench_tp --tp 1 --out "$OUT"
 GRAPHRT_ALLREDUCE=nccl step torchrun --nproc-per-node 2 -m graphrt.tools.bench_tp --tp 2 --out "$OUT"
 GRAPHRT_ALLREDUCE=auto step torchrun --nproc-per-node 2 -m graphrt.tools.bench_tp --tp 2 --out "$OUT"

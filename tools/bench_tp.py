@@ -23,6 +23,7 @@ from graphrt.models.presets import PRESETS, LlamaConfig
 from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
 from graphrt.runtime import TPRuntime
 from graphrt.tools.bench import PAGE_SIZE, decode_batch, prefill_batch, time_us
+from graphrt.tools.device_ops import profile_steps
 from graphrt.tools.env import environment
 
 LLAMA3_8B = PRESETS["llama-3-8b"]  # NOTE: one definition of the shape, the presets'
@@ -73,6 +74,22 @@ def collectives_per_graph(runtime: GraphRuntime, bucket: int) -> dict[str, int]:
     return found
 
 
+def collective_share(step, device: torch.device, steps: int = 5) -> dict:
+    """Device µs per step of the collective kernels (profiled replays) and their share of busy time."""
+    profile = profile_steps(step, device, steps, top=1000)
+    if profile["busy_us"] is None:
+        return {"busy_us": None, "collective_us": None, "collective_share": None}
+    mine = [k for k in profile["kernels"] if any(t in k["kernel"].lower() for t in COLLECTIVE_KERNELS)]
+    us = sum(k["us"] for k in mine)
+    return {
+        "busy_us": profile["busy_us"],
+        "span_us": profile["span_us"],
+        "collective_us": us,
+        "collective_launches": sum(k["launches"] for k in mine),
+        "collective_share": us / profile["busy_us"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tp", type=int, default=1)
@@ -100,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if tp.size > 1:
             dist.all_gather_object(hosts, host, group=tp.cpu_group)
         bucket = runtime.dispatcher.policy.bucket_for(bs)
+        profiled = collective_share(lambda b=batch: runtime.run(b), device)
         rows.append(
             {
                 "bs": bs,
@@ -108,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 "graph_host_us_per_rank": hosts,
                 "speedup": eager / graph,
                 "collective_kernels_in_graph": collectives_per_graph(runtime, bucket),
+                "profile": profiled,
             }
         )
     if tp.rank == 0:
