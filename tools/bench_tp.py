@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import torch
@@ -110,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for bs in sizes:
         batch = decode_batch(bs, args.context, pages_per_req, 128000, rng)
-        eager = time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device)
-        graph = time_us(lambda b=batch: runtime.run(b), args.iters, device)
-        host = time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True)
+        eager = median(time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device))
+        graph = median(time_us(lambda b=batch: runtime.run(b), args.iters, device))
+        host = median(time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True))
         hosts = [host] * tp.size
         if tp.size > 1:
             dist.all_gather_object(hosts, host, group=tp.cpu_group)
