@@ -72,7 +72,11 @@ def checkpoint_parity(rank: int, world: int, paths: dict[str, str], device: str 
     for case, path in paths.items():
         tp_model = load(path, device=dev, tp=group)
         seqs = sequences(tp_model.vocab_size)
-        diff, same = _diff(run_graphrt(tp_model, seqs), run_graphrt(load(path, device=dev), seqs))
+        tp1 = run_graphrt(load(path, device=dev), seqs)
+        diff, same = _diff(run_graphrt(tp_model, seqs), tp1)
+        if dev.type == "cuda":  # NOTE: bf16's own error at TP=1 (vs fp32) scales the TP=2 bound
+            own, _ = _diff(tp1, run_graphrt(load(path, device=dev, dtype=torch.float32), seqs))
+            diff = (diff, own)
         tokens_equal = None
         if case in ENGINE_CASES:  # NOTE: every case is an engine case, but each costs ~10 s on 2 cores
             kw = ENGINE | {"device": dev}
@@ -108,14 +112,16 @@ def test_checkpoints_tp2_match_tp1(checkpoints: dict[str, str], cases: tuple[str
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_checkpoints_tp2_cuda(checkpoints: dict[str, str]) -> None:
-    """bf16 over NCCL: logits within ``ATOL_BF16`` of TP=1 (tokens not compared: a bf16 near-tie
-    may flip under another summation order)."""
+    """bf16 over NCCL: |TP=2 - TP=1| logits within ``ATOL_BF16`` or within 3x TP=1's own bf16
+    error against fp32 (one bf16 ulp at logits near 40 is 0.25); tokens not compared: a bf16
+    near-tie may flip under another summation order."""
     results = run_ranks(
         checkpoint_parity, 2, checkpoints, "cuda", backend="nccl", timeout_s=120, deadline_s=600
     )
     for rank, found in enumerate(results):
-        for case, (diff, _, _, _) in found.items():
-            assert diff <= ATOL_BF16, f"rank {rank} {case}: |TP2 - TP1| = {diff}"
+        for case, ((diff, own), _, _, _) in found.items():
+            bound = max(ATOL_BF16, 3 * own)
+            assert diff <= bound, f"rank {rank} {case}: |TP2 - TP1| = {diff} > {bound} (bf16 vs fp32: {own})"
 
 
 def smollm2_tokens(rank: int, world: int) -> tuple[list[int], dict]:
