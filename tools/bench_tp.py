@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from statistics import median
 
@@ -18,10 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphrt import ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
+from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, ReqToToken, RuntimeConfig
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import PRESETS, LlamaConfig
-from graphrt.parallel import StepChannel, TPGroup, init_tp, shutdown
+from graphrt.parallel import Message, Op, StepChannel, TPGroup, init_tp, pack, shutdown
 from graphrt.runtime import TPRuntime
 from graphrt.tools.bench import PAGE_SIZE, decode_batch, prefill_batch, time_us
 from graphrt.tools.device_ops import profile_steps
@@ -73,6 +74,28 @@ def collectives_per_graph(runtime: GraphRuntime, bucket: int) -> dict[str, int]:
         if any(tag in k.name.lower() for tag in COLLECTIVE_KERNELS):
             found[k.name] = found.get(k.name, 0) + k.count
     return found
+
+
+def channel_us(tp: TPGroup, batch: Batch, iters: int = 300) -> dict[str, float]:
+    """µs per step message on the last rank, ``iters`` back to back: the shared-memory ring vs one
+    gloo broadcast, the same message; raises if a rank received anything else."""
+    msg = Message(Op.RUN, 0, False, batch)
+    want = pack(msg)
+    found = {}
+    for name, use_ring in (("ring", True), ("gloo", False)):
+        channel = StepChannel(tp, use_ring=use_ring)
+        if use_ring and channel.ring is None:
+            continue
+        tp.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            got = channel.exchange(msg if tp.is_driver else None)
+        found[name] = (time.perf_counter() - start) / iters * 1e6
+        if not np.array_equal(pack(got), want):
+            raise RuntimeError(f"rank {tp.rank}: the {name} channel delivered another step")
+    box = [found]
+    dist.broadcast_object_list(box, src=tp.size - 1, group=tp.cpu_group)
+    return box[0]
 
 
 def collective_share(step, device: torch.device, steps: int = 5) -> dict:
@@ -128,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 "speedup": eager / graph,
                 "collective_kernels_in_graph": collectives_per_graph(runtime, bucket),
                 "profile": profiled,
+                "step_message_us": channel_us(tp, batch) if tp.size > 1 else None,
             }
         )
     if tp.rank == 0:

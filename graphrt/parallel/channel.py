@@ -1,4 +1,7 @@
-"""Rank 0's step, broadcast to the other ranks before they run it: one small gloo broadcast.
+"""Rank 0's step, broadcast to the other ranks before they run it: one small message.
+
+On one host the message goes through the group's shared-memory ring (:mod:`.shm_ring`, a few
+µs); otherwise, or when it is longer than a ring slot, through one gloo broadcast.
 
 A :class:`Message` (op, target runtime, eager flag, and the step's :class:`Batch`) packs into
 one int64 tensor: a header, then ``input_ids``, ``seq_lens``, ``req_pool_indices``,
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from graphrt.parallel.shm_ring import ring_for
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
 
@@ -76,10 +80,11 @@ def unpack(values: np.ndarray) -> Message:
 
 
 class StepChannel:
-    """Rank 0 → every rank, over the group's gloo ``cpu_group``, with the group's timeout."""
+    """Rank 0 → every rank: the group's shared-memory ring, else gloo, with the group's timeout."""
 
-    def __init__(self, group: TPGroup) -> None:
+    def __init__(self, group: TPGroup, use_ring: bool = True) -> None:
         self.group = group
+        self.ring = ring_for(group) if group.size > 1 and use_ring else None
 
     def exchange(self, msg: Message | None) -> Message:
         """Rank 0 sends ``msg``; every rank returns rank 0's message (others pass ``None``)."""
@@ -87,23 +92,33 @@ class StepChannel:
         if g.size == 1:
             assert msg is not None
             return msg
-        buf = torch.zeros(CAPACITY, dtype=torch.int64)
         packed = None
         if g.is_driver:
             if msg is None:
                 raise ValueError("rank 0 drives: it must send a message")
             packed = pack(msg)
+            if self.ring is None or not self.ring.send(packed):
+                self._broadcast(packed)
+            return msg
+        values = self.ring.recv() if self.ring is not None else None
+        return unpack(values if values is not None else self._broadcast(None))
+
+    def _broadcast(self, packed: np.ndarray | None) -> np.ndarray:
+        """Rank 0's ``packed`` values on every rank over gloo: ``CAPACITY`` values, then any tail."""
+        g = self.group
+        buf = torch.zeros(CAPACITY, dtype=torch.int64)
+        if packed is not None:
             head = min(packed.size, CAPACITY)
             buf[:head] = torch.from_numpy(packed[:head])
         g.guard("step broadcast", lambda: dist.broadcast(buf, src=0, group=g.cpu_group))
         total = int(buf[5])
         if total <= CAPACITY:
-            return msg if g.is_driver else unpack(buf.numpy())  # type: ignore[return-value]
+            return buf.numpy()
         tail = torch.zeros(total - CAPACITY, dtype=torch.int64)
         if packed is not None:
             tail.copy_(torch.from_numpy(packed[CAPACITY:]))
         g.guard("step broadcast (tail)", lambda: dist.broadcast(tail, src=0, group=g.cpu_group))
-        return msg if g.is_driver else unpack(np.concatenate([buf.numpy(), tail.numpy()]))  # type: ignore[return-value]
+        return np.concatenate([buf.numpy(), tail.numpy()])
 
     def share(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (pickled; for call arguments, results and errors)."""

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from graphrt.parallel.group import DEFAULT_TIMEOUT_S, TPGroup
 from graphrt.parallel.ops import register, unregister_all
+from graphrt.parallel.shm_ring import close_rings, open_ring
 
 _GROUPS: dict[tuple[int, str], TPGroup] = {}
 _OWNED = False  # graphrt called init_process_group (so shutdown destroys it)
@@ -65,6 +66,7 @@ def init_tp(size: int, device: torch.device, timeout_s: float | None = None) -> 
     cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     group = TPGroup(rank, size, device_group, cpu_group, device, timeout_s, f"tp{size}_{device.type}")
     register(group)
+    open_ring(group)
     _GROUPS[key] = group
     return group
 
@@ -82,6 +84,7 @@ def shutdown() -> None:
             torch.cuda.synchronize(group.device)
         group.barrier()
     unregister_all()
+    close_rings()
     _GROUPS.clear()
     if _OWNED and dist.is_initialized():
         dist.destroy_process_group()
