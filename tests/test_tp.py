@@ -194,3 +194,11 @@ def test_step_message_round_trip() -> None:
     for name in ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc", "q_lens", "tree_mask"):
         assert np.array_equal(getattr(got.batch, name), getattr(batch, name)), name
     assert unpack(pack(Message(Op.STOP))).batch is None
+
+
+def test_unknown_all_reduce_path_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphrt.parallel.ops import Communicator
+
+    monkeypatch.setenv("GRAPHRT_ALLREDUCE", "multimem")
+    with pytest.raises(ValueError, match="GRAPHRT_ALLREDUCE='multimem': expected one of nccl, auto, oneshot"):
+        Communicator(TPGroup(size=2))

@@ -30,9 +30,13 @@ def test_every_graphed_mode_tp2_cuda() -> None:
 
 
 def _oneshot_in_graph(rank: int, world: int) -> tuple[bool, bool, float]:
+    import os
+
     import torch.distributed as dist
 
     from graphrt.parallel import init_tp
+
+    os.environ["GRAPHRT_ALLREDUCE"] = "oneshot"  # NOTE: NCCL is the default
     from graphrt.parallel.ops import communicator
 
     group = init_tp(world, torch.device("cuda"))

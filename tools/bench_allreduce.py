@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    os.environ.setdefault("GRAPHRT_ALLREDUCE", "oneshot")  # NOTE: both paths, or an error
     group = init_tp(world, torch.device("cuda"))
     rows = [
         bench_size(int(s), args.per_graph, args.iters, group.rank, world, group.device)

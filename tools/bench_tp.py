@@ -163,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             "iters": args.iters,
             "backend": runtime.backend.name,
             "engine": report.engine,
-            "allreduce": os.environ.get("GRAPHRT_ALLREDUCE", "auto"),
+            "allreduce": os.environ.get("GRAPHRT_ALLREDUCE", "nccl"),
             "env": environment(device),
             "capture_seconds": report.seconds,
             "rows": rows,
         }
-        path = "" if tp.size == 1 else "_" + os.environ.get("GRAPHRT_ALLREDUCE", "auto")
+        path = "" if tp.size == 1 else "_" + os.environ.get("GRAPHRT_ALLREDUCE", "nccl")
         out = Path(args.out) / f"decode_tp{tp.size}_{device.type}{path}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
