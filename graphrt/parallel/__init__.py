@@ -3,7 +3,8 @@
 :class:`TPGroup` is one rank's view of the tensor-parallel group (a device group for the
 model's all-reduce / all-gather, a gloo group for host messages, one timeout for all).
 :mod:`.ops` registers the collectives as ``torch.ops.graphrt`` ops so both capture engines
-record them as single nodes; :mod:`.channel` broadcasts rank 0's step so every rank runs it.
+record them as single nodes; :mod:`.channel` sends rank 0's step to every rank (through
+:mod:`.shm_ring` on one host) so every rank runs it.
 """
 
 from graphrt.parallel.channel import Message, Op, StepChannel, pack, unpack
