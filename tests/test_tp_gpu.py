@@ -35,10 +35,9 @@ def _oneshot_in_graph(rank: int, world: int) -> tuple[bool, bool, float]:
     import torch.distributed as dist
 
     from graphrt.parallel import init_tp
-
-    os.environ["GRAPHRT_ALLREDUCE"] = "oneshot"  # NOTE: NCCL is the default
     from graphrt.parallel.ops import communicator
 
+    os.environ["GRAPHRT_ALLREDUCE"] = "oneshot"  # NOTE: NCCL is the default; read by init_tp
     group = init_tp(world, torch.device("cuda"))
     comm = communicator(group.name)
     assert comm.oneshot is not None, "one-shot path unavailable"

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -98,7 +99,7 @@ def channel_us(tp: TPGroup, batch: Batch, iters: int = 300) -> dict[str, float]:
     return box[0]
 
 
-def collective_share(step, device: torch.device, steps: int = 5) -> dict:
+def collective_share(step: Callable[[], object], device: torch.device, steps: int = 5) -> dict:
     """Device µs per step of the collective kernels (profiled replays) and their share of busy time."""
     profile = profile_steps(step, device, steps, top=1000)
     if profile["busy_us"] is None:

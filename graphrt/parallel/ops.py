@@ -30,9 +30,9 @@ class Communicator:
     ``GRAPHRT_ALLREDUCE``: ``nccl`` (default), ``auto`` (one-shot up to
     ``GRAPHRT_ONESHOT_MAX_BYTES`` on CUDA when symmetric memory works, NCCL above) or
     ``oneshot`` (``auto``, but an error when symmetric memory does not work). NCCL is the
-    default because it was faster inside the 8B decode graph on 2x H200 (4486 vs 4730 µs at
-    bs 1: its LL kernel takes 6.8 µs a sum there, the one-shot 7.6 µs plus a staging copy),
-    although the one-shot wins in a graph of sums alone (8.0 vs 10.7 µs for 8 KB).
+    default because it was faster inside the 8B decode graph on 2x H200 (3940 vs 4151 µs a step
+    at bs 1, 4210 vs 4346 at bs 16), although the one-shot wins in a graph of sums alone (7.7 vs
+    10.3 µs for 8 KB); ``bench/results/h200x2/ring/``.
     """
 
     MODES = ("nccl", "auto", "oneshot")
