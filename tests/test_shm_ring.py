@@ -74,3 +74,16 @@ def test_a_step_that_never_comes_times_out_naming_the_rank() -> None:
     assert kind == "CollectiveError", message
     assert message.startswith("rank 1 of 2: waited 2 s for step 1 from rank 0"), message
     assert 2.0 <= seconds < 30
+
+
+def _channel_bench(rank: int, world: int) -> dict[str, float]:
+    from graphrt.tools.bench_tp import channel_us
+
+    group = init_tp(world, CPU)
+    return channel_us(group, messages()[2].batch, iters=20)  # type: ignore[arg-type]
+
+
+def test_bench_tp_times_both_channels_on_the_same_step() -> None:
+    results = run_ranks(_channel_bench, 2, timeout_s=30, deadline_s=120)
+    assert results[0] == results[1], "every rank reports the last rank's numbers"
+    assert set(results[0]) == {"ring", "gloo"} and all(us > 0 for us in results[0].values())
