@@ -82,26 +82,34 @@ def test_every_graphed_mode_matches_tp1(world: int) -> None:
     assert all(r["stats"] == results[0]["stats"] for r in results), "ranks took different paths"
 
 
-def engine_tokens(rank: int, world: int, speculative: dict | None, device: str = "cpu") -> tuple:
-    from graphrt import Engine
+def engine_tokens(
+    rank: int, world: int, speculative: dict | None, device: str = "cpu", sampling: dict | None = None
+) -> tuple:
+    from graphrt import Engine, SamplingParams
     from graphrt.parallel import shutdown
 
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11], [100]] if rank == 0 else [[5]]  # NOTE: rank 0's win
+    params = SamplingParams(**sampling) if sampling else None
+    mine = params if rank == 0 else SamplingParams(0.3, seed=1)  # NOTE: rank 0's sampling wins too
     kw = dict(device=device, max_batch_size=4, max_context_len=48, speculative=speculative, buckets=(2, 4))
     engine = Engine("tiny-llama", tp=world, **kw)
-    out = engine.generate(prompts, 5)
+    out = engine.generate(prompts, 5, mine if sampling else None)
     stats = engine.stats()
     engine.close()
     shutdown()
     kw["device"] = engine.device
-    ref = Engine("tiny-llama", **kw).generate([[1, 2, 3], [7, 8, 9, 10, 11], [100]], 5)
+    ref = Engine("tiny-llama", **kw).generate([[1, 2, 3], [7, 8, 9, 10, 11], [100]], 5, params)
     return out, ref, stats.replays, stats.fallbacks
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("speculative", [None, {"num_steps": 3}], ids=["greedy", "speculative"])
-def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None) -> None:
-    results = run_ranks(engine_tokens, 2, speculative, deadline_s=420, exit_s=20)
+@pytest.mark.parametrize(
+    ("speculative", "sampling"),
+    [(None, None), ({"num_steps": 3}, None), (None, {"temperature": 0.9, "top_p": 0.95, "seed": 11})],
+    ids=["greedy", "speculative", "sampled"],
+)
+def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None, sampling: dict | None) -> None:
+    results = run_ranks(engine_tokens, 2, speculative, "cpu", sampling, deadline_s=420, exit_s=20)
     for rank, (out, ref, replays, _) in enumerate(results):
         assert out == ref, f"rank {rank}: TP=2 tokens differ from TP=1"
         assert sum(replays.values()) > 0
@@ -193,7 +201,30 @@ def test_step_message_round_trip() -> None:
     assert (got.op, got.target, got.eager, got.batch.mode) == (Op.RUN, 1, True, M.TARGET_VERIFY)
     for name in ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc", "q_lens", "tree_mask"):
         assert np.array_equal(getattr(got.batch, name), getattr(batch, name)), name
+    assert got.batch.sampling is None
     assert unpack(pack(Message(Op.STOP))).batch is None
+
+
+def test_step_message_carries_sampling() -> None:
+    from graphrt.step.batch import Batch
+    from graphrt.step.sampling import SamplingParams
+
+    params = (
+        SamplingParams(0.7, 40, 0.9, 0.05, seed=2**63 - 1),
+        SamplingParams(),
+        SamplingParams(1.3, seed=0),
+    )
+    batch = Batch.create(
+        M.DECODE,
+        input_ids=[4, 5, 6],
+        seq_lens=[3, 8, 2],
+        req_pool_indices=[0, 2, 1],
+        out_cache_loc=[7, 9, 11],
+        sampling=params,
+    )
+    got = unpack(pack(Message(Op.RUN, 0, False, batch))).batch
+    assert got.sampling == params  # NOTE: floats travel as their bits: equal, not close
+    assert np.array_equal(got.out_cache_loc, batch.out_cache_loc)
 
 
 def test_unknown_all_reduce_path_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,3 +86,25 @@ def test_a_skipped_collective_times_out_naming_the_rank() -> None:
     assert kind == "CollectiveError", message
     assert message.startswith("rank 0 of 2: all_reduce failed")
     assert seconds < 60
+
+
+def _sampled_steps(rank: int, world: int) -> list[list[int]]:
+    from graphrt import SamplingParams
+
+    group = init_tp(world, CPU)
+    setup = build_runtime(CPU, buckets=(2, 4), max_batch_size=4, max_context_len=64, sample=True, tp=group)
+    prefill(setup, range(3), LENS[:3], np.random.default_rng(0))
+    rng = np.random.default_rng(5)
+    batch = decode_batch(setup, [0, 1, 2], [n + 1 for n in LENS[:3]], rng)
+    # NOTE: only rank 0's parameters count; the other ranks pass other ones (or none)
+    params = [SamplingParams(0.8, top_k=50, seed=3 + i) for i in range(3)] if rank == 0 else None
+    tokens = [setup.runtime.run(remade(batch, sampling=params)).tolist()]
+    tokens.append(setup.runtime.run(remade(batch, sampling=params), eager=True).tolist())
+    return tokens
+
+
+def test_a_sampled_step_returns_rank0s_tokens_on_every_rank() -> None:
+    r0, r1 = run_ranks(_sampled_steps, 2, timeout_s=20, deadline_s=240)
+    assert r0 == r1, "ranks sampled different tokens"
+    assert r0[0] == r0[1], "graph and eager sampled different tokens"
+    assert len(r0[0]) == 3 and all(isinstance(t, int) for t in r0[0])

@@ -1,8 +1,8 @@
 """``graphrt generate``: one prompt through a checkpoint with graphs, text streamed as it decodes.
 
 With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank holds its shard of the
-model and runs rank 0's steps; the reply is greedy and printed by rank 0 only, in the same
-form as with one rank (all at once instead of streamed).
+model and runs rank 0's steps (sampled ones included); the reply is printed by rank 0 only, in
+the same form as with one rank (all at once instead of streamed).
 """
 
 from __future__ import annotations
@@ -26,23 +26,18 @@ def prompt_ids(args: argparse.Namespace, tokenizer: object) -> list[int]:
     return chat_prompt(tokenizer, args.prompt)
 
 
-def _sampling(args: argparse.Namespace, tp: int) -> SamplingParams:
+def _sampling(args: argparse.Namespace) -> SamplingParams:
     try:
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
+        return SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
     except ValueError as err:  # NOTE: names the field, the value and the allowed range
         raise UsageError("--temperature/--top-k/--top-p", "", str(err)) from err
-    if tp > 1 and sampling != SamplingParams(seed=args.seed):
-        raise UsageError(
-            "--temperature", args.temperature, f"samples: with --tp {tp} decoding is greedy only"
-        )
-    return sampling
 
 
 def run_generate(args: argparse.Namespace) -> int:
     """``graphrt generate``: stream the reply as text (or print one JSON object with ``--json``)."""
     tp = getattr(args, "tp", 1)
     device = resolve_device(args.device)
-    sampling = _sampling(args, tp)
+    sampling = _sampling(args)
     tokenizer = load_tokenizer(args.model)
     ids = prompt_ids(args, tokenizer)
     if len(ids) + args.max_new_tokens > args.max_context_len:
@@ -59,7 +54,8 @@ def run_generate(args: argparse.Namespace) -> int:
         engine = Engine(
             args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len, tp=tp
         )
-        out = _until_stop(engine.generate([ids], args.max_new_tokens)[0], stop_ids(tokenizer, args.model))
+        reply = engine.generate([ids], args.max_new_tokens, sampling)[0]
+        out = _until_stop(reply, stop_ids(tokenizer, args.model))
         engine.close()
         if engine.tp.is_driver:  # NOTE: every rank holds the reply; rank 0 prints it
             _print(args, tokenizer, ids, out, shown="")

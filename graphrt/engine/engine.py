@@ -202,16 +202,12 @@ class Engine(EngineSteps):
         -------
         list of list of int: the new tokens of each prompt.
 
-        With TP, call it on every rank: rank 0's prompts are generated, every rank returns them
-        (greedy only).
+        With TP, call it on every rank: rank 0's prompts, budgets and sampling are generated,
+        every rank returns them.
         """
         if self.channel is not None:
-            if sampling is not None:
-                raise ValueError(
-                    f"sampling with tensor parallelism (tp {self.tp}) is not supported: greedy only"
-                )
             runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
-            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens)
+            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
         return self._generate(prompts, max_new_tokens, sampling)
 
     def _generate(

@@ -15,7 +15,7 @@ from typing import Any
 from graphrt.parallel import CollectiveError, Message, Op, StepChannel
 from graphrt.runtime import TPRuntime, serve
 
-Generate = Callable[[Sequence[Sequence[int]], Any], list[list[int]]]
+Generate = Callable[[Sequence[Sequence[int]], Any, Any], list[list[int]]]
 
 
 def _same_error(shared: tuple[type, str], rank: int, size: int) -> BaseException:
@@ -33,10 +33,16 @@ def tp_generate(
     generate: Generate,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: Any,
+    sampling: Any = None,
 ) -> list[list[int]]:
-    """``generate`` on rank 0, :func:`serve` on the others; rank 0's result on every rank."""
+    """``generate`` on rank 0, :func:`serve` on the others; rank 0's result on every rank.
+
+    Each step carries its rows' sampling parameters (:func:`~graphrt.parallel.pack`), so every
+    rank samples the token rank 0 samples.
+    """
     group = channel.group
-    args = channel.share(([list(map(int, p)) for p in prompts], max_new_tokens) if group.is_driver else None)
+    mine = ([list(map(int, p)) for p in prompts], max_new_tokens, sampling)
+    args = channel.share(mine if group.is_driver else None)
     if not group.is_driver:
         end, _ = serve(channel, runtimes)
         if end.op is Op.ABORT:

@@ -5,8 +5,10 @@ On one host the message goes through the group's shared-memory ring (:mod:`.shm_
 
 A :class:`Message` (op, target runtime, eager flag, and the step's :class:`Batch`) packs into
 one int64 tensor: a header, then ``input_ids``, ``seq_lens``, ``req_pool_indices``,
-``out_cache_loc``, ``q_lens`` and the flattened ``tree_mask``. Steps up to :data:`CAPACITY`
-values take one broadcast; a longer one (a large prefill) sends its tail in a second.
+``out_cache_loc``, ``q_lens``, the flattened ``tree_mask`` and each row's ``SamplingParams``
+(so a sampled step returns the same tokens on every rank). Over gloo, steps up to
+:data:`CAPACITY` values take one broadcast; a longer one (a large prefill) sends its tail in a
+second.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from graphrt.parallel.shm_ring import ring_for
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
+from graphrt.step.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from graphrt.parallel.group import TPGroup
@@ -30,7 +33,9 @@ CAPACITY = 4096  # int64 values in the first broadcast (32 KiB)
 MAGIC = 0x67727274  # "grrt"
 _MODES = list(ForwardMode)
 _ARRAYS = ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc", "q_lens")
-_HEADER = 6 + len(_ARRAYS) + 1  # magic, op, target, eager, mode, total, sizes..., tree n
+_HEADER = 6 + len(_ARRAYS) + 2  # magic, op, target, eager, mode, total, sizes..., tree n, sampled
+#: Per-row sampling columns after the tree mask: three floats as their int64 bits, then two ints.
+_FLOATS, _INTS = ("temperature", "top_p", "min_p"), ("top_k", "seed")
 
 
 class Op(IntEnum):
@@ -55,9 +60,22 @@ def pack(msg: Message) -> np.ndarray:
     if tree >= 0:
         arrays.append(b.tree_mask.reshape(-1).astype(np.int64))  # type: ignore[union-attr]
     sizes = [a.size for a in arrays[: len(_ARRAYS)]] or [0] * len(_ARRAYS)
+    sampled = -1 if b is None or b.sampling is None else len(b.sampling)
+    if sampled >= 0:
+        arrays.append(_sampling_columns(b.sampling))  # type: ignore[union-attr, arg-type]
     mode = _MODES.index(b.mode) if b is not None else -1
     body = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
-    header = [MAGIC, int(msg.op), msg.target, int(msg.eager), mode, _HEADER + body.size, *sizes, tree]
+    header = [
+        MAGIC,
+        int(msg.op),
+        msg.target,
+        int(msg.eager),
+        mode,
+        _HEADER + body.size,
+        *sizes,
+        tree,
+        sampled,
+    ]
     return np.concatenate([np.asarray(header, np.int64), body])
 
 
@@ -69,14 +87,34 @@ def unpack(values: np.ndarray) -> Message:
     if mode < 0:
         return Message(Op(op), target, bool(eager))
     sizes = [int(v) for v in values[6 : 6 + len(_ARRAYS)]]
-    tree = int(values[_HEADER - 1])
+    tree, sampled = int(values[_HEADER - 2]), int(values[_HEADER - 1])
     bounds = np.cumsum([_HEADER, *sizes])
     fields = {name: values[bounds[i] : bounds[i + 1]].copy() for i, name in enumerate(_ARRAYS)}
-    mask = None
+    at, bs, mask, params = int(bounds[-1]), sizes[1], None, None
     if tree >= 0:
-        bs = sizes[1]
-        mask = values[bounds[-1] : bounds[-1] + bs * tree * tree].reshape(bs, tree, tree).astype(bool)
-    return Message(Op(op), target, bool(eager), Batch(_MODES[mode], tree_mask=mask, **fields))
+        mask = values[at : at + bs * tree * tree].reshape(bs, tree, tree).astype(bool)
+        at += bs * tree * tree
+    if sampled >= 0:
+        params = _sampling_params(values[at : at + sampled * (len(_FLOATS) + len(_INTS))], sampled)
+    batch = Batch(_MODES[mode], tree_mask=mask, sampling=params, **fields)
+    return Message(Op(op), target, bool(eager), batch)
+
+
+def _sampling_columns(params: tuple[SamplingParams, ...]) -> np.ndarray:
+    """Each row's sampling parameters as int64s: float bits first, then ``top_k`` and ``seed``
+    (``-1``: none). Stop tokens stay on rank 0: the engine, not the step, acts on them."""
+    floats = np.array([[getattr(p, f) for f in _FLOATS] for p in params], np.float64).reshape(-1)
+    ints = [[p.top_k, -1 if p.seed is None else p.seed] for p in params]
+    return np.concatenate([floats.view(np.int64), np.array(ints, np.int64).reshape(-1)])
+
+
+def _sampling_params(values: np.ndarray, rows: int) -> tuple[SamplingParams, ...]:
+    floats = values[: rows * len(_FLOATS)].copy().view(np.float64).reshape(rows, len(_FLOATS))
+    ints = values[rows * len(_FLOATS) :].reshape(rows, len(_INTS))
+    return tuple(
+        SamplingParams(float(t), int(k), float(top_p), float(min_p), None if s < 0 else int(s))
+        for (t, top_p, min_p), (k, s) in zip(floats, ints, strict=True)
+    )
 
 
 class StepChannel:
