@@ -168,15 +168,16 @@ def torchrun(world: int, *argv: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.9", "--seed", "4"]], ids=["greedy", "sampled"])
 def test_torchrun_generate_tp2_prints_tp1_reply_once(
-    checkpoints: dict[str, str], capsys: pytest.CaptureFixture[str]
+    checkpoints: dict[str, str], capsys: pytest.CaptureFixture[str], sampling: list[str]
 ) -> None:
     from graphrt.cli import main
 
     path = checkpoints["qwen2-bias"]
     save_word_tokenizer(Path(path), 96)
     argv = ["generate", "--model", path, "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--device", "cpu"]
-    argv += ["--max-context-len", "64", "--json"]
+    argv += ["--max-context-len", "64", "--json", *sampling]
     assert main(argv) == 0
     want = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     lines = torchrun(2, *argv, "--tp", "2").stdout.strip().splitlines()
