@@ -83,7 +83,12 @@ def test_every_graphed_mode_matches_tp1(world: int) -> None:
 
 
 def engine_tokens(
-    rank: int, world: int, speculative: dict | None, device: str = "cpu", sampling: dict | None = None
+    rank: int,
+    world: int,
+    speculative: dict | None,
+    device: str = "cpu",
+    sampling: dict | None = None,
+    overlap: bool | None = None,
 ) -> tuple:
     from graphrt import Engine, SamplingParams
     from graphrt.parallel import shutdown
@@ -92,7 +97,8 @@ def engine_tokens(
     params = SamplingParams(**sampling) if sampling else None
     mine = params if rank == 0 else SamplingParams(0.3, seed=1)  # NOTE: rank 0's sampling wins too
     kw = dict(device=device, max_batch_size=4, max_context_len=48, speculative=speculative, buckets=(2, 4))
-    engine = Engine("tiny-llama", tp=world, **kw)
+    engine = Engine("tiny-llama", tp=world, overlap=overlap, **kw)
+    assert (engine.overlap is not None) == bool(overlap), "overlap is opt-in with tp > 1"
     out = engine.generate(prompts, 5, mine if sampling else None)
     stats = engine.stats()
     engine.close()
@@ -102,14 +108,25 @@ def engine_tokens(
     return out, ref, stats.replays, stats.fallbacks
 
 
+SAMPLED = {"temperature": 0.9, "top_p": 0.95, "seed": 11}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("speculative", "sampling"),
-    [(None, None), ({"num_steps": 3}, None), (None, {"temperature": 0.9, "top_p": 0.95, "seed": 11})],
-    ids=["greedy", "speculative", "sampled"],
+    ("speculative", "sampling", "overlap"),
+    [
+        (None, None, None),
+        ({"num_steps": 3}, None, None),
+        (None, SAMPLED, None),
+        (None, None, True),
+        (None, SAMPLED, True),
+    ],
+    ids=["greedy", "speculative", "sampled", "overlap", "overlap-sampled"],
 )
-def test_engine_tp2_tokens_equal_tp1_and_exits(speculative: dict | None, sampling: dict | None) -> None:
-    results = run_ranks(engine_tokens, 2, speculative, "cpu", sampling, deadline_s=420, exit_s=20)
+def test_engine_tp2_tokens_equal_tp1_and_exits(
+    speculative: dict | None, sampling: dict | None, overlap: bool | None
+) -> None:
+    results = run_ranks(engine_tokens, 2, speculative, "cpu", sampling, overlap, deadline_s=420, exit_s=20)
     for rank, (out, ref, replays, _) in enumerate(results):
         assert out == ref, f"rank {rank}: TP=2 tokens differ from TP=1"
         assert sum(replays.values()) > 0

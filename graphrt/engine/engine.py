@@ -71,8 +71,9 @@ class Engine(EngineSteps):
         prepared and launched while step N runs, its input ids gathered on the device from
         step N's sampled tokens, and :meth:`step` returns step N's tokens one step late. Same
         tokens as without it. Default (None): on wherever supported — CUDA, and the CPU too so
-        tests run the same path — off with ``speculative``, ``record_logits`` or ``tp > 1``;
-        ``True`` with one of those raises ``ValueError``.
+        tests run the same path — off with ``speculative`` or ``record_logits`` (``True`` with
+        one of those raises ``ValueError``), and off with ``tp > 1`` unless ``True``: that
+        combination has run on CPU ranks only so far.
     """
 
     def __init__(
@@ -101,7 +102,7 @@ class Engine(EngineSteps):
         self.device = self.tp.device if tp > 1 else self.device
         self.channel = StepChannel(self.tp) if tp > 1 else None
         spec = SpecOptions.parse(speculative) if speculative is not None else None
-        why_not = unsupported(spec is not None, record_logits, tp)
+        why_not = unsupported(spec is not None, record_logits)
         if overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         config = RuntimeConfig(
@@ -129,7 +130,7 @@ class Engine(EngineSteps):
             self.spec = self._draft_runner(spec, config, show_progress)
         self.max_context_len, self.page_size = max_context_len, page_size
         self.overlap: Overlap | None = None
-        if why_not is None and overlap is not False:  # NOTE: tp 1 here: a plain GraphRuntime
+        if why_not is None and (overlap or (overlap is None and tp == 1)):
             rows = self.runtime.req_to_token.max_reqs
             self.overlap = Overlap(rows + 1, rows, self.device)
         tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())

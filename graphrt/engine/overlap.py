@@ -92,18 +92,16 @@ class Overlap:
         return previous
 
 
-def unsupported(speculative: bool, record_logits: bool, tp: int) -> str | None:
+def unsupported(speculative: bool, record_logits: bool) -> str | None:
     """Why an engine cannot overlap its steps, or None when it can.
 
     Speculative rounds are left out: a round's accept lengths decide the next round's slots,
     query lengths and draft inputs on the host, so the next round cannot be built before the
-    verify's tokens are read. ``record_logits`` reads every step's logits on the host; with
-    tensor parallelism rank 0's batches go through the step channel, which carries no feed.
+    verify's tokens are read. ``record_logits`` reads every step's logits on the host. With
+    tensor parallelism each step message names its feed, and every rank keeps its own.
     """
     if speculative:
         return "speculative decoding (each round's batch needs the previous round's accepted tokens)"
     if record_logits:
         return "record_logits=True (logits are read on the host every step)"
-    if tp > 1:
-        return f"tensor parallelism (tp {tp})"
     return None

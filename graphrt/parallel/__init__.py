@@ -7,13 +7,14 @@ record them as single nodes; :mod:`.channel` sends rank 0's step to every rank (
 :mod:`.shm_ring` on one host) so every rank runs it.
 """
 
-from graphrt.parallel.channel import Message, Op, StepChannel, pack, unpack
+from graphrt.parallel.channel import Feed, Message, Op, StepChannel, pack, unpack
 from graphrt.parallel.group import CollectiveError, TPGroup
 from graphrt.parallel.ops import all_gather_last, all_reduce_
 from graphrt.parallel.world import init_tp, shutdown
 
 __all__ = [
     "CollectiveError",
+    "Feed",
     "Message",
     "Op",
     "StepChannel",

@@ -33,7 +33,7 @@ CAPACITY = 4096  # int64 values in the first broadcast (32 KiB)
 MAGIC = 0x67727274  # "grrt"
 _MODES = list(ForwardMode)
 _ARRAYS = ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc", "q_lens")
-_HEADER = 6 + len(_ARRAYS) + 2  # magic, op, target, eager, mode, total, sizes..., tree n, sampled
+_HEADER = 7 + len(_ARRAYS) + 2  # magic, op, target, eager, mode, total, feed, sizes..., tree n, sampled
 #: Per-row sampling columns after the tree mask: three floats as their int64 bits, then two ints.
 _FLOATS, _INTS = ("temperature", "top_p", "min_p"), ("top_k", "seed")
 
@@ -44,12 +44,21 @@ class Op(IntEnum):
     ABORT = 3  # the driver's call raised; an object broadcast with the error follows
 
 
+class Feed(IntEnum):
+    """A step's token feed (:mod:`graphrt.runtime.feed`), as the message names it."""
+
+    NONE = 0  # input ids from the batch, tokens not recorded
+    RECORD = 1  # a prefill: input ids from the batch, its sampled tokens recorded
+    GATHER = 2  # a fed DECODE: input ids gathered from the feed, its tokens recorded
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     op: Op
     target: int = 0
     eager: bool = False
     batch: Batch | None = None
+    feed: Feed = Feed.NONE
 
 
 def pack(msg: Message) -> np.ndarray:
@@ -72,6 +81,7 @@ def pack(msg: Message) -> np.ndarray:
         int(msg.eager),
         mode,
         _HEADER + body.size,
+        int(msg.feed),
         *sizes,
         tree,
         sampled,
@@ -86,7 +96,8 @@ def unpack(values: np.ndarray) -> Message:
     op, target, eager, mode = (int(v) for v in values[1:5])
     if mode < 0:
         return Message(Op(op), target, bool(eager))
-    sizes = [int(v) for v in values[6 : 6 + len(_ARRAYS)]]
+    feed = Feed(int(values[6]))
+    sizes = [int(v) for v in values[7 : 7 + len(_ARRAYS)]]
     tree, sampled = int(values[_HEADER - 2]), int(values[_HEADER - 1])
     bounds = np.cumsum([_HEADER, *sizes])
     fields = {name: values[bounds[i] : bounds[i + 1]].copy() for i, name in enumerate(_ARRAYS)}
@@ -97,7 +108,7 @@ def unpack(values: np.ndarray) -> Message:
     if sampled >= 0:
         params = _sampling_params(values[at : at + sampled * (len(_FLOATS) + len(_INTS))], sampled)
     batch = Batch(_MODES[mode], tree_mask=mask, sampling=params, **fields)
-    return Message(Op(op), target, bool(eager), batch)
+    return Message(Op(op), target, bool(eager), batch, feed)
 
 
 def _sampling_columns(params: tuple[SamplingParams, ...]) -> np.ndarray:

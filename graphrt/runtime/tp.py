@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from graphrt.parallel import CollectiveError, Message, Op, StepChannel
+from graphrt.parallel import CollectiveError, Feed, Message, Op, StepChannel
+from graphrt.runtime.feed import StepFeed, TokenFeed
 from graphrt.runtime.runtime import GraphRuntime
 from graphrt.step.batch import Batch
 
@@ -26,6 +27,7 @@ class TPRuntime:
 
     def __init__(self, inner: GraphRuntime, channel: StepChannel, target: int = 0) -> None:
         self.inner, self.channel, self.target = inner, channel, target
+        self._tokens: TokenFeed | None = None  # NOTE: a serving rank's own feed (see _feed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -34,21 +36,38 @@ class TPRuntime:
     def rank(self) -> int:
         return self.channel.group.rank
 
-    def run(self, batch: Batch | None, *, eager: bool = False) -> torch.Tensor:
-        """Run rank 0's ``batch`` on every rank (other ranks' ``batch`` is ignored)."""
-        msg = self.channel.exchange(Message(Op.RUN, self.target, eager, batch) if self.rank == 0 else None)
+    def run(self, batch: Batch | None, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
+        """Run rank 0's ``batch`` (and ``eager``, and whether it has a token ``feed``) on every
+        rank; other ranks' arguments are ignored, and a rank without a feed uses its own."""
+        kind = Feed.NONE if feed is None else Feed.GATHER if feed.gather else Feed.RECORD
+        msg = self.channel.exchange(
+            Message(Op.RUN, self.target, eager, batch, kind) if self.rank == 0 else None
+        )
         if msg.op is not Op.RUN or msg.target != self.target:
             raise RuntimeError(
                 f"rank {self.rank}: expected a step for runtime {self.target}, rank 0 sent "
                 f"{msg.op.name} for runtime {msg.target}"
             )
-        assert msg.batch is not None
-        return self.inner.run(msg.batch, eager=msg.eager)
+        return self.step(msg, feed)
 
-    def step(self, msg: Message) -> torch.Tensor:
+    def step(self, msg: Message, feed: StepFeed | None = None) -> torch.Tensor:
         """Run a step already received (by :func:`serve`)."""
         assert msg.batch is not None
-        return self.inner.run(msg.batch, eager=msg.eager)
+        return self.inner.run(msg.batch, eager=msg.eager, feed=self._feed(msg.feed, feed))
+
+    def _feed(self, kind: Feed, given: StepFeed | None) -> StepFeed | None:
+        """The feed rank 0's step names, on this rank's tokens: ``given``'s, else its own.
+
+        Every rank samples the same tokens (same logits, same sampling parameters), so a
+        serving rank's own feed holds what rank 0's holds.
+        """
+        if kind is Feed.NONE:
+            return None
+        tokens = given.tokens if given is not None else self._tokens
+        if tokens is None:
+            r2t = self.inner.req_to_token
+            tokens = self._tokens = TokenFeed(r2t.max_reqs + 1, r2t.table.device)
+        return tokens.decode if kind is Feed.GATHER else tokens.prefill
 
     def release(self) -> None:
         self.inner.release()
