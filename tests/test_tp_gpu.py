@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_tp import engine_tokens, mode_outputs
+from tests.test_tp import SAMPLED, engine_tokens, mode_outputs
 from tests.tp_util import run_ranks
 
 pytestmark = [
@@ -70,10 +70,27 @@ def test_oneshot_all_reduce_in_a_graph_is_exact_and_identical() -> None:
         assert equal_nccl, f"one-shot differs from NCCL by {diff}"
 
 
-@pytest.mark.parametrize("speculative", [None, {"num_steps": 3}], ids=["greedy", "speculative"])
-def test_engine_tp2_cuda_runs_and_exits_on_its_own(speculative: dict | None) -> None:
+@pytest.mark.parametrize(
+    ("speculative", "sampling", "overlap"),
+    [(None, None, None), ({"num_steps": 3}, None, None), (None, SAMPLED, None), (None, SAMPLED, True)],
+    ids=["greedy", "speculative", "sampled", "overlap-sampled"],
+)
+def test_engine_tp2_cuda_runs_and_exits_on_its_own(
+    speculative: dict | None, sampling: dict | None, overlap: bool | None
+) -> None:
+    """Every rank returns rank 0's tokens and the processes exit; bf16 tokens are not compared
+    with TP=1 (a near-tie may flip under another summation order)."""
     results = run_ranks(
-        engine_tokens, 2, speculative, "cuda", backend="nccl", timeout_s=120, deadline_s=600, exit_s=60
+        engine_tokens,
+        2,
+        speculative,
+        "cuda",
+        sampling,
+        overlap,
+        backend="nccl",
+        timeout_s=120,
+        deadline_s=600,
+        exit_s=60,
     )
     assert results[0][0] == results[1][0]
     assert sum(results[0][2].values()) > 0
