@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
-from graphrt.parallel import init_tp
+from graphrt.parallel import init_tp, shutdown
 from tests.tp_util import outcome, run_ranks
 from tests.util import build_runtime, decode_batch, prefill, remade
 
@@ -108,3 +108,45 @@ def test_a_sampled_step_returns_rank0s_tokens_on_every_rank() -> None:
     assert r0 == r1, "ranks sampled different tokens"
     assert r0[0] == r0[1], "graph and eager sampled different tokens"
     assert len(r0[0]) == 3 and all(isinstance(t, int) for t in r0[0])
+
+
+STEPS = 40
+
+
+def _two_threads(rank: int, world: int) -> dict[int, list[list[float]]]:
+    import threading
+
+    group = init_tp(world, CPU)
+    setup = build_runtime(CPU, buckets=(1, 2), max_batch_size=2, max_context_len=96, tp=group)
+    prefill(setup, [0, 1], [5, 9], np.random.default_rng(0))
+    work = {
+        row: [decode_batch(setup, [row], [start + i + 1], np.random.default_rng(row)) for i in range(STEPS)]
+        for row, start in ((0, 5), (1, 9))
+    }
+    outputs: dict[int, list[list[float]]] = {0: [], 1: []}
+    barrier = threading.Barrier(2)
+
+    def caller(row: int) -> None:
+        barrier.wait()
+        for batch in work[row]:  # NOTE: rank 0's batches win; the other ranks' are ignored
+            outputs[row].append(setup.runtime.run(batch)[0, :8].tolist())
+
+    threads = [threading.Thread(target=caller, args=(row,)) for row in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if rank != 0:
+        return {}
+    shutdown()  # NOTE: rank 0's oracle: the whole model on one rank, the same steps in order
+    ref = build_runtime(CPU, buckets=(1, 2), max_batch_size=2, max_context_len=96)
+    prefill(ref, [0, 1], [5, 9], np.random.default_rng(0))
+    want = {row: [ref.runtime.run(b)[0, :8].tolist() for b in batches] for row, batches in work.items()}
+    return {row: [outputs[row], want[row]] for row in work}  # type: ignore[misc]
+
+
+def test_two_threads_on_a_tp_runtime_get_tp1_outputs() -> None:
+    found, _ = run_ranks(_two_threads, 2, timeout_s=30, deadline_s=300)
+    for row, (got, want) in found.items():
+        assert len(got) == len(want) == STEPS
+        np.testing.assert_allclose(got, want, atol=1e-4, err_msg=f"row {row}")

@@ -13,6 +13,7 @@ second.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -134,6 +135,9 @@ class StepChannel:
     def __init__(self, group: TPGroup, use_ring: bool = True) -> None:
         self.group = group
         self.ring = ring_for(group) if group.size > 1 and use_ring else None
+        #: Held from a step's send to the end of its run (``TPRuntime.run``), so that with
+        #: several threads rank 0 runs its steps in the order the other ranks receive them.
+        self.lock = threading.RLock()
 
     def exchange(self, msg: Message | None) -> Message:
         """Rank 0 sends ``msg``; every rank returns rank 0's message (others pass ``None``)."""

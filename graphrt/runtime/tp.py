@@ -38,17 +38,21 @@ class TPRuntime:
 
     def run(self, batch: Batch | None, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
         """Run rank 0's ``batch`` (and ``eager``, and whether it has a token ``feed``) on every
-        rank; other ranks' arguments are ignored, and a rank without a feed uses its own."""
+        rank; other ranks' arguments are ignored, and a rank without a feed uses its own.
+
+        Safe from several threads: the channel's lock spans a step's send and its run, so
+        every rank runs the steps in one order.
+        """
         kind = Feed.NONE if feed is None else Feed.GATHER if feed.gather else Feed.RECORD
-        msg = self.channel.exchange(
-            Message(Op.RUN, self.target, eager, batch, kind) if self.rank == 0 else None
-        )
-        if msg.op is not Op.RUN or msg.target != self.target:
-            raise RuntimeError(
-                f"rank {self.rank}: expected a step for runtime {self.target}, rank 0 sent "
-                f"{msg.op.name} for runtime {msg.target}"
-            )
-        return self.step(msg, feed)
+        mine = Message(Op.RUN, self.target, eager, batch, kind) if self.rank == 0 else None
+        with self.channel.lock:  # NOTE: threads: every rank runs the steps in the order sent
+            msg = self.channel.exchange(mine)
+            if msg.op is not Op.RUN or msg.target != self.target:
+                raise RuntimeError(
+                    f"rank {self.rank}: expected a step for runtime {self.target}, rank 0 sent "
+                    f"{msg.op.name} for runtime {msg.target}"
+                )
+            return self.step(msg, feed)
 
     def step(self, msg: Message, feed: StepFeed | None = None) -> torch.Tensor:
         """Run a step already received (by :func:`serve`)."""
