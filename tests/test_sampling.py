@@ -228,5 +228,7 @@ def test_greedy_steps_skip_the_sampling_upload_until_something_changes() -> None
     assert write_sampling(family, (hot, greedy), positions, 2)  # a sampled row: written
     assert family.host("temperature")[0] == pytest.approx(0.7)
     assert write_sampling(family, (greedy,), positions, 2)  # and greedy again: rewritten
+    seeded = SamplingParams(seed=5, stop_token_ids=(2,))  # greedy too: seed and stops unread
+    assert not write_sampling(family, (seeded, greedy), positions, 2)
     family.poison()
     assert write_sampling(family, (greedy,), positions, 2)  # poisoned: rewritten

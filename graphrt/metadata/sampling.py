@@ -77,12 +77,13 @@ def write_sampling(
     mirror, or nothing (returns False: no copy needed) when the device already holds what
     this step would write.
 
-    That is when every row is greedy: greedy rows read only their temperature (0), so once
-    rows ``[0, rows)`` hold greedy values on the device (``family.state["greedy_rows"]``,
-    which ``poison`` clears) an all-greedy step has nothing to change there. NOTE: on a slow
+    That is when every row is greedy (``temperature == 0``, whatever its seed or stop tokens):
+    greedy rows read only their temperature, so once rows ``[0, rows)`` hold greedy values on
+    the device (``family.state["greedy_rows"]``, which ``poison`` clears) an all-greedy step
+    has nothing to change there. NOTE: on a slow
     host each skipped copy and event saved tens of µs per engine step.
     """
-    greedy = params.count(GREEDY) == len(params)
+    greedy = params.count(GREEDY) == len(params) or all(p.greedy for p in params)
     if greedy and family.state.get("greedy_rows", 0) >= rows:
         return False
     write_sampling_host(params, positions, family.next_mirror(), rows)
