@@ -37,3 +37,11 @@ def test_gguf_declares_its_end_of_generation_ids(tmp_path: Path) -> None:
 
 def test_presets_declare_nothing() -> None:
     assert declared_stop_ids("tiny-llama") == set()
+
+
+def test_reply_ends_before_the_first_stop_token() -> None:
+    from graphrt.models.tokenizer import reply_tokens
+
+    assert reply_tokens([5, 9, 2, 7, 2], {2, 3}) == [5, 9]
+    assert reply_tokens([5, 9], {2}) == [5, 9]
+    assert reply_tokens([3], {3}) == []

@@ -14,7 +14,7 @@ from rich.table import Table
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
 from graphrt.models.loader import packaged_path, resolve
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
+from graphrt.models.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import AUTO, UsageError, resolve_backend, resolve_device
@@ -171,7 +171,7 @@ def _print_replies(console: Console, tokenizer: Any, outputs: list[list[int]], m
     """Each question and the reply up to its first EOS (the engine decodes its full budget)."""
     stop = stop_ids(tokenizer, model)
     for question, out in zip(QUESTIONS, outputs, strict=False):
-        reply = out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
+        reply = reply_tokens(out, stop)
         console.print(f"[bold]{question}[/]\n{tokenizer.decode(reply, skip_special_tokens=True)}\n")
 
 

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from graphrt.engine import Engine
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
+from graphrt.models.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli_args import UsageError, resolve_device
@@ -55,18 +55,13 @@ def run_generate(args: argparse.Namespace) -> int:
             args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len, tp=tp
         )
         reply = engine.generate([ids], args.max_new_tokens, sampling)[0]
-        out = _until_stop(reply, stop_ids(tokenizer, args.model))
+        out = reply_tokens(reply, stop_ids(tokenizer, args.model))
         engine.close()
         if engine.tp.is_driver:  # NOTE: every rank holds the reply; rank 0 prints it
             _print(args, tokenizer, ids, out, shown="")
     finally:
         shutdown()
     return 0
-
-
-def _until_stop(out: list[int], stop: set[int]) -> list[int]:
-    """``out`` up to (without) its first stop token."""
-    return out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
 
 
 def _stream(
@@ -80,7 +75,7 @@ def _stream(
         tokens = [t for r, t in engine.step() if r == rid]
         out.extend(tokens)
         if any(t in stop for t in tokens):
-            out = _until_stop(out, stop)
+            out = reply_tokens(out, stop)
             break
         if not args.json:  # NOTE: decode the whole reply each time; BPE pieces join across tokens
             text = tokenizer.decode(out, skip_special_tokens=True)

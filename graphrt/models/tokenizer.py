@@ -74,3 +74,8 @@ def stop_ids(tokenizer: Any, model: str | Path | None = None) -> set[int]:
     tokenizer reported an EOS other than the file's ``<|im_end|>``, so replies ran on past it.
     """
     return _ids(tokenizer.eos_token_id) | (declared_stop_ids(model) if model is not None else set())
+
+
+def reply_tokens(out: list[int], stop: set[int]) -> list[int]:
+    """``out`` up to (without) its first token in ``stop``: the reply a user reads."""
+    return out[: next((i for i, t in enumerate(out) if t in stop), len(out))]
