@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -111,10 +111,6 @@ class StaticBuffers(Generic[T]):
         self._events = [torch.cuda.Event() if pin else None for _ in range(depth)]
         self._pending = [False] * depth
         self.slot = 0
-        #: Per mirror: what its pad and constant regions hold (owned by the family's writer).
-        self.tags: list[Any] = [None] * depth
-        #: Host-side facts about the device buffers (owned by the writer; cleared by poison).
-        self.state: dict[str, Any] = {}
         self._views: dict[tuple[int, int], T] = {}
 
     @property
@@ -189,8 +185,6 @@ class StaticBuffers(Generic[T]):
         for mirror in self.mirrors:
             for name, arr in mirror.items():
                 fill_host_poison(arr, dtypes[name])
-        self.tags = [None] * len(self.tags)
-        self.state.clear()
 
     def poisoned(self, bucket: int, rows_per_req: int = 1) -> list[str]:
         """Names of buffers whose bucket view still holds poison (debug mode; syncs)."""

@@ -14,11 +14,10 @@ sizes (``repeat_interleave`` without ``output_size``, ``bincount``, ``unique``).
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from graphrt.capture.graph import GraphInfo, KernelCount
+from graphrt.capture.graph import GraphInfo, KernelCount, frozen_gc
 
 aten = torch.ops.aten
 
@@ -181,15 +180,9 @@ class EmulatedEngine:
 
     name = "emulated"
 
-    @contextmanager
-    def frozen_gc(self) -> Iterator[None]:
+    def frozen_gc(self) -> AbstractContextManager[None]:
         """Collect once, then freeze the heap while capturing (as the CUDA engine does)."""
-        gc.collect()
-        gc.freeze()
-        try:
-            yield
-        finally:
-            gc.unfreeze()
+        return frozen_gc()
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[EmulatedGraph, Any]:
         """Run ``fn`` ``warmup`` times, then once more recording every op it dispatches."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import gc
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,3 +71,18 @@ class CaptureEngine(Protocol):
     def frozen_gc(self) -> Any:
         """A context manager that keeps the garbage collector out of capture."""
         ...
+
+
+@contextmanager
+def frozen_gc() -> Iterator[None]:
+    """Collect once, then keep the garbage collector off the heap while capturing.
+
+    NOTE: a gc pass during capture walks every Python object per graph; freezing the heap
+    first made SGLang's capture 2-4x faster. Both engines capture inside it.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -13,7 +13,8 @@ from graphrt import Batch, ForwardMode
 from graphrt.buffers import Dims
 from graphrt.kv import ReqToToken
 from graphrt.metadata import StepBuffers, StepMetadata, derive
-from graphrt.metadata.families import Families
+from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.groups import Geometry
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
 
@@ -63,10 +64,9 @@ def paged_case(
         out_cache_loc=np.concatenate([s[n - q : n] for s, n, q in zip(slots, seq_lens, q_lens, strict=True)]),
         q_lens=q_lens,
     )
-    pad = {"dummy_slot": dummy_slot, "dummy_req": len(seq_lens), "pad_q_len": 1, "pad_seq_len": 1}
-    buffers = Families.exact(
-        batch, batch.bs, pad, Dims(0, 0, max_pages, context), device, page_size=page_size
-    ).step
+    dummies = Dummies(dummy_slot, dummy_slot // page_size, len(seq_lens))
+    families = Families(Dims(1, 1, max_pages, context), device, Geometry(page_size=page_size), dummies)
+    buffers = families.exact(batch, batch.bs).step
     derive(buffers, r2t, page_size)
     meta = StepMetadata(mode, buffers, max_seqlen_q=max(q_lens), page_size=page_size)
     q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen).to(device, dtype)

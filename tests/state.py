@@ -30,8 +30,8 @@ def state_of(runtime: GraphRuntime) -> dict[str, Any]:
     for name in ("valid_lens", "table", "owner", "refs", "slot_pos"):
         state[f"ledger.{name}"] = getattr(r2t.ledger, name).copy()
     fam = runtime.families
-    for family in (fam.step, fam.cascade, fam.draft, fam.local, fam.extra):
-        if family is not None:
+    for family in fam.groups.values():
+        if family.family != "sampling":
             state[f"{family.family}.arena"] = family.arena.clone()
             state[f"{family.family}.host_arena"] = family.host_arena.clone()
     return state

@@ -33,16 +33,16 @@ def test_routes_follow_recapture_and_release(device: torch.device) -> None:
     s, oracle = _setup(device), _setup(device)
     _step(s, oracle, ROWS[:3], 0)
     first = s.runtime.telemetry.last_replay().bucket
-    assert s.runtime.routes.by_mode[ForwardMode.DECODE][3].bucket == first
+    assert s.runtime.capturer.routes.by_mode[ForwardMode.DECODE][3].bucket == first
     s.runtime.recapture((3, 8))  # NOTE: bs 3 had a route to another graph (and bucket)
-    assert s.runtime.routes.by_mode == {}
+    assert s.runtime.capturer.routes.by_mode == {}
     _step(s, oracle, ROWS[:3], 1)
     assert s.runtime.telemetry.last_replay().bucket == 3
-    route = s.runtime.routes.by_mode[ForwardMode.DECODE][3]
+    route = s.runtime.capturer.routes.by_mode[ForwardMode.DECODE][3]
     assert route.graph is s.runtime.dispatcher.graphs[(ForwardMode.DECODE, 3)]
-    assert route.output is s.runtime._outputs[(ForwardMode.DECODE, 3)]
+    assert route.output is s.runtime.capturer.outputs[(ForwardMode.DECODE, 3)]
     s.runtime.release()
-    assert s.runtime.routes.by_mode == {}
+    assert s.runtime.capturer.routes.by_mode == {}
     _step(s, oracle, ROWS[:3], 2)  # no graph left: eager, counted, never a stale route
     assert s.runtime.stats().eager["DECODE"] == 1
 
@@ -50,7 +50,7 @@ def test_routes_follow_recapture_and_release(device: torch.device) -> None:
 def test_result_is_fresh_and_cached_view_is_the_graph_output(device: torch.device) -> None:
     s, oracle = _setup(device), _setup(device)
     out = _step(s, oracle, ROWS[:2], 0)
-    route = s.runtime.routes.by_mode[ForwardMode.DECODE][2]
+    route = s.runtime.capturer.routes.by_mode[ForwardMode.DECODE][2]
     view = route.result(False, 2)
     assert view.data_ptr() == route.output.data_ptr() and view.shape[0] == 2
     assert out.data_ptr() != view.data_ptr()  # the caller's tensor is a copy

@@ -15,7 +15,8 @@ import torch
 from graphrt.buffers import Dims
 from graphrt.kv import ReqToToken
 from graphrt.metadata import kernels
-from graphrt.metadata.families import Families
+from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.groups import Geometry
 from graphrt.metadata.step import derive, derive_draft, gather_page_table, record_slots
 from graphrt.step import Batch, ForwardMode, SpecGeometry
 from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
@@ -60,8 +61,8 @@ def _batch(
 
 def _families(batch: Batch, rows: int, tokens: int, ps: int, device, spec=None, track=True):
     dims = Dims(rows, tokens, -(-128 // ps), 128)
-    fam = Families(dims, device, spec, page_size=ps)
-    fam.pages.track = track
+    fam = Families(dims, device, Geometry(spec, page_size=ps), Dummies(0, 0, 6))
+    fam.writers["step"].pages.track = track
     pad_q = 1 if batch.mode is not ForwardMode.TARGET_VERIFY else batch.num_tokens // max(batch.bs, 1)
     dummy_req = 6
     pad = {
@@ -83,7 +84,7 @@ def _run(batch, rows, tokens, ps, device, fused: bool, history: list[Batch] = ()
     for b in [*history, batch]:  # earlier, longer batches leave pages the update must erase
         fam.write(b, rows, tokens, pad)
         if b.mode is ForwardMode.DRAFT_DECODE:
-            draft = fam.draft.view(rows, tokens // rows).draft_loc
+            draft = fam.groups["draft"].view(rows, tokens // rows).draft_loc
             if fused or tree:
                 derive_draft(step, draft, r2t, ps, tree=tree)
             else:

@@ -35,7 +35,7 @@ def test_reference_matches_dense_masked(device: torch.device, layout: str) -> No
     lens = [64, 40, 1, 7, 63, 64]
     slots = random_slots(len(lens), 64, n, lens, device)
     q = torch.randn(len(lens), 4, QK_DIM, device=device)
-    ref = SparseMLAReference(4, layout)
+    ref = SparseMLAReference(4, layout, 64)
     out = ref.forward(q, cache, 0, sparse_for(slots, 0, 1), decode_meta(1, 1, device), None, SCALE)
     kv = cache.gather(0, torch.arange(n, device=device))
     torch.testing.assert_close(out, dense_masked(q, kv, slots), rtol=1e-4, atol=1e-4)
@@ -46,7 +46,7 @@ def test_reference_all_invalid_row_is_zero_and_poison_free(device: torch.device)
     cache.rows(0)[5] = float("nan")  # a never-selected slot holding NaN must not leak
     slots = random_slots(2, 64, 4, [0, 3], device)
     q = torch.randn(2, 4, QK_DIM, device=device)
-    out = SparseMLAReference(4, "bf16").forward(
+    out = SparseMLAReference(4, "bf16", 64).forward(
         q, cache, 0, sparse_for(slots, 0, 1), decode_meta(1, 1, device), None, SCALE
     )
     assert torch.equal(out[0], torch.zeros_like(out[0]))
@@ -86,10 +86,10 @@ def test_flashmla_matches_reference(layout: str, padded: int, api: str, q_len: i
     slots = random_slots(bs * q_len, topk, cache.num_live_slots, lens, device)
     q = torch.randn(bs * q_len, 4, QK_DIM, device=device, dtype=torch.bfloat16)
     meta = decode_meta(bs, q_len, device)
-    kernel = FlashMLABackend(4, layout, padded_heads=padded, api=api)
+    kernel = FlashMLABackend(4, layout, topk, padded_heads=padded, api=api)
     sparse = sparse_for(slots, padded, bs)
-    out = kernel.forward(q, cache, 0, sparse, meta, kernel.plan(sparse, meta), SCALE)
-    ref = SparseMLAReference(4, layout).forward(q, cache, 0, sparse, meta, None, SCALE)
+    out = kernel.forward(q, cache, 0, sparse, meta, kernel.plan(meta, sparse), SCALE)
+    ref = SparseMLAReference(4, layout, 64).forward(q, cache, 0, sparse, meta, None, SCALE)
     assert out.shape == (bs * q_len, 4, KV_LORA_RANK)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 

@@ -84,7 +84,7 @@ def test_without_sampling_the_graph_still_returns_logits(sampled_rt: tuple[Setup
         setup.runtime.run(step(setup, lens, [1], [SamplingParams(2.0, seed=s)])).item() for s in range(12)
     ]
     assert len(set(seeds)) > 3, f"sampling at temperature 2 should vary with the seed: {seeds}"
-    assert isinstance(setup.runtime._outputs[(DECODE, 4)], Sampled)
+    assert isinstance(setup.runtime.capturer.outputs[(DECODE, 4)], Sampled)
 
 
 def test_sampling_batches_are_checked(device: torch.device) -> None:
@@ -212,23 +212,31 @@ def test_speculative_engine_refuses_sampled_requests() -> None:
 
 
 def test_greedy_steps_skip_the_sampling_upload_until_something_changes() -> None:
-    """``write_sampling``: all-greedy rows already on the device need no write and no copy; a
-    sampled row, more rows, or a poison rewrite them (and the tokens stay right throughout)."""
+    """``SamplingWriter``: all-greedy rows already on the device need no write and no copy; a
+    sampled row, more rows, or a poison (``forget``) rewrite them."""
+    from types import SimpleNamespace
+
     from graphrt.buffers import Dims, StaticBuffers
-    from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling
+    from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, SamplingWriter
 
     dims = Dims(max_bs=8, max_tokens=8, max_pages=1, max_context_len=8)
     family = StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, torch.device("cpu"))
-    positions = np.arange(8, dtype=np.int64)
+    writer, positions = SamplingWriter(), np.arange(8, dtype=np.int64)
+
+    def write(params: tuple[SamplingParams, ...], rows: int) -> bool:
+        batch = SimpleNamespace(sampling=params, seq_lens=positions)
+        return writer.write(family, batch, rows, rows, {})
+
     greedy, hot = SamplingParams(), SamplingParams(temperature=0.7, seed=3)
-    assert write_sampling(family, (greedy,) * 2, positions, 4)  # fresh: written
-    assert not write_sampling(family, (greedy,) * 3, positions, 4)  # same rows greedy: skipped
-    assert not write_sampling(family, (), positions, 2)  # fewer rows: still held
-    assert write_sampling(family, (greedy,) * 5, positions, 8)  # rows 4..8 not known yet
-    assert write_sampling(family, (hot, greedy), positions, 2)  # a sampled row: written
+    assert write((greedy,) * 2, 4)  # fresh: written
+    assert not write((greedy,) * 3, 4)  # same rows greedy: skipped
+    assert not write((), 2)  # fewer rows: still held
+    assert write((greedy,) * 5, 8)  # rows 4..8 not known yet
+    assert write((hot, greedy), 2)  # a sampled row: written
     assert family.host("temperature")[0] == pytest.approx(0.7)
-    assert write_sampling(family, (greedy,), positions, 2)  # and greedy again: rewritten
+    assert write((greedy,), 2)  # and greedy again: rewritten
     seeded = SamplingParams(seed=5, stop_token_ids=(2,))  # greedy too: seed and stops unread
-    assert not write_sampling(family, (seeded, greedy), positions, 2)
+    assert not write((seeded, greedy), 2)
     family.poison()
-    assert write_sampling(family, (greedy,), positions, 2)  # poisoned: rewritten
+    writer.forget()
+    assert write((greedy,), 2)  # poisoned: rewritten

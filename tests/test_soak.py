@@ -77,9 +77,7 @@ def addresses(runtime: GraphRuntime) -> dict[str, int]:
     cached bucket views, KV cache, req_to_token, graph outputs."""
     found: dict[str, int] = {}
     fam = runtime.families
-    for family in (fam.step, fam.cascade, fam.draft, fam.local, fam.extra, fam.sampling):
-        if family is None:
-            continue
+    for family in fam.groups.values():
         name = family.family
         found[f"{name}.arena"] = family.arena.data_ptr()
         for i, host in enumerate(family.host_arenas):
@@ -92,7 +90,7 @@ def addresses(runtime: GraphRuntime) -> dict[str, int]:
             if isinstance(t, torch.Tensor):
                 found[f"kv.{attr}[{i}]"] = t.data_ptr()
     found["req_to_token"] = runtime.req_to_token.table.data_ptr()
-    for (mode, bucket), out in runtime._outputs.items():
+    for (mode, bucket), out in runtime.capturer.outputs.items():
         for field, t in tensors_of(out).items():
             found[f"out.{mode.name}.{bucket}.{field}"] = t.data_ptr()
     return found

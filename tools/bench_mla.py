@@ -48,9 +48,9 @@ def bench_one(layout: str, padded: int, bs: int, q_len: int, device: torch.devic
     slots += (torch.arange(tokens, device=device) // q_len * CONTEXT)[:, None].int()
     q = torch.randn(tokens, MODEL_HEADS, QK_DIM, device=device, dtype=torch.bfloat16)
     meta = decode_meta(bs, q_len, device)
-    backend = FlashMLABackend(MODEL_HEADS, layout, padded_heads=padded)
+    backend = FlashMLABackend(MODEL_HEADS, layout, TOPK, padded_heads=padded)
     sparse = sparse_for(slots, padded, bs)
-    plan = backend.plan(sparse, meta)
+    plan = backend.plan(meta, sparse)
     scale = 192**-0.5
     for _ in range(3):
         backend.forward(q, cache, 0, sparse, meta, plan, scale)

@@ -191,7 +191,7 @@ class Peer:
         """The peer's page table equals graphrt's over each real row's pages (raises if not)."""
         ps, mine = self.ps, rt.families.step.full["page_table"].cpu()
         theirs = self.page_table[-1 if batch.mode is M.DRAFT_DECODE else 0].cpu()
-        keys = batch.seq_lens + rt.families.extra_keys(batch.mode)
+        keys = batch.seq_lens + rt.families.draft_keys(batch.mode)
         if self.spec is not None and self.spec.topk > 1 and batch.mode is M.TARGET_VERIFY:
             keys = batch.seq_lens - self.spec.num_draft_tokens  # the prefix half of the cascade
         for r, k in enumerate(keys.tolist()):

@@ -107,9 +107,9 @@ def resolve_backend(value: str, device: torch.device, model: str = "tiny-llama")
 
 def backend_names() -> list[str]:
     """Every registered attention backend, for ``--backend`` choices."""
-    from graphrt.attention import PREFERENCE
+    from graphrt.attention import BACKENDS
 
-    return [AUTO, *dict.fromkeys(name for names in PREFERENCE.values() for name in names)]
+    return [AUTO, *dict.fromkeys(name for names in BACKENDS.values() for name in names)]
 
 
 def model_names() -> list[str]:

@@ -1,25 +1,71 @@
-"""The MHA/GQA attention-backend contract (selection lives in :mod:`graphrt.attention.registry`)."""
+"""The attention-backend contract: one file per backend, one row in the registry.
+
+A backend owns everything its kernels need beyond the step's shared metadata:
+
+- ``buffers()``: its own per-step buffer group (specs + the dataclass naming them), allocated
+  once with the other groups and viewed per bucket; ``None`` when it needs none;
+- ``write_host(batch, host, rows)``: the host half of that group's update, when it has
+  host-written buffers (its ``BufferGroup.write``; copied to the device with the others);
+- ``plan(meta, group, q, k_cache)``: in-graph work run once per forward, before the first
+  layer's attention (e.g. FA3's scheduler metadata); its result reaches every layer's
+  ``forward`` as ``plan``;
+- ``graph_support``: the forward modes its kernels may be captured for.
+
+Selection lives in :mod:`graphrt.attention.registry`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.groups import BufferGroup
+from graphrt.step.batch import Batch
+from graphrt.step.modes import ForwardMode
+
+
+@dataclass(frozen=True, slots=True)
+class GraphSupport:
+    """Where a backend's kernels may be captured: ``modes`` (default: all), buckets up to
+    ``max_bucket`` (None: any). The runtime refuses a configuration outside it, naming both."""
+
+    modes: frozenset[ForwardMode] = field(default_factory=lambda: frozenset(ForwardMode))
+    max_bucket: int | None = None
+
+    def refusal(self, backend: str, modes: tuple[ForwardMode, ...], largest: int) -> str | None:
+        """Why ``backend`` cannot be captured for ``modes`` up to bucket ``largest``, or None."""
+        missing = [m.name for m in modes if m not in self.modes]
+        if missing:
+            ok = ", ".join(sorted(m.name for m in self.modes)) or "none"
+            return f"attention backend {backend!r} cannot be captured for {', '.join(missing)} (it supports {ok})"
+        if self.max_bucket is not None and largest > self.max_bucket:
+            return f"attention backend {backend!r} is captured for buckets up to {self.max_bucket}, not {largest}"
+        return None
 
 
 class AttentionBackend(Protocol):
-    """Paged attention over the KV cache for one layer.
+    """Paged attention over the KV cache for one layer (MHA/GQA).
 
     ``forward`` takes ``q [num_tokens, num_q_heads, head_dim]`` and the layer's caches
     ``[num_pages, page_size, num_kv_heads, head_dim]`` and returns
     ``[num_tokens, num_q_heads, head_dim]`` in ``q``'s dtype. Query token ``i`` of request
     ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally; with
     ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w, 0)``).
+    ``plan`` is what :meth:`plan` returned for this forward (None where it did not apply).
     """
 
     name: str
+    graph_support: GraphSupport
+
+    def buffers(self) -> BufferGroup | None: ...
+
+    def write_host(self, batch: Batch, host: dict[str, np.ndarray], rows: int) -> None: ...
+
+    def plan(self, meta: StepMetadata, group: Any, q: torch.Tensor, k_cache: torch.Tensor) -> Any: ...
 
     def forward(
         self,
@@ -29,8 +75,36 @@ class AttentionBackend(Protocol):
         meta: StepMetadata,
         scale: float,
         window: int | None = None,
+        plan: Any = None,
     ) -> torch.Tensor: ...
 
     def host_scalars(self) -> dict[str, Any]:
         """Python values this backend hands to its kernels beyond the metadata's."""
         ...
+
+
+class Backend:
+    """Defaults for the hooks a backend does not need: no buffers, no host write, no plan,
+    every mode graphed, no host scalars. Subclass and override what the kernels need."""
+
+    name = "backend"
+    graph_support = GraphSupport()
+
+    @classmethod
+    def available(cls, device: torch.device, **need: Any) -> bool:
+        """Whether it runs on ``device`` for ``need`` (the kind's build arguments)."""
+        return True
+
+    def buffers(self) -> BufferGroup | None:
+        return None
+
+    def write_host(self, batch: Batch, host: dict[str, np.ndarray], rows: int) -> None:
+        return None
+
+    def plan(self, meta: StepMetadata, group: Any, *tensors: torch.Tensor) -> Any:
+        """No plan. (MHA backends receive ``q`` and the first layer's ``k_cache``; sparse-MLA
+        backends nothing beyond their group.)"""
+        return None
+
+    def host_scalars(self) -> dict[str, Any]:
+        return {}

@@ -21,11 +21,14 @@ from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.local import LocalBuffers
 from graphrt.step.modes import ForwardMode
 
+#: The plan of a context whose backend has not planned yet (None is a valid plan).
+_UNPLANNED = object()
+
 
 class ScalarLog:
     """Per-layer kernel scalars a model passes (window, chunk): model constants.
 
-    The runtime records them at capture with the graph's host scalars (DESIGN rule 4).
+    The runtime records them at capture with the graph's host scalars (rule 4 of docs/architecture.md).
     """
 
     def __init__(self) -> None:
@@ -78,8 +81,8 @@ def local_metadata(local: LocalStep | None, layer_id: int, chunk: int) -> StepMe
 class ContextInputs:
     """One step's attention inputs; an attention kind builds its ``ctx`` from these.
 
-    ``kv``: the kind's cache; ``backend``: the kind's backend; ``extra``: the kind's own
-    buffer family view (sparse MLA), if any; ``local``: the chunked-local virtual batch.
+    ``kv``: the kind's cache; ``backend``: the kind's backend; ``group``: the view of the
+    backend's own buffer group, if it has one; ``local``: the chunked-local virtual batch.
     """
 
     meta: StepMetadata
@@ -87,7 +90,7 @@ class ContextInputs:
     backend: Any
     req_to_token: ReqToToken
     scalars: ScalarLog
-    extra: Any = None
+    group: Any = None
     local: LocalStep | None = None
 
 
@@ -96,6 +99,8 @@ class ForwardContext:
 
     ``local``: the step's chunked-local virtual batch, when the runtime has one.
     ``scalars``: where per-layer kernel scalars (window, chunk) are recorded.
+    ``group``: the backend's own buffer group (its view for this step), if any; the backend's
+    ``plan`` runs on it at the first :meth:`attention` call, once per forward.
     """
 
     def __init__(
@@ -105,14 +110,16 @@ class ForwardContext:
         backend: AttentionBackend,
         local: LocalStep | None = None,
         scalars: ScalarLog | None = None,
+        group: Any = None,
     ) -> None:
-        self.meta, self.kv, self.backend, self.local = meta, kv, backend, local
+        self.meta, self.kv, self.backend, self.local, self.group = meta, kv, backend, local, group
         self.scalars = ScalarLog() if scalars is None else scalars
+        self._plan: Any = _UNPLANNED
 
     @classmethod
     def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
         """The MHA/GQA context of one step's :class:`ContextInputs`."""
-        return cls(inputs.meta, inputs.kv, inputs.backend, inputs.local, inputs.scalars)
+        return cls(inputs.meta, inputs.kv, inputs.backend, inputs.local, inputs.scalars, inputs.group)
 
     @property
     def mode(self) -> ForwardMode:
@@ -147,16 +154,19 @@ class ForwardContext:
         else:
             q = rope_store(q, k, v, rope, self.kv.k[layer_id], self.kv.v[layer_id], loc)
         scale = q.shape[-1] ** -0.5
-        meta, extra = self.meta, {}
+        k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
+        if self._plan is _UNPLANNED:
+            # NOTE: once per forward, before the first layer attends: every layer reads it.
+            self._plan = self.backend.plan(self.meta, self.group, q, k_cache)
+        meta, plan = self.meta, self._plan
         if window is not None:
             if self.meta.cascade is not None:
                 raise ValueError(
                     f"layer {layer_id}: sliding window {window} with a token tree (topk > 1) is not supported"
                 )
             self.scalars.record(f"layer{layer_id}.window", window)
-            extra["window"] = window
         if chunk is not None:
-            meta = local_metadata(self.local, layer_id, chunk)
+            meta, plan = local_metadata(self.local, layer_id, chunk), None  # NOTE: planned for the step
             self.scalars.record(f"layer{layer_id}.chunk", chunk)
             self.scalars.record("local.max_seqlen_q", meta.max_seqlen_q)
-        return self.backend.forward(q, self.kv.k[layer_id], self.kv.v[layer_id], meta, scale, **extra)
+        return self.backend.forward(q, k_cache, v_cache, meta, scale, window=window, plan=plan)

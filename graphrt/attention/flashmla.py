@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from graphrt.attention.registry import register
+from graphrt.attention.base import Backend, BufferGroup
 from graphrt.kv.mla import KV_LORA_RANK, QK_DIM, MLAKVCache
 from graphrt.metadata.base import StepMetadata
-from graphrt.metadata.sparse import SparseBuffers
+from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 from graphrt.step.modes import MODES
 
 HEAD_CHOICES = (64, 128)
@@ -55,12 +55,20 @@ class FP8Plan:
     block_table: torch.Tensor | None
 
 
-class FlashMLABackend:
+class FlashMLABackend(Backend):
     """FlashMLA sparse attention; ``padded_heads`` defaults to 64 (or 128 above 64 heads)."""
 
     slot_multiple = TOPK_MULTIPLE
 
-    def __init__(self, num_heads: int, layout: str, *, padded_heads: int | None = None, api: str = "static"):
+    def __init__(
+        self,
+        num_heads: int,
+        layout: str,
+        index_topk: int,
+        *,
+        padded_heads: int | None = None,
+        api: str = "static",
+    ) -> None:
         from sgl_kernel import flash_mla
 
         self.padded_heads = padded_heads or (64 if num_heads <= 64 else 128)
@@ -71,9 +79,19 @@ class FlashMLABackend:
         if api not in ("static", "schedmeta"):
             raise ValueError(f"api must be 'static' or 'schedmeta', got {api!r}")
         self.num_heads, self.layout, self.api, self._mla = num_heads, layout, api, flash_mla
+        self.index_topk = index_topk
         self.name = "flashmla" if api == "static" else "flashmla-schedmeta"
 
-    def plan(self, sparse: SparseBuffers, meta: StepMetadata) -> FP8Plan | None:
+    @classmethod
+    def available(cls, device: torch.device, layout: str = "bf16", **_: Any) -> bool:
+        return flashmla_available(device, layout)
+
+    def buffers(self) -> BufferGroup:
+        return BufferGroup(
+            sparse_specs(self.index_topk, self.padded_heads, self.slot_multiple), SparseBuffers
+        )
+
+    def plan(self, meta: StepMetadata, sparse: SparseBuffers) -> FP8Plan | None:
         """FP8: the step's tile schedule. Uniform modes use ``[bs, q_len]`` rows (static
         buffers); ragged ones (EXTEND, DRAFT_EXTEND) one row per token, on fresh tensors (the
         graph's pool when graphed)."""
@@ -144,7 +162,8 @@ class FlashMLABackend:
         }
 
 
-register("sparse_mla", "flashmla", flashmla_available)(FlashMLABackend)
-register("sparse_mla", "flashmla-schedmeta", flashmla_available)(
-    lambda num_heads, layout: FlashMLABackend(num_heads, layout, api="schedmeta")
-)
+class FlashMLASchedMetaBackend(FlashMLABackend):
+    """FlashMLA with the newer ``FlashMLASchedMeta`` API (schedule planned in the first layer)."""
+
+    def __init__(self, num_heads: int, layout: str, index_topk: int) -> None:
+        super().__init__(num_heads, layout, index_topk, api="schedmeta")

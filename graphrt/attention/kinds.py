@@ -1,8 +1,9 @@
-"""Attention kinds: what the KV-cache type decides — backend, extra static buffers, context.
+"""Attention kinds: what the KV-cache type decides — which backends fit, and the ``ctx``.
 
-The runtime asks its kind for these three things and stays the same for every kind:
-MHA/GQA over a :class:`PagedKVCache` (``ctx.attention``), or sparse MLA (DSA) over an
-:class:`MLAKVCache` (``ctx.index_topk`` + ``ctx.sparse_mla``).
+The runtime asks its kind for a backend and for the context its models receive, and stays the
+same for every kind: MHA/GQA over a :class:`PagedKVCache` (``ctx.attention``), or sparse MLA
+(DSA) over an :class:`MLAKVCache` (``ctx.index_topk`` + ``ctx.sparse_mla``). The backend owns
+its buffer group and plan (:mod:`graphrt.attention.base`).
 """
 
 from __future__ import annotations
@@ -14,18 +15,14 @@ import torch
 from graphrt.attention.context import ContextInputs, ForwardContext
 from graphrt.attention.registry import select_backend
 from graphrt.attention.sparse_context import SparseMLAContext
-from graphrt.buffers import Dims, StaticBuffers
 from graphrt.kv import MLAKVCache
-from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 
 
 class AttentionKind(Protocol):
     name: str
 
-    def select_backend(self, name: str | None, device: torch.device) -> Any: ...
-
-    def static_buffers(self, dims: Dims, device: torch.device) -> StaticBuffers | None:
-        """The kind's own buffer family (allocated once, viewed per bucket), if any."""
+    def select_backend(self, name: str | None, device: torch.device) -> Any:
+        """The named backend (or the preferred available one), built for this kind's cache."""
         ...
 
     def context(self, inputs: ContextInputs) -> Any:
@@ -44,36 +41,27 @@ class MHAKind:
     def select_backend(self, name: str | None, device: torch.device) -> Any:
         return select_backend(name, device, self.name, dtype=self.dtype)
 
-    def static_buffers(self, dims: Dims, device: torch.device) -> None:
-        return None
-
     def context(self, inputs: ContextInputs) -> ForwardContext:
         return ForwardContext.from_inputs(inputs)
 
 
 class SparseMLAKind:
-    """DSA: the ``sparse`` buffer family sized for the cache's ``index_topk`` and heads."""
+    """DSA over an :class:`MLAKVCache`: backends sized for its layout, heads and ``index_topk``."""
 
     name = "sparse_mla"
 
     def __init__(self, kv: MLAKVCache) -> None:
         self.kv = kv
-        self.specs: tuple = ()
 
     def select_backend(self, name: str | None, device: torch.device) -> Any:
-        backend = select_backend(
-            name, device, self.name, layout=self.kv.layout, num_heads=self.kv.shape.num_heads
-        )
-        self.specs = sparse_specs(self.kv.index_topk, backend.padded_heads, backend.slot_multiple)
-        return backend
-
-    def static_buffers(self, dims: Dims, device: torch.device) -> StaticBuffers:
-        return StaticBuffers("sparse", self.specs, SparseBuffers, dims, device)
+        kv = self.kv
+        need = {"layout": kv.layout, "num_heads": kv.shape.num_heads, "index_topk": kv.index_topk}
+        return select_backend(name, device, self.name, **need)
 
     def context(self, inputs: ContextInputs) -> SparseMLAContext:
         # NOTE: DSA presets have neither sliding windows nor chunked-local layers.
         assert inputs.local is None, "chunked-local attention is an MHA feature"
-        return SparseMLAContext(inputs.meta, inputs.kv, inputs.backend, inputs.extra, inputs.req_to_token)
+        return SparseMLAContext(inputs.meta, inputs.kv, inputs.backend, inputs.group, inputs.req_to_token)
 
 
 def attention_kind(kv: Any) -> AttentionKind:

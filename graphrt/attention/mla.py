@@ -11,27 +11,31 @@ from typing import Any, Protocol
 
 import torch
 
-from graphrt.attention.registry import register
+from graphrt.attention.base import Backend, BufferGroup, GraphSupport
 from graphrt.kv.mla import KV_LORA_RANK, MLAKVCache
 from graphrt.metadata.base import StepMetadata
-from graphrt.metadata.sparse import SparseBuffers
+from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 
 
 class SparseMLABackend(Protocol):
     """Sparse MLA over an :class:`MLAKVCache`.
 
-    ``plan`` runs once per step before the first layer (inside the graph on the graph path)
-    and returns what every layer's ``forward`` needs from it. ``forward`` takes
+    ``buffers()`` is its ``sparse`` group (:func:`~graphrt.metadata.sparse.sparse_specs` sized
+    for its heads and slot multiple). ``plan`` runs once per forward before the first layer
+    (inside the graph on the graph path) and returns what every layer's ``forward`` needs. ``forward`` takes
     ``q [num_tokens, num_heads, 576]`` and returns ``[num_tokens, num_heads, 512]`` in
     ``q``'s dtype. ``padded_heads``: heads the kernel runs (0 when it runs the model's own);
     ``slot_multiple``: the ``topk_slots`` width the kernel needs a multiple of.
     """
 
     name: str
+    graph_support: GraphSupport
     padded_heads: int
     slot_multiple: int
 
-    def plan(self, sparse: SparseBuffers, meta: StepMetadata) -> Any: ...
+    def buffers(self) -> BufferGroup: ...
+
+    def plan(self, meta: StepMetadata, sparse: SparseBuffers) -> Any: ...
 
     def forward(
         self,
@@ -64,18 +68,20 @@ def sparse_attention(
     return torch.einsum("thk,tkd->thd", probs, v)
 
 
-class SparseMLAReference:
+class SparseMLAReference(Backend):
     """Gather the selected slots (dequantised for fp8), then :func:`sparse_attention`."""
 
     name = "reference"
     padded_heads = 0
     slot_multiple = 1
 
-    def __init__(self, num_heads: int, layout: str) -> None:
-        self.num_heads, self.layout = num_heads, layout
+    def __init__(self, num_heads: int, layout: str, index_topk: int) -> None:
+        self.num_heads, self.layout, self.index_topk = num_heads, layout, index_topk
 
-    def plan(self, sparse: SparseBuffers, meta: StepMetadata) -> None:
-        return None
+    def buffers(self) -> BufferGroup:
+        return BufferGroup(
+            sparse_specs(self.index_topk, self.padded_heads, self.slot_multiple), SparseBuffers
+        )
 
     def forward(
         self,
@@ -90,9 +96,3 @@ class SparseMLAReference:
         slots = sparse.topk_slots[: q.shape[0]]
         kv = cache.gather(layer, slots.long().clamp_min(0))
         return sparse_attention(q, kv, slots >= 0, scale).to(q.dtype)
-
-    def host_scalars(self) -> dict[str, Any]:
-        return {}
-
-
-register("sparse_mla", "reference", lambda device, **need: True)(SparseMLAReference)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from graphrt.attention.registry import register
+from graphrt.attention.base import Backend
 from graphrt.metadata.base import StepMetadata
 
 
@@ -140,8 +140,13 @@ def unpad_queries(out: torch.Tensor, index: torch.Tensor, num_tokens: int) -> to
     return packed[:num_tokens]
 
 
-class ReferenceBackend:
+class ReferenceBackend(Backend):
+    """Gather through the page table, then dense masked attention (float32): the oracle."""
+
     name = "reference"
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
 
     def forward(
         self,
@@ -151,6 +156,7 @@ class ReferenceBackend:
         meta: StepMetadata,
         scale: float,
         window: int | None = None,
+        plan: Any = None,
     ) -> torch.Tensor:
         if meta.cascade is not None:
             return cascade_attention(q, k_cache, v_cache, meta, scale)
@@ -158,9 +164,3 @@ class ReferenceBackend:
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
         out = paged_attention(padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window)
         return unpad_queries(out, index, q.shape[0])
-
-    def host_scalars(self) -> dict[str, Any]:
-        return {}
-
-
-register("mha", "reference", lambda device, **need: True)(ReferenceBackend)

@@ -1,76 +1,79 @@
-"""One registry of attention backends for every attention kind, in an explicit preference order.
+"""One table of attention backends per attention kind, in preference order, loaded lazily.
 
-A backend registers under its kind (``"mha"``: paged MHA/GQA over a :class:`PagedKVCache`;
-``"sparse_mla"``: DSA over an :class:`MLAKVCache`) with an availability test. Selection
-walks :data:`PREFERENCE`, never import order; error messages list what is available.
-Sparse-MLA backends need the cache's ``layout`` and ``num_heads`` (passed as keywords);
-MHA backends need nothing.
+A row maps a backend name to ``"module:Class"``: nothing registers by being imported, and a
+backend's module (with its kernel library) is imported only when the backend is asked about.
+A class offers ``available(device, **need) -> bool`` and is built as ``Class(**need)``, where
+``need`` is what the kind passes: MHA/GQA (``"mha"``) the cache ``dtype``; sparse MLA
+(``"sparse_mla"``) the cache ``layout``, ``num_heads`` and ``index_topk``. Selection walks the
+table in order; error messages list what is known or available.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
 from typing import Any
 
 import torch
 
-#: kind -> backend names, most preferred first. The torch reference (the oracle) is last.
-PREFERENCE: dict[str, tuple[str, ...]] = {
-    "mha": ("fa3", "reference"),
-    "sparse_mla": ("flashmla", "flashmla-schedmeta", "reference"),
+#: kind -> backend name -> "module:Class", most preferred first; the torch reference (the
+#: oracle) last. Adding a backend is one file plus one row here (or :func:`add_backend`).
+BACKENDS: dict[str, dict[str, str]] = {
+    "mha": {
+        "fa3": "graphrt.attention.fa3:FA3Backend",
+        "reference": "graphrt.attention.reference:ReferenceBackend",
+    },
+    "sparse_mla": {
+        "flashmla": "graphrt.attention.flashmla:FlashMLABackend",
+        "flashmla-schedmeta": "graphrt.attention.flashmla:FlashMLASchedMetaBackend",
+        "reference": "graphrt.attention.mla:SparseMLAReference",
+    },
 }
 
 LABELS = {"mha": "attention backend", "sparse_mla": "sparse-MLA backend"}
 
 
-@dataclass(frozen=True, slots=True)
-class BackendEntry:
-    """``available(device, **need)`` says whether it runs here; ``factory(**need)`` builds it."""
+def add_backend(kind: str, name: str, target: str, *, first: bool = False) -> None:
+    """Add row ``name -> target`` (``"module:Class"``) to ``kind``'s table, last or ``first``."""
+    if kind not in BACKENDS:
+        raise ValueError(f"unknown attention kind {kind!r}; known: {', '.join(BACKENDS)}")
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise ValueError(f"backend target must be 'module:Class', got {target!r}")
+    rows = {k: v for k, v in BACKENDS[kind].items() if k != name}
+    BACKENDS[kind] = {name: target, **rows} if first else {**rows, name: target}
 
-    available: Callable[..., bool]
-    factory: Callable[..., Any]
 
-
-_REGISTRY: dict[tuple[str, str], BackendEntry] = {}
-
-
-def register(kind: str, name: str, available: Callable[..., bool]) -> Callable[[Any], Any]:
-    """Class decorator: register ``factory`` as backend ``name`` of ``kind``."""
-    if name not in PREFERENCE.get(kind, ()):
-        raise ValueError(f"backend {name!r} of kind {kind!r} is not in PREFERENCE: add it there")
-
-    def wrap(factory: Any) -> Any:
-        assert (kind, name) not in _REGISTRY, f"{kind} backend {name} registered twice"
-        _REGISTRY[(kind, name)] = BackendEntry(available, factory)
-        return factory
-
-    return wrap
+def backend_class(kind: str, name: str) -> Any:
+    """The class of backend ``name`` of ``kind`` (its module imported now)."""
+    rows = BACKENDS[kind]
+    if name not in rows:
+        raise ValueError(f"unknown {LABELS[kind]} {name!r}; known: {', '.join(rows)}")
+    module, _, attr = rows[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def known_backends(kind: str = "mha") -> list[str]:
-    """Registered backends of ``kind`` in preference order."""
-    return [name for name in PREFERENCE[kind] if (kind, name) in _REGISTRY]
+    """Backends of ``kind`` in preference order."""
+    return list(BACKENDS[kind])
 
 
 def available_backends(device: torch.device, kind: str = "mha", **need: Any) -> list[str]:
     """Backends of ``kind`` usable on ``device`` (with ``need``), most preferred first."""
-    return [n for n in known_backends(kind) if _REGISTRY[(kind, n)].available(device, **need)]
+    return [n for n in BACKENDS[kind] if backend_class(kind, n).available(device, **need)]
 
 
 def select_backend(name: str | None, device: torch.device, kind: str = "mha", **need: Any) -> Any:
-    """The named backend, or the most preferred available one.
+    """The named backend, or the most preferred available one, built with ``need``.
 
     Raises ``ValueError`` naming the backend and listing the known or available ones.
     """
+    label = LABELS[kind]
+    if name is not None and name not in BACKENDS[kind]:
+        raise ValueError(f"unknown {label} {name!r}; known: {', '.join(BACKENDS[kind])}")
     usable = available_backends(device, kind, **need)
     name = name or usable[0]
-    label = LABELS[kind]
-    if (kind, name) not in _REGISTRY:
-        raise ValueError(f"unknown {label} {name!r}; known: {', '.join(known_backends(kind))}")
     if name not in usable:
         cache = need.get("layout") or str(need.get("dtype", "")).removeprefix("torch.")
         where = f"{device}" + (f" with a {cache} KV cache" if cache else "")
         raise ValueError(f"{label} {name!r} is not available on {where}; available: {', '.join(usable)}")
-    # NOTE: ``dtype`` only decides availability; factories take the kind's build arguments.
-    return _REGISTRY[(kind, name)].factory(**{k: v for k, v in need.items() if k != "dtype"})
+    return backend_class(kind, name)(**need)

@@ -72,5 +72,5 @@ class SparseMLAContext:
         """
         self.kv.store_latent(layer_id, self.meta.buffers.out_cache_loc, latent)
         if self._plan is _UNPLANNED:
-            self._plan = self.backend.plan(self.sparse, self.meta)
+            self._plan = self.backend.plan(self.meta, self.sparse)
         return self.backend.forward(q, self.kv, layer_id, self.sparse, self.meta, self._plan, scale)

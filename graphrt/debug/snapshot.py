@@ -185,10 +185,12 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
 
 
 def _families(runtime: GraphRuntime, mode: ForwardMode | None = None) -> list[StaticBuffers]:
-    """Every buffer family of ``runtime`` (step first), or those a graph of ``mode`` reads."""
+    """Every buffer group of ``runtime`` (step first, sampling left out), or those a graph of
+    ``mode`` reads."""
     fam = runtime.families
-    used = fam.used_by(mode) if mode is not None else [fam.step, fam.cascade, fam.draft, fam.local]
-    return [f for f in (*used, fam.extra) if f is not None]
+    if mode is not None:
+        return list(fam.used_by(mode))
+    return [g for name, g in fam.groups.items() if name != "sampling"]
 
 
 def _key(family: StaticBuffers, name: str) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from graphrt.buffers import BufferSpec, PadRule
 from graphrt.metadata.base import CascadeBuffers
+from graphrt.metadata.groups import GroupRow, Stateless
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, TreeInput
 
@@ -102,3 +103,14 @@ def write_cascade_host(batch: Batch, host: dict[str, np.ndarray], tokens: int, d
     host["expand_table"][:tokens] = dummy_slot
     host["expand_seqlens"][:tokens] = 1
     host["expand_cu_seqlens_q"][: tokens + 1] = np.arange(tokens + 1)
+
+
+#: Exists for token trees (``topk > 1``); used by the modes whose queries form a tree.
+CASCADE_GROUP = GroupRow(
+    "cascade",
+    lambda g, dims: cascade_specs(max(g.spec.num_draft_tokens, g.spec.draft_forwards)),
+    lambda g: CascadeBuffers,
+    exists=lambda g: g.tree,
+    used_by=lambda mode, g: MODES[mode].tree is not TreeInput.NONE,
+    writer=lambda g, dims, device: Stateless(write_cascade_host),
+)

@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 from graphrt.buffers import BufferSpec, PadRule
+from graphrt.metadata.groups import GroupRow, Stateless
 from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES
 
 
 def draft_specs(steps: int) -> tuple[BufferSpec, ...]:
@@ -36,3 +38,14 @@ def write_draft_host(batch: Batch, host: dict[str, np.ndarray], tokens: int, dum
     loc = host["draft_loc"]
     loc[:tokens] = dummy_slot
     loc[: batch.num_tokens] = batch.out_cache_loc_steps
+
+
+#: Exists when drafts run in graphs; used by DRAFT_DECODE (``MODES[mode].draft_steps``).
+DRAFT_GROUP = GroupRow(
+    "draft",
+    lambda g, dims: draft_specs(g.spec.draft_forwards),
+    lambda g: DraftBuffers,
+    exists=lambda g: g.spec is not None and g.spec.draft_forwards > 0,
+    used_by=lambda mode, g: MODES[mode].draft_steps,
+    writer=lambda g, dims, device: Stateless(write_draft_host),
+)

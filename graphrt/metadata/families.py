@@ -1,10 +1,11 @@
-"""The static buffer families of a runtime and which modes write which.
+"""The static buffer groups of a runtime, from one table, and which modes write which.
 
-``step`` serves every mode; ``cascade`` (expand lists and prefix lengths) exists when the
-speculative geometry has ``topk > 1`` and serves TARGET_VERIFY and DRAFT_DECODE; ``draft``
-(every draft step's KV slots) serves DRAFT_DECODE; ``sampling`` (per-request sampling parameters)
-exists with ``RuntimeConfig(sample=True)`` and serves the modes that sample (DECODE, EXTEND). The eager path builds the same families
-at the step's exact size, so both paths share every write and derive function.
+:data:`GROUPS` lists every group's row (:class:`~graphrt.metadata.groups.GroupRow`): ``step``
+serves every mode; ``cascade`` (expand lists and prefix lengths) exists for token trees;
+``draft`` (every draft step's KV slots) serves DRAFT_DECODE; ``local`` holds the chunked-local
+virtual batch; ``sampling`` (per-request sampling parameters) serves the modes that sample;
+``attention`` is the attention backend's own group. The eager path builds the same groups at
+the step's exact size, so both paths share every write and derive function.
 """
 
 from __future__ import annotations
@@ -18,14 +19,24 @@ import torch
 
 from graphrt.buffers import Dims, MemoryReport, StaticBuffers
 from graphrt.metadata.base import CascadeBuffers, StepBuffers
-from graphrt.metadata.cascade import cascade_specs, write_cascade_host
-from graphrt.metadata.draft import DraftBuffers, draft_specs, write_draft_host
-from graphrt.metadata.kernels import fused_update
-from graphrt.metadata.local import LocalBuffers, LocalGeometry
-from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, write_sampling
-from graphrt.metadata.step import STEP_SPECS, PageBounds, write_host
+from graphrt.metadata.cascade import CASCADE_GROUP
+from graphrt.metadata.draft import DRAFT_GROUP, DraftBuffers
+from graphrt.metadata.groups import ATTENTION_GROUP, Geometry, GroupRow, Writer
+from graphrt.metadata.local import LOCAL_GROUP, LocalBuffers
+from graphrt.metadata.sampling import SAMPLING_GROUP, SamplingBuffers
+from graphrt.metadata.step import STEP_GROUP, draft_keys
 from graphrt.step.batch import Batch
-from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, TreeInput, rows_per_req
+from graphrt.step.modes import MODES, ForwardMode, rows_per_req
+
+#: Every buffer group, in allocation and report order.
+GROUPS: tuple[GroupRow, ...] = (
+    STEP_GROUP,
+    CASCADE_GROUP,
+    DRAFT_GROUP,
+    LOCAL_GROUP,
+    SAMPLING_GROUP,
+    ATTENTION_GROUP,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,172 +50,148 @@ class Dummies:
 
 @dataclass(slots=True)
 class StepInputs:
-    """Everything one step's graph reads besides weights and the KV cache."""
+    """Everything one step's graph reads besides weights and the KV cache: a view of each
+    group the mode uses (None for the others), by the groups' names."""
 
     step: StepBuffers
-    cascade: CascadeBuffers | None
-    draft: DraftBuffers | None
-    extra: Any = None  # the attention kind's family (sparse MLA: top-k indices, scheduler)
+    cascade: CascadeBuffers | None = None
+    draft: DraftBuffers | None = None
     local: LocalBuffers | None = None
     sampling: SamplingBuffers | None = None
+    attention: Any = None  # the attention backend's own group (FA3: scheduler metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class ModeGroups:
+    """Per mode, worked out once: the groups it uses and which of them have a host writer."""
+
+    used: tuple[StaticBuffers, ...]
+    written: tuple[tuple[StaticBuffers, Writer], ...]
 
 
 class Families:
-    """The runtime's buffer families, allocated once at ``dims`` (or exactly, for eager)."""
+    """The runtime's buffer groups, allocated once at ``dims`` (or exactly, for eager).
 
-    def __init__(
-        self,
-        dims: Dims,
-        device: torch.device,
-        spec: SpecGeometry | None,
-        kind: Any = None,
-        local: LocalGeometry | None = None,
-        sample: bool = False,
-        page_size: int = 1,
-    ) -> None:
-        self.spec = spec
-        self.step = StaticBuffers("step", STEP_SPECS, StepBuffers, dims, device)
-        self.pages = PageBounds(dims.max_bs, dims.max_pages, page_size, fused_update(device))
-        # NOTE: device-derived only (written inside the graph), so no host write or upload.
-        self.extra: StaticBuffers | None = kind.static_buffers(dims, device) if kind is not None else None
-        self.cascade = None
-        self.draft = None
-        if spec is not None and spec.topk > 1:
-            width = max(spec.num_draft_tokens, spec.draft_forwards)
-            self.cascade = StaticBuffers("cascade", cascade_specs(width), CascadeBuffers, dims, device)
-        if spec is not None and spec.draft_forwards > 0:
-            self.draft = StaticBuffers("draft", draft_specs(spec.draft_forwards), DraftBuffers, dims, device)
-        # NOTE: chunked-local attention: derived on the device by every mode's program.
-        self.local = None if local is None else local.family(dims, device)
-        self.sampling = (
-            StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, device) if sample else None
-        )
-        #: Per mode: (families used, extra page-table keys, families with host buffers to copy).
-        #: Functions of the mode and of which families exist, so worked out once, not per step.
-        self._plans: dict[ForwardMode, tuple[tuple[StaticBuffers, ...], int, tuple[StaticBuffers, ...]]] = {}
+    Holds each group's writer and the pad values of each mode, and writes a step (host half,
+    then one upload per written group).
+    """
 
-    def used_by(self, mode: ForwardMode) -> list[StaticBuffers]:
-        """The families ``mode`` writes and reads (its update touches nothing else)."""
-        used = [self.step]
-        if self.cascade is not None and MODES[mode].tree is not TreeInput.NONE:
-            used.append(self.cascade)
-        if self.draft is not None and MODES[mode].draft_steps:
-            used.append(self.draft)
-        if self.local is not None:
-            used.append(self.local)
-        if self.sampling is not None and MODES[mode].samples:
-            used.append(self.sampling)
-        return used
+    def __init__(self, dims: Dims, device: torch.device, geometry: Geometry, dummies: Dummies) -> None:
+        self.geometry, self.dummies = geometry, dummies
+        rows = [row for row in GROUPS if row.exists(geometry)]
+        self.rows = {row.name: row for row in rows}
+        self.groups: dict[str, StaticBuffers] = {
+            row.name: StaticBuffers(
+                row.name, row.specs(geometry, dims), row.view_type(geometry), dims, device
+            )
+            for row in rows
+        }
+        self.writers: dict[str, Writer] = {}
+        for row in rows:
+            writer = row.writer(geometry, dims, device) if row.writer is not None else None
+            if writer is not None:
+                self.writers[row.name] = writer
+        self._modes: dict[ForwardMode, ModeGroups] = {}
+        self._pads: dict[ForwardMode, dict[str, int]] = {}
 
-    def pad_values(self, mode: ForwardMode, dummies: Dummies) -> dict[str, int]:
-        """Values padded rows of ``mode`` hold, by the names the pad rules use (DESIGN rule 3).
+    @property
+    def step(self) -> StaticBuffers:
+        return self.groups["step"]
+
+    def group(self, name: str) -> StaticBuffers | None:
+        """The group ``name``, or None when this runtime's geometry has none."""
+        return self.groups.get(name)
+
+    def used_by(self, mode: ForwardMode) -> tuple[StaticBuffers, ...]:
+        """The groups ``mode`` writes and reads (its update touches nothing else)."""
+        return self._mode(mode).used
+
+    def _mode(self, mode: ForwardMode) -> ModeGroups:
+        found = self._modes.get(mode)
+        if found is None:
+            used = tuple(g for name, g in self.groups.items() if self.rows[name].used_by(mode, self.geometry))
+            written = tuple((g, self.writers[g.family]) for g in used if g.family in self.writers)
+            found = self._modes[mode] = ModeGroups(used, written)
+        return found
+
+    def pad_values(self, mode: ForwardMode) -> dict[str, int]:
+        """Values padded rows of ``mode`` hold, by the names the pad rules use (rule 3 of
+        docs/architecture.md).
 
         Pad requests of uniform modes carry the mode's query length; those of ragged modes
         one token. Their ``seq_len`` covers their queries, so no position is negative.
         """
-        spec = MODES[mode]
-        pad_q = 1 if spec.ragged else rows_per_req(mode, self.spec)
-        # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of a
-        # cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
-        prefix = 1 if spec.draft_steps or self.cascade in self.used_by(mode) else 0
-        return {
-            "dummy_slot": dummies.slot,
-            "dummy_page": dummies.page,
-            "dummy_req": dummies.req,
-            "pad_q_len": pad_q,
-            "pad_seq_len": 1 + prefix if spec.draft_steps else pad_q + prefix,
-            "pad_prefix_len": 1,
-        }
+        pads = self._pads.get(mode)
+        if pads is None:
+            spec = MODES[mode]
+            pad_q = 1 if spec.ragged else rows_per_req(mode, self.geometry.spec)
+            # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of
+            # a cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
+            cascade = self.groups.get("cascade")
+            prefix = 1 if spec.draft_steps or (cascade is not None and cascade in self.used_by(mode)) else 0
+            pads = self._pads[mode] = {
+                "dummy_slot": self.dummies.slot,
+                "dummy_page": self.dummies.page,
+                "dummy_req": self.dummies.req,
+                "pad_q_len": pad_q,
+                "pad_seq_len": 1 + prefix if spec.draft_steps else pad_q + prefix,
+                "pad_prefix_len": 1,
+            }
+        return pads
 
-    @classmethod
-    def exact(
-        cls, batch: Batch, rows: int, pad: dict[str, int], dims: Dims, device: torch.device, **kw: Any
-    ) -> StepInputs:
-        """The eager path: families sized for exactly this step (``rows`` requests), written.
+    def draft_keys(self, mode: ForwardMode) -> int:
+        """Keys past ``cache_seqlens`` the page table covers: a draft chain's later steps."""
+        return draft_keys(mode, self.geometry.spec)
 
-        ``dims`` gives ``max_pages`` / ``max_context_len``; ``kw`` are ``spec``, ``kind``, ``local``,
-        ``page_size``.
-        """
+    def exact(self, batch: Batch, rows: int) -> StepInputs:
+        """The eager path: groups sized for exactly this step (``rows`` requests), written."""
+        pad = self.pad_values(batch.mode)
         tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
-        exact = dataclasses.replace(dims, max_bs=rows, max_tokens=tokens)
-        families = cls(
-            exact,
-            device,
-            kw.get("spec"),
-            kw.get("kind"),
-            kw.get("local"),
-            kw.get("sample", False),
-            kw.get("page_size", 1),
-        )
-        families.write(batch, rows, tokens, pad)
+        exact = dataclasses.replace(self.step.dims, max_bs=rows, max_tokens=tokens)
+        families = Families(exact, self.step.device, self.geometry, self.dummies)
+        families.write(batch, rows, tokens)
         return families.full(batch.mode)
 
     def view(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> StepInputs:
-        """Bucket views of every family ``mode`` reads (cached: addresses never change)."""
+        """Bucket views of every group ``mode`` reads (cached: addresses never change)."""
         return self._inputs(mode, lambda f: f.view(bucket, rows_per_req))
 
     def full(self, mode: ForwardMode) -> StepInputs:
-        """Whole-allocation views (the eager path allocates families at the exact size)."""
+        """Whole-allocation views (the eager path allocates groups at the exact size)."""
         return self._inputs(mode, lambda f: f.view_type(**f.full))
 
     def _inputs(self, mode: ForwardMode, view: Callable[[StaticBuffers], Any]) -> StepInputs:
-        views = {f.family: view(f) for f in self.used_by(mode)}
-        extra = view(self.extra) if self.extra is not None else None
-        return StepInputs(
-            views["step"],
-            views.get("cascade"),
-            views.get("draft"),
-            extra,
-            views.get("local"),
-            views.get("sampling"),
-        )
+        return StepInputs(**{f.family: view(f) for f in self.used_by(mode)})
 
-    def extra_keys(self, mode: ForwardMode) -> int:
-        """Keys past ``cache_seqlens`` the page table must cover: a draft chain's later steps."""
-        if MODES[mode].draft_steps and self.spec is not None and self.cascade not in self.used_by(mode):
-            return max(self.spec.draft_forwards - 1, 0)
-        return 0
+    def write(
+        self, batch: Batch, rows: int, tokens: int, pad: dict[str, int] | None = None, poison: bool = False
+    ) -> None:
+        """Host half of the update for every group the mode uses, then one copy each (none
+        where the writer says the device already holds the step's values).
 
-    def write(self, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> None:
-        """Host half of the update for every family the mode uses, then one copy each (none
-        for the sampling family when it already holds this step's values: ``write_sampling``).
-
-        Each family writes the next mirror of its ring, so this never waits for the copy of
-        the step before (only for the one ``ring`` steps back).
+        Each group writes the next mirror of its ring, so this never waits for the copy of
+        the step before (only for the one ``ring`` steps back). ``poison`` (debug mode)
+        poisons the mode's groups first, so the update must rewrite every element.
         """
-        used, extra, uploads = self._plan(batch.mode)
-        step = self.step
-        host = step.next_mirror()
-        step.tags[step.slot] = write_host(batch, host, rows, tokens, pad, step.tags[step.slot])
-        if step.state.setdefault("pages_known", False) is False:
-            # NOTE: a fresh, poisoned or just-captured page table: rewrite every column once.
-            self.pages.forget()
-            step.state["pages_known"] = True
-        self.pages.write(host["page_bound"], batch.seq_lens, rows, extra, pad["pad_seq_len"])
-        if self.cascade in used:
-            write_cascade_host(batch, self.cascade.next_mirror(), tokens, pad["dummy_slot"])
-        if self.draft in used:
-            write_draft_host(batch, self.draft.next_mirror(), tokens, pad["dummy_slot"])
-        sampled = self.sampling in used and write_sampling(
-            self.sampling, batch.sampling or (), batch.seq_lens, rows
-        )
-        for family in uploads:
-            if family is not self.sampling or sampled:
-                family.upload()
+        pad = pad or self.pad_values(batch.mode)
+        if poison:
+            self.poison(batch.mode)
+        for group, writer in self._mode(batch.mode).written:
+            if writer.write(group, batch, rows, tokens, pad):
+                group.upload()
 
-    def _plan(self, mode: ForwardMode) -> tuple[tuple[StaticBuffers, ...], int, tuple[StaticBuffers, ...]]:
-        plan = self._plans.get(mode)
-        if plan is None:
-            used = tuple(self.used_by(mode))
-            # NOTE: device-derived families have no host buffers, so nothing to copy.
-            uploads = tuple(f for f in used if f.host_arena.numel())
-            plan = self._plans[mode] = (used, self.extra_keys(mode), uploads)
-        return plan
+    def poison(self, mode: ForwardMode) -> None:
+        """Poison every group ``mode`` uses; their writers forget what the device held."""
+        for group in self.used_by(mode):
+            group.poison()
+            writer = self.writers.get(group.family)
+            if writer is not None:
+                writer.forget()
 
-    def forget_pages(self) -> None:
-        """The device page table no longer matches the host record (e.g. after a capture)."""
-        self.step.state["pages_known"] = False
+    def forget(self) -> None:
+        """The device buffers no longer match what the writers know (e.g. after a capture)."""
+        for writer in self.writers.values():
+            writer.forget()
 
     def memory_reports(self) -> tuple[MemoryReport, ...]:
-        families = (self.step, self.cascade, self.draft, self.local, self.sampling, self.extra)
-        return tuple(f.memory_report() for f in families if f is not None)
+        return tuple(g.memory_report() for g in self.groups.values())

@@ -3,7 +3,7 @@
 One program per (page-table row, column split). Program ``(r, 0)`` records row ``r``'s new KV
 slots in ``req_to_token``; every program of row ``r`` then fills its share of page-table
 columns ``[0, page_bound[r])``: the row's real pages below ``need[r] = ceil((cache_seqlens[r]
-+ extra) / page_size)``, the dummy page from there on (erasing what an earlier, longer row
++ keys) / page_size)``, the dummy page from there on (erasing what an earlier, longer row
 left). Work is O(real pages + pages to erase), never O(max_pages).
 
 **What the kernel reads** (the contract the debug poison check follows): per row ``r < rows``
@@ -52,7 +52,7 @@ if triton is not None:
         pt_stride,
         pt_cols,
         dummy_page,
-        extra,
+        keys,
         PS: tl.constexpr,
         STEPS: tl.constexpr,
         DRAFT: tl.constexpr,
@@ -82,7 +82,7 @@ if triton is not None:
                     ok = offs < count
                     slot = tl.load(loc + base + offs, mask=ok, other=0)
                     tl.store(row_ptr + first + offs, slot.to(tl.int32), mask=ok)
-        need = (seq + extra + PS - 1) // PS
+        need = (seq + keys + PS - 1) // PS
         bound = tl.minimum(tl.load(page_bound + r).to(tl.int64), pt_cols)
         for start in range(split * BLOCK_COLS, bound, SPLITS * BLOCK_COLS):
             j = start + tl.arange(0, BLOCK_COLS)
@@ -111,7 +111,7 @@ def step_update(
     *,
     page_size: int,
     dummy_page: int,
-    extra: int = 0,
+    keys: int = 0,
     record: bool = True,
 ) -> None:
     """Launch the fused update for ``page_table.shape[0]`` rows (see the module docstring).
@@ -135,7 +135,7 @@ def step_update(
         page_table.stride(0),
         page_table.shape[1],
         dummy_page,
-        extra,
+        keys,
         PS=page_size,
         STEPS=steps,
         DRAFT=draft,

@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from graphrt.buffers import BufferSpec, Dims, PadRule, StaticBuffers
+from graphrt.buffers import BufferSpec, PadRule
 from graphrt.kv import ReqToToken
 from graphrt.metadata.base import StepBuffers, token_rows
+from graphrt.metadata.groups import GroupRow
 from graphrt.step.config import check_chunk
 
 
@@ -74,12 +75,6 @@ class LocalGeometry:
         # NOTE: a chunk longer than the context never fills; the table needs no more columns
         # than a full-context request has pages.
         return min(self.chunk_size // self.page_size, max_pages)
-
-    def family(self, dims: Dims, device: torch.device) -> StaticBuffers:
-        """The local buffer family, allocated once at ``dims``."""
-        return StaticBuffers(
-            "local", local_specs(self.chunk_pages(dims.max_pages)), LocalBuffers, dims, device
-        )
 
 
 def local_geometry(config: Any) -> LocalGeometry | None:
@@ -122,3 +117,13 @@ def with_model_chunk(config: Any, chunk: int | None) -> Any:
             f"attention_chunk_size {chunk}"
         )
     return dataclasses.replace(config, attention_chunk_size=chunk)
+
+
+#: Exists with chunked-local attention; every mode's program derives it on the device.
+LOCAL_GROUP = GroupRow(
+    "local",
+    lambda g, dims: local_specs(g.local.chunk_pages(dims.max_pages)),
+    lambda g: LocalBuffers,
+    exists=lambda g: g.local is not None,
+    used_by=lambda mode, g: True,
+)

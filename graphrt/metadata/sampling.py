@@ -15,6 +15,9 @@ import numpy as np
 import torch
 
 from graphrt.buffers import BufferSpec, PadRule, StaticBuffers
+from graphrt.metadata.groups import GroupRow
+from graphrt.step.batch import Batch
+from graphrt.step.modes import MODES
 from graphrt.step.sampling import GREEDY, SamplingParams
 
 SAMPLING_SPECS = (
@@ -70,25 +73,41 @@ def write_sampling_host(
     host["position"][n:rows] = 0
 
 
-def write_sampling(
-    family: StaticBuffers, params: Sequence[SamplingParams], positions: np.ndarray, rows: int
-) -> bool:
-    """The sampling family's host half of a step: :func:`write_sampling_host` into its next
-    mirror, or nothing (returns False: no copy needed) when the device already holds what
-    this step would write.
+class SamplingWriter:
+    """The sampling group's host half: :func:`write_sampling_host` into its next mirror, or
+    nothing (no copy needed) when the device already holds what this step would write.
 
     That is when every row is greedy (``temperature == 0``, whatever its seed or stop tokens):
     greedy rows read only their temperature, so once rows ``[0, rows)`` hold greedy values on
-    the device (``family.state["greedy_rows"]``, which ``poison`` clears) an all-greedy step
-    has nothing to change there. NOTE: on a slow
-    host each skipped copy and event saved tens of µs per engine step.
+    the device (``greedy_rows``, which :meth:`forget` clears) an all-greedy step has nothing to
+    change there. NOTE: on a slow host each skipped copy and event saved tens of µs per step.
     """
-    greedy = params.count(GREEDY) == len(params) or all(p.greedy for p in params)
-    if greedy and family.state.get("greedy_rows", 0) >= rows:
-        return False
-    write_sampling_host(params, positions, family.next_mirror(), rows)
-    family.state["greedy_rows"] = rows if greedy else 0
-    return True
+
+    def __init__(self) -> None:
+        self.greedy_rows = 0
+
+    def write(self, group: StaticBuffers, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> bool:
+        params = batch.sampling or ()
+        greedy = params.count(GREEDY) == len(params) or all(p.greedy for p in params)
+        if greedy and self.greedy_rows >= rows:
+            return False
+        write_sampling_host(params, batch.seq_lens, group.next_mirror(), rows)
+        self.greedy_rows = rows if greedy else 0
+        return True
+
+    def forget(self) -> None:
+        self.greedy_rows = 0
+
+
+#: Exists with ``RuntimeConfig(sample=True)``; used by the modes that sample.
+SAMPLING_GROUP = GroupRow(
+    "sampling",
+    lambda g, dims: SAMPLING_SPECS,
+    lambda g: SamplingBuffers,
+    exists=lambda g: g.sample,
+    used_by=lambda mode, g: MODES[mode].samples,
+    writer=lambda g, dims, device: SamplingWriter(),
+)
 
 
 def sampling_inputs(

@@ -1,6 +1,6 @@
 """The step-metadata buffer family and the two halves of every update.
 
-``write_host`` fills the host-written buffers (real rows, then pad rows per DESIGN rule 3);
+``write_host`` fills the host-written buffers (real rows, then pad rows per rule 3 of docs/architecture.md);
 ``derive`` runs on the device — inside the captured graph on the graph path — and records
 the step's KV slots in ``req_to_token`` before gathering the page table from it. The eager
 path calls the same two functions on fresh, exact-size arrays.
@@ -14,13 +14,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from graphrt.buffers import BufferSpec, PadRule
+from graphrt.buffers import BufferSpec, Dims, PadRule, StaticBuffers
 from graphrt.kv import ReqToToken
 from graphrt.metadata.base import StepBuffers, token_rows
+from graphrt.metadata.groups import GroupRow
 from graphrt.metadata.kernels import fused_update, step_update
 from graphrt.step.batch import Batch
 from graphrt.step.hostops import arange
-from graphrt.step.modes import MODES
+from graphrt.step.modes import MODES, ForwardMode, SpecGeometry
 
 STEP_SPECS = (
     BufferSpec("input_ids", ("max_tokens",), torch.int64, PadRule("const", 0), host=True),
@@ -66,7 +67,7 @@ class PageBounds:
         self.held = np.full(max_bs, max_pages, dtype=np.int64)
         self.need = np.zeros(max_bs, dtype=np.int64)
         # NOTE: 0-d arrays, not ints: numpy 2 converts a Python scalar operand on every call
-        # (~0.2 µs per ufunc, measured); ``_bias`` per ``extra`` (a function of the mode).
+        # (~0.2 µs per ufunc, measured); ``_bias`` per ``keys`` (a function of the mode).
         self._ps = np.array(page_size, dtype=np.int64)
         self._bias: dict[int, np.ndarray] = {}
 
@@ -74,20 +75,69 @@ class PageBounds:
         """The device page table is unknown (poisoned, or written by a capture)."""
         self.held.fill(self.max_pages)
 
-    def write(self, bound: np.ndarray, seq: np.ndarray, rows: int, extra: int, pad_seq_len: int) -> None:
-        """``bound[:rows]`` for real rows with KV lengths ``seq`` (+ ``extra`` keys) and pads."""
+    def write(self, bound: np.ndarray, seq: np.ndarray, rows: int, keys: int, pad_seq_len: int) -> None:
+        """``bound[:rows]`` for real rows with KV lengths ``seq`` (+ ``keys`` draft keys) and pads."""
         if not self.track:
             bound[:rows] = self.max_pages
             return
-        bias = self._bias.get(extra)
+        bias = self._bias.get(keys)
         if bias is None:
-            bias = self._bias[extra] = np.array(extra + self.page_size - 1, dtype=np.int64)
+            bias = self._bias[keys] = np.array(keys + self.page_size - 1, dtype=np.int64)
         bs, need, held = seq.size, self.need[:rows], self.held[:rows]
         np.floor_divide(seq + bias, self._ps, out=need[:bs])
         if rows > bs:
-            need[bs:] = -(-(pad_seq_len + extra) // self.page_size)
+            need[bs:] = -(-(pad_seq_len + keys) // self.page_size)
         np.maximum(held, need, out=bound[:rows], casting="unsafe")
         held[:] = need
+
+
+def draft_keys(mode: ForwardMode, spec: SpecGeometry | None) -> int:
+    """Keys past ``cache_seqlens`` a step's page table must cover: a draft chain's later
+    steps (DRAFT_DECODE without a tree); 0 for every other step."""
+    if MODES[mode].draft_steps and spec is not None and spec.topk == 1:
+        return max(spec.draft_forwards - 1, 0)
+    return 0
+
+
+class StepWriter:
+    """The step group's host half: :func:`write_host` into the next mirror, page bounds.
+
+    Owns what it knows of the buffers: each mirror's :class:`MirrorTag` and the page-table
+    columns each row may hold real pages in (:class:`PageBounds`); :meth:`forget` drops both
+    (poison, capture), so the next write rewrites every element and column.
+    """
+
+    def __init__(self, dims: Dims, page_size: int, spec: SpecGeometry | None, device: torch.device) -> None:
+        self.spec = spec
+        self.pages = PageBounds(dims.max_bs, dims.max_pages, page_size, fused_update(device))
+        self.tags: dict[int, MirrorTag | None] = {}
+        self.pages_known = False
+
+    def write(self, group: StaticBuffers, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> bool:
+        host = group.next_mirror()
+        self.tags[group.slot] = write_host(batch, host, rows, tokens, pad, self.tags.get(group.slot))
+        if not self.pages_known:
+            # NOTE: a fresh, poisoned or just-captured page table: rewrite every column once.
+            self.pages.forget()
+            self.pages_known = True
+        keys = draft_keys(batch.mode, self.spec)
+        self.pages.write(host["page_bound"], batch.seq_lens, rows, keys, pad["pad_seq_len"])
+        return True
+
+    def forget(self) -> None:
+        self.tags.clear()
+        self.pages_known = False
+
+
+#: Every step writes it; every mode reads it.
+STEP_GROUP = GroupRow(
+    "step",
+    lambda g, dims: STEP_SPECS,
+    lambda g: StepBuffers,
+    exists=lambda g: True,
+    used_by=lambda mode, g: True,
+    writer=lambda g, dims, device: StepWriter(dims, g.page_size, g.spec, device),
+)
 
 
 def _positions(batch: Batch, out: np.ndarray, bs: int, n: int) -> None:
@@ -180,13 +230,13 @@ def record_slots(buffers: StepBuffers, req_to_token: ReqToToken) -> None:
     req_to_token.table.index_put_((rows, kv_pos), buffers.out_cache_loc.to(torch.int32))
 
 
-def gather_page_table(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int, extra: int = 0) -> None:
+def gather_page_table(buffers: StepBuffers, req_to_token: ReqToToken, page_size: int, keys: int = 0) -> None:
     """``page_table[r, j] = req_to_token[req_pool_indices[r], j * page_size] // page_size`` for
-    the row's real pages ``j < ceil((cache_seqlens[r] + extra) / page_size)``, the dummy page
+    the row's real pages ``j < ceil((cache_seqlens[r] + keys) / page_size)``, the dummy page
     past them (the torch update: reads every column; the oracle of the fused kernel)."""
     table = req_to_token.table
     starts = table[buffers.req_pool_indices[:, None], req_to_token.page_starts[None, :]]
-    need = torch.div(buffers.cache_seqlens.long() + (extra + page_size - 1), page_size, rounding_mode="floor")
+    need = torch.div(buffers.cache_seqlens.long() + (keys + page_size - 1), page_size, rounding_mode="floor")
     cols = torch.arange(starts.shape[1], device=starts.device)
     pages = torch.div(starts, page_size, rounding_mode="floor")
     dummy = req_to_token.dummy_slot // page_size
@@ -212,9 +262,9 @@ def derive_draft(
     """DRAFT_DECODE: a chain records every draft step's slot (``draft_loc [T, steps]``, step
     ``i`` at position ``seq_len - 1 + i``) and its page table covers the last step's keys;
     a tree records nothing (its drafts are read through the cascade) and gathers the prefix."""
-    extra = 0 if tree else draft_loc.shape[1] - 1
+    keys = 0 if tree else draft_loc.shape[1] - 1
     if fused_update(buffers.page_table.device):
-        _fused(buffers, req_to_token, page_size, draft_loc, extra, record=not tree)
+        _fused(buffers, req_to_token, page_size, draft_loc, keys, record=not tree)
         return
     if not tree:
         for i in range(draft_loc.shape[1]):
@@ -225,11 +275,11 @@ def derive_draft(
                 cache_seqlens=buffers.cache_seqlens + i,
             )
             record_slots(step, req_to_token)
-    gather_page_table(buffers, req_to_token, page_size, extra)
+    gather_page_table(buffers, req_to_token, page_size, keys)
 
 
 def _fused(
-    b: StepBuffers, req_to_token: ReqToToken, page_size: int, loc: torch.Tensor, extra: int, record: bool
+    b: StepBuffers, req_to_token: ReqToToken, page_size: int, loc: torch.Tensor, keys: int, record: bool
 ) -> None:
     step_update(
         req_to_token.table,
@@ -241,6 +291,6 @@ def _fused(
         b.page_table,
         page_size=page_size,
         dummy_page=req_to_token.dummy_slot // page_size,
-        extra=extra,
+        keys=keys,
         record=record,
     )

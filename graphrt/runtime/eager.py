@@ -14,34 +14,16 @@ from graphrt.runtime.fastpath import ModePlan, select
 from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.programs import PROGRAMS, StepEnv
 from graphrt.step.batch import Batch
-from graphrt.step.config import RuntimeConfig
 
 
 def run_eager(
-    batch: Batch,
-    plan: ModePlan,
-    families: Families,
-    env: StepEnv,
-    config: RuntimeConfig,
-    kind: object,
-    feed: StepFeed | None = None,
+    batch: Batch, plan: ModePlan, families: Families, env: StepEnv, feed: StepFeed | None = None
 ) -> torch.Tensor:
     """Run ``batch`` eagerly; returns what the graph path returns (a fresh tensor)."""
     pad = plan.pad
     # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
     # with collectives or side effects sees the same call shape either way.
-    inputs = Families.exact(
-        batch,
-        max(batch.bs, 1),
-        pad,
-        families.step.dims,
-        families.step.device,
-        spec=config.speculative,
-        kind=kind,
-        local=env.local,
-        sample=config.sample,
-        page_size=config.page_size,
-    )
+    inputs = families.exact(batch, max(batch.bs, 1))
     max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
     with torch.no_grad():
         if feed is not None:

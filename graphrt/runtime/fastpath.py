@@ -45,7 +45,7 @@ class ModePlan:
     #: Tree drafts write their steps to scratch slots that enter no request row.
     scratch: bool
     rows_per_req: int
-    #: Values padded rows hold (DESIGN rule 3), by the names the pad rules use.
+    #: Values padded rows hold (rule 3 of docs/architecture.md), by the names the pad rules use.
     pad: dict[str, int]
 
     @classmethod

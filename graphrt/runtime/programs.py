@@ -54,7 +54,9 @@ class StepEnv:
             derive_local(buffers, inputs.local, self.req_to_token, self.local, self.kv.dummy_page)
             bound = LocalStep.bind(meta, inputs.local, self.local.chunk_size)
         ctx = self.context(
-            ContextInputs(meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.extra, bound)
+            ContextInputs(
+                meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound
+            )
         )
         return self.forward(input_ids, buffers.positions, ctx)
 

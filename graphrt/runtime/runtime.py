@@ -1,8 +1,8 @@
 """GraphRuntime: capture one graph per (mode, bucket); each step is an update plus a replay.
 
-This module holds the step path (``run()``: checks, write, replay or eager, commit); capture
-and recapture live in :mod:`graphrt.runtime.capturing`, the eager path in
-:mod:`graphrt.runtime.eager`.
+This module holds the step path (``run()``: checks, write, replay or eager, commit) and the
+public capture calls; making and dropping graphs is the :class:`~graphrt.runtime.capturer.Capturer`'s
+job, the eager path :mod:`graphrt.runtime.eager`'s.
 """
 
 from __future__ import annotations
@@ -10,32 +10,33 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 from graphrt.attention import attention_kind
 from graphrt.buffers import Dims
-from graphrt.capture import BucketPolicy, Dispatcher
+from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
 from graphrt.kv import PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
-from graphrt.metadata.families import Families
+from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import local_geometry
-from graphrt.runtime.capturing import Capturing, make_engine
+from graphrt.runtime.capturer import Capturer
 from graphrt.runtime.eager import run_eager
 from graphrt.runtime.errors import PoisonLeft
-from graphrt.runtime.fastpath import ModePlan, Route, Routes
+from graphrt.runtime.fastpath import ModePlan, Route
 from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.programs import ForwardFn, StepEnv
-from graphrt.runtime.report import RuntimeStats
-from graphrt.runtime.telemetry import Telemetry
+from graphrt.runtime.report import CaptureReport, RuntimeStats
+from graphrt.runtime.telemetry import Telemetry, step_weights
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.limits import Limits, model_vocab_size
 from graphrt.step.modes import MODES, ForwardMode
 
 
-class GraphRuntime(Capturing):
+class GraphRuntime:
     """Wraps ``forward(input_ids, positions, ctx)`` so decode steps replay captured graphs.
 
     Parameters
@@ -67,19 +68,22 @@ class GraphRuntime(Capturing):
         self.device = kv.device
         self.kind = attention_kind(kv)
         self.backend = self.kind.select_backend(config.backend, self.device)
-        self.engine = make_engine(config.engine, self.device, config.record_kernels)
-        self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
-        max_bs = self.dispatcher.policy.largest
+        max_bs = BucketPolicy.create(config.max_batch_size, config.buckets).largest
+        refusal = self.backend.graph_support.refusal(self.backend.name, config.capture_modes, max_bs)
+        if refusal is not None:
+            raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local = local_geometry(config)
-        self.families = Families(
-            dims, self.device, config.speculative, self.kind, local, config.sample, config.page_size
+        geometry = Geometry(
+            config.speculative, local, config.sample, config.page_size, self.backend.buffers()
         )
+        dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req)
+        self.families = Families(dims, self.device, geometry, dummies)
         self.buffers = self.families.step
-        self.extra = self.families.extra  # the attention kind's own family, if any
         self.env = StepEnv(
             forward, kv, req_to_token, self.backend, config.page_size, self.kind.context, local
         )
+        self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -87,14 +91,10 @@ class GraphRuntime(Capturing):
             kv.num_live_slots,
             vocab_size if vocab_size is not None else model_vocab_size(forward),
             config.speculative,
-            tree=self.families.cascade is not None,
+            tree=geometry.tree,
             sample=config.sample,
         )
-        self._pads: dict[ForwardMode, dict[str, int]] = {}
         self._plans: dict[ForwardMode, ModePlan] = {}
-        self._outputs: dict[tuple[ForwardMode, int], Any] = {}
-        #: Per mode and bs: the graph path's route; dropped with the graphs (runtime/fastpath.py).
-        self.routes = Routes(self.dispatcher, self._outputs)
         self._eager_steps: Counter[ForwardMode] = Counter()
         self.telemetry = Telemetry()
         self._lock = threading.Lock()
@@ -148,20 +148,20 @@ class GraphRuntime(Capturing):
         """The facts of ``mode`` that every step reads (made once per mode; see ``fastpath``)."""
         plan = self._plans.get(mode)
         if plan is None:
-            scratch = MODES[mode].draft_steps and self.families.cascade in self.families.used_by(mode)
+            scratch = MODES[mode].draft_steps and self.families.geometry.tree
             plan = ModePlan.of(mode, bool(scratch), self.rows_per_req(mode), self.pad_values(mode))
             self._plans[mode] = plan
         return plan
 
     def _route(self, batch: Batch, plan: ModePlan) -> Route | None:
         """The graph route for ``batch`` (host scalars checked), or None: fall back to eager."""
-        return self.routes.get(batch, plan, self.config.strict, self.telemetry)
+        return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry)
 
     def _replay(
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
     ) -> torch.Tensor:
         start = time.perf_counter()
-        self._write(batch, route.bucket, route.tokens, plan.pad)
+        self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
         if feed is not None:
             step = self.buffers.view(route.bucket, plan.rows_per_req)  # NOTE: cached views: free
@@ -181,7 +181,7 @@ class GraphRuntime(Capturing):
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
-        return run_eager(batch, plan, self.families, self.env, self.config, self.kind, feed)
+        return run_eager(batch, plan, self.families, self.env, feed)
 
     def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
         left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]
@@ -196,3 +196,78 @@ class GraphRuntime(Capturing):
         replays = {m.name: n for m, n in self.dispatcher.replays.items()}
         eager = {m.name: n for m, n in self._eager_steps.items()}
         return RuntimeStats(replays, eager, fallbacks)
+
+    # ---- graphs ------------------------------------------------------------------------
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The captured graphs by (mode, bucket), replay and fallback counts (the capturer's)."""
+        return self.capturer.dispatcher
+
+    @property
+    def engine(self) -> CaptureEngine:
+        """The capture engine: CUDA graphs or the emulated engine (the capturer's)."""
+        return self.capturer.engine
+
+    @property
+    def allocation(self) -> int:
+        """Requests the static buffers hold: the largest bucket any ladder may have."""
+        return self.families.step.dims.max_bs
+
+    def rows_per_req(self, mode: ForwardMode) -> int:
+        """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
+        return self.capturer.rows_per_req(mode)
+
+    def pad_values(self, mode: ForwardMode) -> dict[str, int]:
+        """Values padded rows of ``mode`` hold (rule 3 of docs/architecture.md)."""
+        return self.families.pad_values(mode)
+
+    def capture(self, show_progress: bool = False) -> CaptureReport:
+        """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""
+        with self._lock:
+            return self.capturer.capture_all(show_progress)
+
+    def suggest_buckets(self, max_graphs: int, *, largest: int | None = None) -> tuple[int, ...]:
+        """The ladder of at most ``max_graphs`` buckets that pads the observed steps least.
+
+        Minimises the padded token rows of every graphed step recorded so far (telemetry's
+        histogram: each step weighs its mode's rows per request) with an exact dynamic
+        program (:func:`graphrt.capture.optimal_buckets`). ``largest`` (default: the
+        allocation's ``max_batch_size``, so no batch the buffers hold runs eagerly) is always
+        in; steps larger than it are left out (no ladder could serve them).
+        """
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+        top = self.allocation if largest is None else largest
+        if not 1 <= top <= self.allocation:
+            raise ValueError(f"largest bucket {top} is outside 1..{self.allocation} (max_batch_size)")
+        with self._lock:  # NOTE: run() adds to the histogram; copy it whole
+            counts = dict(self.telemetry.batch_sizes)
+        weights = step_weights(counts, self.config.capture_modes, self.rows_per_req, top)
+        if not weights:
+            raise ValueError(
+                f"no graphed steps of at most {top} requests observed yet: run() some batches first"
+            )
+        return optimal_buckets(weights, max_graphs, top)
+
+    def recapture(self, buckets: Sequence[int], show_progress: bool = False) -> CaptureReport:
+        """Swap in a new ladder: drop every graph and capture ``buckets`` for every mode.
+
+        ``buckets`` must be sorted unique ints in 1..``max_batch_size`` (checked before
+        anything is dropped); the static buffers are reused. Holds the lock ``run()`` takes,
+        so a concurrent step waits and then sees the new ladder whole. If a capture fails,
+        every graph is dropped (steps run eagerly, counted) and the error propagates.
+        """
+        policy = BucketPolicy.exact(buckets, self.allocation)
+        with self._lock:
+            self.capturer.drop()
+            self.dispatcher.replace(policy)
+            try:
+                return self.capturer.capture_all(show_progress)
+            except BaseException:
+                self.capturer.drop()
+                raise
+
+    def release(self) -> None:
+        """Drop every captured graph and its outputs (before tearing down a process group)."""
+        with self._lock:
+            self.capturer.drop()

@@ -24,7 +24,7 @@ class ForwardMode(Enum):
 
 @dataclass(frozen=True, slots=True)
 class SpecGeometry:
-    """EAGLE-style speculative geometry (DESIGN vocabulary).
+    """EAGLE-style speculative geometry (docs/architecture.md vocabulary).
 
     Parameters
     ----------

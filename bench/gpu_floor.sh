@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
+# in one call, each with its switch off and on in the same process tree.
+#   bash bench/gpu_floor.sh tests|model|smollm2|all
+# tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
+# model: `graphrt bench model` (8B and 1B shapes) with the FA3 plan on and off;
+# smollm2: `graphrt bench engine`-style tokens/s of Engine.generate (needs /tmp/models).
+# Logs and JSON go to $OUT.
+set -uo pipefail
+export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+what=${1:-all}
+log="$OUT/floor_$what.log"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
+python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sgl_kernel', sgl_kernel.__version__)" 2>&1 | tee -a "$log"
+
+run_tests() {
+  timeout 420 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+    tests/test_backend_hooks.py tests/test_backends.py tests/test_decode_parity.py tests/test_runtime.py \
+    tests/test_spec_modes.py tests/test_sliding_window.py tests/test_local_attention.py tests/test_isolation_modes.py \
+    2>&1 | tail -25 | tee -a "$log"
+}
+
+run_model() {
+  for shape in ${SHAPES:-llama-3-8b}; do
+    for plan in 0 1; do
+      echo "== $shape GRAPHRT_FA3_PLAN=$plan" | tee -a "$log"
+      GRAPHRT_FA3_PLAN=$plan timeout 240 graphrt bench model --shape "$shape" --batch-sizes "${BATCH_SIZES:-1,16,64}" \
+        --context 512 --iters 30 --compile-budget 0 --out "$OUT" 2>&1 | tail -20 | tee -a "$log"
+    done
+  done
+}
+
+run_smollm2() {
+  for plan in 0 1; do
+    echo "== smollm2 GRAPHRT_FA3_PLAN=$plan" | tee -a "$log"
+    GRAPHRT_FA3_PLAN=$plan timeout 120 python3 bench/gpu_tokens_per_s.py /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf 2>&1 \
+      | tail -8 | tee -a "$log"
+  done
+}
+
+case "$what" in
+tests) run_tests ;;
+model) run_model ;;
+smollm2) run_smollm2 ;;
+all) run_tests; run_model; run_smollm2 ;;
+*) echo "tests|model|smollm2|all, got $what" >&2; exit 2 ;;
+esac

@@ -1,0 +1,63 @@
+"""A backend is one file plus one registry row: the toy backend (``tests/toy_backend.py``) with
+its own host-written buffer and an in-graph plan, run graphed and eager on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphrt.attention import registry
+from graphrt.step import ForwardMode, SpecGeometry
+from tests.toy_backend import ToyBackend
+from tests.util import build_runtime, decode_batch, next_lens, prefill
+
+ROWS = [0, 1, 2]
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "BACKENDS", {k: dict(v) for k, v in registry.BACKENDS.items()})
+    registry.add_backend("mha", "toy", "tests.toy_backend:ToyBackend")  # NOTE: the one line
+
+
+def test_toy_backend_plans_once_per_step_in_the_graph_and_eagerly(toy: None) -> None:
+    device = torch.device("cpu")
+    setup = build_runtime(device, backend="toy", max_batch_size=4)
+    rt, rng = setup.runtime, np.random.default_rng(0)
+    assert rt.backend.name == "toy" and rt.families.group("attention") is not None
+    prefill(setup, ROWS, [5, 9, 3], rng)
+    group = rt.families.groups["attention"].view(4)
+    for step in range(3):
+        batch = decode_batch(setup, ROWS, next_lens(setup, ROWS), rng)
+        before, python_before = int(group.plans), ToyBackend.host_plans
+        graphed = rt.run(batch)
+        # NOTE: one plan per step (tiny-llama has several layers), run by the replay alone.
+        assert int(group.plans) - before == 1
+        assert ToyBackend.host_plans == python_before
+        assert group.seen[:3].tolist() == batch.seq_lens.tolist(), step
+        assert group.seen[3:].tolist() == [0]  # the pad row's host value
+        eager = rt.run(batch, eager=True)
+        assert ToyBackend.host_plans == python_before + 1
+        torch.testing.assert_close(graphed, eager, rtol=1e-5, atol=1e-5)
+    assert rt.stats().replays == {"DECODE": 3}
+
+
+def test_toy_backend_declares_what_it_can_be_captured_for(toy: None) -> None:
+    with pytest.raises(
+        ValueError, match=r"'toy' cannot be captured for TARGET_VERIFY \(it supports DECODE\)"
+    ):
+        build_runtime(
+            torch.device("cpu"),
+            backend="toy",
+            modes=(ForwardMode.TARGET_VERIFY,),
+            speculative=SpecGeometry(num_steps=2),
+        )
+
+
+def test_backends_load_lazily_from_module_class_rows() -> None:
+    assert registry.BACKENDS["mha"]["reference"] == "graphrt.attention.reference:ReferenceBackend"
+    with pytest.raises(ValueError, match=r"backend target must be 'module:Class'"):
+        registry.add_backend("mha", "broken", "no_colon")
+    with pytest.raises(ValueError, match=r"unknown attention backend 'nope'; known: fa3, reference"):
+        registry.select_backend("nope", torch.device("cpu"))
