@@ -1,8 +1,7 @@
 """Tokens per second of ``Engine.generate`` at batch size 1 (greedy and top-p), on a GPU machine.
 
 Usage: ``python bench/gpu_tokens_per_s.py MODEL [NEW_TOKENS]``. Prints one line per case:
-tokens/s over NEW_TOKENS decode tokens (prefill excluded: a 1-token budget run first is
-subtracted), and GPU busy / wall from a profiled run of the same generate call.
+tokens/s over NEW_TOKENS decode steps of ``Engine.step`` (the prefill step excluded), and wall / GPU busy over the decode steps of a profiled run.
 """
 
 from __future__ import annotations
@@ -15,21 +14,31 @@ import torch
 from graphrt import Engine, SamplingParams
 
 
-def timed(engine: Engine, prompt: list[int], n: int, sampling: SamplingParams | None) -> float:
+def decode(engine: Engine, prompt: list[int], n: int, sampling: SamplingParams | None) -> tuple[float, int]:
+    """Seconds for the decode steps of one request (its prefill step excluded) and tokens made."""
+    engine.add_request(prompt, n + 1, sampling)
+    made = len(engine.step())  # NOTE: the prefill (and its first token)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    out = engine.generate([prompt], n, sampling)
+    while engine.waiting or engine.running:
+        made += len(engine.step())
     torch.cuda.synchronize()
-    assert len(out[0]) == n, f"stopped early at {len(out[0])} of {n}"
-    return time.perf_counter() - start
+    return time.perf_counter() - start, made
 
 
 def busy_ratio(engine: Engine, prompt: list[int], n: int, sampling: SamplingParams | None) -> float:
-    """Wall time over GPU busy time (kernel and memcpy intervals, merged) of one generate call."""
+    """Wall time over GPU busy time (kernel and memcpy intervals, merged) of the decode steps."""
     from torch.profiler import ProfilerActivity, profile
 
+    engine.add_request(prompt, n + 1, sampling)
+    engine.step()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = timed(engine, prompt, n, sampling)
+        start = time.perf_counter()
+        while engine.waiting or engine.running:
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
     spans = sorted(
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
@@ -48,10 +57,9 @@ def main(model: str, n: int) -> None:
     prompt = list(range(1, 17))
     cases = {"greedy": None, "top_p=0.9": SamplingParams(temperature=0.8, top_p=0.9, seed=1)}
     for name, sampling in cases.items():
-        timed(engine, prompt, 8, sampling)  # NOTE: warm-up
-        prefill = min(timed(engine, prompt, 1, sampling) for _ in range(3))
-        total = min(timed(engine, prompt, n, sampling) for _ in range(3))
-        rate = (n - 1) / (total - prefill)
+        decode(engine, prompt, 8, sampling)  # NOTE: warm-up
+        seconds, made = min(decode(engine, prompt, n, sampling) for _ in range(3))
+        rate = (made - 1) / seconds
         ratio = busy_ratio(engine, prompt, n, sampling)
         print(f"{name}: {rate:.0f} tokens/s ({1e3 / rate:.3f} ms/token), wall/busy {ratio:.2f}")
 
