@@ -4,7 +4,7 @@
 #   bash bench/gpu_floor.sh tests|model|smollm2|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
 # model: `graphrt bench model` (8B and 1B shapes) with the FA3 plan on and off;
-# smollm2: `graphrt bench engine`-style tokens/s of Engine.generate (needs /tmp/models).
+# smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
 # Logs and JSON go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -26,16 +26,17 @@ run_model() {
     for plan in 0 1; do
       echo "== $shape GRAPHRT_FA3_PLAN=$plan" | tee -a "$log"
       GRAPHRT_FA3_PLAN=$plan timeout 240 graphrt bench model --shape "$shape" --batch-sizes "${BATCH_SIZES:-1,16,64}" \
-        --context 512 --iters 30 --compile-budget 0 --out "$OUT" 2>&1 | tail -20 | tee -a "$log"
+        --context 512 --iters 30 --no-compile --out "$OUT" 2>&1 | tail -20 | tee -a "$log"
     done
   done
 }
 
 run_smollm2() {
-  for plan in 0 1; do
-    echo "== smollm2 GRAPHRT_FA3_PLAN=$plan" | tee -a "$log"
-    GRAPHRT_FA3_PLAN=$plan timeout 120 python3 bench/gpu_tokens_per_s.py /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf 2>&1 \
-      | tail -8 | tee -a "$log"
+  gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  for sampled in "" --sampled; do
+    echo "== smollm2 $sampled" | tee -a "$log"
+    timeout 200 graphrt bench overlap --engine-model "$gguf" $sampled --batch-sizes 1 --context 64 --iters 200 \
+      --out "$OUT" 2>&1 | tail -14 | tee -a "$log"
   done
 }
 

@@ -144,6 +144,12 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--real-len", type=positive_int, default=512, help="host only: tokens each request holds")
     p.add_argument("--smoke", action="store_true", help="host only: tiny sizes (CI)")
     p.add_argument(
+        "--engine-model",
+        default="tiny-llama",
+        help="overlap only: the engines' model (preset, checkpoint dir, .gguf, smollm2)",
+    )
+    p.add_argument("--sampled", action="store_true", help="overlap only: top-p 0.9 draws instead of greedy")
+    p.add_argument(
         "--profile",
         action="store_true",
         help="host only: time each phase of run() (replay stubbed), first page size and context",

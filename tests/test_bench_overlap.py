@@ -59,6 +59,15 @@ def test_bench_overlap_on_cpu(tmp_path: Path) -> None:
             assert row[key]["wall_us"] > 0 and row[key]["busy_us"] is None  # no device timeline
 
 
+def test_bench_overlap_sampled_on_another_model(tmp_path: Path) -> None:
+    args = ["bench", "overlap", "--device", "cpu", "--batch-sizes", "1", "--iters", "2", "--context", "4"]
+    extra = ["--engine-model", "tiny-llama-swa", "--sampled", "--out", str(tmp_path)]
+    assert main([*args, *extra]) == 0
+    result = json.loads(next(tmp_path.glob("overlap_*.json")).read_text())
+    assert result["model"] == "tiny-llama-swa" and result["sampling"].startswith("top_p=0.9")
+    assert result["rows"][0]["tokens_equal"] is True
+
+
 def test_kernel_breakdown_groups_by_family_per_step() -> None:
     ops = [
         Op("void at::native::k<int, 4>(float*)", 0.0, 2.0),

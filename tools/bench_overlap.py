@@ -1,6 +1,6 @@
 """``graphrt bench overlap``: does the engine keep the GPU busy? Overlap on vs off, same run.
 
-For each batch size, two tiny-llama engines (``overlap=False`` and ``overlap=True``) decode the
+For each batch size, two engines of ``--engine-model`` (default tiny-llama) (``overlap=False`` and ``overlap=True``) decode the
 same ``bs`` prompts of ``--context`` tokens (every request's budget outlasts the window, so
 the batch stays at ``bs``). After a warm-up, two windows of ``--iters`` calls of ``Engine.step()``:
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from graphrt import Engine, ForwardMode
+from graphrt import Engine, ForwardMode, SamplingParams
 from graphrt.buffers.stream import current_stream
 from graphrt.tools.bench_record import header, percentiles, write_result
 from graphrt.tools.cli_args import resolve_backend, resolve_device
@@ -119,10 +119,16 @@ def _window(engine: Engine, steps: int) -> tuple[float, list[float]]:
     return (time.perf_counter() - start) * 1e6 / steps, host
 
 
-def measure(engine: Engine, prompts: list[list[int]], steps: int) -> Measured:
+#: ``--sampled``: a seeded top-p draw (the same stream of tokens in both engines).
+TOP_P = SamplingParams(temperature=0.8, top_p=0.9, seed=1)
+
+
+def measure(
+    engine: Engine, prompts: list[list[int]], steps: int, sampling: SamplingParams | None = None
+) -> Measured:
     """Prefill ``prompts``, warm up, time a clean and a profiled window of ``steps`` decode
     steps each, then finish every request."""
-    ids = [engine.add_request(p, 1 + WARMUP + 2 * steps + 2) for p in prompts]
+    ids = [engine.add_request(p, 1 + WARMUP + 2 * steps + 2, sampling) for p in prompts]
     clock = ReplayClock(engine, steps)
     for _ in range(1 + WARMUP):
         engine.step()
@@ -171,19 +177,22 @@ def run_bench_overlap(args: argparse.Namespace) -> int:
     kw = {"device": device, "backend": backend, "buckets": sizes, "max_batch_size": sizes[-1]}
     steps = args.iters
     context = args.context + 1 + WARMUP + 2 * steps + 2
-    engines = {on: Engine("tiny-llama", overlap=on, max_context_len=context, **kw) for on in (False, True)}
+    model = args.engine_model
+    engines = {on: Engine(model, overlap=on, max_context_len=context, **kw) for on in (False, True)}
+    sampling = TOP_P if args.sampled else None
     rng = np.random.default_rng(0)
     rows = []
     for bs in sizes:
         prompts = [rng.integers(0, 512, args.context).tolist() for _ in range(bs)]
-        runs = {on: measure(engines[on], prompts, steps) for on in (False, True)}
+        runs = {on: measure(engines[on], prompts, steps, sampling) for on in (False, True)}
         replay = bare_replay(engines[False], bs)
         row = {"bs": bs, "tokens_equal": runs[False].tokens == runs[True].tokens}
         row |= {("on" if on else "off"): _row(runs[on], steps, replay) for on in (False, True)}
         rows.append(row)
     result = {
         **header("overlap", args, device),
-        "model": "tiny-llama",
+        "model": model,
+        "sampling": "top_p=0.9, temperature=0.8, seed=1" if args.sampled else "greedy",
         "backend": backend,
         "steps": steps,
         "prompt_len": args.context,
@@ -200,12 +209,14 @@ def _fmt(value: float | None, spec: str = ".0f") -> str:
 
 def _print(result: dict[str, Any], out: str) -> None:
     table = Table(
-        title=f"tiny-llama decode, {result['steps']} steps, overlap off vs on ({result['env']['device']})"
+        title=f"{result['model']} decode ({result['sampling']}), {result['steps']} steps, "
+        f"overlap off vs on ({result['env']['device']})"
     )
     cols = (
         "bs",
         "overlap",
         "wall µs/step",
+        "tokens/s",
         "host µs p50",
         "GPU busy µs",
         "wall/busy",
@@ -222,6 +233,7 @@ def _print(result: dict[str, Any], out: str) -> None:
                 str(row["bs"]),
                 key,
                 _fmt(m["wall_us"]),
+                _fmt(1e6 * row["bs"] / m["wall_us"]),
                 _fmt(m["host_us"]["p50"]),
                 _fmt(m["busy_us"]),
                 _fmt(m["ratio"], ".3f"),
