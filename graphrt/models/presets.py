@@ -23,6 +23,8 @@ class LlamaConfig:
     #: Layer ``i`` is global when ``(i + 1) % global_every == 0``; the others are local
     #: (Llama-4: 4; Gemma-2's alternation: 2). Without a window or chunk every layer is global.
     global_every: int = 4
+    #: The LM head is the embedding table (one ``[vocab, hidden]`` tensor read by both).
+    tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("sliding_window", "attention_chunk_size"):
@@ -108,6 +110,21 @@ PRESETS: dict[str, LlamaConfig | DSAConfig] = {
         intermediate_size=14336,
         rope_theta=500000.0,
         rms_eps=1e-5,
+    ),
+    # NOTE: Llama-3.2-1B's shapes, tied head (random weights; default RoPE, not the checkpoint's
+    # llama3 scaling: same kernels, same bytes). The step reads 2.47 GB of weights, the head's
+    # 525 MB of them: the decode-at-the-floor target.
+    "llama-3.2-1b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        rope_theta=500000.0,
+        rms_eps=1e-5,
+        tie_word_embeddings=True,
     ),
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
