@@ -122,7 +122,9 @@ def test_compile_budget_skips_what_would_overrun() -> None:
     assert roomy.allows()
 
 
-def test_tied_head_is_read_whole_and_matches_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tied_head_is_read_whole_and_matches_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tied = replace(bench_model.preset("tiny-llama"), tie_word_embeddings=True)
     monkeypatch.setitem(PRESETS, "tiny-llama-tied", tied)
     argv = _argv(tmp_path, "2")

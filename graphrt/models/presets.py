@@ -111,24 +111,21 @@ PRESETS: dict[str, LlamaConfig | DSAConfig] = {
         rope_theta=500000.0,
         rms_eps=1e-5,
     ),
-    # NOTE: Llama-3.2-1B's shapes, tied head (random weights; default RoPE, not the checkpoint's
-    # llama3 scaling: same kernels, same bytes). The step reads 2.47 GB of weights, the head's
-    # 525 MB of them: the decode-at-the-floor target.
-    "llama-3.2-1b": LlamaConfig(
-        vocab_size=128256,
-        hidden_size=2048,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=64,
-        intermediate_size=8192,
-        rope_theta=500000.0,
-        rms_eps=1e-5,
-        tie_word_embeddings=True,
-    ),
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
 }
+# NOTE: Llama-3.2-1B: Llama-3-8B's vocabulary, heads and RoPE theta at half the width and depth,
+# head_dim 64, intermediate 8192, the head tied to the embedding (random weights; default RoPE,
+# not the checkpoint's llama3 scaling: same kernels, same bytes). A step reads 2.47 GB of
+# weights, 525 MB of them the head's: the decode-at-the-floor target.
+PRESETS["llama-3.2-1b"] = replace(
+    PRESETS["llama-3-8b"],
+    hidden_size=2048,
+    num_layers=16,
+    head_dim=64,
+    intermediate_size=8192,
+    tie_word_embeddings=True,
+)
 # NOTE: same sizes as tiny-llama. The window (24) is not a multiple of 16, so its edge falls
 # inside a page; the chunk (32) spans two 16-token pages.
 PRESETS["tiny-llama-swa"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2)
