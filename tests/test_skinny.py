@@ -163,6 +163,16 @@ def test_overrides_replace_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
         sk.tile_for(65, 10, 10)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize(("n", "k"), MODEL_SHAPES)
+@pytest.mark.parametrize("m", [1, 16])
+def test_model_shapes_on_the_gpu(n: int, k: int, m: int) -> None:
+    """The table's tiles on the real projections (the 8B head: 1 GB, offsets past 2**31 bytes)."""
+    x, w, _ = _inputs(torch.device("cuda"), torch.bfloat16, m, n, k, bias=False)
+    _assert_matches(sk.skinny_linear(x, w), x, w, None)
+
+
 def _chain(x: torch.Tensor, weights: list[torch.Tensor], pdl: bool) -> torch.Tensor:
     """Each layer reads the previous one's output: back-to-back PDL launches, and a torch
     kernel (``tanh``, no PDL) between every second pair."""
