@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap, gemm), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -36,7 +36,13 @@ TUI_HINT = (
 )
 
 #: ``graphrt bench TARGET`` batch sizes when ``--batch-sizes`` is not given.
-BENCH_SIZES = {"decode": "1,8,64", "host": "1,8,64", "buckets": "1,8,64", "model": "1,16,64"}
+BENCH_SIZES = {
+    "decode": "1,8,64",
+    "host": "1,8,64",
+    "buckets": "1,8,64",
+    "model": "1,16,64",
+    "gemm": "1,16,64",
+}
 
 
 def _common(log: bool = True) -> Parser:
@@ -131,11 +137,14 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap"),
+        choices=("decode", "host", "buckets", "model", "overlap", "gemm"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
-        "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on",
+        "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
+        "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
+        "(--batch-sizes: rows M)",
     )
+    p.add_argument("--sweep", action="store_true", help="gemm only: also time candidate tiles (with PDL)")
     p.add_argument(
         "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
     )
@@ -308,6 +317,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "buckets"): ("graphrt.tools.bench_buckets", "run_bench_buckets"),
     ("bench", "model"): ("graphrt.tools.bench_model", "run_bench_model"),
     ("bench", "overlap"): ("graphrt.tools.bench_overlap", "run_bench_overlap"),
+    ("bench", "gemm"): ("graphrt.tools.bench_gemm", "run_bench_gemm"),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 import torch
 
 from graphrt.cli import main
+from graphrt.models.llama import TinyLlama
+from graphrt.models.presets import PRESETS
 from graphrt.tools import bench_model
 from graphrt.tools.model_twin import ParityError, hf_twin, random_llama, step_read_bytes, weight_bytes
 
@@ -117,3 +120,28 @@ def test_compile_budget_skips_what_would_overrun() -> None:
     roomy = bench_model.CompileBudget(200.0)
     roomy.add(60.0)
     assert roomy.allows()
+
+
+def test_tied_head_is_read_whole_and_matches_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tied = replace(bench_model.preset("tiny-llama"), tie_word_embeddings=True)
+    monkeypatch.setitem(PRESETS, "tiny-llama-tied", tied)
+    argv = _argv(tmp_path, "2")
+    argv[argv.index("tiny-llama")] = "tiny-llama-tied"
+    assert main(argv) == 0  # NOTE: the parity check against transformers' tied head passed
+    (path,) = tmp_path.glob("model_cpu_tiny-llama-tied_*.json")
+    result = json.loads(path.read_text())
+    assert result["config"]["tie_word_embeddings"] and result["parity_check"]["passed"]
+    assert result["read_bytes"] == result["weight_bytes"]  # one table: looked up, and read as the head
+    assert result["rows"][0]["graph_nodes"] > 0
+
+
+def test_llama_3_2_1b_reads_its_published_bytes() -> None:
+    """The 1B preset: 1.236 G parameters, all read per step (tied head), 2.47 GB in bf16."""
+    cfg = bench_model.preset("llama-3.2-1b")
+    with torch.device("meta"):
+        model = TinyLlama(cfg).to(torch.bfloat16)
+    assert model.lm_head.weight is model.embed.weight
+    assert step_read_bytes(model) == weight_bytes(model) == 2 * 1_235_814_400
+    assert bench_model.resolve_shape("llama-3.2-1b", torch.device("cpu"))[1] is cfg

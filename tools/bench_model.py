@@ -12,7 +12,8 @@ request holds ``--context`` tokens) and the same next token:
   ``torch.compile(mode="reduce-overhead", dynamic=False)``.
 
 On CUDA, five graphrt replays per batch size also run under ``torch.profiler`` (CUDA activity
-only): the row's ``device`` holds the busy and idle µs per step and the top kernels by time.
+only): the row's ``device`` holds the busy and idle µs per step, the launches per step and the
+top kernels by time; ``graph_nodes`` counts the nodes of the batch size's captured graph.
 
 Before timing a batch size the bench checks that graphrt's logits match transformers' (and the
 compiled model's) within ``model_twin.PARITY_TOLERANCE``, and raises ``ParityError`` if not.
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from graphrt import ForwardMode
 from graphrt.models.loader import default_dtype
 from graphrt.models.presets import LlamaConfig, preset
 from graphrt.tools import model_steps as steps
@@ -99,6 +101,7 @@ def _measure_ours(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch.T
     ours = stack.runtime.run(batch).float().clone()
     row = {"bs": bs, "graphrt_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))}
     row["device"] = profile_steps(lambda: stack.runtime.run(batch), device, PROFILE_STEPS)
+    row["graph_nodes"] = next(g.num_nodes for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
     return row, ours
 
 
@@ -231,6 +234,7 @@ def _result(args: argparse.Namespace, run: dict[str, Any], rows: list, seconds: 
                     "capture_s": g.capture_seconds,
                     "instantiate_s": g.instantiate_seconds,
                     "pool_bytes": g.pool_bytes,
+                    "nodes": g.num_nodes,
                 }
                 for g in report.graphs
             ],

@@ -79,5 +79,6 @@ def _kernels_line(row: dict[str, Any]) -> str:
     top = ", ".join(f"{k['kernel']} {k['us']:.0f} µs x{k['launches']:.0f}" for k in d["kernels"][:6])
     return (
         f"bs {row['bs']} device: {d['busy_us']:.0f} µs busy of {d['span_us']:.0f} µs "
-        f"({d['idle_share']:.1%} idle), {d['launches']:.0f} launches; top: {top}"
+        f"({d['idle_share']:.1%} idle), {d['launches']:.0f} launches, graph of "
+        f"{row['graph_nodes']} nodes; top: {top}"
     )

@@ -40,8 +40,8 @@ class ParityError(AssertionError):
 def random_llama(cfg: LlamaConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> TinyLlama:
     """graphrt's Llama with random weights drawn directly on ``device`` in ``dtype``.
 
-    Matrices ``N(0, 1/fan_in)`` (the embedding ``N(0, 1)``), norms ``1 + N(0, 0.1)`` so a norm
-    mapped onto the wrong place shows in the logits. Unlike ``Decoder.from_seed`` nothing passes
+    Matrices ``N(0, 1/fan_in)`` (the embedding ``N(0, 1)``, or ``N(0, 1/hidden)`` when it is also
+    the head), norms ``1 + N(0, 0.1)`` so a norm mapped onto the wrong place shows in the logits. Unlike ``Decoder.from_seed`` nothing passes
     through host memory (an 8B model would take 32 GB of fp32 and minutes of CPU randn); the
     module's own host tensors come from ``torch.empty`` and are never written, so never paged in.
     """
@@ -49,13 +49,15 @@ def random_llama(cfg: LlamaConfig, device: torch.device, dtype: torch.dtype, see
         raise ValueError("the model bench compares full-attention Llama presets only")
     model = TinyLlama(cfg)
     gen = torch.Generator(device).manual_seed(seed)
+    lookup_only = not cfg.tie_word_embeddings
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in model.named_parameters():  # NOTE: a tied head is the embedding's tensor
             data = torch.empty(p.shape, device=device, dtype=dtype)
             if "norm" in name:
                 data.normal_(0.0, 0.1, generator=gen).add_(1.0)
             else:
-                data.normal_(0.0, 1.0 if "embed" in name else p.shape[-1] ** -0.5, generator=gen)
+                std = 1.0 if "embed" in name and lookup_only else p.shape[-1] ** -0.5
+                data.normal_(0.0, std, generator=gen)
             p.data = data
     model.inv_freq = model.inv_freq.to(device)  # NOTE: RoPE angles stay float32 in any dtype
     return model.eval()
@@ -63,8 +65,10 @@ def random_llama(cfg: LlamaConfig, device: torch.device, dtype: torch.dtype, see
 
 def step_read_bytes(model: nn.Module) -> int:
     """Weight bytes one decode step reads: every parameter but the embedding table, of which a
-    step reads only its ``bs`` rows (negligible: 8 KB a row at hidden 4096)."""
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    step reads only its ``bs`` rows (negligible: 8 KB a row at hidden 4096). A head tied to the
+    embedding is read whole (counted under its own name: duplicates are not removed)."""
+    params = model.named_parameters(remove_duplicate=False)
+    return sum(p.numel() * p.element_size() for n, p in params if "embed" not in n)
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -106,7 +110,7 @@ def hf_twin(model: TinyLlama, max_positions: int) -> Any:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     cfg, device = model.cfg, model.inv_freq.device
-    config = hf_config(cfg, max_positions)
+    config = hf_config(cfg, max_positions, tied=cfg.tie_word_embeddings)
     with torch.device("meta"):
         hf = LlamaForCausalLM(config)
     q, kv, inner = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size

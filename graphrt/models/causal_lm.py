@@ -55,20 +55,11 @@ class CausalLM(Decoder):
     ) -> None:
         super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp)
         self.freq_factors = freq_factors
-        self.tie()
 
     @property
     def num_kv_heads(self) -> int:
         """KV heads this rank stores (its KV cache's head count)."""
         return self.layers[0].attn.num_kv_heads
-
-    def tie(self) -> None:
-        """Share the embedding with the LM head when the checkpoint ties them.
-
-        Both hold the same vocabulary rows on every rank (``vocab_split``), so a shard ties too.
-        """
-        if self.cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
 
     def reset_rope(self, device: torch.device) -> None:
         """(Re)compute ``inv_freq`` (float32, on ``device``) from the config's rope type."""

@@ -169,6 +169,16 @@ class Decoder(nn.Module):
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim
         self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
+        self.tie()
+
+    def tie(self) -> None:
+        """Share the embedding with the LM head when the config ties them (after every move
+        that makes new parameters, e.g. ``to_empty``).
+
+        Both hold the same vocabulary rows on every rank (``vocab_split``), so a shard ties too.
+        """
+        if getattr(self.cfg, "tie_word_embeddings", False):
+            self.lm_head.weight = self.embed.weight
 
     @classmethod
     def from_seed(

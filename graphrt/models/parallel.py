@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from graphrt.models.ops import linear
 from graphrt.parallel import TPGroup, all_gather_last, all_reduce_
 
 SINGLE = TPGroup()
@@ -187,7 +188,7 @@ class ColumnParallelLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -208,7 +209,7 @@ class RowParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce_(F.linear(x, self.weight), self.tp)
+        out = all_reduce_(linear(x, self.weight), self.tp)
         return out if self.bias is None else out + self.bias
 
 
@@ -241,5 +242,5 @@ class ParallelLMHead(ColumnParallelLinear):
         self.tp, self.vocab_size = tp, vocab_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last(F.linear(x, self.weight), self.tp)
+        logits = all_gather_last(linear(x, self.weight), self.tp)
         return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]
