@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
 # in one call, each with its switch off and on in the same process tree.
-#   bash bench/gpu_floor.sh tests|model|smollm2|all
+#   bash bench/gpu_floor.sh tests|gemm|model|smollm2|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
-# model: `graphrt bench model` (8B and 1B shapes) with the FA3 plan on and off;
+# gemm: the skinny GEMM's GPU tests, `graphrt bench gemm` and its tile sweep;
+# model: `graphrt bench model` (SHAPES) with the lever SWITCH off and on;
 # smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
 # Logs and JSON go to $OUT.
 set -uo pipefail
@@ -22,13 +23,21 @@ run_tests() {
 }
 
 run_model() {
+  # NOTE: SWITCH names the lever compared off (0) and on (1), e.g. GRAPHRT_FA3_PLAN, GRAPHRT_SKINNY_GEMM.
   for shape in ${SHAPES:-llama-3-8b}; do
-    for plan in 0 1; do
-      echo "== $shape GRAPHRT_FA3_PLAN=$plan" | tee -a "$log"
-      GRAPHRT_FA3_PLAN=$plan timeout 240 graphrt bench model --shape "$shape" --batch-sizes "${BATCH_SIZES:-1,16,64}" \
-        --context 512 --iters 30 --no-compile --out "$OUT" 2>&1 | tail -20 | tee -a "$log"
+    for on in ${VALUES:-0 1}; do
+      echo "== $shape ${SWITCH:-GRAPHRT_FA3_PLAN}=$on" | tee -a "$log"
+      env "${SWITCH:-GRAPHRT_FA3_PLAN}=$on" timeout 240 graphrt bench model --shape "$shape" \
+        --batch-sizes "${BATCH_SIZES:-1,16,64}" --context 512 --iters 30 --no-compile --out "$OUT" 2>&1 \
+        | tail -20 | tee -a "$log"
     done
   done
+}
+
+run_gemm() {
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_skinny.py 2>&1 | tail -5 | tee -a "$log"
+  timeout 150 graphrt bench gemm --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
+  timeout 200 graphrt bench gemm --sweep --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
 }
 
 run_smollm2() {
@@ -42,8 +51,9 @@ run_smollm2() {
 
 case "$what" in
 tests) run_tests ;;
+gemm) run_gemm ;;
 model) run_model ;;
 smollm2) run_smollm2 ;;
 all) run_tests; run_model; run_smollm2 ;;
-*) echo "tests|model|smollm2|all, got $what" >&2; exit 2 ;;
+*) echo "tests|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
 esac
