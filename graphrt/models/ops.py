@@ -21,9 +21,11 @@ from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
 from graphrt.models import skinny
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
-#: Token rows up to which :func:`linear` streams the weight through the skinny GEMM (decode
-#: batches); above it cuBLAS's tiles win (``graphrt bench gemm`` measures both at 1, 16 and 64).
-SKINNY_MAX_M = 16
+#: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
+#: the H100 (``graphrt bench gemm``, bench/results/h100/floor/): at M = 1 the kernel with PDL beats
+#: cuBLAS on every 1B and 8B projection (o 6.5 → 4.2 µs, lm_head 187 → 166 µs); at M = 16 its
+#: tensor-core path takes about twice cuBLAS's time, so only single-row steps take it.
+SKINNY_MAX_M = 1
 
 
 @functools.cache
