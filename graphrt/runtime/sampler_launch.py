@@ -1,0 +1,123 @@
+"""Launching the fused sampler (:mod:`graphrt.runtime.sampler_kernel`): its workspace, two launches.
+
+The kernels keep per-chunk partial results and a per-row arrival counter in a workspace. The
+counters must read 0 when a launch starts; every launch leaves them at 0, so a workspace is
+zeroed once, when allocated, and then reused: one per (device, stream, rows rounded up to a
+power of two, layout), allocated outside graph capture (a runtime's warm-up runs on its capture
+stream, so the capture finds it) and kept for the process. Two launches on one stream never
+overlap, so sharing it between graphs and steps is safe. A capture that finds none allocates its
+own, not shared (its zeroing then runs as a memset node in the graph on every replay).
+
+PDL (programmatic dependent launch) is not used: it would overlap ``_count``'s prologue with
+``_scan``'s tail (~1 µs) but needs a Hopper launch attribute the interpreter cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.metadata.sampling import SamplingBuffers
+from graphrt.runtime.sampler_kernel import _count, _scan
+from graphrt.step.switches import triton
+
+#: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
+MAX_VOCAB = 2**21
+#: Vocabulary entries per program (at most 4096: see ``_count``).
+CHUNK = 4096
+#: Records a chunk keeps, and a row (see the kernel module: more is exact, but slow).
+RECORDS = 32
+FRONTIER = 64
+WARPS = 8
+
+
+@dataclass(slots=True)
+class Workspace:
+    """The kernels' scratch for ``rows`` rows of ``chunks`` chunks (int64 unless noted)."""
+
+    tops: torch.Tensor  # [rows, chunks] each chunk's largest rank key
+    records: torch.Tensor  # [rows, chunks, RECORDS, 2] each chunk's records (rank key, score key)
+    counts: torch.Tensor  # [rows, chunks] records found + 256 if the chunk's were all found
+    frontier: torch.Tensor  # [rows, FRONTIER] the row's records (rank keys), score-best first
+    state: torch.Tensor  # [rows, 4] done/count, records, all found, largest rank key
+    mass: torch.Tensor  # [rows, chunks, FRONTIER] a chunk's mass ranked before each record
+    ranks: torch.Tensor  # [rows, chunks, FRONTIER] ... and its count of tokens
+    totals: torch.Tensor  # [rows, chunks] a chunk's mass
+    arrivals: torch.Tensor  # [rows, 2] int32, zero between launches
+
+    @classmethod
+    def allocate(cls, rows: int, chunks: int, device: torch.device) -> Workspace:
+        def empty(*shape: int) -> torch.Tensor:
+            return torch.empty(rows, *shape, dtype=torch.int64, device=device)
+
+        return cls(
+            tops=empty(chunks),
+            records=empty(chunks, RECORDS, 2),
+            counts=empty(chunks),
+            frontier=empty(FRONTIER),
+            state=empty(4),
+            mass=empty(chunks, FRONTIER),
+            ranks=empty(chunks, FRONTIER),
+            totals=empty(chunks),
+            arrivals=torch.zeros(rows, 2, dtype=torch.int32, device=device),
+        )
+
+
+def check_vocab(vocab: int) -> None:
+    """Raise ``ValueError`` for a vocabulary the sampler's exact masses cannot sum."""
+    if vocab >= MAX_VOCAB:
+        raise ValueError(f"sampler: vocabulary of {vocab} tokens; at most {MAX_VOCAB - 1}")
+
+
+_WORKSPACES: dict[tuple, Workspace] = {}
+
+
+def workspace(rows: int, chunks: int, device: torch.device) -> Workspace:
+    """The shared workspace for ``rows`` rows on the current stream (see the module docstring)."""
+    capacity = max(8, 1 << (rows - 1).bit_length())
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, capacity, chunks, RECORDS, FRONTIER)
+    found = _WORKSPACES.get(key)
+    if found is None:
+        found = Workspace.allocate(capacity, chunks, device)
+        if not capturing:  # NOTE: a capture's zeroing only happens on replay: never shared
+            _WORKSPACES[key] = found
+    return found
+
+
+def fused_sample(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
+    """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64."""
+    assert triton is not None, "the fused sampler needs Triton"
+    rows, vocab = logits.shape
+    check_vocab(vocab)
+    if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        logits = logits.float()
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows == 0:
+        return tokens
+    chunks = triton.cdiv(vocab, CHUNK)
+    ws = workspace(rows, chunks, logits.device)
+    p = params
+    rowwise = (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.position, tokens)
+    shape = {
+        "S": chunks,
+        "S_PAD": triton.next_power_of_2(chunks),
+        "C": CHUNK,
+        "GF": FRONTIER,
+        "ACCURATE": logits.device.type == "cuda",
+        "num_warps": WARPS,
+    }
+    grid = (rows, chunks)
+    _scan[grid](
+        logits, logits.stride(0), vocab, *rowwise,
+        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=RECORDS, **shape,
+    )  # fmt: skip
+    _count[grid](
+        logits, logits.stride(0), vocab, *rowwise,
+        ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals, ws.arrivals, **shape,
+    )  # fmt: skip
+    return tokens
