@@ -87,7 +87,9 @@ def _plain(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, 0.0, x)
 
 
-def _prepared(logits: torch.Tensor, params: SamplingBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _prepared(
+    logits: torch.Tensor, params: SamplingBuffers
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(z [R, V] float32, sampled [R] bool, temperature [R])``: temperature 1 on greedy rows."""
     check_vocab(logits.shape[-1])
     sampled = params.temperature > 0.0

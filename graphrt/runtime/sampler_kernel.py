@@ -211,7 +211,7 @@ if triton is not None:
             rank = tl.full([], 0, tl.int64)
             before = tl.full([], 0, tl.int64)
             for c in range(0, S):
-                ids, inb, z, zkey = _chunk(logits, r, stride, c, V, C)
+                _, _, z, zkey = _chunk(logits, r, stride, c, V, C)
                 ahead = zkey > up
                 rank += tl.sum(ahead.to(tl.int64))
                 before += tl.sum(tl.where(ahead, _mass(z, m, T, ACCURATE), 0))
@@ -256,7 +256,7 @@ if triton is not None:
         c = tl.program_id(1)
         if tl.load(state + r * 4) == COUNT:
             T = tl.load(temperature + r)
-            ids, inb, z, zkey = _chunk(logits, r, stride, c, V, C)
+            _, _, z, zkey = _chunk(logits, r, stride, c, V, C)
             q = _mass(z, _value(tl.load(state + r * 4 + 3)), T, ACCURATE)
             tl.store(totals + r * S + c, tl.sum(q))
             out = (r * S + c) * GF

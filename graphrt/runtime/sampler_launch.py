@@ -89,9 +89,9 @@ def workspace(rows: int, chunks: int, device: torch.device) -> Workspace:
 
 def fused_sample(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
     """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64."""
-    assert triton is not None, "the fused sampler needs Triton"
     rows, vocab = logits.shape
     check_vocab(vocab)
+    assert triton is not None, "the fused sampler needs Triton"
     if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         logits = logits.float()
     if logits.stride(-1) != 1:
