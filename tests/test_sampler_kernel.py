@@ -17,7 +17,7 @@ from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
 from graphrt.runtime import sampler_launch as launch
 from graphrt.runtime.sampler import ENV, fused_sampler, sample, sample_torch
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
 
 #: One row per case: greedy, plain, each filter alone and together, hot and cold.
 PARAMS = (
@@ -165,6 +165,34 @@ def test_switch_and_limits(monkeypatch) -> None:
         sample_torch(big, params)
     with pytest.raises(ValueError, match=r"vocabulary of 2097152 tokens; at most 2097151"):
         launch.fused_sample(big, params)
+
+
+@pytest.mark.skipif(launch.triton is None or INTERPRET, reason="needs Triton's compiler")
+def test_kernels_compile_for_hopper() -> None:
+    """Both kernels go through Triton's CUDA compiler for sm_90 (no GPU needed: the interpreter
+    does not type-check as the compiler does); each row's arrival is one acq_rel atomic."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from graphrt.runtime.sampler_kernel import _count, _scan
+
+    rowwise = ("temperature", "top_k", "top_p", "min_p", "seed", "position", "tokens")
+    types = ("*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*i64")
+    head = {"logits": "*bf16", "stride": "i32", "V": "i32", **dict(zip(rowwise, types, strict=True))}
+    shape = {"S": 32, "S_PAD": 32, "C": launch.CHUNK, "GF": launch.FRONTIER, "ACCURATE": True}
+    scratch = {
+        _scan: ("tops", "records", "counts", "frontier", "state"),
+        _count: ("frontier", "state", "mass", "ranks", "totals"),
+    }
+    for fn, names in scratch.items():
+        extra = {"PF": launch.RECORDS} if fn is _scan else {}
+        constexprs = {**shape, **extra}
+        signature = {**head, **dict.fromkeys(names, "*i64"), "arrivals": "*i32"}
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        options = {"num_warps": launch.WARPS, "enable_fp_fusion": False}
+        ptx = launch.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+        assert ptx.count("atom.global.gpu.acq_rel.add") == 1, fn.__name__
 
 
 @rerun_marks

@@ -110,6 +110,8 @@ def fused_sample(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
         "GF": FRONTIER,
         "ACCURATE": logits.device.type == "cuda",
         "num_warps": WARPS,
+        # NOTE: no a*b+c contracted into an FMA: every float32 step rounds as torch's does
+        "enable_fp_fusion": False,
     }
     grid = (rows, chunks)
     _scan[grid](
