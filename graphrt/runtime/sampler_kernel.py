@@ -19,10 +19,12 @@ atomic counter, which it resets to 0 for the next launch) finishes the row.
 - ``_count`` (top-k / top-p rows): each program counts, per row record, its tokens ranked before
   it and their mass. The row's last program adds them up and writes the lowest kept record.
 
-A row whose records were cut short (a chunk with more than ``PF`` records: probability < 1e-11
-per chunk for equal logits, since the noise does not depend on them; or more than ``GF`` in the
-row) is still exact: the records known are exact from the bottom up, and if none is kept the
-last program walks on to rank 0 itself, two passes over the row per record (slow; never seen).
+Records are counted, never assumed few: a chunk with more than ``PF`` (for equal logits, the
+worst case since the noise does not depend on them, probability ~1e-11 per chunk of 4096 at
+``PF`` 32), or a row with more than ``GF``, keeps its lowest ones; the merge stops where a
+cut-short chunk's records end (above that a step could skip a record), and if none of the known
+records is kept the row's last ``_count`` program walks on to rank 0 itself, two passes over
+the row per record: slow, still exact (``tests/test_sampler_kernel.py`` forces it).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ if triton is not None:
 
     @triton.jit
     def _log(x, ACCURATE: tl.constexpr):
-        if ACCURATE:  # NOTE: CUDA's logf, as torch's CUDA kernels; tl.log is an approximation
+        if ACCURATE:  # NOTE: CUDA's logf, as torch's CUDA kernels call (tl.log may approximate)
             return libdevice.log(x)
         else:
             return tl.log(x)

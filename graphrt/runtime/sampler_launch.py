@@ -8,8 +8,9 @@ stream, so the capture finds it) and kept for the process. Two launches on one s
 overlap, so sharing it between graphs and steps is safe. A capture that finds none allocates its
 own, not shared (its zeroing then runs as a memset node in the graph on every replay).
 
-PDL (programmatic dependent launch) is not used: it would overlap ``_count``'s prologue with
-``_scan``'s tail (~1 µs) but needs a Hopper launch attribute the interpreter cannot run.
+PDL (programmatic dependent launch, Triton's ``launch_pdl=True`` + ``gdc_wait``) is not used: it
+would let ``_count``'s programs start while ``_scan`` drains (~1 µs a step at best), but it was
+not measured yet (no GPU when this was written) and the interpreter cannot run it.
 """
 
 from __future__ import annotations
