@@ -169,8 +169,9 @@ def test_switch_and_limits(monkeypatch) -> None:
 
 @pytest.mark.skipif(launch.triton is None or INTERPRET, reason="needs Triton's compiler")
 def test_kernels_compile_for_hopper() -> None:
-    """Both kernels go through Triton's CUDA compiler for sm_90 (no GPU needed: the interpreter
-    does not type-check as the compiler does); each row's arrival is one acq_rel atomic."""
+    """Both kernels go through Triton's CUDA compiler for sm_90, with PDL (no GPU needed: the
+    interpreter does not type-check as the compiler does); each row's arrival is one acq_rel
+    atomic, and only ``_count`` waits for the kernel before it."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -179,7 +180,7 @@ def test_kernels_compile_for_hopper() -> None:
     rowwise = ("temperature", "top_k", "top_p", "min_p", "seed", "position", "tokens")
     types = ("*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*i64")
     head = {"logits": "*bf16", "stride": "i32", "V": "i32", **dict(zip(rowwise, types, strict=True))}
-    shape = {"S": 32, "S_PAD": 32, "C": launch.CHUNK, "GF": launch.FRONTIER, "ACCURATE": True}
+    shape = {"S": 32, "S_PAD": 32, "C": launch.CHUNK, "GF": launch.FRONTIER, "ACCURATE": True, "PDL": True}
     scratch = {
         _scan: ("tops", "records", "counts", "frontier", "state"),
         _count: ("frontier", "state", "mass", "ranks", "totals"),
@@ -193,6 +194,7 @@ def test_kernels_compile_for_hopper() -> None:
         options = {"num_warps": launch.WARPS, "enable_fp_fusion": False}
         ptx = launch.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
         assert ptx.count("atom.global.gpu.acq_rel.add") == 1, fn.__name__
+        assert ("griddepcontrol.wait" in ptx) == (fn is _count), fn.__name__
 
 
 @rerun_marks

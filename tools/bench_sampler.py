@@ -4,10 +4,11 @@ For each (batch size, vocabulary, kind of rows: greedy, ``top_p=0.9``, ``top_k=5
 is captured in a CUDA graph of ``REPS`` calls on the same bf16 logits (an LLM-like Zipf tail,
 exponent 1.5, in random order) and replayed ``--iters`` times; µs per call. Paths: ``torch``
 (:func:`sample_torch`: a stable sort of the vocabulary per row, what ``GRAPHRT_FUSED_SAMPLER=0``
-runs), ``fused`` (the two Triton launches), and two floors: ``argmax`` (one torch argmax of the
-logits, the least a greedy step does) and ``launch`` (a one-element fill: one kernel node). The
-fused and torch tokens are compared; a difference fails the run (exit 1). Target: fused ≤ 15 µs
-at bs 1. On the CPU the torch sampler runs once per case (tokens only): speeds are not measured.
+runs), ``fused`` (the two Triton launches; ``fused_no_pdl``: the second one without
+programmatic dependent launch), and two floors: ``argmax`` (one torch argmax of the logits, the
+least a greedy step does) and ``launch`` (a one-element fill: one kernel node). The fused and
+torch tokens are compared; a difference fails the run (exit 1). Target: fused ≤ 15 µs at bs 1.
+On the CPU the torch sampler runs once per case (tokens only): speeds are not measured.
 
 Usage: ``graphrt bench sampler [--batch-sizes 1,8,64] [--vocabs 49152,128256] [--device cuda]``
 """
@@ -69,6 +70,7 @@ def _paths(logits: torch.Tensor, params: SamplingBuffers) -> dict[str, Callable[
     return {
         "torch": lambda: sample_torch(logits, params),
         "fused": lambda: fused_sample(logits, params),
+        "fused_no_pdl": lambda: fused_sample(logits, params, pdl=False),
         "argmax": lambda: logits.argmax(dim=-1),
         "launch": lambda: one.fill_(1.0),
     }
@@ -124,7 +126,8 @@ def _cell(row: dict[str, Any], name: str) -> str:
 
 def _print(result: dict[str, Any], out: Path) -> None:
     table = Table(title=f"sampler µs per call in a CUDA graph (p50, {REPS} calls per graph)")
-    columns = ("bs", "vocab", "rows", "torch", "fused", "argmax", "launch", "torch/fused", "tokens")
+    paths = ("torch", "fused", "fused_no_pdl", "argmax", "launch")
+    columns = ("bs", "vocab", "rows", "torch", "fused", "no PDL", "argmax", "launch", "torch/fused", "tokens")
     for col in columns:
         table.add_column(col, justify="left" if col == "rows" else "right")
     for row in result["rows"]:
@@ -134,7 +137,7 @@ def _print(result: dict[str, Any], out: Path) -> None:
             str(row["bs"]),
             str(row["vocab"]),
             row["rows"],
-            *(_cell(row, name) for name in ("torch", "fused", "argmax", "launch")),
+            *(_cell(row, name) for name in paths),
             "-" if speedup is None else f"{speedup:.1f}x",
             same,
         )

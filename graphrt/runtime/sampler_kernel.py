@@ -169,8 +169,10 @@ if triton is not None:
     def _scan(logits, stride, V, temperature, top_k, top_p, min_p, seed, position, tokens,
               tops, records, counts, frontier, state, arrivals,
               S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, PF: tl.constexpr,
-              GF: tl.constexpr, ACCURATE: tl.constexpr):  # fmt: skip
+              GF: tl.constexpr, ACCURATE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
         tl.static_assert(PF < 256)
+        if PDL:  # NOTE: _count may launch now; its programs wait for this whole grid to finish
+            tl.extra.cuda.gdc_launch_dependents()
         r = tl.program_id(0)
         c = tl.program_id(1)
         ids, inb, z, zkey = _chunk(logits, r, stride, c, V, C)
@@ -252,8 +254,10 @@ if triton is not None:
     def _count(logits, stride, V, temperature, top_k, top_p, min_p, seed, position, tokens,
                frontier, state, mass, ranks, totals, arrivals,
                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
-               ACCURATE: tl.constexpr):  # fmt: skip
+               ACCURATE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
         tl.static_assert(C <= 4096)  # NOTE: 13 bits of count under the mass in one int64 sum
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: everything below reads what _scan wrote
         r = tl.program_id(0)
         c = tl.program_id(1)
         if tl.load(state + r * 4) == COUNT:

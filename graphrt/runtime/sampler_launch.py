@@ -8,13 +8,15 @@ stream, so the capture finds it) and kept for the process. Two launches on one s
 overlap, so sharing it between graphs and steps is safe. A capture that finds none allocates its
 own, not shared (its zeroing then runs as a memset node in the graph on every replay).
 
-PDL (programmatic dependent launch, Triton's ``launch_pdl=True`` + ``gdc_wait``) is not used: it
-would let ``_count``'s programs start while ``_scan`` drains (~1 µs a step at best), but it was
-not measured yet (no GPU when this was written) and the interpreter cannot run it.
+On SM90+ ``_count`` is launched with programmatic dependent launch (as the skinny GEMM is):
+``_scan`` lets it launch at once, and its programs wait (``gdc_wait``) for all of ``_scan``
+before reading anything, so its launch latency hides behind ``_scan``. ``GRAPHRT_SAMPLER_PDL=0``
+launches it plainly (A/B timing); never under the interpreter.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,8 @@ CHUNK = 4096
 RECORDS = 32
 FRONTIER = 64
 WARPS = 8
+#: ``0`` launches ``_count`` without programmatic dependent launch.
+PDL_ENV = "GRAPHRT_SAMPLER_PDL"
 
 
 @dataclass(slots=True)
@@ -88,8 +92,18 @@ def workspace(rows: int, chunks: int, device: torch.device) -> Workspace:
     return found
 
 
-def fused_sample(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
-    """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64."""
+def pdl_default(device: torch.device) -> bool:
+    """PDL on SM90+ CUDA devices unless ``GRAPHRT_SAMPLER_PDL=0``."""
+    if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None = None) -> torch.Tensor:
+    """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
+
+    ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`).
+    """
     rows, vocab = logits.shape
     check_vocab(vocab)
     assert triton is not None, "the fused sampler needs Triton"
@@ -114,13 +128,14 @@ def fused_sample(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
         # NOTE: no a*b+c contracted into an FMA: every float32 step rounds as torch's does
         "enable_fp_fusion": False,
     }
+    pdl = pdl_default(logits.device) if pdl is None else pdl
     grid = (rows, chunks)
     _scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
-        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=RECORDS, **shape,
+        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=RECORDS, PDL=pdl, **shape,
     )  # fmt: skip
     _count[grid](
         logits, logits.stride(0), vocab, *rowwise,
-        ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals, ws.arrivals, **shape,
+        ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals, ws.arrivals, PDL=pdl, launch_pdl=pdl, **shape,
     )  # fmt: skip
     return tokens
