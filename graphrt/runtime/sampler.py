@@ -102,6 +102,10 @@ def keep_mask(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
     See the module docstring for the definition (greedy rows are treated as temperature 1).
     """
     z, _, temperature = _prepared(logits, params)
+    return _kept(z, temperature, params)
+
+
+def _kept(z: torch.Tensor, temperature: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
     vocab = z.shape[-1]
     ordered, ids = z.sort(dim=-1, descending=True, stable=True)
     d = (ordered - ordered[:, :1]) / temperature[:, None]
@@ -127,7 +131,7 @@ def sample_torch(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
     """:func:`sample` in torch ops (any device; graph-safe: no host sync, fixed shapes)."""
     z, sampled, temperature = _prepared(logits, params)
     scores = gumbel_scores(z, temperature, params)
-    drawn = scores.masked_fill(~keep_mask(z, params), -torch.inf).argmax(dim=-1)
+    drawn = scores.masked_fill(~_kept(z, temperature, params), -torch.inf).argmax(dim=-1)
     return torch.where(sampled, drawn, z.argmax(dim=-1))
 
 
@@ -159,5 +163,5 @@ def filtered_probs(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tenso
     """
     z, sampled, temperature = _prepared(logits, params)
     greedy = torch.zeros_like(z, dtype=torch.bool).scatter_(1, z.argmax(dim=-1, keepdim=True), True)
-    keep = torch.where(sampled[:, None], keep_mask(z, params), greedy)
+    keep = torch.where(sampled[:, None], _kept(z, temperature, params), greedy)
     return torch.softmax((z / temperature[:, None]).masked_fill(~keep, -torch.inf), dim=-1)
