@@ -36,7 +36,8 @@ if triton is not None:
 
     MIN64 = tl.constexpr(-(2**63))
     MAX64 = tl.constexpr(2**63 - 1)
-    #: ``state[r, 0]``: the row is done (token written) or waits for ``_count``.
+    #: ``state[r, 0]``: the row is done (token written) or waits for ``_count``; ``state[r, 1]``:
+    #: its records in ``frontier``; ``state[r, 2]``: its largest rank key.
     DONE = tl.constexpr(0)
     COUNT = tl.constexpr(1)
 
@@ -158,12 +159,11 @@ if triton is not None:
             best = tl.max(tl.where(rz > cur, rs, MIN64))
         if answer >= 0:
             tl.store(tokens + r, answer)
-            tl.store(state + r * 4, DONE)
+            tl.store(state + r * 3, DONE)
         else:
-            tl.store(state + r * 4, COUNT)
-            tl.store(state + r * 4 + 1, g)
-            tl.store(state + r * 4 + 2, ((best == MIN64) & (cur < bound)).to(tl.int64))
-            tl.store(state + r * 4 + 3, top)
+            tl.store(state + r * 3, COUNT)
+            tl.store(state + r * 3 + 1, g)
+            tl.store(state + r * 3 + 2, top)
 
     @triton.jit
     def _scan(logits, stride, V, temperature, top_k, top_p, min_p, seed, position, tokens,
@@ -196,7 +196,7 @@ if triton is not None:
                        S, S_PAD, PF, GF, ACCURATE)  # fmt: skip
             else:
                 tl.store(tokens + r, _token(top))
-                tl.store(state + r * 4, DONE)
+                tl.store(state + r * 3, DONE)
 
     @triton.jit
     def _walk(logits, r, stride, V, T, key, cur, m, k, limit, L, S: tl.constexpr, C: tl.constexpr,
@@ -229,8 +229,8 @@ if triton is not None:
                 S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
                 ACCURATE: tl.constexpr):  # fmt: skip
         """Row ``r``'s token: its lowest kept record (or :func:`_walk` past the last one known)."""
-        G = tl.load(state + r * 4 + 1).to(tl.int32)
-        m = _value(tl.load(state + r * 4 + 3))
+        G = tl.load(state + r * 3 + 1).to(tl.int32)
+        m = _value(tl.load(state + r * 3 + 2))
         cs = tl.arange(0, S_PAD)
         gs = tl.arange(0, GF)
         both = (cs[:, None] < S) & (gs[None, :] < G)
@@ -260,13 +260,13 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()  # NOTE: everything below reads what _scan wrote
         r = tl.program_id(0)
         c = tl.program_id(1)
-        if tl.load(state + r * 4) == COUNT:
+        if tl.load(state + r * 3) == COUNT:
             T = tl.load(temperature + r)
             _, _, z, zkey = _chunk(logits, r, stride, c, V, C)
-            q = _mass(z, _value(tl.load(state + r * 4 + 3)), T, ACCURATE)
+            q = _mass(z, _value(tl.load(state + r * 3 + 2)), T, ACCURATE)
             tl.store(totals + r * S + c, tl.sum(q))
             out = (r * S + c) * GF
-            for g in range(0, tl.load(state + r * 4 + 1).to(tl.int32)):
+            for g in range(0, tl.load(state + r * 3 + 1).to(tl.int32)):
                 f = tl.load(frontier + r * GF + g)
                 packed = tl.sum(tl.where(zkey > f, (q << 13) + 1, 0))
                 tl.store(mass + out + g, packed >> 13)

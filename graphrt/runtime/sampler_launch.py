@@ -45,7 +45,7 @@ class Workspace:
     records: torch.Tensor  # [rows, chunks, RECORDS, 2] each chunk's records (rank key, score key)
     counts: torch.Tensor  # [rows, chunks] records found + 256 if the chunk's were all found
     frontier: torch.Tensor  # [rows, FRONTIER] the row's records (rank keys), score-best first
-    state: torch.Tensor  # [rows, 4] done/count, records, all found, largest rank key
+    state: torch.Tensor  # [rows, 3] done (0) / count (1), the row's records, largest rank key
     mass: torch.Tensor  # [rows, chunks, FRONTIER] a chunk's mass ranked before each record
     ranks: torch.Tensor  # [rows, chunks, FRONTIER] ... and its count of tokens
     totals: torch.Tensor  # [rows, chunks] a chunk's mass
@@ -61,7 +61,7 @@ class Workspace:
             records=empty(chunks, RECORDS, 2),
             counts=empty(chunks),
             frontier=empty(FRONTIER),
-            state=empty(4),
+            state=empty(3),
             mass=empty(chunks, FRONTIER),
             ranks=empty(chunks, FRONTIER),
             totals=empty(chunks),
