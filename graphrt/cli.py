@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap, gemm), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -42,6 +42,7 @@ BENCH_SIZES = {
     "buckets": "1,8,64",
     "model": "1,16,64",
     "gemm": "1,16,64",
+    "sampler": "1,8,64",
 }
 
 
@@ -137,12 +138,12 @@ def _add_host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap", "gemm"),
+        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
         "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
         "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
-        "(--batch-sizes: rows M)",
+        "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors",
     )
     p.add_argument("--sweep", action="store_true", help="gemm only: also time candidate tiles (with PDL)")
     p.add_argument(
@@ -224,6 +225,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="model only: relative L2 logit error allowed (default: 5e-2 bf16, 1e-3 fp32)",
+    )
+    p.add_argument(
+        "--vocabs", type=batch_sizes, default="49152,128256", help="sampler only: vocabulary sizes"
     )
 
 
@@ -318,6 +322,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "model"): ("graphrt.tools.bench_model", "run_bench_model"),
     ("bench", "overlap"): ("graphrt.tools.bench_overlap", "run_bench_overlap"),
     ("bench", "gemm"): ("graphrt.tools.bench_gemm", "run_bench_gemm"),
+    ("bench", "sampler"): ("graphrt.tools.bench_sampler", "run_bench_sampler"),
 }
 
 

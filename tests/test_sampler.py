@@ -59,22 +59,19 @@ def chi2_sf(x: float, df: int) -> float:
 
 
 def expected(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
-    """The filtered distribution, float64, written from the SamplingParams docstring."""
+    """The filtered distribution, float64, written from the sampler's definition: each filter
+    tests the unfiltered softmax (rank by logit, ties by id)."""
     z = logits / p.temperature
     probs = np.exp(z - z.max())
     probs /= probs.sum()
     order = np.argsort(-logits, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]  # mass ranked before each token
+    assert p.top_p >= 1 or np.abs(before - p.top_p).min() > 1e-3, "top_p too close to a cumulative mass"
+    ranked = (np.arange(len(logits)) < (p.top_k or len(logits))) & ((before < p.top_p) | (p.top_p >= 1))
     keep = np.zeros(len(logits), dtype=bool)
-    keep[order[: p.top_k or len(logits)]] = True
-    renorm = np.where(keep, probs, 0.0) / probs[keep].sum()
-    before = np.cumsum(renorm[order]) - renorm[order]
-    nucleus = np.zeros_like(keep)
-    nucleus[order] = before < p.top_p
-    assert p.top_p >= 1 or np.abs(before - p.top_p).min() > 1e-3, (
-        "top_p too close to a cumulative mass to test"
-    )
-    keep &= nucleus | (p.top_p >= 1)
+    keep[order] = ranked
     keep &= probs >= p.min_p * probs.max()
+    keep[order[0]] = True
     out = np.where(keep, probs, 0.0)
     return out / out.sum()
 
