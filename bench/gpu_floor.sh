@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
 # in one call, each with its switch off and on in the same process tree.
-#   bash bench/gpu_floor.sh tests|gemm|model|smollm2|all
+#   bash bench/gpu_floor.sh tests|sampler|gemm|model|smollm2|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
+# sampler: the fused sampler's GPU tests, `graphrt bench sampler`, a PDL graph's DOT;
 # gemm: the skinny GEMM's GPU tests, `graphrt bench gemm` and its tile sweep;
 # model: `graphrt bench model` (SHAPES) with the lever SWITCH off and on;
 # smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
@@ -12,6 +13,7 @@ export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 what=${1:-all}
 log="$OUT/floor_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
+for whl in .gpu/cxxfilt-*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
 python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sgl_kernel', sgl_kernel.__version__)" 2>&1 | tee -a "$log"
 
@@ -34,6 +36,13 @@ run_model() {
   done
 }
 
+run_sampler() {
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_sampler_kernel.py tests/test_sampler.py \
+    tests/test_bench_sampler.py 2>&1 | tail -5 | tee -a "$log"
+  timeout 150 graphrt bench sampler --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
+  timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -3 | tee -a "$log"
+}
+
 run_gemm() {
   timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_skinny.py 2>&1 | tail -5 | tee -a "$log"
   timeout 150 graphrt bench gemm --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
@@ -51,9 +60,10 @@ run_smollm2() {
 
 case "$what" in
 tests) run_tests ;;
+sampler) run_sampler ;;
 gemm) run_gemm ;;
 model) run_model ;;
 smollm2) run_smollm2 ;;
 all) run_tests; run_model; run_smollm2 ;;
-*) echo "tests|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
+*) echo "tests|sampler|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
 esac
