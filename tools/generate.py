@@ -47,12 +47,23 @@ def run_generate(args: argparse.Namespace) -> int:
             f"does not fit: the prompt has {len(ids)} tokens and --max-context-len is {args.max_context_len}",
         )
     if tp == 1:
-        engine = Engine(args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len)
+        engine = Engine(
+            args.model,
+            device=device,
+            max_batch_size=1,
+            max_context_len=args.max_context_len,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
         _stream(args, engine, tokenizer, ids, sampling)
         return 0
     try:
         engine = Engine(
-            args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len, tp=tp
+            args.model,
+            device=device,
+            max_batch_size=1,
+            max_context_len=args.max_context_len,
+            kv_cache_dtype=args.kv_cache_dtype,
+            tp=tp,
         )
         reply = engine.generate([ids], args.max_new_tokens, sampling)[0]
         out = reply_tokens(reply, stop_ids(tokenizer, args.model))

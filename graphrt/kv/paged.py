@@ -113,10 +113,14 @@ class PagedKVCache(PagedSlots):
     @property
     def bytes_per_token(self) -> int:
         """K and V bytes one token takes in every layer together."""
-        s = self.shape
-        return 2 * s.num_layers * s.num_kv_heads * s.head_dim * self.k[0].element_size()
+        return token_bytes(self.shape, self.dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes of every page (the dummy page included) of every layer's K and V."""
         return self.bytes_per_token * self.shape.num_pages * self.shape.page_size
+
+
+def token_bytes(shape: KVShape, dtype: torch.dtype) -> int:
+    """K and V bytes one token takes in every layer of a ``dtype`` cache of ``shape``."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
