@@ -142,15 +142,16 @@ def materialize(
     """
     with torch.device("meta"):
         model = CausalLM(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
-    expected = slots(model)
-    check_tensors(expected, source.shapes(), source.config.tie_word_embeddings)
+    expected, found = slots(model), source.shapes()
+    check_tensors(expected, found, source.config.tie_word_embeddings)
+    scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
     for name, slot in expected.items():
         copy_shard(params[slot.param], source.read(name, device, slot.shard), slot.shard)
     model.reset_rope(device)
-    model.kv_scales = kv_scales(source, source.config.num_layers)
+    model.kv_scales = scales
     return model.eval()
 
 
@@ -161,15 +162,17 @@ def _kv_scale_key(name: str) -> tuple[int, str] | None:
     return (int(layer), key) if not prefix and layer.isdigit() and key in KV_SCALE_TENSORS else None
 
 
-def kv_scales(source: TensorSource, num_layers: int) -> KVScales | None:
-    """The checkpoint's per-layer K/V scales (:data:`KV_SCALE_TENSORS`), or None when it has
-    none. Raises :class:`CheckpointError` for a scale that is not one value, or a layer
-    without its K or V scale when others have them."""
+def kv_scales(source: TensorSource, shapes: Mapping[str, Shape], num_layers: int) -> KVScales | None:
+    """The checkpoint's per-layer K/V scales (:data:`KV_SCALE_TENSORS`, read on the CPU), or
+    None when it has none. Raises :class:`CheckpointError` for a scale that is not one positive
+    finite value, or a layer without its K or V scale when others have them."""
     found: dict[tuple[int, str], float] = {}
-    for name, shape in source.shapes().items():
+    for name, shape in shapes.items():
         at = _kv_scale_key(name)
         if at is None:
             continue
+        if at[0] >= num_layers:
+            raise CheckpointError(f"checkpoint has unexpected tensor {name!r} ({num_layers} layers)")
         if math.prod(shape) != 1:
             raise CheckpointError(f"tensor {name!r}: a KV scale holds one value, found shape {list(shape)}")
         value = float(source.read(name, torch.device("cpu"), Shard(0, 0, 1, 0, 1, tuple(shape))).item())
