@@ -32,9 +32,12 @@ from graphrt.tools.bench_record import header, write_result
 from graphrt.tools.cli_args import Parser, positive_int, resolve_device
 from graphrt.tools.console import wide_console
 
-#: The lowest share of teacher-forced greedy steps whose top-1 token FP8 KV may change
-#: (SmolLM2-135M, 8 prompts x 64 tokens). Measured: see the README's FP8 KV row.
-AGREEMENT_BOUND = 0.9
+#: The share of teacher-forced greedy steps whose FP8-KV top-1 must equal the reference's.
+#: Measured on the CPU (fp32 SmolLM2-135M, reference backend, unit scales): 92.2% of 8 x 64
+#: steps and of 4 x 16; the bound leaves room for the GPU's bf16 model and FA3's FP8 softmax
+#: probabilities. Most misses are near-ties of a small model (unit scales put its first layer's
+#: values, median ~0.01, among e4m3's subnormals; per-layer amax scales did not do better).
+AGREEMENT_BOUND = 0.85
 PROMPTS = (
     "What is the capital of France?",
     "Write a haiku about the sea.",
