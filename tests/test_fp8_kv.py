@@ -136,3 +136,19 @@ def test_snapshot_and_inspect_show_the_fp8_cache(tmp_path: Path, capsys: pytest.
     assert main(["inspect", str(tmp_path / "snap.json"), "--no-kernels", "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert "float8_e4m3fn" in out and "1024 B/token" in out and "k_scale 0.5..2, v_scale 0.25..1" in out
+
+
+def test_engine_fp8_graphed_equals_eager_and_a_tree_draft_keeps_fp8() -> None:
+    """Engine-level: graphed tokens equal eager ones over an FP8 cache (sinks too); a tree draft
+    takes the target's FP8 cache, moves accepted KV bytes and still yields plain greedy tokens."""
+    from graphrt import Engine
+
+    kw = dict(kv_cache_dtype="fp8_e4m3", max_batch_size=2, max_context_len=64, device="cpu")
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
+    graphed = Engine("tiny-sinks", **kw).generate(prompts, max_new_tokens=10)
+    assert graphed == Engine("tiny-sinks", use_graphs=False, **kw).generate(prompts, max_new_tokens=10)
+    plain = Engine("tiny-llama", **kw).generate(prompts, max_new_tokens=10)
+    spec = {"draft_model": "tiny-llama-draft", "num_steps": 2, "topk": 2, "draft_init": "seed"}
+    engine = Engine("tiny-llama", speculative=spec, **kw)
+    assert engine.kv.dtype == FP8 and engine.spec is not None and engine.spec.draft.kv.dtype == FP8
+    assert engine.generate(prompts, max_new_tokens=10) == plain
