@@ -2,7 +2,7 @@
 and the reference; CUDA: FA3), the sink counted once in a tree, and FA3 against the reference
 on the same model and batches (GPU).
 
-Models: ``tiny-llama`` with an FP8 cache; ``tiny-sinks`` (gpt-oss-style: sliding and full
+Models: ``tiny-llama`` (and ``tiny-llama-local``, chunked-local layers) with an FP8 cache; ``tiny-sinks`` (gpt-oss-style: sliding and full
 layers alternate, every layer has sinks), FP8 or not; and for token trees, whose cascade the
 sliding window refuses, ``tiny-sinks`` without its window (``tiny-sinks-full``).
 """
@@ -27,6 +27,7 @@ TREE = SpecGeometry(num_steps=3, topk=2, num_draft_tokens=5)
 CASES = {
     "fp8-chain": ("tiny-llama", "fp8_e4m3", CHAIN),
     "fp8-tree": ("tiny-llama", "fp8_e4m3", TREE),
+    "local-fp8-chain": ("tiny-llama-local", "fp8_e4m3", CHAIN),
     "sinks-chain": ("tiny-sinks", None, CHAIN),
     "sinks-fp8-chain": ("tiny-sinks", "fp8_e4m3", CHAIN),
     "sinks-tree": ("tiny-sinks-full", None, TREE),
