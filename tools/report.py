@@ -296,7 +296,5 @@ def kv_line(kv: KVFacts) -> str:
     """The KV cache in one line: dtype, bytes, bytes per token, pages, an FP8 cache's scales."""
     k, v = kv.k_scale, kv.v_scale
     scales = f"; k_scale {min(k):g}..{max(k):g}, v_scale {min(v):g}..{max(v):g}" if k else ""
-    size = (
-        f"{kv.nbytes / 2**20:.1f} MiB ({kv.bytes_per_token} B/token, {kv.num_pages} pages of {kv.page_size})"
-    )
+    size = f"{kv.nbytes / 2**20:.1f} MiB ({kv.bytes_per_token} B/token, {kv.num_pages} pages)"
     return f"{kv.dtype}, {size}{scales}"
