@@ -108,7 +108,7 @@ if triton is not None:
         torch path's tensors are), then quantised by ``scale`` for an FP8 cache."""
         x = x.to(src_ty)
         if QUANT:
-            x = tl.math.div_rn(x.to(tl.float32), scale)
+            x = tl.fdiv(x.to(tl.float32), scale, ieee_rounding=True)  # NOTE: as torch divides
             x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
             return x.to(dst_ty, fp_downcast_rounding="rtne")
         return x.to(dst_ty)
