@@ -23,6 +23,7 @@ from graphrt.tools.cli_args import (
     configure_logging,
     device_name,
     fail,
+    kv_cache_dtypes,
     model_name,
     model_names,
     positive_int,
@@ -92,7 +93,18 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
     p.add_argument("--max-context-len", type=positive_int, default=512, help="longest prompt + new tokens")
     p.add_argument("--snapshot", default=None, metavar="PATH", help="write a debug snapshot (PATH + .npz)")
     _sampling_args(p, "prompt i samples with seed + i")
+    _kv_arg(p)
     _tp_arg(p)
+
+
+def _kv_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=kv_cache_dtypes(),
+        default="auto",
+        help=f"{scope}KV cache: auto (the model's dtype); fp8_e4m3 (MHA/GQA: FP8, half of bf16's "
+        "bytes; model: timed against bf16 KV); bf16 | fp8 (DSA presets' MLA layouts)",
+    )
 
 
 def _tp_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
@@ -129,6 +141,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     )
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
     _sampling_args(p, "the request's random stream (same seed, same text)")
+    _kv_arg(p)
     _tp_arg(p)
 
 
@@ -247,6 +260,8 @@ def _add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes
     )
     p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
     p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
+    if name == "bench":
+        _kv_arg(p, "decode and model: ")
     if name == "bench-spec":
         _add_spec_engine_args(p)
     _tp_arg(p, "decode only: " if name == "bench" else "")

@@ -32,7 +32,9 @@ def test_engine_graphs_match_eager(device: torch.device, layout: str) -> None:
 
 
 def test_engine_rejects_fp8_for_mha() -> None:
-    with pytest.raises(ValueError, match="DSA presets only"):
+    with pytest.raises(
+        ValueError, match=r"'fp8' is not one of auto, fp8_e4m3 for an MHA/GQA model \(bf16 \| fp8 are DSA"
+    ):
         Engine(
             "tiny-llama",
             device="cpu",

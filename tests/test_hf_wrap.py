@@ -1,7 +1,7 @@
 """``graphrt.hf.wrap``: unmodified transformers models under GraphRuntime == their own forward.
 
-Each case builds a tiny random model with transformers, takes its logits over every full
-sequence (no cache, transformers' own attention), then wraps the *same* model and runs a prefill
+Each case builds a tiny random model with transformers (gpt-oss: sinks and sliding layers),
+takes its logits over every full sequence (no cache, transformers' own attention), then wraps the *same* model and runs a prefill
 of three prompts and four decode steps through graphrt, eager and graphed, with bs 3 in
 bucket 4 (one pad row). Tolerances: fp32 on the CPU, atol = rtol = 1e-4 (measured max |diff|
 ~1e-6: summation order only); bf16 on CUDA, atol = rtol = three times transformers' own bf16 error against the fp32
@@ -60,6 +60,21 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "Qwen3ForCausalLM",
         "Qwen3Config",
         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    ),
+    # NOTE: attention sinks (s_aux) on alternating sliding and full layers; transformers runs
+    # the MoE, graphrt the attention: its sinks against transformers' own.
+    "gpt-oss-sinks-window": (
+        "GptOssForCausalLM",
+        "GptOssConfig",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=7,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
     ),
 }
 
@@ -244,7 +259,7 @@ def test_custom_scaling_is_folded_into_q() -> None:
     torch.testing.assert_close(out, want.transpose(1, 2), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("extra", [{"softcap": 50.0}, {"s_aux": torch.zeros(2)}, {"is_causal": False}])
+@pytest.mark.parametrize("extra", [{"softcap": 50.0}, {"is_causal": False}])
 def test_attention_features_graphrt_lacks_are_refused(extra: dict[str, Any]) -> None:
     module = torch.nn.Module()
     module.layer_idx = 1

@@ -38,14 +38,14 @@ def slots(req: int, pages_per_req: int, start: int, stop: int) -> np.ndarray:
 
 
 def _runtime(
-    device: torch.device, max_bs: int, context: int, backend: str | None, tp: TPGroup
+    device: torch.device, max_bs: int, context: int, backend: str | None, tp: TPGroup, kv_cache_dtype: str
 ) -> GraphRuntime:
     """tiny-llama's runtime (this rank's shard with ``tp``, every step run by every rank)."""
     max_ctx = context + 64
     config = RuntimeConfig(
         max_batch_size=max_bs, max_context_len=max_ctx, page_size=PAGE_SIZE, backend=backend
     )
-    runtime = build_stack("tiny-llama", device, config, tp=tp).runtime
+    runtime = build_stack("tiny-llama", device, config, tp=tp, kv_cache_dtype=kv_cache_dtype).runtime
     return TPRuntime(runtime, StepChannel(tp)) if tp.size > 1 else runtime  # type: ignore[return-value]
 
 
@@ -97,7 +97,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, tp: TPGroup) -> int:
     sizes = list(args.batch_sizes)
-    runtime = _runtime(device, max(sizes), args.context, backend, tp)
+    runtime = _runtime(device, max(sizes), args.context, backend, tp, args.kv_cache_dtype)
     report = runtime.capture(show_progress=tp.is_driver)
     pages_per_req = runtime.config.max_pages
     rng = np.random.default_rng(0)
@@ -115,6 +115,7 @@ def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, 
     result = {
         **header("decode_step", args, device),
         "model": "tiny-llama",
+        "kv_cache_dtype": str(runtime.kv.dtype).removeprefix("torch."),
         "tp": tp.size,
         "context": args.context,
         "page_size": PAGE_SIZE,

@@ -18,6 +18,9 @@ top kernels by time; ``graph_nodes`` counts the nodes of the batch size's captur
 Before timing a batch size the bench checks that graphrt's logits match transformers' (and the
 compiled model's) within ``model_twin.PARITY_TOLERANCE``, and raises ``ParityError`` if not.
 Each run writes ``<out>/model_<device>_<shape>_<UTC time>.json``.
+
+``--kv-cache-dtype fp8_e4m3`` times graphrt with an FP8 KV cache against graphrt with the model's
+(bf16) KV instead (``tools/bench_kv.py``).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def _kv_read_bytes(cfg: LlamaConfig, bs: int, context: int, itemsize: int) -> in
     return bs * (context + 1) * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * itemsize
 
 
-def _measure_ours(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch.Tensor]:
+def measure_graphrt(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch.Tensor]:
     """graphrt's step time for ``bs``, and its logits ``[bs, vocab]`` (the parity reference)."""
     device, context, iters, stack = run["device"], run["context"], run["iters"], run["stack"]
     batch = steps.graphrt_decode(stack, run["next_ids"][:bs].numpy(), context)
@@ -179,6 +182,10 @@ def _setup(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_bench_model(args: argparse.Namespace) -> int:
     """``graphrt bench model``: writes a new result file under ``args.out`` and prints its table."""
+    if getattr(args, "kv_cache_dtype", "auto") != "auto":
+        from graphrt.tools.bench_kv import run_kv_compare  # NOTE: it imports this module
+
+        return run_kv_compare(args)
     start = time.perf_counter()
     with torch.no_grad():
         run = _setup(args)
@@ -188,7 +195,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
             # NOTE: graphrt first at every bs, transformers after: Inductor's CUDA graph trees
             # clear cuBLAS's workspaces when they record, and a graphrt replay after that died
             # with an illegal memory access on the H200 (graphs bake the workspace's address).
-            ours = [_measure_ours(run, bs) for bs in run["sizes"]]
+            ours = [measure_graphrt(run, bs) for bs in run["sizes"]]
             for row, logits in ours:
                 progress.update(task, description=f"bs={row['bs']}")
                 rows.append(_measure_theirs(run, row, logits))

@@ -112,6 +112,14 @@ def backend_names() -> list[str]:
     return [AUTO, *dict.fromkeys(name for names in BACKENDS.values() for name in names)]
 
 
+def kv_cache_dtypes() -> list[str]:
+    """``--kv-cache-dtype`` values: MHA/GQA cache dtypes, then DSA presets' MLA layouts."""
+    from graphrt.kv.mla import LAYOUTS
+    from graphrt.kv.quant import MHA_KV_DTYPES
+
+    return [*MHA_KV_DTYPES, *LAYOUTS]
+
+
 def model_names() -> list[str]:
     """Every built-in preset and packaged model name."""
     from graphrt.models.loader import PACKAGED

@@ -129,6 +129,7 @@ def _demo(args: argparse.Namespace, tp: int) -> int:
         # NOTE: an engine recording logits samples from them outside the graph; a sampled
         # demo runs the in-graph sampler instead (tokens are compared, logits are not).
         record_logits=sampling is None,
+        kv_cache_dtype=args.kv_cache_dtype,
         tp=tp,
     )
     graphed = Engine(args.model, use_graphs=True, show_progress=rank0, **kwargs)

@@ -46,14 +46,18 @@ def run_generate(args: argparse.Namespace) -> int:
             args.max_new_tokens,
             f"does not fit: the prompt has {len(ids)} tokens and --max-context-len is {args.max_context_len}",
         )
+    options = dict(
+        device=device,
+        max_batch_size=1,
+        max_context_len=args.max_context_len,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     if tp == 1:
-        engine = Engine(args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len)
+        engine = Engine(args.model, **options)
         _stream(args, engine, tokenizer, ids, sampling)
         return 0
     try:
-        engine = Engine(
-            args.model, device=device, max_batch_size=1, max_context_len=args.max_context_len, tp=tp
-        )
+        engine = Engine(args.model, tp=tp, **options)
         reply = engine.generate([ids], args.max_new_tokens, sampling)[0]
         out = reply_tokens(reply, stop_ids(tokenizer, args.model))
         engine.close()

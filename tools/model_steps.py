@@ -60,9 +60,10 @@ def weight_floor(read_bytes: int, device: torch.device, iters: int) -> dict[str,
 
 # ---- graphrt -------------------------------------------------------------------------------
 def graphrt_stack(
-    model: TinyLlama, sizes: list[int], context: int, backend: str | None
+    model: TinyLlama, sizes: list[int], context: int, backend: str | None, kv_cache_dtype: str = "auto"
 ) -> tuple[ModelStack, Any]:
-    """The normal runtime stack for ``model`` with one DECODE graph per measured batch size."""
+    """The normal runtime stack for ``model`` with one DECODE graph per measured batch size
+    (its KV cache of ``kv_cache_dtype``, :func:`~graphrt.engine.stack.stack_for`)."""
     config = RuntimeConfig(
         max_batch_size=max(sizes),
         max_context_len=capacity(context),
@@ -70,7 +71,7 @@ def graphrt_stack(
         buckets=tuple(sorted(set(sizes))),
         backend=backend,
     )
-    stack = stack_for(model, config)
+    stack = stack_for(model, config, kv_cache_dtype=kv_cache_dtype)
     return stack, stack.runtime.capture()
 
 

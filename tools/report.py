@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from graphrt.capture.kernels import short_name
-from graphrt.debug.snapshot import GraphFacts, KernelFacts, MemoryFacts, Snapshot
+from graphrt.debug.snapshot import GraphFacts, KernelFacts, KVFacts, MemoryFacts, Snapshot
 
 # NOTE: re-exported: inspect and the TUI read every kind of row from this module
 from graphrt.tools.buffer_contents import BufferRows as BufferRows
@@ -288,4 +288,13 @@ def header_rows(snap: Snapshot) -> list[Row]:
         ("engine / backend", f"{snap.engine} / {snap.backend}"),
         ("config", ", ".join(f"{k}={v}" for k, v in cfg.items())),
         ("static buffers", f"{snap.memory.total_bytes} B declared, arena {snap.memory.arena_bytes} B"),
+        *([("KV cache", kv_line(snap.kv))] if snap.kv is not None else []),
     ]
+
+
+def kv_line(kv: KVFacts) -> str:
+    """The KV cache in one line: dtype, bytes, bytes per token, pages, an FP8 cache's scales."""
+    k, v = kv.k_scale, kv.v_scale
+    scales = f"; k_scale {min(k):g}..{max(k):g}, v_scale {min(v):g}..{max(v):g}" if k else ""
+    size = f"{kv.nbytes / 2**20:.1f} MiB ({kv.bytes_per_token} B/token, {kv.num_pages} pages)"
+    return f"{kv.dtype}, {size}{scales}"

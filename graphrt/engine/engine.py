@@ -55,7 +55,10 @@ class Engine(EngineSteps):
         target's weights by name (early exit). Each round is DRAFT_DECODE → TARGET_VERIFY →
         DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
     kv_cache_dtype : str, optional
-        DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
+        MHA/GQA models: ``"auto"`` (default: the model's dtype) or ``"fp8_e4m3"`` (FP8 KV,
+        half of bf16's bytes; per-layer scales from the checkpoint's ``k_scale``/``v_scale``,
+        else 1.0). DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes
+        per token). A draft model keeps the target's format.
     dtype : torch.dtype, optional
         Weights, activations and KV cache; default bf16 on CUDA, fp32 elsewhere.
     tp : int

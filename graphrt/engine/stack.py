@@ -8,6 +8,7 @@ import torch
 
 from graphrt.kv import KVShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
+from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
 from graphrt.metadata.local import with_model_chunk
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.dsa import TinyDSA
@@ -47,16 +48,16 @@ def build_stack(
 
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
-    ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA presets keep
-    the model's dtype. ``tp``: this rank's shards of the same model (a preset's or a
-    checkpoint's); its KV cache holds the rank's KV heads only.
+    ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; for MHA/GQA models
+    ``"auto"`` (default: the model's dtype) or ``"fp8_e4m3"`` (one byte per element, per-layer
+    scales from the checkpoint or 1.0; :mod:`graphrt.kv.quant`). ``tp``: this rank's shards of
+    the same model (a preset's or a checkpoint's); its KV cache holds the rank's KV heads only.
     """
     dtype = dtype or default_dtype(device)
     checkpoint = None if name in PRESETS else resolve(name)
     if checkpoint is not None:
-        if kv_cache_dtype not in (None, "auto"):
-            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
-        return stack_for(load(checkpoint, device=device, dtype=dtype, tp=tp), config, max_reqs=max_reqs)
+        model = load(checkpoint, device=device, dtype=dtype, tp=tp)
+        return stack_for(model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype)
     cfg = preset(name)
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
@@ -68,32 +69,46 @@ def build_stack(
         mla = MLAShape(
             cfg.num_layers, config.page_size, num_pages, cfg.index_dim, cfg.index_topk, cfg.num_heads
         )
-        kv = MLAKVCache(mla, kv_cache_dtype or "bf16", dtype, device)
+        kv = MLAKVCache(mla, "bf16" if kv_cache_dtype in (None, "auto") else kv_cache_dtype, dtype, device)
     else:
-        if kv_cache_dtype not in (None, "auto"):
-            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
         model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
         shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
-        kv = PagedKVCache(shape, dtype, device)
+        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, dtype), device)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
 
 
+def mha_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of an MHA/GQA cache named ``name`` (``None``/``"auto"``: ``model_dtype``)."""
+    if (name or "auto") not in MHA_KV_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype {name!r} is not one of {', '.join(MHA_KV_DTYPES)} for an MHA/GQA model "
+            "(bf16 | fp8 are DSA presets' MLA layouts)"
+        )
+    return MHA_KV_DTYPES[name or "auto"] or model_dtype
+
+
 def stack_for(
-    model: CausalLM | HFWrapped, config: RuntimeConfig, *, max_reqs: int | None = None
+    model: TinyLlama | CausalLM | HFWrapped,
+    config: RuntimeConfig,
+    *,
+    max_reqs: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> ModelStack:
     """A paged KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
 
-    The cache takes the model's parameter dtype and device and ``model.cfg``'s geometry
-    (``num_layers``, ``head_dim``, ``vocab_size``); its KV heads are the ones this rank
-    stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
+    The cache takes the model's device, ``model.cfg``'s geometry (``num_layers``, ``head_dim``,
+    ``vocab_size``) and the model's parameter dtype, or FP8 for ``kv_cache_dtype="fp8_e4m3"``
+    (with the checkpoint's ``kv_scales`` when it had any, else 1.0); its KV heads are the ones
+    this rank stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
     """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
     heads = getattr(model, "num_kv_heads", cfg.num_kv_heads)
     shape = KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, max_reqs * config.max_pages + 1)
-    kv = PagedKVCache(shape, param.dtype, param.device)
+    scales: KVScales | None = getattr(model, "kv_scales", None)
+    kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
     return ModelStack(
         model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)

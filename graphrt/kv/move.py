@@ -18,8 +18,7 @@ from graphrt.kv.paged import PagedKVCache
 def slot_rows(kv: PagedKVCache | MLAKVCache) -> list[torch.Tensor]:
     """Every per-slot tensor of ``kv`` viewed as ``[num_slots, ...]`` (views, not copies)."""
     if isinstance(kv, PagedKVCache):
-        kvh, d = kv.shape.num_kv_heads, kv.shape.head_dim
-        return [t.view(-1, kvh, d) for t in (*kv.k, *kv.v)]
+        return kv.slot_rows()
     return [kv.rows(layer) for layer in range(len(kv.kv))] + list(kv.index_k)
 
 

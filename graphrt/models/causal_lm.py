@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from graphrt.kv.quant import KVScales
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
 from graphrt.models.parallel import SINGLE
@@ -48,7 +49,10 @@ class CausalLM(Decoder):
     Fused projections: ``attn.qkv`` holds q, k, v rows and ``mlp.gate_up`` gate then up rows
     (``checkpoint.LAYER_TENSORS`` maps checkpoint tensors onto them). With ``tp`` every
     parameter is this rank's shard (``Decoder``'s embedding, MLP and head; the attention here).
+    ``kv_scales``: the checkpoint's per-layer K/V scales for an FP8 KV cache, if it has any.
     """
+
+    kv_scales: KVScales | None = None
 
     def __init__(
         self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None, tp: TPGroup = SINGLE

@@ -142,6 +142,13 @@ def _loader_param(shape: Sequence[int], full_shape: Sequence[int], shard: Shardi
     return p
 
 
+def head_param(heads: Part) -> nn.Parameter:
+    """A vector with one entry per query head (attention sinks), split like the heads: this
+    rank's ``heads.size`` entries of a ``[heads.full]`` tensor."""
+    entries = row_shard(heads, 0, ())
+    return _loader_param((heads.size,), (heads.full,), lambda part=None: entries)
+
+
 def _loader(shard: Sharding) -> Callable[..., None]:
     def load(param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
         s = shard(part)

@@ -25,6 +25,9 @@ class LlamaConfig:
     global_every: int = 4
     #: The LM head is the embedding table (one ``[vocab, hidden]`` tensor read by both).
     tie_word_embeddings: bool = False
+    #: Every layer has learned attention sinks: one logit per query head that joins the
+    #: softmax's denominator (gpt-oss).
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("sliding_window", "attention_chunk_size"):
@@ -130,6 +133,9 @@ PRESETS["llama-3.2-1b"] = replace(
 # inside a page; the chunk (32) spans two 16-token pages.
 PRESETS["tiny-llama-swa"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2)
 PRESETS["tiny-llama-local"] = replace(PRESETS["tiny-llama"], attention_chunk_size=32, global_every=4)
+# NOTE: gpt-oss's attention with a dense MLP: sliding-window layers (0, 2) alternate with full
+# ones (1, 3), and every layer has sinks.
+PRESETS["tiny-sinks"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2, sinks=True)
 
 
 def preset(name: str) -> LlamaConfig | DSAConfig:
