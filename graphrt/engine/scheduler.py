@@ -1,7 +1,7 @@
 """One engine step: admit waiting requests, prefill them or decode the running ones, retire.
 
-:class:`EngineSteps` is the stepping half of :class:`graphrt.Engine` (which builds the stack
-and takes requests). Without overlap a step runs and reads at once; with it
+:class:`Scheduler` holds an :class:`graphrt.Engine`'s requests and steps them (the engine
+builds the stack and takes requests). Without overlap a step runs and reads at once; with it
 (:mod:`.overlap`) a step launches the next batch and reads the one launched before. DECODE
 batches come from :class:`.batches.DecodeRows`, laid out once per running set, so a steady
 decode step loops over its requests only to append their tokens.
@@ -26,28 +26,37 @@ from graphrt.engine.speculative import SpecRunner
 from graphrt.step.batch import Batch
 
 
-class EngineSteps:
-    """:meth:`step` and what it runs, over the engine state below (set by ``Engine``)."""
+class Scheduler:
+    """The running state of an :class:`~graphrt.Engine` and :meth:`step`, which advances it.
 
-    runtime: Any
-    spec: SpecRunner | None
-    overlap: Overlap | None
-    use_graphs: bool
-    record_logits: bool
-    page_size: int
-    pool: Pool
-    waiting: deque[Request]
-    running: list[Request]
-    finished: dict[int, Request]
-    logits: dict[int, list[torch.Tensor]]
-    _rows: DecodeRows | None  # NOTE: rebuilt whenever the running set changes
-    _ended: bool  # the last overlapped read ended a request (see _take)
-    _decode_steps: int
-    _decode_seconds: float
-    _prefill_steps: int
+    ``waiting``: admitted but not prefilled yet; ``running``: in the batch; ``finished``: done,
+    by request id (a caller takes its own out). ``logits``: per request id, the rows an engine
+    with ``record_logits`` recorded.
+    """
+
+    def __init__(
+        self,
+        runtime: Any,
+        pool: Pool,
+        *,
+        spec: SpecRunner | None = None,
+        overlap: Overlap | None = None,
+        use_graphs: bool = True,
+        record_logits: bool = False,
+    ) -> None:
+        self.runtime, self.pool, self.spec, self.overlap = runtime, pool, spec, overlap
+        self.use_graphs, self.record_logits = use_graphs, record_logits
+        self.page_size = pool.page_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: dict[int, Request] = {}
+        self.logits: dict[int, list[torch.Tensor]] = {}
+        self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
+        self._ended = False  # the last overlapped read ended a request (see _take)
+        self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
 
     @property
-    def _lookahead(self) -> int:
+    def lookahead(self) -> int:
         """KV positions a request may write past its last token (a verify's drafts)."""
         return self.spec.lookahead if self.spec else 0
 
@@ -77,7 +86,7 @@ class EngineSteps:
         return produced
 
     def _admit(self) -> list[Request]:
-        admitted = self.pool.admit(self.waiting, self._lookahead)
+        admitted = self.pool.admit(self.waiting, self.lookahead)
         if admitted:
             self.running.extend(admitted)
             self._rows = None
@@ -119,10 +128,10 @@ class EngineSteps:
         produced, done = self._take(overlap.swap(launched))
         self._retire(done)
         if admitted:
-            self._prefill_steps += 1
+            self.prefill_steps += 1
         elif rows is not None:
-            self._decode_seconds += time.perf_counter() - start
-            self._decode_steps += 1
+            self.decode_seconds += time.perf_counter() - start
+            self.decode_steps += 1
         return produced
 
     def _take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:
@@ -148,7 +157,7 @@ class EngineSteps:
     def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
         batch = prefill_batch(reqs, self.page_size)
         produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
-        self._prefill_steps += 1
+        self.prefill_steps += 1
         return produced
 
     def _decode(self, rows: DecodeRows) -> tuple[list[tuple[int, int]], list[Request]]:
@@ -163,16 +172,16 @@ class EngineSteps:
             tokens = np.asarray(self._host_sample(rows.reqs, logits, batch), dtype=np.int64)
         finishing = rows.advance(tokens)
         produced = rows.append(tokens.tolist())
-        self._decode_seconds += time.perf_counter() - start
-        self._decode_steps += 1
+        self.decode_seconds += time.perf_counter() - start
+        self.decode_steps += 1
         return produced, rows.finished(finishing, tokens)
 
     def _spec_round(self, reqs: list[Request]) -> list[tuple[int, int]]:
         assert self.spec is not None
         start = time.perf_counter()
         new = self.spec.round(reqs, eager=not self.use_graphs)
-        self._decode_seconds += time.perf_counter() - start
-        self._decode_steps += 1
+        self.decode_seconds += time.perf_counter() - start
+        self.decode_steps += 1
         new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
         for r, tokens in zip(reqs, new, strict=True):
             r.output.extend(tokens)
