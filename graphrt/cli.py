@@ -1,6 +1,6 @@
 """``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler), ``bench-spec``, ``inspect`` and ``debug``.
 
-The parser lives here; argument types and machine checks in ``graphrt.tools.cli_args``; each
+The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
 names the flag, the value and what is allowed, and exit code 2.
 """
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 
 from graphrt import __version__
-from graphrt.tools.cli_args import (
+from graphrt.tools.cli.args import (
     AUTO,
     LOG_LEVELS,
     Parser,
@@ -326,24 +326,24 @@ def build_parser() -> Parser:
 
 #: (command, bench target) -> the tools module and function that implement it.
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
-    ("demo", None): ("graphrt.tools.demo", "run_demo"),
-    ("generate", None): ("graphrt.tools.generate", "run_generate"),
-    ("inspect", None): ("graphrt.tools.inspect", "run_inspect"),
-    ("debug", None): ("graphrt.tools.tui.app", "run_debug"),
-    ("bench-spec", None): ("graphrt.tools.bench_spec", "run_bench_spec"),
-    ("bench", "decode"): ("graphrt.tools.bench", "run_bench"),
-    ("bench", "host"): ("graphrt.tools.bench_host", "run_bench_host"),
-    ("bench", "buckets"): ("graphrt.tools.bench_buckets", "run_bench_buckets"),
-    ("bench", "model"): ("graphrt.tools.bench_model", "run_bench_model"),
-    ("bench", "overlap"): ("graphrt.tools.bench_overlap", "run_bench_overlap"),
-    ("bench", "gemm"): ("graphrt.tools.bench_gemm", "run_bench_gemm"),
-    ("bench", "sampler"): ("graphrt.tools.bench_sampler", "run_bench_sampler"),
+    ("demo", None): ("graphrt.tools.cli.demo", "run_demo"),
+    ("generate", None): ("graphrt.tools.cli.generate", "run_generate"),
+    ("inspect", None): ("graphrt.tools.inspection.tables", "run_inspect"),
+    ("debug", None): ("graphrt.tools.inspection.tui.app", "run_debug"),
+    ("bench-spec", None): ("graphrt.tools.bench.spec", "run_bench_spec"),
+    ("bench", "decode"): ("graphrt.tools.bench.decode", "run_bench"),
+    ("bench", "host"): ("graphrt.tools.bench.host", "run_bench_host"),
+    ("bench", "buckets"): ("graphrt.tools.bench.buckets", "run_bench_buckets"),
+    ("bench", "model"): ("graphrt.tools.bench.model", "run_bench_model"),
+    ("bench", "overlap"): ("graphrt.tools.bench.overlap", "run_bench_overlap"),
+    ("bench", "gemm"): ("graphrt.tools.bench.gemm", "run_bench_gemm"),
+    ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
 }
 
 
 def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from graphrt.tools.demo import demo_sampling
+        from graphrt.tools.cli.demo import demo_sampling
 
         try:
             args.sampling = demo_sampling(args)

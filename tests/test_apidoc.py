@@ -13,7 +13,7 @@ import graphrt
 @pytest.mark.slow
 def test_api_reference_builds(tmp_path: Path) -> None:
     pytest.importorskip("pdoc")
-    from graphrt.tools.apidoc import api_modules, build_api_docs
+    from graphrt.tools.cli.apidoc import api_modules, build_api_docs
 
     with_tui = True
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from graphrt.capture import optimal_buckets
 from graphrt.cli import main
-from graphrt.tools.bench_buckets import generate_trace
+from graphrt.tools.bench.buckets import generate_trace
 
 
 def _trace(tmp_path: Path, lines: list[str]) -> Path:

@@ -11,8 +11,8 @@ import torch
 
 from graphrt.cli import main
 from graphrt.models.presets import preset
-from graphrt.tools import bench_gemm
-from graphrt.tools.model_twin import ParityError
+from graphrt.tools.bench import gemm as bench_gemm
+from graphrt.tools.bench.model_twin import ParityError
 
 
 def _argv(out: Path) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from graphrt.cli import main
-from graphrt.tools import bench_kv
+from graphrt.tools.bench import kv as bench_kv
 
 ARGV = ["bench", "model", "--device", "cpu", "--shape", "tiny-llama", "--kv-cache-dtype", "fp8_e4m3"]
 ARGV += ["--batch-sizes", "1,3", "--context", "20", "--iters", "2"]

@@ -15,8 +15,8 @@ import torch
 from graphrt.cli import main
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import PRESETS
-from graphrt.tools import bench_model
-from graphrt.tools.model_twin import ParityError, hf_twin, random_llama, step_read_bytes, weight_bytes
+from graphrt.tools.bench import model as bench_model
+from graphrt.tools.bench.model_twin import ParityError, hf_twin, random_llama, step_read_bytes, weight_bytes
 
 pytest.importorskip("transformers")
 
@@ -107,7 +107,7 @@ def test_default_batch_sizes_per_target(monkeypatch: pytest.MonkeyPatch) -> None
         return run
 
     monkeypatch.setattr(bench_model, "run_bench_model", fake("model"))
-    monkeypatch.setattr("graphrt.tools.bench.run_bench", fake("decode"))
+    monkeypatch.setattr("graphrt.tools.bench.decode.run_bench", fake("decode"))
     assert main(["bench", "model"]) == 0 and main(["bench"]) == 0
     assert seen == {"model": (1, 16, 64), "decode": (1, 8, 64)}
 

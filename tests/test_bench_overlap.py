@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from graphrt.cli import main
-from graphrt.tools.bench_overlap import replay_gaps
-from graphrt.tools.device_ops import Op, kernel_breakdown, union_us
+from graphrt.tools.bench.device_ops import Op, kernel_breakdown, union_us
+from graphrt.tools.bench.overlap import replay_gaps
 
 GRAPH = ["update", "gemm", "attn", "sample"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphrt.cli import main
-from graphrt.tools.bench_sampler import KINDS, measure, zipf_logits
+from graphrt.tools.bench.sampler import KINDS, measure, zipf_logits
 
 
 def test_cpu_run_records_every_case_without_speeds(

@@ -23,7 +23,7 @@ def test_bench_spec_target_compares_tokens_and_reports_acceptance(tmp_path: Path
 
 
 def test_agreement_names_where_each_request_departs() -> None:
-    from graphrt.tools.bench_spec_accept import _agreement
+    from graphrt.tools.bench.spec_accept import _agreement
 
     plain = [[1, 2, 3], [4, 5, 6], [7, 8]]
     assert _agreement([[1, 2, 3], [4, 9, 6], [7, 8, 0]], plain) == {

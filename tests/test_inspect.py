@@ -48,9 +48,9 @@ def test_inspect_unknown_version(snap_path: Path, tmp_path: Path, capsys: pytest
 def test_inspect_and_snapshot_never_import_textual(snap_path: Path) -> None:
     # NOTE: the GPU box has no Textual; demo --snapshot and inspect must run there.
     code = (
-        "import sys; from graphrt.cli import main; import graphrt.tools.demo, graphrt.debug.snapshot; "
+        "import sys; from graphrt.cli import main; import graphrt.tools.cli.demo, graphrt.debug.snapshot; "
         f"assert main(['inspect', {str(snap_path)!r}]) == 0; "
-        "assert not [m for m in sys.modules if m.startswith(('textual', 'graphrt.tools.tui'))]"
+        "assert not [m for m in sys.modules if m.startswith(('textual', 'graphrt.tools.inspection.tui'))]"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
     assert res.returncode == 0, res.stderr

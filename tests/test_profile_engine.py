@@ -1,11 +1,11 @@
-"""The README's engine host-work numbers come from ``python -m graphrt.tools.profile_engine``:
+"""The README's engine host-work numbers come from ``python -m graphrt.tools.bench.profile_engine``:
 keep it working (timings are not asserted, only what they are made of)."""
 
 from __future__ import annotations
 
 import pytest
 
-from graphrt.tools.profile_engine import main
+from graphrt.tools.bench.profile_engine import main
 
 
 @pytest.mark.parametrize("extra", [["--stub"], [], ["--speculative", "--eager"]])

@@ -77,7 +77,7 @@ def test_a_step_that_never_comes_times_out_naming_the_rank() -> None:
 
 
 def _channel_bench(rank: int, world: int) -> dict[str, float]:
-    from graphrt.tools.bench_tp import channel_us
+    from graphrt.tools.bench.tp import channel_us
 
     group = init_tp(world, CPU)
     return channel_us(group, messages()[2].batch, iters=20)  # type: ignore[arg-type]

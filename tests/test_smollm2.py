@@ -17,7 +17,7 @@ from graphrt import Engine
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.checkpoint import slots
 from graphrt.models.loader import packaged_path
-from graphrt.tools.model_twin import hf_config
+from graphrt.tools.bench.model_twin import hf_config
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")

@@ -12,7 +12,7 @@ from graphrt.debug.parity import _result, probe_sizes
 from graphrt.debug.schema import Snapshot
 from graphrt.debug.snapshot import SNAPSHOT_VERSION, SnapshotVersionError, load_snapshot, npz_path
 from graphrt.runtime.telemetry import Telemetry
-from graphrt.tools import report
+from graphrt.tools.inspection import report
 from tests.snapshots import BUCKETS, LAST_BS, take
 from tests.util import Setup
 

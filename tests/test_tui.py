@@ -12,8 +12,8 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, Input, Static
 
 from graphrt.debug.snapshot import load_snapshot
-from graphrt.tools.tui.app import VIEWS, GraphDebugApp
-from graphrt.tools.tui.screenshots import save_screenshots
+from graphrt.tools.inspection.tui.app import VIEWS, GraphDebugApp
+from graphrt.tools.inspection.tui.screenshots import save_screenshots
 from tests.snapshots import take
 
 SIZE = (100, 30)

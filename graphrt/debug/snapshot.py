@@ -106,7 +106,7 @@ def take_snapshot(
     runtime : GraphRuntime
     path : str or Path
     environment : dict, optional
-        Device and library versions (``graphrt.tools.env.environment``); default: torch only.
+        Device and library versions (``graphrt.tools.cli.env.environment``); default: torch only.
     parity : tuple of ParityResult
         Results of :func:`graphrt.debug.check_parity` / ``parity_sweep`` to include.
     bucket, bs : int, optional
