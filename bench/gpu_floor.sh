@@ -19,8 +19,8 @@ python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 
 
 run_tests() {
   timeout 420 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-    tests/test_backend_hooks.py tests/test_backends.py tests/test_decode_parity.py tests/test_runtime.py \
-    tests/test_spec_modes.py tests/test_sliding_window.py tests/test_local_attention.py tests/test_isolation_modes.py \
+    tests/attention/test_backend_hooks.py tests/attention/test_backends.py tests/runtime/test_decode_parity.py tests/runtime/test_runtime.py \
+    tests/runtime/test_spec_modes.py tests/attention/test_sliding_window.py tests/attention/test_local_attention.py tests/kv/test_isolation_modes.py \
     2>&1 | tail -25 | tee -a "$log"
 }
 
@@ -37,14 +37,14 @@ run_model() {
 }
 
 run_sampler() {
-  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_sampler_kernel.py tests/test_sampler.py \
-    tests/test_bench_sampler.py 2>&1 | tail -5 | tee -a "$log"
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime/test_sampler_kernel.py tests/runtime/test_sampler.py \
+    tests/tools/test_bench_sampler.py 2>&1 | tail -5 | tee -a "$log"
   timeout 150 graphrt bench sampler --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
   timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -3 | tee -a "$log"
 }
 
 run_gemm() {
-  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_skinny.py 2>&1 | tail -5 | tee -a "$log"
+  timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/models/test_skinny.py 2>&1 | tail -5 | tee -a "$log"
   timeout 150 graphrt bench gemm --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
   timeout 200 graphrt bench gemm --sweep --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
 }

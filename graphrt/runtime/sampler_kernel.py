@@ -24,7 +24,7 @@ worst case since the noise does not depend on them, probability ~1e-11 per chunk
 ``PF`` 32), or a row with more than ``GF``, keeps its lowest ones; the merge stops where a
 cut-short chunk's records end (above that a step could skip a record), and if none of the known
 records is kept the row's last ``_count`` program walks on to rank 0 itself, two passes over
-the row per record: slow, still exact (``tests/test_sampler_kernel.py`` forces it).
+the row per record: slow, still exact (``tests/runtime/test_sampler_kernel.py`` forces it).
 """
 
 from __future__ import annotations

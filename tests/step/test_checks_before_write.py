@@ -16,7 +16,7 @@ from graphrt.models import TinyLlama, preset
 from graphrt.step.limits import model_vocab_size
 from graphrt.step.modes import SpecGeometry
 from tests.state import assert_same_state, state_of
-from tests.test_bad_input import CASES, CONTEXT, MAX_REQS, PAGE, VOCAB, valid
+from tests.step.test_bad_input import CASES, CONTEXT, MAX_REQS, PAGE, VOCAB, valid
 from tests.util import Setup, prefill, slot_of
 
 U64_MAX = 2**64 - 1
@@ -64,7 +64,7 @@ def _slot(s: Setup, slot: object) -> dict:
     return valid(s) | {"out_cache_loc": [slot, valid(s)["out_cache_loc"][1]]}
 
 
-#: Checks beyond tests/test_bad_input.py's: values as given, isolation.
+#: Checks beyond tests/step/test_bad_input.py's: values as given, isolation.
 MORE = {
     "u64_slot_list": (
         lambda s: _slot(s, U64_MAX),

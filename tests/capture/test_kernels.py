@@ -11,7 +11,7 @@ from graphrt.capture import KernelCount
 from graphrt.capture import kernels as kernels_module
 from graphrt.capture.kernels import demangle, parse_dot, short_name, split_launch, with_times
 
-DOT = Path(__file__).parent / "data" / "fa3_decode_graph.dot"
+DOT = Path(__file__).parents[1] / "data" / "fa3_decode_graph.dot"
 
 
 needs_cxxfilt = pytest.mark.skipif(

@@ -17,7 +17,7 @@ import torch
 
 from graphrt.models.presets import PRESETS
 from graphrt.step.modes import ForwardMode, SpecGeometry
-from tests.test_spec_modes import CONTEXT, ROWS, SCRATCH, draft_batch, filled, verify_batch
+from tests.runtime.test_spec_modes import CONTEXT, ROWS, SCRATCH, draft_batch, filled, verify_batch
 from tests.util import Setup, build_runtime, remade, spec_batch
 
 M = ForwardMode

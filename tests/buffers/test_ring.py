@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.test_decode_parity import tolerance
+from tests.runtime.test_decode_parity import tolerance
 from tests.util import build_runtime, decode_batch, prefill
 
 STEPS = 24

@@ -20,7 +20,7 @@ import torch
 from graphrt import Batch, ForwardMode
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
-from tests.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
+from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
 from tests.util import Setup, build_runtime, prefill, slot_of, spec_batch
 
 M = ForwardMode

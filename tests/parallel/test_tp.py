@@ -19,7 +19,7 @@ from graphrt.models import TinyLlama, preset
 from graphrt.models.parallel import kv_heads
 from graphrt.parallel import Message, Op, TPGroup, init_tp, pack, unpack
 from graphrt.step.modes import SpecGeometry
-from tests.test_spec_modes import draft_batch, filled, setup_for, verify_batch
+from tests.runtime.test_spec_modes import draft_batch, filled, setup_for, verify_batch
 from tests.tp_util import run_ranks
 from tests.util import decode_batch, spec_batch
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_tp import SAMPLED, engine_tokens, mode_outputs
+from tests.parallel.test_tp import SAMPLED, engine_tokens, mode_outputs
 from tests.tp_util import run_ranks
 
 pytestmark = [

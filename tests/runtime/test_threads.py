@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from graphrt import Batch
-from tests.test_decode_parity import tolerance
+from tests.runtime.test_decode_parity import tolerance
 from tests.util import Setup, build_runtime, decode_batch, prefill
 
 STEPS = 100

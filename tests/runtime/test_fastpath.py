@@ -10,7 +10,7 @@ from graphrt.kv.ledger import KVLedger, KVWrites
 from graphrt.runtime.telemetry import StepRecord, Telemetry
 from graphrt.step.hostops import any_true, umax, umin
 from graphrt.step.modes import MODES
-from tests.test_decode_parity import tolerance
+from tests.runtime.test_decode_parity import tolerance
 from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill
 
 ROWS = list(range(6))

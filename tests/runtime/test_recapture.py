@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graphrt.capture import optimal_buckets
-from tests.test_decode_parity import tolerance
+from tests.runtime.test_decode_parity import tolerance
 from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill
 
 ROWS = list(range(6))

@@ -51,7 +51,7 @@ def test_speculative_dsa_tokens_equal_plain_greedy(layout: str) -> None:
     exactly plain greedy's tokens. The draft is the target with a perturbed head, so it is
     sometimes right and sometimes wrong (ragged accept lengths).
 
-    NOTE: CPU only, as tests/test_engine_spec.py: in bf16 a verify step's logits are not bitwise
+    NOTE: CPU only, as tests/engine/test_engine_spec.py: in bf16 a verify step's logits are not bitwise
     a decode step's, so greedy equality would rest on argmax near-ties.
     """
     kw = {"device": "cpu", "max_batch_size": 4, "max_context_len": 128, "buckets": (1, 4)}

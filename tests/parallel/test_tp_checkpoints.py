@@ -1,6 +1,6 @@
 """Checkpoints under tensor parallelism on CPU ranks (gloo, fp32) against TP=1.
 
-Tiny random transformers checkpoints (``tests/test_tp_load.py``'s cases: Llama with llama3 rope
+Tiny random transformers checkpoints (``tests/parallel/test_tp_load.py``'s cases: Llama with llama3 rope
 scaling, Mistral with one KV head replicated on both ranks, Qwen2 with q/k/v bias, Qwen3 with
 q/k norm, tied and untied heads, a vocabulary no rank count divides) at TP=2 and SmolLM2 (9
 query / 3 KV heads) at TP=3. Tolerance: logits within ``ATOL`` of TP=1 (only the row-parallel
@@ -28,11 +28,11 @@ from graphrt.models import load  # noqa: E402
 from graphrt.models.loader import packaged_path  # noqa: E402
 from graphrt.parallel import init_tp  # noqa: E402
 from tests.hf_util import LLAMA3, ParityRun, run_graphrt, save_word_tokenizer, sequences  # noqa: E402
-from tests.test_tp_load import CASES, make_checkpoint  # noqa: E402
+from tests.parallel.test_tp_load import CASES, make_checkpoint  # noqa: E402
 from tests.tp_util import run_ranks  # noqa: E402
 
 ATOL = 1e-4
-ATOL_BF16 = 0.1  # NOTE: as tests/test_tp_gpu.py
+ATOL_BF16 = 0.1  # NOTE: as tests/parallel/test_tp_gpu.py
 #: The llama3 rope scaling joins the Llama GQA case here (``test_tp_load`` keeps plain rope).
 TP_CASES = CASES | {"llama-gqa": ("Llama", dict(CASES["llama-gqa"][1], rope_parameters=LLAMA3))}
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11], [40]]

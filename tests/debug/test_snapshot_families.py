@@ -10,7 +10,7 @@ import torch
 from graphrt.cli import main
 from graphrt.debug.snapshot import load_snapshot, take_snapshot
 from graphrt.step.modes import SpecGeometry
-from tests.test_spec_modes import setup_for
+from tests.runtime.test_spec_modes import setup_for
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from graphrt.capture import CaptureSyncError, EmulatedEngine
 from tests.capture_ops import ALLOWED, DEVICE_ONLY, REFUSED, Inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
