@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
 # in one call, each with its switch off and on in the same process tree.
-#   bash bench/gpu_floor.sh tests|sampler|gemm|model|smollm2|all
+#   bash bench/gpu_floor.sh tests|sampler|host|gemm|model|smollm2|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
 # sampler: the fused sampler's GPU tests, `graphrt bench sampler`, a PDL graph's DOT;
+# host: `graphrt bench host` DECODE at 4k and 128k max context;
 # gemm: the skinny GEMM's GPU tests, `graphrt bench gemm` and its tile sweep;
 # model: `graphrt bench model` (SHAPES) with the lever SWITCH off and on;
 # smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
@@ -43,6 +44,11 @@ run_sampler() {
   timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -3 | tee -a "$log"
 }
 
+run_host() {
+  timeout 240 graphrt bench host --modes decode --batch-sizes 1,16,64,256 --page-sizes 16 \
+    --context-lens 4096,131072 --iters 300 --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
+}
+
 run_gemm() {
   timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/models/test_skinny.py 2>&1 | tail -5 | tee -a "$log"
   timeout 150 graphrt bench gemm --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
@@ -61,9 +67,10 @@ run_smollm2() {
 case "$what" in
 tests) run_tests ;;
 sampler) run_sampler ;;
+host) run_host ;;
 gemm) run_gemm ;;
 model) run_model ;;
 smollm2) run_smollm2 ;;
 all) run_tests; run_model; run_smollm2 ;;
-*) echo "tests|sampler|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
+*) echo "tests|sampler|host|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
 esac
