@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import numpy as np
 import torch
@@ -132,55 +133,64 @@ def main(argv: list[str] | None = None) -> int:
     pages_per_req, rng = runtime.config.max_pages, np.random.default_rng(0)
     for req in range(max(sizes)):
         runtime.run(prefill_batch(req, args.context, pages_per_req, 128000, rng))
-    rows = []
-    for bs in sizes:
-        batch = decode_batch(bs, args.context, pages_per_req, 128000, rng)
-        eager = median(time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device))
-        graph = median(time_us(lambda b=batch: runtime.run(b), args.iters, device))
-        host = median(time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True))
-        hosts = [host] * tp.size
-        if tp.size > 1:
-            dist.all_gather_object(hosts, host, group=tp.cpu_group)
-        bucket = runtime.dispatcher.policy.bucket_for(bs)
-        profiled = collective_share(lambda b=batch: runtime.run(b), device)
-        rows.append(
-            {
-                "bs": bs,
-                "eager_us": eager,
-                "graph_us": graph,
-                "graph_host_us_per_rank": hosts,
-                "speedup": eager / graph,
-                "collective_kernels_in_graph": collectives_per_graph(runtime, bucket),
-                "profile": profiled,
-                "step_message_us": channel_us(tp, batch) if tp.size > 1 else None,
-            }
-        )
+    rows = [_row(runtime, tp, bs, args, rng) for bs in sizes]
     if tp.rank == 0:
-        result = {
-            "bench": "decode_step_tp",
-            "model": "llama-3-8b shape, random bf16 weights",
-            "tp": tp.size,
-            "context": args.context,
-            "iters": args.iters,
-            "backend": runtime.backend.name,
-            "engine": report.engine,
-            "allreduce": os.environ.get("GRAPHRT_ALLREDUCE", "nccl"),
-            "env": environment(device),
-            "capture_seconds": report.seconds,
-            "rows": rows,
-        }
-        path = "" if tp.size == 1 else "_" + os.environ.get("GRAPHRT_ALLREDUCE", "nccl")
-        out = Path(args.out) / f"decode_tp{tp.size}_{device.type}{path}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        for r in rows:
-            print(json.dumps(r))
-        print(f"written to {out}")
+        _write(runtime, tp, report, args, rows)
     runtime.release()
     torch.cuda.synchronize(device)
     if tp.size > 1:
         shutdown()
     return 0
+
+
+def _row(
+    runtime: Any, tp: Any, bs: int, args: argparse.Namespace, rng: np.random.Generator
+) -> dict[str, Any]:
+    """One batch size's eager and graphed step, per-rank host time and the collectives' share."""
+    device, pages_per_req = tp.device, runtime.config.max_pages
+    batch = decode_batch(bs, args.context, pages_per_req, 128000, rng)
+    eager = median(time_us(lambda b=batch: runtime.run(b, eager=True), args.iters, device))
+    graph = median(time_us(lambda b=batch: runtime.run(b), args.iters, device))
+    host = median(time_us(lambda b=batch: runtime.run(b), args.iters, device, host_only=True))
+    hosts = [host] * tp.size
+    if tp.size > 1:
+        dist.all_gather_object(hosts, host, group=tp.cpu_group)
+    bucket = runtime.dispatcher.policy.bucket_for(bs)
+    return {
+        "bs": bs,
+        "eager_us": eager,
+        "graph_us": graph,
+        "graph_host_us_per_rank": hosts,
+        "speedup": eager / graph,
+        "collective_kernels_in_graph": collectives_per_graph(runtime, bucket),
+        "profile": collective_share(lambda b=batch: runtime.run(b), device),
+        "step_message_us": channel_us(tp, batch) if tp.size > 1 else None,
+    }
+
+
+def _write(runtime: Any, tp: Any, report: Any, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """Rank 0: the JSON under ``--out`` and one line per row."""
+    device = tp.device
+    result = {
+        "bench": "decode_step_tp",
+        "model": "llama-3-8b shape, random bf16 weights",
+        "tp": tp.size,
+        "context": args.context,
+        "iters": args.iters,
+        "backend": runtime.backend.name,
+        "engine": report.engine,
+        "allreduce": os.environ.get("GRAPHRT_ALLREDUCE", "nccl"),
+        "env": environment(device),
+        "capture_seconds": report.seconds,
+        "rows": rows,
+    }
+    path = "" if tp.size == 1 else "_" + os.environ.get("GRAPHRT_ALLREDUCE", "nccl")
+    out = Path(args.out) / f"decode_tp{tp.size}_{device.type}{path}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for r in rows:
+        print(json.dumps(r))
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":
