@@ -9,16 +9,7 @@ import pytest
 import torch
 
 from graphrt.capture import CaptureSyncError, EmulatedEngine
-
-
-@pytest.fixture
-def engine() -> EmulatedEngine:
-    return EmulatedEngine()
-
-
-def tensor(values: Any, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
-
+from tests.capture.values import tensor
 
 # ---- (a) in-place writes to captured inputs are seen ------------------------------------------
 

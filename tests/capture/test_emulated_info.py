@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import gc
-from typing import Any
 
 import pytest
 import torch
 
 from graphrt.capture import EmulatedEngine, KernelCount
-
-
-@pytest.fixture
-def engine() -> EmulatedEngine:
-    return EmulatedEngine()
-
-
-def tensor(values: Any, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
-
+from tests.capture.values import tensor
 
 # ---- (g) GraphInfo ------------------------------------------------------------------------------
 
