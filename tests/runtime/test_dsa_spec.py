@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
+from graphrt.kv.ledger import KVWrites
+from graphrt.kv.move import move_slots
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
 from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
@@ -72,9 +74,25 @@ def filled(setup: Setup, rng: np.random.Generator, device: torch.device, long: b
     return lens
 
 
-def scratch_chain(setup: Setup, row: int, source: int, prefix: int) -> None:
-    """Row ``row`` shares ``source``'s first ``prefix`` KV slots (a prefix cache's alias)."""
-    setup.req_to_token.share_prefix(source, row, prefix)
+def scratch_chain(setup: Setup, row: int, source: int, prefix: int, pages_of: int | None = None) -> None:
+    """Row ``row`` holds ``source``'s first ``prefix`` positions: whole pages shared (a prefix
+    cache's alias), the partial last page copied into a page of its own (pages have one owner):
+    the page row ``pages_of`` (default ``row``) would hold at that position."""
+    r2t, ps = setup.req_to_token, setup.kv.page_size
+    whole = prefix - prefix % ps
+    r2t.share_prefix(source, row, whole)
+    if whole == prefix:
+        return
+    positions = np.arange(whole, prefix)
+    src = r2t.ledger.table[source, positions].astype(np.int64)
+    owner = row if pages_of is None else pages_of
+    dst = np.array([slot_of(setup, owner, int(p)) for p in positions], dtype=np.int64)
+    writes = KVWrites(np.array([row]), np.array([whole]), np.array([positions.size]), dst, 0 * dst, positions)
+    r2t.ledger.check(writes)
+    device = r2t.table.device
+    move_slots(setup.kv, torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device))
+    r2t.table[row, whole:prefix] = torch.as_tensor(dst, dtype=torch.int32, device=device)
+    r2t.ledger.commit(writes)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -140,7 +158,7 @@ def test_tree_draft_branch_equals_its_own_chain(device: torch.device, layout: st
     scratch = ROWS + SCRATCH - 1  # NOTE: draft_batch's branch rows are ROWS .. ROWS + 2 * k - 1
     for b, r in enumerate(reqs):
         for j in range(k):
-            scratch_chain(setup, scratch, r, lens[r])
+            scratch_chain(setup, scratch, r, lens[r], pages_of=ROWS + b * k + j)
             token = int(batch.input_ids[b * k + j])
             for i in range(TREE.draft_forwards):
                 step = Batch.create(
