@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from graphrt.engine.config import EngineConfig
 from graphrt.engine.draft import build_draft
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
-from graphrt.engine.request import EngineStats, Request, check_prompt, engine_stats
+from graphrt.engine.request import EngineStats, Request, budgets, check_prompt, check_prompts, engine_stats
 from graphrt.engine.sampling import admit_params
 from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
@@ -99,6 +100,10 @@ class Engine:
         )
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
+        #: One generate() at a time: concurrent callers are served one after another, each
+        #: getting exactly the tokens it would get alone.
+        self._lock = threading.Lock()
+        self._handed_out = 0  # NOTE: tokens of requests generate() returned (and forgot)
 
     # ---- the scheduler's state, as engine builders read it ---------------------------------
     @property
@@ -201,10 +206,11 @@ class Engine:
         With TP, call it on every rank: rank 0's prompts, budgets and sampling are generated,
         every rank returns them.
         """
-        if self.channel is not None:
-            runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
-            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
-        return self._generate(prompts, max_new_tokens, sampling)
+        with self._lock:
+            if self.channel is not None:
+                runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
+                return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
+            return self._generate(prompts, max_new_tokens, sampling)
 
     def _generate(
         self,
@@ -212,14 +218,22 @@ class Engine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[list[int]]:
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(limits) != len(prompts):
-            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+        prompts = check_prompts(prompts)
+        limits = budgets(max_new_tokens, len(prompts))
         params = per_request(sampling, len(prompts))
-        ids = [self.add_request(p, n, s) for p, n, s in zip(prompts, limits, params, strict=True)]
-        while self.waiting or self.running:
-            self.step()
-        return [self.finished[i].output for i in ids]
+        ids: list[int] = []
+        try:
+            for p, n, s in zip(prompts, limits, params, strict=True):
+                ids.append(self.add_request(p, n, s))
+            while self.waiting or self.running:
+                self.step()
+        except BaseException:
+            # NOTE: bad input, a refused step or Ctrl-C: this call leaves no request behind.
+            self.scheduler.abort(set(ids))
+            raise
+        outputs = [self.finished.pop(i).output for i in ids]
+        self._handed_out += sum(len(o) for o in outputs)
+        return outputs
 
     def close(self) -> None:
         """Release the captured graphs (and sync): do this before a process group is destroyed."""
@@ -232,6 +246,6 @@ class Engine:
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
         sched = self.scheduler
-        generated = sum(len(r.output) for r in (*sched.finished.values(), *sched.running))
+        generated = self._handed_out + sum(len(r.output) for r in (*sched.finished.values(), *sched.running))
         counts = (sched.decode_steps, sched.decode_seconds, sched.prefill_steps, generated)
         return engine_stats(self.runtime.stats(), *counts, self.spec)

@@ -220,6 +220,22 @@ class Scheduler:
             self.finished[r.rid] = r
         self._rows = None
 
+    def abort(self, rids: set[int]) -> None:
+        """Forget requests ``rids`` wherever they are: waiting, running or finished; a running
+        one gives its row (its KV freed) and pages back. A step still in flight may write them:
+        the device runs steps in order, and its tokens for a forgotten request are dropped."""
+        self.waiting = deque(r for r in self.waiting if r.rid not in rids)
+        gone = [r for r in self.running if r.rid in rids]
+        self.running[:] = [r for r in self.running if r.rid not in rids]
+        for r in gone:
+            r.max_new_tokens = len(r.output)  # NOTE: done, so an in-flight read drops its token
+            if r.req_idx >= 0:
+                self._release(r)
+        for rid in rids:
+            self.finished.pop(rid, None)
+            self.logits.pop(rid, None)
+        self._rows = None
+
     def _release(self, r: Request) -> None:
         """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
         self.pool.release(r)
