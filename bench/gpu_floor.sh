@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
 # in one call, each with its switch off and on in the same process tree.
-#   bash bench/gpu_floor.sh tests|sampler|host|gemm|model|smollm2|all
+#   bash bench/gpu_floor.sh tests|sampler|host|fp8|agreement|gemm|model|smollm2|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
 # sampler: the fused sampler's GPU tests, `graphrt bench sampler`, a PDL graph's DOT;
 # host: `graphrt bench host` DECODE at 4k and 128k max context;
+# fp8: FP8 KV / sinks / page-ownership GPU tests and the 8B FP8-vs-bf16 KV step at 8k;
+# agreement: SmolLM2's top-1 agreement with an FP8 KV cache (needs /tmp/models);
 # gemm: the skinny GEMM's GPU tests, `graphrt bench gemm` and its tile sweep;
 # model: `graphrt bench model` (SHAPES) with the lever SWITCH off and on;
 # smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
@@ -49,6 +51,17 @@ run_host() {
     --context-lens 4096,131072 --iters 300 --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
 }
 
+run_fp8() {
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $(for n in attention_options option_modes fp8_kv fp8_checkpoint \
+    sinks page_ownership; do find tests -name "test_$n.py"; done) 2>&1 | tail -8 | tee -a "$log"
+  timeout 200 graphrt bench model --kv-cache-dtype fp8_e4m3 --batch-sizes 1,16,32 --context 8192 --iters 20 --no-compile \
+    --out "$OUT" 2>&1 | tail -16 | tee -a "$log"
+}
+
+run_agreement() {
+  timeout 200 python3 -m graphrt.tools.bench.kv_agreement --device cuda --out "$OUT" 2>&1 | tail -6 | tee -a "$log"
+}
+
 run_gemm() {
   timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/models/test_skinny.py 2>&1 | tail -5 | tee -a "$log"
   timeout 150 graphrt bench gemm --out "$OUT" 2>&1 | tail -40 | tee -a "$log"
@@ -68,9 +81,11 @@ case "$what" in
 tests) run_tests ;;
 sampler) run_sampler ;;
 host) run_host ;;
+fp8) run_fp8 ;;
+agreement) run_agreement ;;
 gemm) run_gemm ;;
 model) run_model ;;
 smollm2) run_smollm2 ;;
 all) run_tests; run_model; run_smollm2 ;;
-*) echo "tests|sampler|host|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
+*) echo "tests|sampler|host|fp8|agreement|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
 esac
