@@ -103,10 +103,12 @@ def rope_store(
 if triton is not None:
 
     @triton.jit
-    def _to_cache(x, src_ty, dst_ty, scale, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
-        """``x`` (float32) as the cache stores it: rounded to the model's dtype first (as the
-        torch path's tensors are), then quantised by ``scale`` for an FP8 cache."""
-        x = x.to(src_ty)
+    def _to_cache(x, src, dst, scale, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+        """``x`` (float32) as the cache at ``dst`` stores it: rounded to the dtype of ``src``
+        (the model's) first, as the torch path's tensors are, then quantised by ``scale`` for
+        an FP8 cache. NOTE: pointers, not dtypes, as arguments: Triton 3.6 cannot pass a dtype."""
+        dst_ty = dst.dtype.element_ty
+        x = x.to(src.dtype.element_ty)
         if QUANT:
             x = tl.fdiv(x.to(tl.float32), scale, ieee_rounding=True)  # NOTE: as torch divides
             x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
@@ -123,9 +125,8 @@ if triton is not None:
         at = heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(src + at, mask=mask).to(tl.float32)
         x2 = tl.load(src + at + HALF, mask=mask).to(tl.float32)
-        ty, dt = src.dtype.element_ty, dst.dtype.element_ty
-        y1 = _to_cache(x1 * cos[None, :] - x2 * sin[None, :], ty, dt, scale, QUANT, FP8_MAX)
-        y2 = _to_cache(x2 * cos[None, :] + x1 * sin[None, :], ty, dt, scale, QUANT, FP8_MAX)
+        y1 = _to_cache(x1 * cos[None, :] - x2 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
+        y2 = _to_cache(x2 * cos[None, :] + x1 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
         tl.store(dst + at, y1, mask=mask)
         tl.store(dst + at + HALF, y2, mask=mask)
 
@@ -157,5 +158,5 @@ if triton is not None:
         at = hk[:, None] * (2 * HALF) + e[None, :]
         x = tl.load(v + t * v_stride + at, mask=mask)
         if QUANT:
-            x = _to_cache(x.to(tl.float32), v.dtype.element_ty, v_cache.dtype.element_ty, vs, QUANT, FP8_MAX)
+            x = _to_cache(x.to(tl.float32), v, v_cache, vs, QUANT, FP8_MAX)
         tl.store(v_cache + slot * row + at, x, mask=mask)

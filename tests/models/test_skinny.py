@@ -39,7 +39,9 @@ def _oracle(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 def _assert_matches(got: torch.Tensor, x, w, b) -> None:
     assert got.dtype == x.dtype and got.shape == (x.shape[0], w.shape[0]) and got.is_contiguous()
     want = _oracle(x, w, b)
-    torch.testing.assert_close(got.float(), want, rtol=ULP[x.dtype], atol=1e-5)
+    # NOTE: fp32 sums of K products in another order differ by ~sqrt(K) ulps near zero.
+    near_zero = 1e-5 * max(1.0, (x.shape[1] / 1024) ** 0.5)
+    torch.testing.assert_close(got.float(), want, rtol=ULP[x.dtype], atol=near_zero)
     # NOTE: torch's own 16-bit GEMM, one rounding apart; with a bias it rounds the product
     # first, so a sum that cancels may be off by one ulp of the product, not of the sum.
     plain = F.linear(x, w, b).float()
