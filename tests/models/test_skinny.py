@@ -46,7 +46,7 @@ def _assert_matches(got: torch.Tensor, x, w, b) -> None:
     # first, so a sum that cancels may be off by one ulp of the product, not of the sum.
     plain = F.linear(x, w, b).float()
     product = F.linear(x, w).float().abs()
-    atol = 1e-5 if b is None else float(ULP[x.dtype] * product.max())
+    atol = near_zero if b is None else max(near_zero, float(ULP[x.dtype] * product.max()))
     torch.testing.assert_close(got.float(), plain, rtol=2 * ULP[x.dtype], atol=atol)
 
 
