@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
-from graphrt.runtime.sampler_kernel import _count, _scan
+from graphrt.runtime import sampler_kernel
 from graphrt.step.switches import triton
 
 #: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
@@ -130,11 +130,11 @@ def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None
     }
     pdl = pdl_default(logits.device) if pdl is None else pdl
     grid = (rows, chunks)
-    _scan[grid](
+    sampler_kernel._scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
         ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=RECORDS, PDL=pdl, **shape,
     )  # fmt: skip
-    _count[grid](
+    sampler_kernel._count[grid](
         logits, logits.stride(0), vocab, *rowwise,
         ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals, ws.arrivals, PDL=pdl, launch_pdl=pdl, **shape,
     )  # fmt: skip
