@@ -40,8 +40,16 @@ class RMSNorm(nn.Module):
         """``residual + x`` and its norm: ``(normed, new residual)`` (one fused kernel on GPU)."""
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
+    def linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, proj: ColumnParallelLinear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(proj(norm(residual + x)), residual + x)`` of ``x, residual [T, H]`` (``residual``
+        None: ``x`` is the stream); one launch for a single-row step (:func:`ops.add_norm_linear`).
+        Only with one TP rank: ``proj`` is its own whole layer there."""
+        return ops.add_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias)
 
-#: What :meth:`Attention.project` returns: q, k, v and the ``cos_sin`` still to apply to q and
+
+#: What :meth:`Attention.heads` returns: q, k, v and the ``cos_sin`` still to apply to q and
 #: k (None when they are rotated already).
 Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -50,7 +58,7 @@ class Attention(nn.Module):
     """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`).
 
     ``qkv_bias`` / ``o_bias``: biases on the projections (Qwen2's q/k/v, some checkpoints' o).
-    Subclasses change how q, k and v are made (:meth:`project`), e.g. with per-head q/k norms.
+    Subclasses change how q, k and v are made from the qkv projection (:meth:`heads`), e.g. with per-head q/k norms.
     """
 
     def __init__(
@@ -67,21 +75,26 @@ class Attention(nn.Module):
         )
         self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=o_bias)
 
-    def project(self, x: torch.Tensor, rope: Any) -> Projected:
-        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cos_sin [T, D])`` of ``x``: views of
-        the qkv projection, q and k still to be rotated by ``rope`` (this step's ``cos_sin``),
-        which the attention context does as it stores k (one fused kernel on GPU)."""
+    def heads(self, qkv: torch.Tensor, rope: Any) -> Projected:
+        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cos_sin [T, D])`` of the projection
+        ``qkv [T, (Hq + 2 Hk) D]``: views of it, q and k still to be rotated by ``rope`` (this
+        step's ``cos_sin``), which the attention context does as it stores k (one fused kernel
+        on GPU)."""
         d = self.cfg.head_dim
-        q, k, v = self.qkv(x).split(self.splits, dim=-1)
+        q, k, v = qkv.split(self.splits, dim=-1)
         heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
         q, k, v = (t.view(-1, h, d) for t, h in zip((q, k, v), heads, strict=True))
         return q, k, v, rope
 
-    def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
+    def attend(self, projected: Projected, ctx: ForwardContext) -> torch.Tensor:
+        """Attention over ``projected`` (:meth:`heads`), then the output projection: ``[T, hidden]``."""
         cfg, layer = self.cfg, self.layer_id
-        q, k, v, pending = self.project(x, rope)
+        q, k, v, pending = projected
         out = ctx.attention(layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending)
         return self.o(out.reshape(-1, self.splits[0]))
+
+    def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
+        return self.attend(self.heads(self.qkv(x), rope), ctx)
 
 
 class MLP(nn.Module):
@@ -94,22 +107,32 @@ class MLP(nn.Module):
         self.down = RowParallelLinear(inner, cfg.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(ops.silu_and_mul(self.gate_up(x)))
+        return self.gated_down(self.gate_up(x))
+
+    def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``down(silu(gate) * up)`` of ``gate_up [T, 2 I]``; one launch for a single-row step."""
+        return self.down(gate_up, gated=True)
 
 
 class Block(nn.Module):
     """Pre-norm residual block around any attention module with ``forward(x, cos_sin, ctx)``.
 
     The residual stream travels beside the block's output: each norm adds the previous
-    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU).
+    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU). With one TP rank
+    and an :class:`Attention`, each norm goes with the projection after it (``RMSNorm.linear``:
+    for a single-row step one launch computes the norm in the GEMM's prologue).
     """
 
-    def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(
+        self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(hidden_size, eps)
         self.attn = attn
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
+        # NOTE: under TP a norm's input is an all-reduced sum; its projections stay separate.
+        self.norm_in_proj = tp.size == 1 and isinstance(attn, Attention)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
@@ -117,6 +140,11 @@ class Block(nn.Module):
         """``x``: the previous sublayer's output (the embedding for the first block, with
         ``residual`` None). ``cos_sin``: the decoder's ``rope_inputs`` (passed to the attention).
         Returns this block's MLP output and the residual stream before it."""
+        if self.norm_in_proj:
+            qkv, residual = self.attn_norm.linear(x, residual, self.attn.qkv)
+            out = self.attn.attend(self.attn.heads(qkv, cos_sin), ctx)
+            gate_up, residual = self.mlp_norm.linear(out, residual, self.mlp.gate_up)
+            return self.mlp.gated_down(gate_up), residual
         if residual is None:
             h, residual = self.attn_norm(x), x
         else:
@@ -163,7 +191,7 @@ class Decoder(nn.Module):
         self.cfg, self.tp = cfg, tp
         self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp)) for i in range(cfg.num_layers)
+            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp), tp) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
@@ -201,6 +229,8 @@ class Decoder(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos_sin, ctx)
+        if self.tp.size == 1:  # NOTE: the final norm in the head's prologue (one TP rank: a plain GEMM)
+            return self.norm.linear(x, residual, self.lm_head)[0].float()
         return self.lm_head(self.norm.add(x, residual)[0]).float()
 
 

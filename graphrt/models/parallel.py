@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from graphrt.models.ops import linear
+from graphrt.models.ops import linear, silu_mul_linear
 from graphrt.parallel import TPGroup, all_gather_last, all_reduce_
 
 SINGLE = TPGroup()
@@ -194,7 +194,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """``y = sum over ranks of x_r W_r^T (+ b)``: W's input columns split, one all-reduce after.
 
-    The ``bias`` is replicated and added once, after the all-reduce.
+    The ``bias`` is replicated and added once, after the all-reduce. ``forward(x, gated=True)``
+    takes ``x = [gate | up]`` (``[T, 2 * in]``, this rank's columns of each) and multiplies
+    ``silu(gate) * up`` first (:func:`silu_mul_linear`: in the GEMM's prologue for one row).
     """
 
     def __init__(self, cols: Part, out_features: int, tp: TPGroup, bias: bool = False) -> None:
@@ -208,8 +210,9 @@ class RowParallelLinear(nn.Module):
             _loader_param((out_features,), (out_features,), lambda part=None: bias_shard) if bias else None
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce_(linear(x, self.weight), self.tp)
+    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        local = silu_mul_linear(x, self.weight) if gated else linear(x, self.weight)
+        out = all_reduce_(local, self.tp)
         return out if self.bias is None else out + self.bias
 
 

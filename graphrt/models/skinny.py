@@ -123,17 +123,18 @@ def pdl_default(device: torch.device) -> bool:
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether :func:`skinny_linear` takes these tensors (else :func:`check` says why)."""
-    return _problem(x, weight, bias) is None
+    return problem(x, weight, bias) is None
 
 
 def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Raise ``ValueError`` naming the value and the limit when the kernel cannot take them."""
-    problem = _problem(x, weight, bias)
-    if problem is not None:
-        raise ValueError(f"skinny GEMM: {problem}")
+    why = problem(x, weight, bias)
+    if why is not None:
+        raise ValueError(f"skinny GEMM: {why}")
 
 
-def _problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+def problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+    """What the kernel cannot take in these tensors, or None."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
     if not 0 < x.shape[0] <= MAX_M:
@@ -189,7 +190,7 @@ def skinny_linear(
 if triton is not None:
 
     @triton.jit
-    def _w_tile(w_rows, rn, k0, rk, N, K):
+    def w_tile(w_rows, rn, k0, rk, N, K):
         """``W[rn, k0 : k0 + BLOCK_K]`` (zeros past ``N`` and ``K``), ``w_rows`` = row starts."""
         cols = k0 + rk
         mask = (rn[:, None] < N) & (cols[None, :] < K)
@@ -205,7 +206,7 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         rm = tl.arange(0, BLOCK_M)
         w_rows = w + rn.to(tl.int64) * w_stride
-        tile = _w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
+        tile = w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
         if HAS_BIAS:
             b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)
         if PDL:
@@ -219,7 +220,7 @@ if triton is not None:
                 mask=(rm[:, None] < M) & (cols[None, :] < K),
                 other=0.0,
             )
-            ahead = _w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
+            ahead = w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
             if BLOCK_M == 1:
                 acc += tl.sum(tile.to(tl.float32) * xt.to(tl.float32), axis=1)
             elif F32_DOT:  # NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits
