@@ -173,10 +173,9 @@ if triton is not None:
         squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             h = _stream(x, res, k0 + rk, K, ADD, BF16)
-            if ADD:  # NOTE: program 0 only; no program of this launch reads ``new``
-                tl.store(
-                    new + k0 + rk, h.to(new.dtype.element_ty), mask=(k0 + rk < K) & (tl.program_id(0) == 0)
-                )
+            if ADD:  # noqa: SIM102 - a compile-time branch around a runtime one
+                if tl.program_id(0) == 0:  # NOTE: no program of this launch reads ``new``
+                    tl.store(new + k0 + rk, h.to(new.dtype.element_ty), mask=k0 + rk < K)
             squares += h * h
         return tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
 
