@@ -142,7 +142,9 @@ def test_unfused_on_the_cpu_by_default() -> None:
     y, h = ops.add_norm_linear(x, None, norm_w, EPS, w, b)
     assert h is x and torch.equal(y, F.linear(ops.rms_norm_ref(x, norm_w, EPS), w, b))
     gate_up = torch.cat((x, residual), -1)
-    assert torch.equal(ops.silu_mul_linear(gate_up, w[:, :40]), F.linear(ops.silu_and_mul_ref(gate_up), w[:, :40]))
+    assert torch.equal(
+        ops.silu_mul_linear(gate_up, w[:, :40]), F.linear(ops.silu_and_mul_ref(gate_up), w[:, :40])
+    )
 
 
 def _bf16(*shape: int) -> torch.Tensor:
@@ -178,6 +180,64 @@ def test_silu_mul_linear_refuses_what_it_cannot_compute(gate_up, w, b, match) ->
     with pytest.raises(ValueError, match="fused SiLU-and-mul \\+ GEMM: " + match):
         pr.silu_mul_linear(*args)
     assert not pr.fits_silu(*args)
+
+
+#: ``(N, K)`` of Llama-3.2-1B / Llama-3-8B projections after a norm (qkv, gate_up, the tied head:
+#: offsets past 2**31 bytes) and of the down projections (K = intermediate).
+NORMED_SHAPES = [(3072, 2048), (16384, 2048), (128256, 2048), (6144, 4096), (28672, 4096)]
+DOWN_SHAPES = [(2048, 8192), (4096, 14336), (576, 1536)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize(("n", "k"), NORMED_SHAPES + DOWN_SHAPES)
+def test_model_shapes_on_the_gpu(n: int, k: int) -> None:
+    """The table's tiles on the real projections: one K tile up to 2048, several above."""
+    x, residual, norm_w, w, _ = _inputs(torch.device("cuda"), torch.bfloat16, n, k, bias=False)
+    if (n, k) in NORMED_SHAPES:
+        y, h = pr.norm_linear(x, residual, norm_w, EPS, w)
+        assert torch.equal(h, residual + x)
+        _assert_gemm(y, ops.rms_norm_ref(h, norm_w, EPS), w, None)
+    else:
+        gate_up = 2 * torch.cat((x, residual), -1)
+        _assert_gemm(pr.silu_mul_linear(gate_up, w), ops.silu_and_mul_ref(gate_up), w, None)
+
+
+def _blocks(x: torch.Tensor, layers: list[tuple[torch.Tensor, ...]], pdl: bool) -> tuple[torch.Tensor, ...]:
+    """SmolLM2-shaped blocks without attention (o reads a slice of qkv): every launch reads the
+    previous one's output, and every norm the residual another launch wrote."""
+    residual = None
+    for qkv, o, gate_up, down, norm1, norm2 in layers:
+        y, residual = pr.norm_linear(x, residual, norm1, EPS, qkv, pdl=pdl)
+        x = sk.skinny_linear(y[:, : o.shape[1]], o, pdl=pdl)
+        y, residual = pr.norm_linear(x, residual, norm2, EPS, gate_up, pdl=pdl)
+        x = pr.silu_mul_linear(y, down, pdl=pdl)
+    return x, residual
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_pdl_blocks_in_a_graph_match_eager_bit_for_bit() -> None:
+    """A replay with PDL computes what eager launches without PDL do: a fused launch that read x
+    or the residual before its producer finished (or raced program 0's write) would differ."""
+    device, h, inner = torch.device("cuda"), 576, 1536
+    gen = torch.Generator(device).manual_seed(0)
+    rand = lambda *shape: (torch.randn(*shape, device=device, generator=gen) * shape[-1] ** -0.5).bfloat16()  # noqa: E731
+    layers = [(rand(960, h), rand(h, h), rand(2 * inner, h), rand(h, inner), 1 + rand(h), 1 + rand(h)) for _ in range(8)]  # fmt: skip
+    x = torch.zeros(1, h, dtype=torch.bfloat16, device=device)
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        _blocks(x, layers, pdl=True)  # NOTE: compiles outside the capture
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = _blocks(x, layers, pdl=True)
+    for seed in range(3):
+        x.copy_(torch.randn(1, h, device=device, generator=gen.manual_seed(100 + seed)))
+        graph.replay()
+        want = _blocks(x, layers, pdl=False)
+        torch.cuda.synchronize(device)
+        assert all(torch.equal(a, b) for a, b in zip(out, want, strict=True)), f"replay {seed} differs"
 
 
 @rerun_marks

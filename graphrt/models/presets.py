@@ -126,6 +126,20 @@ PRESETS["llama-3.2-1b"] = replace(
     intermediate_size=8192,
     tie_word_embeddings=True,
 )
+# NOTE: SmolLM2-135M's shapes (random weights): 30 thin layers, where a bs-1 step is bound by its
+# kernel count rather than its 270 MB of weights (the fused-prologue target, graphrt issue 25).
+PRESETS["smollm2-shape"] = LlamaConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+    rope_theta=100000.0,
+    rms_eps=1e-5,
+    tie_word_embeddings=True,
+)
 # NOTE: same sizes as tiny-llama. The window (24) is not a multiple of 16, so its edge falls
 # inside a page; the chunk (32) spans two 16-token pages.
 PRESETS["tiny-llama-swa"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2)
