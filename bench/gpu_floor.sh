@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
 # in one call, each with its switch off and on in the same process tree.
-#   bash bench/gpu_floor.sh tests|gemm|model|smollm2|all
+#   bash bench/gpu_floor.sh tests|gemm|model|smollm2|prologue|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
 # gemm: the skinny GEMM's GPU tests, `graphrt bench gemm` and its tile sweep;
 # model: `graphrt bench model` (SHAPES) with the lever SWITCH off and on;
-# smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
+# smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models);
+# prologue: the fused-prologue GPU tests, then bench model (1B, SmolLM2 shapes) and bench overlap (SmolLM2) at
+# bs 1 with GRAPHRT_FUSED_PROLOGUE off and on.
 # Logs and JSON go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -49,11 +51,23 @@ run_smollm2() {
   done
 }
 
+run_prologue() {
+  timeout 400 python3 -m pytest -q -x -m gpu -p no:cacheprovider -s tests/test_prologue.py tests/test_prologue_model.py \
+    tests/test_skinny.py tests/test_decode_parity.py 2>&1 | grep -E "kernels|fused - unfused|passed|failed|Error" | tail -20 | tee -a "$log"
+  SWITCH=GRAPHRT_FUSED_PROLOGUE SHAPES="llama-3.2-1b smollm2-shape" BATCH_SIZES=1 run_model
+  for on in 0 1; do
+    echo "== smollm2 GRAPHRT_FUSED_PROLOGUE=$on" | tee -a "$log"
+    GRAPHRT_FUSED_PROLOGUE=$on timeout 200 graphrt bench overlap --engine-model /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --batch-sizes 1 --context 64 --iters 200 --out "$OUT" 2>&1 | tail -14 | tee -a "$log"
+  done
+}
+
 case "$what" in
 tests) run_tests ;;
 gemm) run_gemm ;;
 model) run_model ;;
 smollm2) run_smollm2 ;;
+prologue) run_prologue ;;
 all) run_tests; run_model; run_smollm2 ;;
-*) echo "tests|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
+*) echo "tests|gemm|model|smollm2|prologue|all, got $what" >&2; exit 2 ;;
 esac

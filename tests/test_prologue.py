@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from graphrt.models import ops
 from graphrt.models import prologue as pr
 from graphrt.models import skinny as sk
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.triton_util import replay_matches_eager, rerun_marks, rerun_under_interpreter, triton_devices
 
 #: One unit in the last place, relative: bf16 keeps 8 significant bits, fp16 11.
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
@@ -225,19 +225,7 @@ def test_pdl_blocks_in_a_graph_match_eager_bit_for_bit() -> None:
     rand = lambda *shape: (torch.randn(*shape, device=device, generator=gen) * shape[-1] ** -0.5).bfloat16()  # noqa: E731
     layers = [(rand(960, h), rand(h, h), rand(2 * inner, h), rand(h, inner), 1 + rand(h), 1 + rand(h)) for _ in range(8)]  # fmt: skip
     x = torch.zeros(1, h, dtype=torch.bfloat16, device=device)
-    stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        _blocks(x, layers, pdl=True)  # NOTE: compiles outside the capture
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = _blocks(x, layers, pdl=True)
-    for seed in range(3):
-        x.copy_(torch.randn(1, h, device=device, generator=gen.manual_seed(100 + seed)))
-        graph.replay()
-        want = _blocks(x, layers, pdl=False)
-        torch.cuda.synchronize(device)
-        assert all(torch.equal(a, b) for a, b in zip(out, want, strict=True)), f"replay {seed} differs"
+    replay_matches_eager(lambda pdl: _blocks(x, layers, pdl=pdl), x)
 
 
 @rerun_marks

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from graphrt.models import ops
 from graphrt.models import skinny as sk
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.triton_util import replay_matches_eager, rerun_marks, rerun_under_interpreter, triton_devices
 
 #: One unit in the last place, relative: bf16 keeps 8 significant bits, fp16 11.
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
@@ -194,19 +194,7 @@ def test_pdl_chain_in_a_graph_matches_eager_bit_for_bit(m: int) -> None:
     gen = torch.Generator(device).manual_seed(m)
     weights = [torch.randn(2048, 2048, device=device, generator=gen).bfloat16() / 45 for _ in range(8)]
     x = torch.zeros(m, 2048, dtype=torch.bfloat16, device=device)
-    stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        _chain(x, weights, pdl=True)  # NOTE: compiles outside the capture
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = _chain(x, weights, pdl=True)
-    for seed in range(3):
-        x.copy_(torch.randn(m, 2048, device=device, generator=gen.manual_seed(100 + seed)))
-        graph.replay()
-        want = _chain(x, weights, pdl=False)
-        torch.cuda.synchronize(device)
-        assert torch.equal(out, want), f"replay {seed} differs from eager"
+    replay_matches_eager(lambda pdl: _chain(x, weights, pdl=pdl), x)
     _assert_matches(sk.skinny_linear(x, weights[0]), x, weights[0], None)
 
 
