@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(proj(norm(residual + x)), residual + x)`` of ``x, residual [T, H]`` (``residual``
         None: ``x`` is the stream); one launch for a single-row step (:func:`ops.add_norm_linear`).
-        Only with one TP rank: ``proj`` is its own whole layer there."""
+        ``proj`` is called as a plain GEMM: no collective (one TP rank)."""
         return ops.add_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias)
 
 
@@ -58,7 +58,8 @@ class Attention(nn.Module):
     """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`).
 
     ``qkv_bias`` / ``o_bias``: biases on the projections (Qwen2's q/k/v, some checkpoints' o).
-    Subclasses change how q, k and v are made from the qkv projection (:meth:`heads`), e.g. with per-head q/k norms.
+    Subclasses change how q, k and v are made from the qkv projection (:meth:`heads`), e.g.
+    with per-head q/k norms.
     """
 
     def __init__(
@@ -131,7 +132,8 @@ class Block(nn.Module):
         self.attn = attn
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
-        # NOTE: under TP a norm's input is an all-reduced sum; its projections stay separate.
+        # NOTE: one TP rank only: under TP the norm's input is an all-reduce's output, and the
+        # ranks keep the unfused ops their TP tests cover.
         self.norm_in_proj = tp.size == 1 and isinstance(attn, Attention)
 
     def forward(
@@ -229,7 +231,7 @@ class Decoder(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos_sin, ctx)
-        if self.tp.size == 1:  # NOTE: the final norm in the head's prologue (one TP rank: a plain GEMM)
+        if self.tp.size == 1:  # NOTE: the final norm in the head's prologue (one rank: no all-gather)
             return self.norm.linear(x, residual, self.lm_head)[0].float()
         return self.lm_head(self.norm.add(x, residual)[0]).float()
 

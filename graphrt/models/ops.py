@@ -5,8 +5,8 @@ imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.models.skinny`; f
 steps :func:`add_norm_linear` and :func:`silu_mul_linear` fold the norm or the activation into
 it, :mod:`graphrt.models.prologue`); otherwise the torch code below runs. Both compute in
 float32 and round once to the input dtype, so they agree to bf16 rounding (tested per op on
-the GPU). None of them syncs
-the host or allocates outside the graph pool, so all of them capture.
+the GPU). None of them syncs the host or allocates outside the graph pool, so all of them
+capture.
 """
 
 from __future__ import annotations
