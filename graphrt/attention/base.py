@@ -48,14 +48,16 @@ class GraphSupport:
 
 
 class AttentionBackend(Protocol):
-    """Paged attention over the KV cache for one layer (MHA/GQA).
+    """Paged attention over the KV cache for one layer (MHA/GQA, and dense MLA with ``qv``).
 
     ``forward`` takes ``q [num_tokens, num_q_heads, head_dim]`` and the layer's caches
-    ``[num_pages, page_size, num_kv_heads, head_dim]`` and returns
-    ``[num_tokens, num_q_heads, head_dim]`` in ``q``'s dtype. Query token ``i`` of request
-    ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally; with
-    ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w, 0)``).
-    ``plan`` is what :meth:`plan` returned for this forward (None where it did not apply).
+    ``k_cache [num_pages, page_size, num_kv_heads, head_dim]``, ``v_cache [..., head_dim_v]``
+    and returns ``[num_tokens, num_q_heads, head_dim_v]`` in ``q``'s dtype. Query token ``i``
+    of request ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally;
+    with ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w,
+    0)``). ``plan`` is what :meth:`plan` returned for this forward (None where it did not
+    apply). ``qv [num_tokens, num_q_heads, head_dim_v]`` (FA3's ``qv``): a second query scored
+    against the values, ``score = (q . k + qv . v) * scale`` (dense MLA's absorbed form).
     """
 
     name: str
@@ -76,6 +78,7 @@ class AttentionBackend(Protocol):
         scale: float,
         window: int | None = None,
         plan: Any = None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def host_scalars(self) -> dict[str, Any]:
@@ -102,8 +105,9 @@ class Backend:
         return None
 
     def plan(self, meta: StepMetadata, group: Any, *tensors: torch.Tensor) -> Any:
-        """No plan. (MHA backends receive ``q`` and the first layer's ``k_cache``; sparse-MLA
-        backends nothing beyond their group.)"""
+        """No plan. (MHA backends receive ``q`` and the first layer's ``k_cache``; dense-MLA
+        backends ``q_rope`` and the first layer's RoPE and latent caches; sparse-MLA backends
+        nothing beyond their group.)"""
         return None
 
     def host_scalars(self) -> dict[str, Any]:

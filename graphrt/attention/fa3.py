@@ -7,7 +7,8 @@ plan uses what every layer's call uses, all functions of the graph key: ``max_se
 page table's width (what ``flash_attn_with_kvcache`` derives itself), ``num_splits`` the
 backend's (``GRAPHRT_FA3_NUM_SPLITS``, default 0: FA3's heuristic). Layers with a sliding
 window, token trees (cascade) and chunked-local layers keep FA3's own per-call schedule.
-``GRAPHRT_FA3_PLAN=0`` turns the plan off.
+``GRAPHRT_FA3_PLAN=0`` turns the plan off. ``qv`` (dense MLA's absorbed ``q_nope``, scored
+against the values; :mod:`graphrt.attention.fa3_mla`) passes through to every call.
 """
 
 from __future__ import annotations
@@ -76,9 +77,15 @@ class FA3Backend(Backend):
         return BufferGroup(SCHEDULER_SPECS, FA3Buffers) if self.planned else None
 
     def plan(
-        self, meta: StepMetadata, group: FA3Buffers | None, q: torch.Tensor, k_cache: torch.Tensor
+        self,
+        meta: StepMetadata,
+        group: FA3Buffers | None,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        headdim_v: int | None = None,
     ) -> torch.Tensor | None:
-        """The step's tile schedule in ``group.scheduler_metadata`` (a view of its head)."""
+        """The step's tile schedule in ``group.scheduler_metadata`` (a view of its head);
+        ``headdim_v``: the value head dim when it is not ``q``'s (dense MLA)."""
         if group is None or meta.cascade is not None:
             return None
         b = meta.buffers
@@ -89,6 +96,7 @@ class FA3Backend(Backend):
             num_heads=q.shape[1],
             num_heads_k=k_cache.shape[2],
             headdim=q.shape[2],
+            headdim_v=headdim_v,
             cache_seqlens=b.cache_seqlens,
             qkv_dtype=q.dtype,
             cu_seqlens_q=b.cu_seqlens_q,
@@ -113,9 +121,10 @@ class FA3Backend(Backend):
         scale: float,
         window: int | None = None,
         plan: torch.Tensor | None = None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if meta.cascade is not None:
-            return self._cascade(q, k_cache, v_cache, meta, scale)
+            return self._cascade(q, k_cache, v_cache, meta, scale, qv)
         b = meta.buffers
         planned = plan is not None and window is None
         # NOTE: num_splits=0 lets FA3 pick splits from shapes (page-table width), never from
@@ -125,6 +134,7 @@ class FA3Backend(Backend):
             q=q,
             k_cache=k_cache,
             v_cache=v_cache,
+            qv=qv,
             page_table=b.page_table,
             cache_seqlens=b.cache_seqlens,
             cu_seqlens_q=b.cu_seqlens_q,
@@ -137,12 +147,24 @@ class FA3Backend(Backend):
         )
 
     def _cascade(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: StepMetadata, scale: float
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: StepMetadata,
+        scale: float,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Prefix through the page table (non-causal) + expand lists over single slots, merged."""
         b, c = meta.buffers, meta.cascade
         assert c is not None
-        common = {"softmax_scale": scale, "causal": False, "num_splits": 0, "return_softmax_lse": True}
+        common = {
+            "qv": qv,
+            "softmax_scale": scale,
+            "causal": False,
+            "num_splits": 0,
+            "return_softmax_lse": True,
+        }
         o_pre, lse_pre, *_ = self._kernel(
             q=q,
             k_cache=k_cache,
@@ -154,11 +176,10 @@ class FA3Backend(Backend):
             **common,
         )
         # NOTE: the expand part sees the cache as pages of one slot, so its table lists slots.
-        slots = (-1, 1, *k_cache.shape[2:])
         o_x, lse_x, *_ = self._kernel(
             q=q,
-            k_cache=k_cache.view(slots),
-            v_cache=v_cache.view(slots),
+            k_cache=k_cache.view(-1, 1, *k_cache.shape[2:]),
+            v_cache=v_cache.view(-1, 1, *v_cache.shape[2:]),
             page_table=c.expand_table,
             cache_seqlens=c.expand_seqlens,
             cu_seqlens_q=c.expand_cu_seqlens_q,

@@ -16,39 +16,50 @@ from graphrt.metadata.base import StepMetadata
 
 
 def masked_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    qv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Grouped-query attention of ``q [B, Q, hq, d]`` over ``k``/``v [B, L, kvh, d]``.
+    """Grouped-query attention of ``q [B, Q, hq, d]`` over ``k [B, L, kvh, d]``, ``v [B, L, kvh, dv]``.
 
-    ``allowed [B, Q, L]`` bool. Returns ``out [B, Q, hq, d]`` float32 and ``lse [B, Q, hq]``
-    (natural log-sum-exp of the scaled scores; ``-inf`` where a row allows no key, whose
-    output is then 0).
+    ``allowed [B, Q, L]`` bool. ``qv [B, Q, hq, dv]``: a second query scored against the
+    values (FA3's ``qv``): ``scores = (q . k + qv . v) * scale`` (dense MLA's absorbed form).
+    Returns ``out [B, Q, hq, dv]`` float32 and ``lse [B, Q, hq]`` (natural log-sum-exp of the
+    scaled scores; ``-inf`` where a row allows no key, whose output is then 0).
     """
     bs, nq, hq, d = q.shape
-    kvh = k.shape[2]
+    kvh, dv = k.shape[2], v.shape[-1]
     # NOTE: GQA by grouping query heads (head h reads kv head h // group), no K/V repeat.
     qg = q.float().view(bs, nq, kvh, hq // kvh, d)
-    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k.float()) * scale
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k.float())
+    if qv is not None:
+        scores = scores + torch.einsum(
+            "bqkgd,blkd->bkgql", qv.float().view(bs, nq, kvh, hq // kvh, dv), v.float()
+        )
+    scores = (scores * scale).masked_fill(~allowed[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None])
-    out = torch.einsum("bkgql,blkd->bqkgd", probs, v.float()).reshape(bs, nq, hq, d)
+    out = torch.einsum("bkgql,blkd->bqkgd", probs, v.float()).reshape(bs, nq, hq, dv)
     return out, lse.permute(0, 3, 1, 2).reshape(bs, nq, hq)
 
 
 def paged_keys(
     k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather ``[bs, max_pages * page_size, kvh, d]`` keys and values through the page table.
+    """Gather ``[bs, max_pages * page_size, kvh, d]`` keys and values (their own ``d``) through
+    the page table.
 
     Values past each sequence are zeroed so stale or poisoned pages cannot leak NaN (0 * NaN).
     """
     bs = page_table.shape[0]
-    page_size, kvh, d = k_cache.shape[1:]
+    page_size = k_cache.shape[1]
     offsets = torch.arange(page_size, device=page_table.device)
     slots = (page_table.long()[:, :, None] * page_size + offsets).view(bs, -1)
-    k = k_cache.view(-1, kvh, d)[slots]
-    v = v_cache.view(-1, kvh, d)[slots]
+    k = k_cache.view(-1, *k_cache.shape[2:])[slots]
+    v = v_cache.view(-1, *v_cache.shape[2:])[slots]
     keys = torch.arange(slots.shape[1], device=slots.device)
     return k, v.masked_fill((keys[None, :] >= seq_lens.long()[:, None])[:, :, None, None], 0.0)
 
@@ -62,14 +73,15 @@ def paged_attention(
     scale: float,
     q_lens: torch.Tensor | None = None,
     window: int | None = None,
+    qv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [bs, max_q, hq, d]`` over each request's pages.
 
     ``page_table [bs, max_pages]`` int32 page ids, ``seq_lens [bs]`` KV lengths including the
     query tokens, which are the last ``q_lens[b]`` positions (default: all ``max_q``); query
     rows past ``q_lens[b]`` are padding (their output is meaningless and dropped by callers).
-    ``window``: a query at position ``p`` sees keys ``p - window … p`` only. Returns
-    ``[bs, max_q, hq, d]`` in ``q``'s dtype.
+    ``window``: a query at position ``p`` sees keys ``p - window … p`` only. ``qv [bs, max_q,
+    hq, dv]``: see :func:`masked_attention`. Returns ``[bs, max_q, hq, dv]`` in ``q``'s dtype.
     """
     max_q = q.shape[1]
     k, v = paged_keys(k_cache, v_cache, page_table, seq_lens)
@@ -79,7 +91,7 @@ def paged_attention(
     allowed = keys[None, None, :] <= q_pos[:, :, None]  # causal, hence also < seq_len
     if window is not None:
         allowed &= keys[None, None, :] >= q_pos[:, :, None] - window
-    return masked_attention(q, k, v, allowed, scale)[0].to(q.dtype)
+    return masked_attention(q, k, v, allowed, scale, qv)[0].to(q.dtype)
 
 
 def merge_states(
@@ -94,24 +106,29 @@ def merge_states(
 
 
 def cascade_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: StepMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: StepMetadata,
+    scale: float,
+    qv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Tree attention: the shared prefix (non-causal) merged with each token's expand list."""
     b, c = meta.buffers, meta.cascade
     assert c is not None
     padded, _, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
+    padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
     k, v = paged_keys(k_cache, v_cache, b.page_table, c.prefix_seqlens)
     keys = torch.arange(k.shape[1], device=q.device)
     allowed = (keys[None, :] < c.prefix_seqlens.long()[:, None])[:, None, :].expand(-1, padded.shape[1], -1)
-    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale)
+    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale, padded_qv)
     o_pre, lse_pre = unpad_queries(o_pre, index, q.shape[0]), unpad_queries(lse_pre, index, q.shape[0])
-    kvh, d = k_cache.shape[2:]
     slots = c.expand_table.long()
     width = torch.arange(slots.shape[1], device=q.device)
     allowed = (width[None, :] < c.expand_seqlens.long()[:, None])[:, None, :]
-    k_x, v_x = k_cache.view(-1, kvh, d)[slots], v_cache.view(-1, kvh, d)[slots]
-    v_x = v_x.masked_fill(~allowed[:, 0, :, None, None], 0.0)
-    o_x, lse_x = masked_attention(q[:, None], k_x, v_x, allowed, scale)
+    k_x = k_cache.view(-1, *k_cache.shape[2:])[slots]
+    v_x = v_cache.view(-1, *v_cache.shape[2:])[slots].masked_fill(~allowed[:, 0, :, None, None], 0.0)
+    o_x, lse_x = masked_attention(q[:, None], k_x, v_x, allowed, scale, None if qv is None else qv[:, None])
     return merge_states(o_pre, lse_pre, o_x[:, 0], lse_x[:, 0]).to(q.dtype)
 
 
@@ -141,11 +158,15 @@ def unpad_queries(out: torch.Tensor, index: torch.Tensor, num_tokens: int) -> to
 
 
 class ReferenceBackend(Backend):
-    """Gather through the page table, then dense masked attention (float32): the oracle."""
+    """Gather through the page table, then dense masked attention (float32): the oracle.
+
+    It serves MHA/GQA (built with the cache ``dtype``) and dense MLA (``qv``: built with the
+    dense-MLA kind's ``dtype``, ``rope_dim`` and ``kv_lora_rank``, which it does not need).
+    """
 
     name = "reference"
 
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:
         self.dtype = dtype
 
     def forward(
@@ -157,10 +178,14 @@ class ReferenceBackend(Backend):
         scale: float,
         window: int | None = None,
         plan: Any = None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if meta.cascade is not None:
-            return cascade_attention(q, k_cache, v_cache, meta, scale)
+            return cascade_attention(q, k_cache, v_cache, meta, scale, qv)
         b = meta.buffers
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
-        out = paged_attention(padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window)
+        padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
+        out = paged_attention(
+            padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window, padded_qv
+        )
         return unpad_queries(out, index, q.shape[0])

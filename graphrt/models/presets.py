@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,47 @@ class DSAConfig:
     rms_eps: float = 1e-6
 
 
+@dataclass(frozen=True, slots=True)
+class MLAConfig:
+    """A DeepSeek-V2/V3-style dense decoder: multi-head latent attention, SwiGLU MLPs.
+
+    Field names follow transformers' ``DeepseekV3Config``. ``q_lora_rank`` None: one ``q_proj``
+    (DeepSeek-V2-Lite), else ``q_a_proj`` → RMSNorm → ``q_b_proj``. ``rope_interleave``: the
+    RoPE dims of q and k are rotated in interleaved pairs (DeepSeek's layout), else NeoX halves.
+    The cache holds ``kv_lora_rank + qk_rope_head_dim`` values per token and layer.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    intermediate_size: int
+    q_lora_rank: int | None = None
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_params: Mapping[str, Any] = field(default_factory=dict)
+    rms_eps: float = 1e-6
+    rope_interleave: bool = True
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    architecture: str = "DeepseekV3ForCausalLM"
+    max_position_embeddings: int = 2048
+
+    @property
+    def softmax_scale(self) -> float:
+        """``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``, times transformers' ``mscale²``
+        when a scaled rope type sets ``mscale_all_dim`` (``yarn_apply_mscale``)."""
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        factor, mscale = float(self.rope_params.get("factor", 1.0)), self.rope_params.get("mscale_all_dim")
+        if self.rope_type != "default" and mscale and factor > 1:
+            scale *= (0.1 * float(mscale) * math.log(factor) + 1.0) ** 2
+        return scale
+
+
 def _tiny_dsa(index_topk: int, num_heads: int = 4) -> DSAConfig:
     return DSAConfig(
         vocab_size=512,
@@ -93,7 +137,7 @@ _TINY = LlamaConfig(
     intermediate_size=512,
 )
 
-PRESETS: dict[str, LlamaConfig | DSAConfig] = {
+PRESETS: dict[str, LlamaConfig | DSAConfig | MLAConfig] = {
     "tiny-llama": _TINY,
     # NOTE: the tiny target cut to one layer, so a draft can share its weights by name
     "tiny-llama-draft": replace(_TINY, num_layers=1),
@@ -109,6 +153,19 @@ PRESETS: dict[str, LlamaConfig | DSAConfig] = {
         rope_theta=500000.0,
         rms_eps=1e-5,
     ),
+    # NOTE: DeepSeek's latent and RoPE widths (512 + 64: FA3's MLA shape) on a tiny decoder.
+    "tiny-mla": MLAConfig(
+        vocab_size=512,
+        hidden_size=256,
+        num_layers=2,
+        num_heads=4,
+        q_lora_rank=128,
+        kv_lora_rank=512,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=64,
+        v_head_dim=64,
+        intermediate_size=512,
+    ),
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
 }
@@ -118,7 +175,7 @@ PRESETS["tiny-llama-swa"] = replace(PRESETS["tiny-llama"], sliding_window=24, gl
 PRESETS["tiny-llama-local"] = replace(PRESETS["tiny-llama"], attention_chunk_size=32, global_every=4)
 
 
-def preset(name: str) -> LlamaConfig | DSAConfig:
+def preset(name: str) -> LlamaConfig | DSAConfig | MLAConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[name]
