@@ -105,7 +105,9 @@ def test_fa3_is_offered_only_for_its_mla_shape() -> None:
     assert available_backends(cpu, "mla", **need(torch.float32)) == ["reference"]
     assert not FA3MLABackend.available(cuda, **need(torch.float32))
     assert not FA3MLABackend.available(cuda, **need(torch.bfloat16, rope=32, latent=256))
-    with pytest.raises(ValueError, match=r"MLA backend 'fa3' is not available on cpu with a float32 KV cache"):
+    with pytest.raises(
+        ValueError, match=r"MLA backend 'fa3' is not available on cpu with a float32 KV cache"
+    ):
         select_backend("fa3", cpu, "mla", **need(torch.float32))
     with pytest.raises(ValueError, match=r"unknown MLA backend 'flashmla'; known: fa3, reference"):
         select_backend("flashmla", cpu, "mla", **need(torch.float32))

@@ -68,7 +68,9 @@ def mode_batches(setup: Setup, spec: SpecGeometry, reqs: list[int], lens: list[i
     return [
         decode_batch(setup, reqs, [lens[r] + 1 for r in reqs], rng),
         verify_batch(setup, spec, reqs, lens, rng),
-        spec_batch(setup, M.DRAFT_EXTEND, reqs, [lens[r] + a for r, a in zip(reqs, accept, strict=True)], accept, rng),
+        spec_batch(
+            setup, M.DRAFT_EXTEND, reqs, [lens[r] + a for r, a in zip(reqs, accept, strict=True)], accept, rng
+        ),
         draft_batch(setup, spec, reqs, lens, rng),
     ]
 

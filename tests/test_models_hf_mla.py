@@ -25,6 +25,7 @@ from graphrt import Engine  # noqa: E402
 from graphrt.models import CheckpointError, load  # noqa: E402
 from graphrt.models.mla import MLACausalLM  # noqa: E402
 from tests.hf_util import (  # noqa: E402
+    PROMPT_LENS,
     SMALL,
     assert_parity,
     reference_logits,
@@ -88,7 +89,8 @@ def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple
 def test_greedy_tokens_equal_transformers_generate(checkpoint: tuple[Path, Any]) -> None:
     """``Engine(dir)`` (graphed DECODE, fp32 CPU) == transformers' greedy ``generate``, token for token."""
     path, reference = checkpoint
-    prompts, new = [s[:n] for s, n in zip(sequences(reference.config.vocab_size, seed=1), (5, 17, 9))], 12
+    seqs, new = sequences(reference.config.vocab_size, seed=1), 12
+    prompts = [s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]
     engine = Engine(str(path), device="cpu", max_batch_size=4, max_context_len=64, buckets=(1, 2, 4))
     ours = engine.generate(prompts, new)
     assert engine.stats().replays["DECODE"] > 0
@@ -110,7 +112,9 @@ def raw_config(path: Path, **changes: Any) -> Path:
 
 def test_moe_layers_are_refused(tmp_path: Path) -> None:
     path = raw_config(tmp_path, n_routed_experts=8, first_k_dense_replace=1)
-    with pytest.raises(ValueError, match=r"MoE layers are not supported: n_routed_experts=8 makes layers 1..1 MoE"):
+    with pytest.raises(
+        ValueError, match=r"MoE layers are not supported: n_routed_experts=8 makes layers 1..1 MoE"
+    ):
         load(path, device="cpu")
     path = raw_config(tmp_path, n_routed_experts=8, first_k_dense_replace=None)
     with pytest.raises(ValueError, match=r"first_k_dense_replace=0 < num_hidden_layers=2"):
