@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from graphrt import Engine, ForwardMode
-from graphrt.tools.bench_host import sample_us
+from graphrt.tools.bench.host import sample_us
 
 
 def main(bs: int, steps: int) -> None:

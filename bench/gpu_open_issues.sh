@@ -17,7 +17,7 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/NA
 }
 step model 200 graphrt bench model --no-compile --batch-sizes 1,16,64 --iters 20 --out "$OUT"
 grep -a "│" "$OUT/model.log" | tail -4; grep -a "device:" "$OUT/model.log"
-step tests 120 python3 -m pytest -q -rfs -p no:cacheprovider tests/test_tp_checkpoints.py tests/test_overlap.py -k "not cpu"
+step tests 120 python3 -m pytest -q -rfs -p no:cacheprovider tests/parallel/test_tp_checkpoints.py tests/engine/test_overlap.py -k "not cpu"
 tail -3 "$OUT/tests.log"
 for dtype in fp32 bf16; do
   step "spec_$dtype" 110 graphrt bench-spec --target "$gguf" --device cuda --batch-sizes 8 --topk 1,2,4 \

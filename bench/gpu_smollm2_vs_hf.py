@@ -3,7 +3,7 @@
 Usage: ``python bench/gpu_smollm2_vs_hf.py PATH.gguf``.
 
 - fp32: graphrt (graphs, reference attention) and transformers must give identical greedy
-  tokens (the same check as the CPU test ``tests/test_smollm2.py``).
+  tokens (the same check as the CPU test ``tests/models/test_smollm2.py``).
 - bf16: greedy tokens may legitimately differ after a near-tie (on "What is the capital of
   France?" the fp32 logits of the top two first tokens are 0.08 apart, below bf16's resolution at
   25), so the check is the prefill logits' error against transformers' fp32 logits: graphrt's

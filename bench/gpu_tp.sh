@@ -17,14 +17,14 @@ python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.n
 status=0
 step() { echo "== $*" | tee -a "$log"; timeout "${STEP_LIMIT:-480}" "$@" 2>&1 | tee -a "$log"; s=${PIPESTATUS[0]}; echo "== exit $s" | tee -a "$log"; [ "$s" = 0 ] || status=1; }
 if [ "$part" != bench ]; then
-step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_tp_gpu.py tests/test_tp_checkpoints.py
-step python3 -m pytest -q -rs -p no:cacheprovider tests/test_shm_ring.py
-step torchrun --nproc-per-node 2 -m graphrt.tools.bench_allreduce --out "$OUT"
+step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/parallel/test_tp_gpu.py tests/parallel/test_tp_checkpoints.py
+step python3 -m pytest -q -rs -p no:cacheprovider tests/parallel/test_shm_ring.py
+step torchrun --nproc-per-node 2 -m graphrt.tools.bench.allreduce --out "$OUT"
 fi
 [ "$part" = tests ] && { echo "status $status" | tee -a "$log"; exit $status; }
-step python3 -m graphrt.tools.bench_tp --tp 1 --out "$OUT"
-GRAPHRT_ALLREDUCE=nccl step torchrun --nproc-per-node 2 -m graphrt.tools.bench_tp --tp 2 --out "$OUT"
-GRAPHRT_ALLREDUCE=auto step torchrun --nproc-per-node 2 -m graphrt.tools.bench_tp --tp 2 --out "$OUT"
+step python3 -m graphrt.tools.bench.tp --tp 1 --out "$OUT"
+GRAPHRT_ALLREDUCE=nccl step torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --out "$OUT"
+GRAPHRT_ALLREDUCE=auto step torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --out "$OUT"
 step torchrun --nproc-per-node 2 -m graphrt demo --tp 2 --prompts 8 --max-new-tokens 16
 cp "$OUT"/*.json bench/results/ 2>/dev/null || true
 echo "status $status" | tee -a "$log"

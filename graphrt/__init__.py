@@ -40,7 +40,7 @@ def _map_checkout() -> None:
 _map_checkout()
 
 from graphrt.attention import ForwardContext
-from graphrt.engine import Engine, EngineStats
+from graphrt.engine import Engine, EngineConfig, EngineStats
 from graphrt.kv import KVShape, PagedKVCache, ReqToToken
 from graphrt.runtime import (
     CaptureReport,
@@ -59,6 +59,7 @@ __all__ = [
     "Batch",
     "CaptureReport",
     "Engine",
+    "EngineConfig",
     "EngineStats",
     "ForwardContext",
     "ForwardMode",

@@ -35,11 +35,14 @@ __all__ = [
 ]
 
 
-def stack(model: nn.Module, config: RuntimeConfig, *, max_reqs: int | None = None) -> ModelStack:
+def stack(
+    model: nn.Module, config: RuntimeConfig, *, max_reqs: int | None = None, kv_cache_dtype: str | None = None
+) -> ModelStack:
     """Wrap ``model`` (unless it already is) and build its KV cache, ``ReqToToken`` and ``GraphRuntime``.
 
     The KV cache holds ``max_reqs`` (default ``config.max_batch_size``) full-context requests plus
-    the dummy page, in the model's parameter dtype, on its device.
+    the dummy page, in the model's parameter dtype (or FP8 for ``kv_cache_dtype="fp8_e4m3"``,
+    scales 1.0), on its device.
     """
     wrapped = model if isinstance(model, HFWrapped) else wrap(model)
-    return stack_for(wrapped, config, max_reqs=max_reqs)
+    return stack_for(wrapped, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype)

@@ -1,11 +1,11 @@
-"""Builders for sparse-MLA tests: a filled MLA cache (inputs come from graphrt.tools.mla_inputs)."""
+"""Builders for sparse-MLA tests: a filled MLA cache (inputs come from graphrt.tools.bench.mla_inputs)."""
 
 from __future__ import annotations
 
 import torch
 
 from graphrt.kv.mla import QK_DIM, MLAKVCache, MLAShape
-from graphrt.tools.mla_inputs import decode_meta, random_slots, sparse_for
+from graphrt.tools.bench.mla_inputs import decode_meta, random_slots, sparse_for
 
 __all__ = ["decode_meta", "filled_cache", "random_slots", "sparse_for"]
 

@@ -73,8 +73,11 @@ def paged_case(
     return PagedCase(q, k_cache, v_cache, buffers, meta, r2t, slots, seq_lens, q_lens, num_pages - 1)
 
 
-def oracle(case: PagedCase, first_key: Callable[[int], int]) -> torch.Tensor:
-    """Dense float64 attention token by token: position ``p`` sees keys ``first_key(p) … p``."""
+def oracle(
+    case: PagedCase, first_key: Callable[[int], int], sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Dense float64 attention token by token: position ``p`` sees keys ``first_key(p) … p``;
+    ``sinks [HEADS]`` join each head's denominator (``exp(sink)``, no value)."""
     flat = (-1, KV_HEADS, HEAD_DIM)
     k_flat, v_flat = case.k_cache.view(flat).cpu().double(), case.v_cache.view(flat).cpu().double()
     q, group, outs, t = case.q.cpu().double(), HEADS // KV_HEADS, [], 0
@@ -84,6 +87,9 @@ def oracle(case: PagedCase, first_key: Callable[[int], int]) -> torch.Tensor:
             k = k_flat[keys].repeat_interleave(group, 1)
             v = v_flat[keys].repeat_interleave(group, 1)
             s = torch.einsum("hd,khd->hk", q[t], k) * HEAD_DIM**-0.5
+            if sinks is not None:  # NOTE: a column of the sink logit, whose value is 0
+                s = torch.cat((s, sinks.cpu().double()[:, None]), dim=1)
+                v = torch.cat((v, v.new_zeros(1, *v.shape[1:])))
             outs.append(torch.einsum("hk,khd->hd", s.softmax(-1), v))
             t += 1
     return torch.stack(outs)

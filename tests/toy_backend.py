@@ -1,5 +1,5 @@
 """A toy attention backend in one file: its own host-written buffer, an in-graph plan, and a
-declared graph capability. ``tests/test_backend_hooks.py`` adds it with one registry line.
+declared graph capability. ``tests/attention/test_backend_hooks.py`` adds it with one registry line.
 
 Attention is the torch reference's; around it the backend keeps ``row_len`` (each request
 row's KV length, written on the host every step), ``seen`` (the plan's copy of it, made on the

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from graphrt.kv.quant import LayerScales
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.groups import BufferGroup
 from graphrt.step.batch import Batch
@@ -56,8 +57,15 @@ class AttentionBackend(Protocol):
     of request ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally;
     with ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w,
     0)``). ``plan`` is what :meth:`plan` returned for this forward (None where it did not
-    apply). ``qv [num_tokens, num_q_heads, head_dim_v]`` (FA3's ``qv``): a second query scored
-    against the values, ``score = (q . k + qv . v) * scale`` (dense MLA's absorbed form).
+    apply).
+
+    Options a layer may pass: ``kv_scales`` (an FP8 cache's dequantisation scales for this
+    layer: keys are ``k_cache * kv_scales.k``, values ``v_cache * kv_scales.v``, and the query is
+    rounded to FP8 as the kernel reads it, :mod:`graphrt.kv.quant`); ``sinks [num_q_heads]``
+    (learned per-head logits that join each softmax's denominator, ``exp(sink - max)``, with no
+    value: gpt-oss). A token tree's cascade counts the sink once, in its prefix half. ``qv
+    [num_tokens, num_q_heads, head_dim_v]`` (FA3's ``qv``): a second query scored against the
+    values, ``score = (q . k + qv . v) * scale`` (dense MLA's absorbed form).
     """
 
     name: str
@@ -78,6 +86,8 @@ class AttentionBackend(Protocol):
         scale: float,
         window: int | None = None,
         plan: Any = None,
+        sinks: torch.Tensor | None = None,
+        kv_scales: LayerScales | None = None,
         qv: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 

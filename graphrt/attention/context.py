@@ -136,6 +136,7 @@ class ForwardContext:
         window: int | None = None,
         chunk: int | None = None,
         rope: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store ``k``/``v`` at ``out_cache_loc``, then attend.
 
@@ -146,13 +147,15 @@ class ForwardContext:
         ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
         rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
         kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`). ``q``/``k``/``v`` may be
-        views of the qkv projection either way.
+        views of the qkv projection either way. ``sinks [num_q_heads]``: the layer's learned
+        sink logits (a weight), added to each softmax's denominator. An FP8 cache quantises
+        ``k``/``v`` as it stores them and the backend reads it with the layer's scales.
         """
-        loc = self.meta.buffers.out_cache_loc
+        loc, kv_scales = self.meta.buffers.out_cache_loc, self.kv.scales(layer_id)
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            q = rope_store(q, k, v, rope, self.kv.k[layer_id], self.kv.v[layer_id], loc)
+            q = rope_store(q, k, v, rope, self.kv.k[layer_id], self.kv.v[layer_id], loc, kv_scales)
         scale = q.shape[-1] ** -0.5
         k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
         if self._plan is _UNPLANNED:
@@ -169,4 +172,6 @@ class ForwardContext:
             meta, plan = local_metadata(self.local, layer_id, chunk), None  # NOTE: planned for the step
             self.scalars.record(f"layer{layer_id}.chunk", chunk)
             self.scalars.record("local.max_seqlen_q", meta.max_seqlen_q)
-        return self.backend.forward(q, k_cache, v_cache, meta, scale, window=window, plan=plan)
+        return self.backend.forward(
+            q, k_cache, v_cache, meta, scale, window=window, plan=plan, sinks=sinks, kv_scales=kv_scales
+        )

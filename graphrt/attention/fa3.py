@@ -9,6 +9,12 @@ backend's (``GRAPHRT_FA3_NUM_SPLITS``, default 0: FA3's heuristic). Layers with 
 window, token trees (cascade) and chunked-local layers keep FA3's own per-call schedule.
 ``GRAPHRT_FA3_PLAN=0`` turns the plan off. ``qv`` (dense MLA's absorbed ``q_nope``, scored
 against the values; :mod:`graphrt.attention.fa3_mla`) passes through to every call.
+
+Options (SGLang's FA3 backend passes the same): an FP8 cache is read with the layer's scales as
+``k_descale`` / ``v_descale`` (``[batch, num_kv_heads]`` stride-0 views of the cache's per-layer
+scale, so graphs read them in place) and the query rounded to FP8 unscaled (FA3 takes q, k and
+v in one dtype and returns bf16); ``sinks`` (bf16 ``[num_q_heads]``, what the kernel reads)
+go to the prefix half of a token tree only: merging adds the halves' denominators.
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ import torch
 
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.buffers import BufferSpec, PadRule
+from graphrt.kv.quant import FP8, LayerScales, is_fp8, quantize
 from graphrt.metadata.base import StepMetadata
 
-#: KV/query dtypes the FA3 kernel takes (it refuses fp32 at launch).
-FA3_DTYPES = (torch.bfloat16, torch.float16)
+#: KV cache dtypes the FA3 kernel takes (it refuses fp32 at launch; FP8 with a 16-bit model).
+FA3_DTYPES = (torch.bfloat16, torch.float16, FP8)
+#: FA3's FP8 kernels: head dims up to 256, multiples of 16.
+FP8_MAX_HEAD_DIM, FP8_HEAD_ALIGN = 256, 16
+#: The kernel holds the sinks in shared memory of 64 bfloat16 (``SmemLayoutSink``).
+MAX_SINK_HEADS = 64
 #: FA3's schedule for ``b`` requests holds at most ``4 * round_up(b, 4) + 1`` int32 (split
 #: counts, m-blocks, batch order, heads in L2, tile semaphore); ``4 * b + 16`` covers it.
 SCHEDULER_SPECS = (BufferSpec("scheduler_metadata", ("4*max_bs+16",), torch.int32, PadRule("free")),)
@@ -98,7 +109,7 @@ class FA3Backend(Backend):
             headdim=q.shape[2],
             headdim_v=headdim_v,
             cache_seqlens=b.cache_seqlens,
-            qkv_dtype=q.dtype,
+            qkv_dtype=k_cache.dtype,  # NOTE: an FP8 cache's call reads q in FP8 too
             cu_seqlens_q=b.cu_seqlens_q,
             page_size=meta.page_size,
             causal=True,
@@ -121,16 +132,21 @@ class FA3Backend(Backend):
         scale: float,
         window: int | None = None,
         plan: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
+        kv_scales: LayerScales | None = None,
         qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        dtype, q = q.dtype, fa3_query(q, k_cache, kv_scales)
+        check_sinks(sinks, q.shape[1])
         if meta.cascade is not None:
-            return self._cascade(q, k_cache, v_cache, meta, scale, qv)
+            out = self._cascade(q, k_cache, v_cache, meta, scale, sinks, kv_scales, qv)
+            return out if out.dtype == dtype else out.to(dtype)
         b = meta.buffers
         planned = plan is not None and window is None
         # NOTE: num_splits=0 lets FA3 pick splits from shapes (page-table width), never from
         # data, so the choice made at capture holds for every replay; a plan was made with
         # the backend's num_splits, so the call must pass the same.
-        return self._kernel(
+        out = self._kernel(
             q=q,
             k_cache=k_cache,
             v_cache=v_cache,
@@ -144,7 +160,10 @@ class FA3Backend(Backend):
             window_size=(-1, -1) if window is None else (window, 0),
             scheduler_metadata=plan if planned else None,
             num_splits=self.num_splits if planned else 0,
+            **descale(kv_scales, b.cache_seqlens.shape[0], k_cache.shape[2]),
+            **({} if sinks is None else {"sinks": sinks}),
         )
+        return out if out.dtype == dtype else out.to(dtype)
 
     def _cascade(
         self,
@@ -153,9 +172,15 @@ class FA3Backend(Backend):
         v_cache: torch.Tensor,
         meta: StepMetadata,
         scale: float,
+        sinks: torch.Tensor | None,
+        kv_scales: LayerScales | None,
         qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Prefix through the page table (non-causal) + expand lists over single slots, merged."""
+        """Prefix through the page table (non-causal) + expand lists over single slots, merged.
+
+        The sink joins the prefix call only (SGLang's backend passes it to both calls, which
+        counts it twice: the merge adds the two denominators).
+        """
         b, c = meta.buffers, meta.cascade
         assert c is not None
         common = {
@@ -165,6 +190,7 @@ class FA3Backend(Backend):
             "num_splits": 0,
             "return_softmax_lse": True,
         }
+        kvh = k_cache.shape[2]
         o_pre, lse_pre, *_ = self._kernel(
             q=q,
             k_cache=k_cache,
@@ -173,6 +199,8 @@ class FA3Backend(Backend):
             cache_seqlens=c.prefix_seqlens,
             cu_seqlens_q=b.cu_seqlens_q,
             max_seqlen_q=meta.max_seqlen_q,
+            **descale(kv_scales, c.prefix_seqlens.shape[0], kvh),
+            **({} if sinks is None else {"sinks": sinks}),
             **common,
         )
         # NOTE: the expand part sees the cache as pages of one slot, so its table lists slots.
@@ -184,6 +212,7 @@ class FA3Backend(Backend):
             cache_seqlens=c.expand_seqlens,
             cu_seqlens_q=c.expand_cu_seqlens_q,
             max_seqlen_q=1,
+            **descale(kv_scales, c.expand_seqlens.shape[0], kvh),
             **common,
         )
         # NOTE: varlen FA3 returns lse as [heads, tokens]; merge_state wants [tokens, heads].
@@ -192,3 +221,43 @@ class FA3Backend(Backend):
 
     def host_scalars(self) -> dict[str, Any]:
         return {"fa3.causal": True, "fa3.num_splits": self.num_splits, "fa3.plan": self.planned}
+
+
+def fa3_query(q: torch.Tensor, k_cache: torch.Tensor, kv_scales: LayerScales | None) -> torch.Tensor:
+    """``q`` in the cache's dtype: rounded to FP8 (unscaled) beside an FP8 cache, as SGLang does;
+    raises for what FA3's FP8 kernels do not take."""
+    if not is_fp8(k_cache.dtype):
+        return q
+    d = q.shape[-1]
+    if kv_scales is None:
+        raise ValueError("an FP8 KV cache is read with its layer's scales (kv_scales); none were given")
+    if d > FP8_MAX_HEAD_DIM or d % FP8_HEAD_ALIGN:
+        raise ValueError(
+            f"FA3 reads an FP8 KV cache for head_dim <= {FP8_MAX_HEAD_DIM} and a multiple of "
+            f"{FP8_HEAD_ALIGN}, not {d}: use kv_cache_dtype='auto' or the reference backend"
+        )
+    return quantize(q)
+
+
+def descale(kv_scales: LayerScales | None, batch: int, kv_heads: int) -> dict[str, torch.Tensor]:
+    """``k_descale`` / ``v_descale`` ``[batch, kv_heads]`` for one call (stride-0 views of the
+    layer's scales: FA3 reads them with their strides), or nothing for a 16-bit cache."""
+    if kv_scales is None:
+        return {}
+    return {
+        "k_descale": kv_scales.k.view(1, 1).expand(batch, kv_heads),
+        "v_descale": kv_scales.v.view(1, 1).expand(batch, kv_heads),
+    }
+
+
+def check_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
+    """Refuse sinks the kernel would misread: it takes bf16 ``[num_q_heads]``, contiguous, at
+    most :data:`MAX_SINK_HEADS` heads."""
+    if sinks is None:
+        return
+    if sinks.dtype != torch.bfloat16:
+        raise ValueError(f"FA3 reads attention sinks as bfloat16, got {sinks.dtype}: keep the model in bf16")
+    if tuple(sinks.shape) != (num_heads,) or not sinks.is_contiguous():
+        raise ValueError(f"FA3 reads attention sinks as a contiguous [{num_heads}], got {list(sinks.shape)}")
+    if num_heads > MAX_SINK_HEADS:
+        raise ValueError(f"FA3 holds at most {MAX_SINK_HEADS} sinks per rank, got {num_heads} query heads")

@@ -3,6 +3,11 @@
 It runs on any device, inside CUDA graphs and the emulated engine alike: ragged queries are
 padded to ``[bs, max_seqlen_q]`` by index arithmetic on ``cu_seqlens_q`` (no host sync, shapes
 from the graph key), and it is the oracle the kernels are tested against.
+
+An FP8 cache is read dequantised (``float32 × scale``) and the query rounded to FP8 first, as
+FA3 reads them; sinks join each softmax's denominator (a token tree counts them once, in the
+prefix half). ``qv`` (dense MLA's absorbed query, FA3's ``qv``) adds ``qv . v`` to every score.
+The rest is the same float32 math.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import Backend
+from graphrt.kv.quant import LayerScales, dequantize, is_fp8, quantize, storage
 from graphrt.metadata.base import StepMetadata
 
 
@@ -21,14 +27,16 @@ def masked_attention(
     v: torch.Tensor,
     allowed: torch.Tensor,
     scale: float,
+    sinks: torch.Tensor | None = None,
     qv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Grouped-query attention of ``q [B, Q, hq, d]`` over ``k [B, L, kvh, d]``, ``v [B, L, kvh, dv]``.
 
-    ``allowed [B, Q, L]`` bool. ``qv [B, Q, hq, dv]``: a second query scored against the
-    values (FA3's ``qv``): ``scores = (q . k + qv . v) * scale`` (dense MLA's absorbed form).
-    Returns ``out [B, Q, hq, dv]`` float32 and ``lse [B, Q, hq]`` (natural log-sum-exp of the
-    scaled scores; ``-inf`` where a row allows no key, whose output is then 0).
+    ``allowed [B, Q, L]`` bool; ``sinks [hq]``: a logit per head added to the denominator;
+    ``qv [B, Q, hq, dv]``: a second query scored against the values (FA3's ``qv``), ``scores =
+    (q . k + qv . v) * scale``. Returns ``out [B, Q, hq, dv]`` float32 and ``lse [B, Q, hq]``
+    (natural log-sum-exp of the scaled scores and the sink; ``-inf`` where a row allows no key
+    and has no sink, whose output is then 0).
     """
     bs, nq, hq, d = q.shape
     kvh, dv = k.shape[2], v.shape[-1]
@@ -36,21 +44,35 @@ def masked_attention(
     qg = q.float().view(bs, nq, kvh, hq // kvh, d)
     scores = torch.einsum("bqkgd,blkd->bkgql", qg, k.float())
     if qv is not None:
-        scores = scores + torch.einsum(
-            "bqkgd,blkd->bkgql", qv.float().view(bs, nq, kvh, hq // kvh, dv), v.float()
-        )
+        qvg = qv.float().view(bs, nq, kvh, hq // kvh, dv)
+        scores = scores + torch.einsum("bqkgd,blkd->bkgql", qvg, v.float())
     scores = (scores * scale).masked_fill(~allowed[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
+    if sinks is not None:
+        # NOTE: exp(sink) joins the denominator only: it has no value to add to the output.
+        lse = torch.logaddexp(lse, sinks.float().view(1, kvh, hq // kvh, 1))
     probs = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None])
     out = torch.einsum("bkgql,blkd->bqkgd", probs, v.float()).reshape(bs, nq, hq, dv)
     return out, lse.permute(0, 3, 1, 2).reshape(bs, nq, hq)
 
 
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``cache [pages, page_size, kvh, d]`` at slots ``slots [...]`` → ``[..., kvh, d]``;
+    dequantised to float32 by ``scale`` (an FP8 cache, gathered as bytes)."""
+    kvh, d = cache.shape[2:]
+    rows = storage(cache).view(-1, kvh, d)[slots]
+    return rows if scale is None else dequantize(rows.view(cache.dtype), scale)
+
+
 def paged_keys(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_scales: LayerScales | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather ``[bs, max_pages * page_size, kvh, d]`` keys and values (their own ``d``) through
-    the page table.
+    """Gather ``[bs, max_pages * page_size, kvh, d]`` keys and values through the page table
+    (float32 when ``kv_scales`` dequantise an FP8 cache).
 
     Values past each sequence are zeroed so stale or poisoned pages cannot leak NaN (0 * NaN).
     """
@@ -58,8 +80,8 @@ def paged_keys(
     page_size = k_cache.shape[1]
     offsets = torch.arange(page_size, device=page_table.device)
     slots = (page_table.long()[:, :, None] * page_size + offsets).view(bs, -1)
-    k = k_cache.view(-1, *k_cache.shape[2:])[slots]
-    v = v_cache.view(-1, *v_cache.shape[2:])[slots]
+    k = gather_slots(k_cache, slots, None if kv_scales is None else kv_scales.k)
+    v = gather_slots(v_cache, slots, None if kv_scales is None else kv_scales.v)
     keys = torch.arange(slots.shape[1], device=slots.device)
     return k, v.masked_fill((keys[None, :] >= seq_lens.long()[:, None])[:, :, None, None], 0.0)
 
@@ -73,6 +95,8 @@ def paged_attention(
     scale: float,
     q_lens: torch.Tensor | None = None,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    kv_scales: LayerScales | None = None,
     qv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [bs, max_q, hq, d]`` over each request's pages.
@@ -80,18 +104,19 @@ def paged_attention(
     ``page_table [bs, max_pages]`` int32 page ids, ``seq_lens [bs]`` KV lengths including the
     query tokens, which are the last ``q_lens[b]`` positions (default: all ``max_q``); query
     rows past ``q_lens[b]`` are padding (their output is meaningless and dropped by callers).
-    ``window``: a query at position ``p`` sees keys ``p - window … p`` only. ``qv [bs, max_q,
-    hq, dv]``: see :func:`masked_attention`. Returns ``[bs, max_q, hq, dv]`` in ``q``'s dtype.
+    ``window``: a query at position ``p`` sees keys ``p - window … p`` only; ``sinks``,
+    ``kv_scales``, ``qv [bs, max_q, hq, dv]``: as :class:`~graphrt.attention.base.AttentionBackend`.
+    Returns ``[bs, max_q, hq, dv]`` float32.
     """
     max_q = q.shape[1]
-    k, v = paged_keys(k_cache, v_cache, page_table, seq_lens)
+    k, v = paged_keys(k_cache, v_cache, page_table, seq_lens, kv_scales)
     keys = torch.arange(k.shape[1], device=q.device)
     q_len = torch.full_like(seq_lens, max_q) if q_lens is None else q_lens
     q_pos = (seq_lens - q_len).long()[:, None] + torch.arange(max_q, device=q.device)
     allowed = keys[None, None, :] <= q_pos[:, :, None]  # causal, hence also < seq_len
     if window is not None:
         allowed &= keys[None, None, :] >= q_pos[:, :, None] - window
-    return masked_attention(q, k, v, allowed, scale, qv)[0].to(q.dtype)
+    return masked_attention(q, k, v, allowed, scale, sinks, qv)[0]
 
 
 def merge_states(
@@ -111,25 +136,34 @@ def cascade_attention(
     v_cache: torch.Tensor,
     meta: StepMetadata,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    kv_scales: LayerScales | None = None,
     qv: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Tree attention: the shared prefix (non-causal) merged with each token's expand list."""
+    """Tree attention: the shared prefix (non-causal) merged with each token's expand list.
+
+    Float32 out. The sink joins the prefix half only: merging adds the halves' denominators,
+    so a sink in both would be counted twice.
+    """
     b, c = meta.buffers, meta.cascade
     assert c is not None
     padded, _, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
     padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
-    k, v = paged_keys(k_cache, v_cache, b.page_table, c.prefix_seqlens)
+    k, v = paged_keys(k_cache, v_cache, b.page_table, c.prefix_seqlens, kv_scales)
     keys = torch.arange(k.shape[1], device=q.device)
     allowed = (keys[None, :] < c.prefix_seqlens.long()[:, None])[:, None, :].expand(-1, padded.shape[1], -1)
-    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale, padded_qv)
+    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale, sinks, padded_qv)
     o_pre, lse_pre = unpad_queries(o_pre, index, q.shape[0]), unpad_queries(lse_pre, index, q.shape[0])
     slots = c.expand_table.long()
     width = torch.arange(slots.shape[1], device=q.device)
     allowed = (width[None, :] < c.expand_seqlens.long()[:, None])[:, None, :]
-    k_x = k_cache.view(-1, *k_cache.shape[2:])[slots]
-    v_x = v_cache.view(-1, *v_cache.shape[2:])[slots].masked_fill(~allowed[:, 0, :, None, None], 0.0)
-    o_x, lse_x = masked_attention(q[:, None], k_x, v_x, allowed, scale, None if qv is None else qv[:, None])
-    return merge_states(o_pre, lse_pre, o_x[:, 0], lse_x[:, 0]).to(q.dtype)
+    k_x = gather_slots(k_cache, slots, None if kv_scales is None else kv_scales.k)
+    v_x = gather_slots(v_cache, slots, None if kv_scales is None else kv_scales.v)
+    v_x = v_x.masked_fill(~allowed[:, 0, :, None, None], 0.0)
+    o_x, lse_x = masked_attention(
+        q[:, None], k_x, v_x, allowed, scale, None, None if qv is None else qv[:, None]
+    )
+    return merge_states(o_pre, lse_pre, o_x[:, 0], lse_x[:, 0])
 
 
 def pad_queries(
@@ -160,7 +194,7 @@ def unpad_queries(out: torch.Tensor, index: torch.Tensor, num_tokens: int) -> to
 class ReferenceBackend(Backend):
     """Gather through the page table, then dense masked attention (float32): the oracle.
 
-    It serves MHA/GQA (built with the cache ``dtype``) and dense MLA (``qv``: built with the
+    It serves MHA/GQA (built with the cache ``dtype``) and dense MLA (``qv``; built with the
     dense-MLA kind's ``dtype``, ``rope_dim`` and ``kv_lora_rank``, which it does not need).
     """
 
@@ -178,14 +212,37 @@ class ReferenceBackend(Backend):
         scale: float,
         window: int | None = None,
         plan: Any = None,
+        sinks: torch.Tensor | None = None,
+        kv_scales: LayerScales | None = None,
         qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        dtype, q = q.dtype, fp8_query(q, k_cache, kv_scales)
         if meta.cascade is not None:
-            return cascade_attention(q, k_cache, v_cache, meta, scale, qv)
+            return cascade_attention(q, k_cache, v_cache, meta, scale, sinks, kv_scales, qv).to(dtype)
         b = meta.buffers
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
         padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
         out = paged_attention(
-            padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window, padded_qv
+            padded,
+            k_cache,
+            v_cache,
+            b.page_table,
+            b.cache_seqlens,
+            scale,
+            q_lens,
+            window,
+            sinks,
+            kv_scales,
+            padded_qv,
         )
-        return unpad_queries(out, index, q.shape[0])
+        return unpad_queries(out.to(dtype), index, q.shape[0])
+
+
+def fp8_query(q: torch.Tensor, k_cache: torch.Tensor, kv_scales: LayerScales | None) -> torch.Tensor:
+    """``q`` as FA3 reads it next to an FP8 cache: rounded to FP8 (unscaled; float32 here),
+    else ``q`` itself. Raises when an FP8 cache comes without its scales."""
+    if not is_fp8(k_cache.dtype):
+        return q
+    if kv_scales is None:
+        raise ValueError("an FP8 KV cache is read with its layer's scales (kv_scales); none were given")
+    return quantize(q).float()

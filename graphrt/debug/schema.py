@@ -105,6 +105,21 @@ class MemoryFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class KVFacts:
+    """The MHA/GQA KV cache: its ``dtype`` (``float8_e4m3fn`` for FP8), ``nbytes`` of every
+    layer's K and V (dummy page included), ``bytes_per_token`` (all layers), pages; an FP8
+    cache's per-layer ``k_scale`` / ``v_scale`` (empty otherwise)."""
+
+    dtype: str
+    nbytes: int
+    bytes_per_token: int
+    num_pages: int
+    page_size: int
+    k_scale: tuple[float, ...] = ()
+    v_scale: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ContentsFacts:
     """Which step the ``.npz`` contents were written by: rows ``bs..bucket`` are pad rows.
 
@@ -148,6 +163,8 @@ class Snapshot:
     parity: tuple[ParityResult, ...]
     #: Every buffer family (step, cascade, draft, local, the attention kind's); ``memory`` is step.
     families: tuple[MemoryFacts, ...] = ()
+    #: The KV cache (MHA/GQA caches; None for an MLA cache, and in files written before it).
+    kv: KVFacts | None = None
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

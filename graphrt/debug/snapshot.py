@@ -35,10 +35,12 @@ from graphrt.debug.schema import (
     FallbackFacts,
     GraphFacts,
     KernelFacts,
+    KVFacts,
     MemoryFacts,
     Snapshot,
     TelemetryFacts,
 )
+from graphrt.kv import PagedKVCache
 from graphrt.step.modes import ForwardMode
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ __all__ = [
     "ContentsFacts",
     "FallbackFacts",
     "GraphFacts",
+    "KVFacts",
     "KernelFacts",
     "MemoryFacts",
     "Snapshot",
@@ -103,7 +106,7 @@ def take_snapshot(
     runtime : GraphRuntime
     path : str or Path
     environment : dict, optional
-        Device and library versions (``graphrt.tools.env.environment``); default: torch only.
+        Device and library versions (``graphrt.tools.cli.env.environment``); default: torch only.
     parity : tuple of ParityResult
         Results of :func:`graphrt.debug.check_parity` / ``parity_sweep`` to include.
     bucket, bs : int, optional
@@ -137,11 +140,21 @@ def take_snapshot(
         ),
         parity=tuple(parity),
         families=tuple(_memory(f) for f in _families(runtime)),
+        kv=_kv(runtime.kv),
         arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)
     log.info("snapshot of %d graphs written to %s (+ %s)", len(snapshot.graphs), path, npz_path(path).name)
     return snapshot
+
+
+def _kv(kv: Any) -> KVFacts | None:
+    """What the KV cache holds and takes (an MHA/GQA cache; None for an MLA cache)."""
+    if not isinstance(kv, PagedKVCache):
+        return None
+    scales = [() if t is None else tuple(t.tolist()) for t in (kv.k_scale, kv.v_scale)]
+    dtype = str(kv.dtype).removeprefix("torch.")
+    return KVFacts(dtype, kv.nbytes, kv.bytes_per_token, kv.shape.num_pages, kv.page_size, *scales)
 
 
 def _name(mode: Any) -> str:

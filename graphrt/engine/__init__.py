@@ -5,9 +5,10 @@ draft model runs DRAFT_DECODE → TARGET_VERIFY → DRAFT_EXTEND rounds (:mod:`.
 :func:`build_stack` assembles a built-in model with its KV cache, request table and runtime.
 """
 
+from graphrt.engine.config import EngineConfig
 from graphrt.engine.engine import Engine
 from graphrt.engine.request import EngineStats, Request
 from graphrt.engine.speculative import SpecOptions
 from graphrt.engine.stack import ModelStack, build_stack
 
-__all__ = ["Engine", "EngineStats", "ModelStack", "Request", "SpecOptions", "build_stack"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "ModelStack", "Request", "SpecOptions", "build_stack"]

@@ -8,6 +8,8 @@ import torch
 
 from graphrt.engine.speculative import SpecOptions
 from graphrt.engine.stack import ModelStack, build_stack
+from graphrt.kv import PagedKVCache
+from graphrt.kv.quant import is_fp8
 from graphrt.models.presets import PRESETS, DSAConfig
 from graphrt.parallel import TPGroup
 from graphrt.step.config import RuntimeConfig
@@ -52,14 +54,16 @@ def build_draft(
         (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
     )
     draft_config = dataclasses.replace(config, capture_modes=modes if use_graphs else ())
-    # NOTE: a DSA draft keeps a DSA target's MLA layout (BF16 or FP8-656).
+    # NOTE: a DSA draft keeps a DSA target's MLA layout (BF16 or FP8-656), an MHA draft an
+    # MHA target's FP8 cache.
     dsa = preset_draft and isinstance(PRESETS[spec.draft_model], DSAConfig)
+    fp8 = isinstance(target_kv, PagedKVCache) and is_fp8(target_kv.dtype)
     draft = build_stack(
         spec.draft_model,
         device,
         draft_config,
         seed=spec.draft_seed,
-        kv_cache_dtype=getattr(target_kv, "layout", None) if dsa else None,
+        kv_cache_dtype=getattr(target_kv, "layout", None) if dsa else ("fp8_e4m3" if fp8 else None),
         dtype=next(target.parameters()).dtype,
         tp=tp,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -11,24 +12,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.engine.batches import DecodeRows
+from graphrt.engine.config import EngineConfig
 from graphrt.engine.draft import build_draft
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
-from graphrt.engine.request import EngineStats, Request, check_prompt, engine_stats
+from graphrt.engine.request import EngineStats, Request, budgets, check_prompt, check_prompts, engine_stats
 from graphrt.engine.sampling import admit_params
+from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
-from graphrt.engine.steps import EngineSteps
 from graphrt.engine.tp import tp_generate
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.step.config import RuntimeConfig
-from graphrt.step.modes import ForwardMode
 from graphrt.step.sampling import SamplingParams, per_request
 
 
-class Engine(EngineSteps):
+class Engine:
     """Generation with a built-in model; decode steps replay captured graphs.
 
     Greedy by default; a request with :class:`graphrt.SamplingParams` is sampled inside the
@@ -40,110 +40,110 @@ class Engine(EngineSteps):
     model : str or Path
         A preset name (``tiny-llama``; weights random from ``seed``), a checkpoint directory
         (``config.json`` + safetensors), a ``.gguf`` file, or ``"smollm2"`` (the packaged GGUF).
-    device : str or torch.device, optional
-        Default: CUDA when available, else CPU (emulated graphs there).
-    use_graphs : bool
-        Capture and replay graphs; ``False`` runs every step eagerly.
-    max_batch_size, page_size, max_context_len : int
-        Running requests, KV page size, longest sequence (prompt + new tokens).
-    speculative : dict, optional
-        Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft" | checkpoint,
-        "num_steps": k, "topk": 1, "num_draft_tokens": 1 + topk * k, "draft_init": "target" |
-        "seed" | "checkpoint", "draft_seed": 1}``. The draft needs the target's vocabulary.
-        ``topk > 1`` drafts a tree (the draft's ``topk`` best next tokens, each continued
-        greedily). ``draft_init="target"`` (the default for a preset draft) gives the draft the
-        target's weights by name (early exit). Each round is DRAFT_DECODE → TARGET_VERIFY →
-        DRAFT_EXTEND, each a graph; tokens equal plain greedy decoding.
-    kv_cache_dtype : str, optional
-        DSA presets (``tiny-dsa``): ``"bf16"`` (default) or ``"fp8"`` (656 bytes per token).
-    dtype : torch.dtype, optional
-        Weights, activations and KV cache; default bf16 on CUDA, fp32 elsewhere.
-    tp : int
-        Tensor-parallel size: build on every rank of a ``torchrun --nproc-per-node tp`` world
-        (or an initialised ``torch.distributed`` group of that size) and call :meth:`generate`
-        on every rank; rank 0 schedules, every rank returns its tokens. Presets and checkpoints
-        alike: each rank builds (or reads) only its shard. :meth:`close`, then
-        ``graphrt.parallel.shutdown()``, before the process exits.
-    tp_timeout_s : float, optional
-        Seconds any collective waits for the other ranks before raising (naming the rank).
-    overlap : bool, optional
-        Run the host one step ahead of the device (:mod:`graphrt.engine.overlap`): step N+1 is
-        prepared and launched while step N runs, its input ids gathered on the device from
-        step N's sampled tokens, and :meth:`step` returns step N's tokens one step late. Same
-        tokens as without it. Default (None): on wherever supported — CUDA, and the CPU too so
-        tests run the same path — off with ``speculative`` or ``record_logits`` (``True`` with
-        one of those raises ``ValueError``), and off with ``tp > 1`` unless ``True``: that
-        combination has run on CPU ranks only so far.
+    config : EngineConfig, optional
+        How to build it (:class:`~graphrt.engine.config.EngineConfig` documents every field).
+    **options
+        Fields of :class:`EngineConfig` replaced for this engine (``Engine("smollm2",
+        max_batch_size=8)``); an unknown name is a ``TypeError``.
+
+    With ``tp > 1`` call :meth:`generate` on every rank (rank 0's prompts are generated),
+    then :meth:`close` and ``graphrt.parallel.shutdown()`` before the process exits.
     """
 
     def __init__(
-        self,
-        model: str | os.PathLike[str] = "tiny-llama",
-        *,
-        device: str | torch.device | None = None,
-        use_graphs: bool = True,
-        max_batch_size: int = 32,
-        page_size: int = 16,
-        max_context_len: int = 2048,
-        seed: int = 0,
-        backend: str | None = None,
-        buckets: Sequence[int] | None = None,
-        record_logits: bool = False,
-        show_progress: bool = False,
-        speculative: dict[str, Any] | None = None,
-        kv_cache_dtype: str | None = None,
-        dtype: torch.dtype | None = None,
-        tp: int = 1,
-        tp_timeout_s: float | None = None,
-        overlap: bool | None = None,
+        self, model: str | os.PathLike[str] = "tiny-llama", config: EngineConfig | None = None, **options: Any
     ) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tp = init_tp(tp, self.device, tp_timeout_s)
-        self.device = self.tp.device if tp > 1 else self.device
-        self.channel = StepChannel(self.tp) if tp > 1 else None
-        spec = SpecOptions.parse(speculative) if speculative is not None else None
-        why_not = unsupported(spec is not None, record_logits)
-        if overlap and why_not:
+        self.config = cfg = EngineConfig.of(config, options)
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tp = init_tp(cfg.tp, self.device, cfg.tp_timeout_s)
+        self.device = self.tp.device if cfg.tp > 1 else self.device
+        self.channel = StepChannel(self.tp) if cfg.tp > 1 else None
+        spec = SpecOptions.parse(cfg.speculative) if cfg.speculative is not None else None
+        why_not = unsupported(spec is not None, cfg.record_logits)
+        if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
-        config = RuntimeConfig(
-            max_batch_size=max_batch_size,
-            max_context_len=max_context_len,
-            page_size=page_size,
-            buckets=tuple(buckets) if buckets else None,
-            capture_modes=((ForwardMode.TARGET_VERIFY,) if spec else (ForwardMode.DECODE,))
-            if use_graphs
-            else (),
-            backend=backend,
-            speculative=spec.geometry if spec else None,
-            sample=spec is None,  # NOTE: speculative decoding stays greedy
-        )
+        runtime_config = cfg.runtime_config(spec.geometry if spec else None)
         stack = build_stack(
-            str(model), self.device, config, seed=seed, kv_cache_dtype=kv_cache_dtype, dtype=dtype, tp=self.tp
+            str(model),
+            self.device,
+            runtime_config,
+            seed=cfg.seed,
+            kv_cache_dtype=cfg.kv_cache_dtype,
+            dtype=cfg.dtype,
+            tp=self.tp,
         )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
-        self.use_graphs, self.record_logits = use_graphs, record_logits
+        self.use_graphs, self.max_context_len, self.page_size = (
+            cfg.use_graphs,
+            cfg.max_context_len,
+            cfg.page_size,
+        )
         self.capture_report: CaptureReport | None = (
-            self.runtime.capture(show_progress) if use_graphs else None
+            self.runtime.capture(cfg.show_progress) if cfg.use_graphs else None
         )
         self.spec: SpecRunner | None = None
         if spec is not None:
-            self.spec = self._draft_runner(spec, config, show_progress)
-        self.max_context_len, self.page_size = max_context_len, page_size
-        self.overlap: Overlap | None = None
-        if why_not is None and (overlap or (overlap is None and tp == 1)):
+            self.spec = self._draft_runner(spec, runtime_config, cfg.show_progress)
+        overlap = None
+        if why_not is None and (cfg.overlap or (cfg.overlap is None and cfg.tp == 1)):
             rows = self.runtime.req_to_token.max_reqs
-            self.overlap = Overlap(rows + 1, rows, self.device)
+            overlap = Overlap(rows + 1, rows, self.device)
         tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())
-        self.pool = Pool(max_batch_size, self.kv.dummy_page, page_size, tables)
-        self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
-        self._ended = False  # the last overlapped read ended a request (see _take)
+        pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables)
+        self.scheduler = Scheduler(
+            self.runtime,
+            pool,
+            spec=self.spec,
+            overlap=overlap,
+            use_graphs=cfg.use_graphs,
+            record_logits=cfg.record_logits,
+        )
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.finished: dict[int, Request] = {}
-        self.logits: dict[int, list[torch.Tensor]] = {}
-        self._decode_steps, self._decode_seconds, self._prefill_steps = 0, 0.0, 0
+        #: One generate() at a time: concurrent callers are served one after another, each
+        #: getting exactly the tokens it would get alone.
+        self._lock = threading.Lock()
+        self._handed_out = 0  # NOTE: tokens of requests generate() returned (and forgot)
+
+    # ---- the scheduler's state, as engine builders read it ---------------------------------
+    @property
+    def waiting(self) -> deque[Request]:
+        """Requests queued and not admitted yet."""
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        """Requests in the running batch."""
+        return self.scheduler.running
+
+    @property
+    def finished(self) -> dict[int, Request]:
+        """Finished requests by id, until their caller takes them."""
+        return self.scheduler.finished
+
+    @property
+    def logits(self) -> dict[int, list[torch.Tensor]]:
+        """Per request id, each step's logits row (``record_logits`` only)."""
+        return self.scheduler.logits
+
+    @property
+    def pool(self) -> Pool:
+        """Free request rows and pages."""
+        return self.scheduler.pool
+
+    @property
+    def overlap(self) -> Overlap | None:
+        """The host-ahead state, when the engine overlaps."""
+        return self.scheduler.overlap
+
+    @property
+    def record_logits(self) -> bool:
+        """Whether every step's logits are kept (:attr:`logits`)."""
+        return self.scheduler.record_logits
+
+    def step(self) -> list[tuple[int, int]]:
+        """One forward (see :meth:`Scheduler.step`): the ``(request id, token)`` pairs produced."""
+        return self.scheduler.step()
 
     def _draft_runner(self, spec: SpecOptions, config: RuntimeConfig, show_progress: bool) -> SpecRunner:
         """The draft model's stack (same pages and request rows as the target's) and runner."""
@@ -175,7 +175,7 @@ class Engine(EngineSteps):
         speculative engine is refused (``ValueError``).
         """
         vocab = self.model.vocab_size
-        tokens = check_prompt(prompt, max_new_tokens, vocab, self._lookahead, self.max_context_len)
+        tokens = check_prompt(prompt, max_new_tokens, vocab, self.scheduler.lookahead, self.max_context_len)
         params = admit_params(sampling, speculative=self.spec is not None, vocab_size=vocab, rng=self._seeds)
         req = Request(next(self._ids), tokens, max_new_tokens, sampling=params)
         self.waiting.append(req)
@@ -206,10 +206,11 @@ class Engine(EngineSteps):
         With TP, call it on every rank: rank 0's prompts, budgets and sampling are generated,
         every rank returns them.
         """
-        if self.channel is not None:
-            runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
-            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
-        return self._generate(prompts, max_new_tokens, sampling)
+        with self._lock:
+            if self.channel is not None:
+                runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
+                return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
+            return self._generate(prompts, max_new_tokens, sampling)
 
     def _generate(
         self,
@@ -217,14 +218,22 @@ class Engine(EngineSteps):
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[list[int]]:
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(limits) != len(prompts):
-            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+        prompts = check_prompts(prompts)
+        limits = budgets(max_new_tokens, len(prompts))
         params = per_request(sampling, len(prompts))
-        ids = [self.add_request(p, n, s) for p, n, s in zip(prompts, limits, params, strict=True)]
-        while self.waiting or self.running:
-            self.step()
-        return [self.finished[i].output for i in ids]
+        ids: list[int] = []
+        try:
+            for p, n, s in zip(prompts, limits, params, strict=True):
+                ids.append(self.add_request(p, n, s))
+            while self.waiting or self.running:
+                self.step()
+        except BaseException:
+            # NOTE: bad input, a refused step or Ctrl-C: this call leaves no request behind.
+            self.scheduler.abort(set(ids))
+            raise
+        outputs = [self.finished.pop(i).output for i in ids]
+        self._handed_out += sum(len(o) for o in outputs)
+        return outputs
 
     def close(self) -> None:
         """Release the captured graphs (and sync): do this before a process group is destroyed."""
@@ -236,6 +245,7 @@ class Engine(EngineSteps):
 
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
-        generated = sum(len(r.output) for r in (*self.finished.values(), *self.running))
-        counts = (self._decode_steps, self._decode_seconds, self._prefill_steps, generated)
+        sched = self.scheduler
+        generated = self._handed_out + sum(len(r.output) for r in (*sched.finished.values(), *sched.running))
+        counts = (sched.decode_steps, sched.decode_seconds, sched.prefill_steps, generated)
         return engine_stats(self.runtime.stats(), *counts, self.spec)

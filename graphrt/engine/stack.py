@@ -8,6 +8,7 @@ import torch
 
 from graphrt.kv import KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
+from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
 from graphrt.metadata.local import with_model_chunk
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.dsa import TinyDSA
@@ -16,7 +17,7 @@ from graphrt.models.llama import TinyLlama
 from graphrt.models.loader import default_dtype, load, resolve
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE
-from graphrt.models.presets import PRESETS, DSAConfig, LlamaConfig, MLAConfig, preset
+from graphrt.models.presets import PRESETS, DSAConfig, MLAConfig, preset
 from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
@@ -48,85 +49,93 @@ def build_stack(
 
     The KV cache holds ``max_reqs`` (default ``max_batch_size``) full-context requests plus the
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
-    ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; MHA and dense-MLA
-    models keep the model's dtype. ``tp``: this rank's shards of the same model (a preset's or a
-    checkpoint's); its KV cache holds the rank's KV heads only.
+    ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; for MHA/GQA models
+    ``"auto"`` (default: the model's dtype) or ``"fp8_e4m3"`` (one byte per element, per-layer
+    scales from the checkpoint or 1.0; :mod:`graphrt.kv.quant`); dense-MLA models keep the
+    model's dtype. ``tp``: this rank's shards of the same model (a preset's or a checkpoint's);
+    its KV cache holds the rank's KV heads only.
     """
     dtype = dtype or default_dtype(device)
     checkpoint = None if name in PRESETS else resolve(name)
-    cfg = preset(name) if checkpoint is None else None
-    if kv_cache_dtype not in (None, "auto") and not isinstance(cfg, DSAConfig):
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} applies to DSA presets only")
-    if cfg is None:
-        return stack_for(load(name, device=device, dtype=dtype, tp=tp), config, max_reqs=max_reqs)
+    if checkpoint is not None:
+        model = load(checkpoint, device=device, dtype=dtype, tp=tp)
+        return stack_for(model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype)
+    cfg = preset(name)
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
-    model, kv = _preset_parts(name, cfg, config.page_size, num_pages, seed, dtype, device, tp, kv_cache_dtype)
+    if isinstance(cfg, MLAConfig):
+        model = MLACausalLM.from_seed(cfg, seed, device, dtype, tp)
+        kv = latent_cache(cfg, config.page_size, num_pages, dtype, device, kv_cache_dtype)
+    elif isinstance(cfg, DSAConfig):
+        if tp.size > 1:
+            raise ValueError(f"tensor parallelism supports the Llama presets; {name} is a DSA model")
+        model = TinyDSA.from_seed(cfg, seed, device, dtype)
+        mla = MLAShape(
+            cfg.num_layers, config.page_size, num_pages, cfg.index_dim, cfg.index_topk, cfg.num_heads
+        )
+        kv = MLAKVCache(mla, "bf16" if kv_cache_dtype in (None, "auto") else kv_cache_dtype, dtype, device)
+    else:
+        model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
+        shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
+        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, dtype), device)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
 
 
-def _preset_parts(
-    name: str,
-    cfg: LlamaConfig | DSAConfig | MLAConfig,
-    page_size: int,
-    num_pages: int,
-    seed: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    tp: TPGroup,
-    kv_cache_dtype: str | None,
-) -> tuple[TinyLlama | TinyDSA | MLACausalLM, PagedKVCache | LatentKVCache | MLAKVCache]:
-    """A preset's model (random weights from ``seed``) and its KV cache of ``num_pages``."""
-    if isinstance(cfg, MLAConfig):
-        return MLACausalLM.from_seed(cfg, seed, device, dtype, tp), latent_cache(
-            cfg, page_size, num_pages, dtype, device
+def mha_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of an MHA/GQA cache named ``name`` (``None``/``"auto"``: ``model_dtype``)."""
+    if (name or "auto") not in MHA_KV_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype {name!r} is not one of {', '.join(MHA_KV_DTYPES)} for an MHA/GQA model "
+            "(bf16 | fp8 are DSA presets' MLA layouts)"
         )
-    if isinstance(cfg, DSAConfig):
-        if tp.size > 1:
-            raise ValueError(f"tensor parallelism supports the Llama presets; {name} is a DSA model")
-        mla = MLAShape(cfg.num_layers, page_size, num_pages, cfg.index_dim, cfg.index_topk, cfg.num_heads)
-        return TinyDSA.from_seed(cfg, seed, device, dtype), MLAKVCache(
-            mla, kv_cache_dtype or "bf16", dtype, device
-        )
-    model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
-    shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, page_size, num_pages)
-    return model, PagedKVCache(shape, dtype, device)
+    return MHA_KV_DTYPES[name or "auto"] or model_dtype
 
 
 def latent_cache(
-    cfg: MLAConfig, page_size: int, num_pages: int, dtype: torch.dtype, device: torch.device
+    cfg: MLAConfig,
+    page_size: int,
+    num_pages: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_cache_dtype: str | None = None,
 ) -> LatentKVCache:
-    """The dense-MLA cache of ``cfg``: its layers' latents and RoPE keys over ``num_pages``."""
+    """The dense-MLA cache of ``cfg`` over ``num_pages``: each layer's latents and RoPE keys in ``dtype``."""
+    if kv_cache_dtype not in (None, "auto"):
+        raise ValueError(
+            f"kv_cache_dtype {kv_cache_dtype!r}: a dense-MLA cache keeps the model's dtype ('auto')"
+        )
     shape = LatentShape(cfg.num_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim, page_size, num_pages)
     return LatentKVCache(shape, dtype, device)
 
 
 def stack_for(
-    model: CausalLM | MLACausalLM | HFWrapped, config: RuntimeConfig, *, max_reqs: int | None = None
+    model: TinyLlama | CausalLM | MLACausalLM | HFWrapped,
+    config: RuntimeConfig,
+    *,
+    max_reqs: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> ModelStack:
     """A KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
 
-    The cache takes the model's parameter dtype and device and ``model.cfg``'s geometry: a
-    latent cache for a dense-MLA model, else a paged cache (``num_layers``, ``head_dim``) whose
-    KV heads are the ones this rank stores (``model.num_kv_heads`` of a tensor-parallel shard,
-    else ``cfg.num_kv_heads``).
+    A dense-MLA model gets a :class:`LatentKVCache` (:func:`latent_cache`). Otherwise the paged cache takes the model's device, ``model.cfg``'s geometry (``num_layers``, ``head_dim``,
+    ``vocab_size``) and the model's parameter dtype, or FP8 for ``kv_cache_dtype="fp8_e4m3"``
+    (with the checkpoint's ``kv_scales`` when it had any, else 1.0); its KV heads are the ones
+    this rank stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
     """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
     kv: PagedKVCache | LatentKVCache
     if isinstance(cfg, MLAConfig):
-        kv = latent_cache(cfg, config.page_size, num_pages, param.dtype, param.device)
+        kv = latent_cache(cfg, config.page_size, num_pages, param.dtype, param.device, kv_cache_dtype)
     else:
         heads = getattr(model, "num_kv_heads", cfg.num_kv_heads)
-        kv = PagedKVCache(
-            KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, num_pages),
-            param.dtype,
-            param.device,
-        )
+        shape = KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, num_pages)
+        scales: KVScales | None = getattr(model, "kv_scales", None)
+        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
     return ModelStack(
         model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)

@@ -74,7 +74,9 @@ class KVWrites(NamedTuple):
 class KVLedger:
     """Host state of ``max_reqs`` request rows over ``num_slots`` live KV slots."""
 
-    def __init__(self, max_reqs: int, max_context_len: int, num_slots: int) -> None:
+    def __init__(self, max_reqs: int, max_context_len: int, num_slots: int, page_size: int = 1) -> None:
+        self.page_size = page_size
+        self._ps = np.array(page_size, dtype=np.int64)  # NOTE: 0-d: numpy 2 converts ints per call
         self.valid_lens = np.zeros(max_reqs, dtype=np.int64)
         self.table = np.zeros((max_reqs, max_context_len), dtype=np.int32)  # host mirror of valid entries
         self.owner = np.full(num_slots, -1, dtype=np.int64)  # row that wrote the slot, -1: free
@@ -97,6 +99,40 @@ class KVLedger:
         refs = self.refs[w.slots]
         if any_true(refs):
             self._check_slots(w, refs, valid)
+        if self.page_size > 1 and w.recorded and w.slots.size:
+            self._check_pages(w)
+
+    def _check_pages(self, w: KVWrites) -> None:
+        """The page is the unit of ownership: a row's logical page maps to one physical page.
+
+        A write inside a page (``pos % page_size != 0``) must land in the page of the row's
+        write at the page's first position (held, or written by this step: a request's writes
+        are in position order). With the slot check this also keeps a row out of another
+        row's page: offset 0 of a page with live slots is live (positions fill pages from
+        their start, prefixes are shared in whole pages), so starting a page there is refused
+        by the slot check, and writing inside it by this one.
+        """
+        rows = w.rows if w.per_row else w.rows[w.slot_req]
+        pos, slots, ps = w.slot_pos, w.slots, self._ps
+        within = np.remainder(pos, ps)
+        page = np.floor_divide(slots, ps)
+        first = pos - within
+        inner = within > 0
+        if any_true(inner):
+            starts = w.starts if w.per_row else w.starts[w.slot_req]
+            first_slot = self.table[rows, first].astype(np.int64)
+            fresh = inner & (first >= starts)
+            if any_true(fresh):  # NOTE: the page's first position is written by this step
+                k = np.flatnonzero(fresh)
+                first_slot[k] = slots[k - within[k]]
+            bad = inner & (np.floor_divide(first_slot, ps) != page)
+            if any_true(bad):
+                t = int(np.argmax(bad))
+                raise KVIsolationError(
+                    f"request {int(w.slot_req[t])} (row {int(rows[t])}) writes position {int(pos[t])} into "
+                    f"page {int(page[t])}, but its page's first position {int(first[t])} is in page "
+                    f"{int(first_slot[t]) // self.page_size}: a row's logical page maps to one physical page"
+                )
 
     def _check_slots(self, w: KVWrites, refs: np.ndarray, valid: np.ndarray) -> None:
         # NOTE: one write per request: slot i is request i's, so the per-slot gathers are views.
@@ -216,11 +252,21 @@ class KVLedger:
         self.truncate(np.array([row]), np.zeros(1, dtype=np.int64))
 
     def share_prefix(self, src: int, dst: int, length: int) -> None:
-        """``dst`` (freed first) holds ``src``'s positions ``0..length-1``, sharing their slots."""
+        """``dst`` (freed first) holds ``src``'s positions ``0..length-1``, sharing their slots.
+
+        Whole pages only: a partial last page would be read by ``dst`` through the same page
+        as ``src``'s later positions (refused; copy the partial page's KV into a page of
+        ``dst``'s own and share ``length - length % page_size``).
+        """
         if not 0 <= length <= self.valid_lens[src]:
             raise KVIsolationError(
                 f"share_prefix: row {src} has {int(self.valid_lens[src])} valid position(s), "
                 f"cannot share {length}"
+            )
+        if length % self.page_size and src != dst:
+            raise KVIsolationError(
+                f"share_prefix: length {length} is not a multiple of page_size {self.page_size}: "
+                f"prefixes are shared in whole pages (share {length - length % self.page_size})"
             )
         if src == dst:
             self.truncate(np.array([dst]), np.array([length]))

@@ -21,8 +21,7 @@ def slot_rows(kv: PagedKVCache | LatentKVCache | MLAKVCache) -> list[torch.Tenso
     if isinstance(kv, LatentKVCache):
         return kv.slot_rows()
     if isinstance(kv, PagedKVCache):
-        kvh, d = kv.shape.num_kv_heads, kv.shape.head_dim
-        return [t.view(-1, kvh, d) for t in (*kv.k, *kv.v)]
+        return kv.slot_rows()
     return [kv.rows(layer) for layer in range(len(kv.kv))] + list(kv.index_k)
 
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from graphrt.kv.quant import FP8, KVScales, LayerScales, is_fp8, storage, store_slots
+
+KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +55,15 @@ class PagedKVCache(PagedSlots):
     The last page is reserved as the dummy page and its first slot as the dummy slot:
     padded rows of a graph read that page and write that slot, never a live one (and never
     slot 0, which belongs to a live page).
+
+    An FP8 cache (``torch.float8_e4m3fn``, one byte per element) also holds each layer's K and
+    V dequantisation scales (``k_scale``, ``v_scale``: ``[num_layers]`` float32, from
+    ``scales`` or 1.0); every store quantises (:func:`graphrt.kv.quant.quantize`).
     """
 
-    def __init__(self, shape: KVShape, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, shape: KVShape, dtype: torch.dtype, device: torch.device, scales: KVScales | None = None
+    ) -> None:
         if dtype not in KV_DTYPES:
             raise TypeError(f"KV dtype must be one of {KV_DTYPES}, got {dtype}")
         if shape.num_pages < 2:
@@ -64,9 +72,55 @@ class PagedKVCache(PagedSlots):
         size = (shape.num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
         self.k = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
         self.v = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        if is_fp8(dtype):
+            self.set_scales(scales or KVScales.ones(shape.num_layers))
+
+    def set_scales(self, scales: KVScales) -> None:
+        """Per-layer dequantisation scales of an FP8 cache, written in place (graphs read them
+        where they are, so captured graphs use the new values)."""
+        if not is_fp8(self.dtype):
+            raise ValueError(f"KV scales apply to an FP8 cache, this one is {self.dtype}")
+        n = self.shape.num_layers
+        if len(scales.k) != n:
+            raise ValueError(f"{len(scales.k)} layers of KV scales for a cache of {n} layers")
+        k, v = (torch.tensor(s, dtype=torch.float32) for s in (scales.k, scales.v))
+        if self.k_scale is None or self.v_scale is None:
+            self.k_scale, self.v_scale = k.to(self.device), v.to(self.device)
+        else:
+            self.k_scale.copy_(k)
+            self.v_scale.copy_(v)
+
+    def scales(self, layer: int) -> LayerScales | None:
+        """Layer ``layer``'s scales (``[1]`` views), or None for a 16/32-bit cache."""
+        if self.k_scale is None or self.v_scale is None:
+            return None
+        return LayerScales(self.k_scale[layer : layer + 1], self.v_scale[layer : layer + 1])
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` ``[num_tokens, num_kv_heads, head_dim]`` at slots ``loc`` (int64)."""
+        scales = self.scales(layer)
+        store_slots(self.k[layer], loc, k, None if scales is None else scales.k)
+        store_slots(self.v[layer], loc, v, None if scales is None else scales.v)
+
+    def slot_rows(self) -> list[torch.Tensor]:
+        """Every layer's K then V as ``[num_slots, num_kv_heads, head_dim]`` storage views
+        (bytes for FP8), for copies of whole slots."""
         kvh, d = self.shape.num_kv_heads, self.shape.head_dim
-        self.k[layer].view(-1, kvh, d).index_copy_(0, loc, k.to(self.dtype))
-        self.v[layer].view(-1, kvh, d).index_copy_(0, loc, v.to(self.dtype))
+        return [storage(t).view(-1, kvh, d) for t in (*self.k, *self.v)]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V bytes one token takes in every layer together."""
+        return token_bytes(self.shape, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every page (the dummy page included) of every layer's K and V."""
+        return self.bytes_per_token * self.shape.num_pages * self.shape.page_size
+
+
+def token_bytes(shape: KVShape, dtype: torch.dtype) -> int:
+    """K and V bytes one token takes in every layer of a ``dtype`` cache of ``shape``."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize

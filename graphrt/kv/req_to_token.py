@@ -34,7 +34,7 @@ class ReqToToken:
         self.table = torch.full((max_reqs + 1, max_context_len), dummy_slot, dtype=torch.int32, device=device)
         # NOTE: column j*page_size of a row holds the first slot of the row's page j.
         self.page_starts = torch.arange(0, max_context_len, page_size, device=device)
-        self.ledger = KVLedger(max_reqs, max_context_len, dummy_slot)
+        self.ledger = KVLedger(max_reqs, max_context_len, dummy_slot, page_size)
         # NOTE: one read-only view, made once: callers read it every step.
         self._valid_view = self.ledger.valid_lens.view()
         self._valid_view.flags.writeable = False

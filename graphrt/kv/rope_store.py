@@ -10,13 +10,17 @@ the cache slot ``loc[t]`` of K and V (the dummy slot for pad rows) — nothing e
 
 The torch code below is the same math and the oracle (CPU, fp32 caches, Triton switched off).
 Both rotate NeoX halves in float32 from the ``cos_sin`` the model rounded to its dtype, and round
-once to the output dtype, so they agree to that rounding.
+once to the output dtype, so they agree to that rounding. An FP8 cache (:mod:`graphrt.kv.quant`)
+is written quantised: the rotated k (and v) divided by the layer's scale, saturated at ±448 and
+rounded to float8_e4m3fn, the same float32 math in both (correctly rounded division in Triton).
 """
 
 from __future__ import annotations
 
 import torch
 
+from graphrt.kv.quant import FP8, FP8_MAX, LayerScales
+from graphrt.kv.quant import store_slots as store_ref
 from graphrt.step.switches import tl, triton, triton_enabled
 
 #: The switch of the fused kernel (:mod:`graphrt.step.switches`).
@@ -34,23 +38,20 @@ def rotate_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def store_ref(cache: torch.Tensor, loc: torch.Tensor, x: torch.Tensor) -> None:
-    """``x [T, heads, head_dim]`` into slots ``loc [T]`` of ``cache [pages, page_size, heads, head_dim]``."""
-    cache.view(-1, *x.shape[1:]).index_copy_(0, loc, x.to(cache.dtype))
-
-
 def _fits(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor
 ) -> bool:
-    """Whether the kernel handles these tensors: same 16-bit dtype everywhere, heads packed
-    (``stride(-2) == head_dim``, ``stride(-1) == 1``), RoPE over the whole head."""
+    """Whether the kernel handles these tensors: one 16-bit dtype for q, k, v and ``cos_sin``,
+    the cache in it or FP8, heads packed (``stride(-2) == head_dim``, ``stride(-1) == 1``),
+    RoPE over the whole head."""
     d = q.shape[-1]
     packed = all(x.stride(-1) == 1 and x.stride(-2) == d for x in (q, k, v))
-    dtypes = {q.dtype, k.dtype, v.dtype, cos_sin.dtype, cache.dtype}
+    dtypes = {q.dtype, k.dtype, v.dtype, cos_sin.dtype}
     return (
         packed
         and len(dtypes) == 1
         and q.dtype in FUSED_DTYPES
+        and cache.dtype in (q.dtype, FP8)
         and cos_sin.shape[-1] == d
         and cos_sin.stride(-1) == 1
         and d % 2 == 0
@@ -66,27 +67,35 @@ def rope_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     loc: torch.Tensor,
+    scales: LayerScales | None = None,
 ) -> torch.Tensor:
     """Rotate ``q`` and ``k`` by ``cos_sin``, store the rotated ``k`` and ``v`` at slots ``loc``.
 
     ``q [T, Hq, D]``, ``k``/``v [T, Hk, D]`` (views of a projection are fine: any token
-    stride), ``cos_sin [T, D]``, caches ``[pages, page_size, Hk, D]``, ``loc [T]`` int64.
-    Returns the rotated ``q`` ``[T, Hq, D]``, contiguous. Inputs are not modified.
+    stride), ``cos_sin [T, D]``, caches ``[pages, page_size, Hk, D]``, ``loc [T]`` int64;
+    ``scales``: the layer's dequantisation scales when the caches are FP8. Returns the rotated
+    ``q`` ``[T, Hq, D]``, contiguous, in ``q``'s dtype. Inputs are not modified.
     """
-    if not (triton_enabled(ENV, q.device) and _fits(q, k, v, cos_sin, k_cache) and v_cache.is_contiguous()):
-        store_ref(k_cache, loc, rotate_ref(k, cos_sin))
-        store_ref(v_cache, loc, v)
+    fp8 = k_cache.dtype == FP8
+    if fp8 and scales is None:
+        raise ValueError("an FP8 KV cache is written with its layer's scales; none were given")
+    fused = triton_enabled(ENV, q.device) and _fits(q, k, v, cos_sin, k_cache)
+    if not (fused and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()):
+        store_ref(k_cache, loc, rotate_ref(k, cos_sin), None if scales is None else scales.k)
+        store_ref(v_cache, loc, v, None if scales is None else scales.v)
         return rotate_ref(q, cos_sin)
     tokens, hq, d = q.shape
     out = torch.empty((tokens, hq, d), dtype=q.dtype, device=q.device)
     if tokens:
         hk = k.shape[1]
+        # NOTE: a 16-bit cache passes its own (unread) pointers as the scales
+        k_scale, v_scale = (scales.k, scales.v) if scales is not None else (k_cache, v_cache)
         _rope_store[(tokens,)](
-            q, k, v, cos_sin, out, k_cache, v_cache, loc,
+            q, k, v, cos_sin, out, k_cache, v_cache, loc, k_scale, v_scale,
             q.stride(0), k.stride(0), v.stride(0), cos_sin.stride(0), loc.stride(0),
             HQ=hq, HK=hk, HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2),
+            BLOCK_D=triton.next_power_of_2(d // 2), QUANT=fp8, FP8_MAX=FP8_MAX,
         )  # fmt: skip
     return out
 
@@ -94,22 +103,40 @@ def rope_store(
 if triton is not None:
 
     @triton.jit
-    def _rotate_heads(src, dst, cos, sin, d, heads, H: tl.constexpr, HALF: tl.constexpr):
+    def _to_cache(x, src, dst, scale, QUANT: tl.constexpr, FP8_MAX: tl.constexpr):
+        """``x`` (float32) as the cache at ``dst`` stores it: rounded to the dtype of ``src``
+        (the model's) first, as the torch path's tensors are, then quantised by ``scale`` for
+        an FP8 cache. NOTE: pointers, not dtypes, as arguments: Triton 3.6 cannot pass a dtype."""
+        dst_ty = dst.dtype.element_ty
+        x = x.to(src.dtype.element_ty)
+        if QUANT:
+            x = tl.fdiv(x.to(tl.float32), scale, ieee_rounding=True)  # NOTE: as torch divides
+            x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+            return x.to(dst_ty, fp_downcast_rounding="rtne")
+        return x.to(dst_ty)
+
+    @triton.jit
+    def _rotate_heads(
+        src, dst, cos, sin, d, heads, scale,
+        H: tl.constexpr, HALF: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+    ):  # fmt: skip
         """Rotate ``H`` packed heads at ``src`` (row of ``2 * HALF`` each) into ``dst``."""
         mask = (heads[:, None] < H) & (d[None, :] < HALF)
         at = heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(src + at, mask=mask).to(tl.float32)
         x2 = tl.load(src + at + HALF, mask=mask).to(tl.float32)
-        ty = dst.dtype.element_ty
-        tl.store(dst + at, (x1 * cos[None, :] - x2 * sin[None, :]).to(ty), mask=mask)
-        tl.store(dst + at + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(ty), mask=mask)
+        y1 = _to_cache(x1 * cos[None, :] - x2 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
+        y2 = _to_cache(x2 * cos[None, :] + x1 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
+        tl.store(dst + at, y1, mask=mask)
+        tl.store(dst + at + HALF, y2, mask=mask)
 
     @triton.jit
     def _rope_store(
-        q, k, v, cos_sin, out, k_cache, v_cache, loc,
+        q, k, v, cos_sin, out, k_cache, v_cache, loc, k_scale, v_scale,
         q_stride, k_stride, v_stride, cs_stride, loc_stride,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+        QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
@@ -117,11 +144,19 @@ if triton is not None:
         sin = tl.load(cos_sin + t * cs_stride + HALF + d, mask=d < HALF).to(tl.float32)
         slot = tl.load(loc + t * loc_stride).to(tl.int64)
         row = HK * 2 * HALF  # NOTE: one cache slot holds every KV head of the token
+        ks, vs = 1.0, 1.0
+        if QUANT:
+            ks, vs = tl.load(k_scale).to(tl.float32), tl.load(v_scale).to(tl.float32)
         hq = tl.arange(0, BLOCK_HQ)
-        _rotate_heads(q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, HQ, HALF)
+        _rotate_heads(
+            q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, 1.0, HQ, HALF, False, FP8_MAX
+        )
         hk = tl.arange(0, BLOCK_HK)
-        _rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, HK, HALF)
+        _rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, ks, HK, HALF, QUANT, FP8_MAX)
         e = tl.arange(0, 2 * BLOCK_D)
         mask = (hk[:, None] < HK) & (e[None, :] < 2 * HALF)
         at = hk[:, None] * (2 * HALF) + e[None, :]
-        tl.store(v_cache + slot * row + at, tl.load(v + t * v_stride + at, mask=mask), mask=mask)
+        x = tl.load(v + t * v_stride + at, mask=mask)
+        if QUANT:
+            x = _to_cache(x.to(tl.float32), v, v_cache, vs, QUANT, FP8_MAX)
+        tl.store(v_cache + slot * row + at, x, mask=mask)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -23,9 +23,6 @@ import torch
 from graphrt.buffers import BufferSpec, Dims, StaticBuffers
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode, SpecGeometry
-
-if TYPE_CHECKING:
-    from graphrt.metadata.local import LocalGeometry
 
 #: A host write of an attention backend's own group: ``write(batch, host, rows)``.
 HostWrite = Callable[[Batch, dict[str, np.ndarray], int], None]
@@ -45,6 +42,15 @@ class BufferGroup:
             raise ValueError(f"{self.view_type.__name__} has host-written buffers but no write")
 
 
+class LocalShape(Protocol):
+    """What the local group needs of :class:`~graphrt.metadata.local.LocalGeometry`."""
+
+    chunk_size: int
+    page_size: int
+
+    def chunk_pages(self, max_pages: int) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Geometry:
     """What decides which groups exist and how large they are; fixed for a runtime.
@@ -54,7 +60,7 @@ class Geometry:
     """
 
     spec: SpecGeometry | None = None
-    local: LocalGeometry | None = None
+    local: LocalShape | None = None
     sample: bool = False
     page_size: int = 1
     attention: BufferGroup | None = None

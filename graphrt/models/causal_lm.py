@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from graphrt.kv.quant import KVScales
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
 from graphrt.models.parallel import SINGLE
@@ -48,27 +49,21 @@ class CausalLM(Decoder):
     Fused projections: ``attn.qkv`` holds q, k, v rows and ``mlp.gate_up`` gate then up rows
     (``checkpoint.LAYER_TENSORS`` maps checkpoint tensors onto them). With ``tp`` every
     parameter is this rank's shard (``Decoder``'s embedding, MLP and head; the attention here).
+    ``kv_scales``: the checkpoint's per-layer K/V scales for an FP8 KV cache, if it has any.
     """
+
+    kv_scales: KVScales | None = None
 
     def __init__(
         self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None, tp: TPGroup = SINGLE
     ) -> None:
         super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp)
         self.freq_factors = freq_factors
-        self.tie()
 
     @property
     def num_kv_heads(self) -> int:
         """KV heads this rank stores (its KV cache's head count)."""
         return self.layers[0].attn.num_kv_heads
-
-    def tie(self) -> None:
-        """Share the embedding with the LM head when the checkpoint ties them.
-
-        Both hold the same vocabulary rows on every rank (``vocab_split``), so a shard ties too.
-        """
-        if self.cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
 
     def reset_rope(self, device: torch.device) -> None:
         """(Re)compute ``inv_freq`` (float32, on ``device``) from the config's rope type."""

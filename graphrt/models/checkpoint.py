@@ -10,12 +10,14 @@ columns of a checkpoint tensor this rank keeps, and the source reads only those.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.mla import MLACausalLM
@@ -64,6 +66,13 @@ MLA_ATTENTION = (
 MLA_LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
     k: v for k, v in LAYER_TENSORS.items() if not k.startswith("self_attn.")
 } | {f"self_attn.{m}.{w}": (f"attn.{m}.{w}", None) for m in MLA_ATTENTION for w in ("weight", "bias")}
+#: Optional per layer ``model.layers.{i}.<key>``: an FP8 KV cache's dequantisation scales (one
+#: value each; Hugging Face FP8 checkpoints), K's, V's, or one for both (older files).
+KV_SCALE_TENSORS: dict[str, tuple[str, ...]] = {
+    "self_attn.k_scale": ("k",),
+    "self_attn.v_scale": ("v",),
+    "self_attn.kv_scale": ("k", "v"),
+}
 #: Checkpoint names that may be present and are not loaded (RoPE tables are recomputed).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -136,7 +145,11 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"checkpoint is missing tensor {missing[0]!r}{more}")
     optional = {"lm_head.weight"} if tied else set()
-    extra = sorted(n for n in set(found) - set(expected) - optional if not n.endswith(IGNORED_SUFFIXES))
+    extra = sorted(
+        n
+        for n in set(found) - set(expected) - optional
+        if not n.endswith(IGNORED_SUFFIXES) and _kv_scale_key(n) is None
+    )
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise CheckpointError(f"checkpoint has unexpected tensor {extra[0]!r}{more}")
@@ -156,12 +169,48 @@ def materialize(
     """
     with torch.device("meta"):
         model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
-    expected = slots(model)
-    check_tensors(expected, source.shapes(), source.config.tie_word_embeddings)
+    expected, found = slots(model), source.shapes()
+    check_tensors(expected, found, source.config.tie_word_embeddings)
+    scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
     for name, slot in expected.items():
         copy_shard(params[slot.param], source.read(name, device, slot.shard), slot.shard)
     model.reset_rope(device)
+    model.kv_scales = scales
     return model.eval()
+
+
+def _kv_scale_key(name: str) -> tuple[int, str] | None:
+    """``(layer, key)`` of a :data:`KV_SCALE_TENSORS` name, else None."""
+    prefix, _, rest = name.partition("model.layers.")
+    layer, _, key = rest.partition(".")
+    return (int(layer), key) if not prefix and layer.isdigit() and key in KV_SCALE_TENSORS else None
+
+
+def kv_scales(source: TensorSource, shapes: Mapping[str, Shape], num_layers: int) -> KVScales | None:
+    """The checkpoint's per-layer K/V scales (:data:`KV_SCALE_TENSORS`, read on the CPU), or
+    None when it has none. Raises :class:`CheckpointError` for a scale that is not one positive
+    finite value, or a layer without its K or V scale when others have them."""
+    found: dict[tuple[int, str], float] = {}
+    for name, shape in shapes.items():
+        at = _kv_scale_key(name)
+        if at is None:
+            continue
+        if at[0] >= num_layers:
+            raise CheckpointError(f"checkpoint has unexpected tensor {name!r} ({num_layers} layers)")
+        if math.prod(shape) != 1:
+            raise CheckpointError(f"tensor {name!r}: a KV scale holds one value, found shape {list(shape)}")
+        value = float(source.read(name, torch.device("cpu"), Shard(0, 0, 1, 0, 1, tuple(shape))).item())
+        for part in KV_SCALE_TENSORS[at[1]]:
+            found[(at[0], part)] = value
+    if not found:
+        return None
+    missing = [f"layer {i} {p}_scale" for i in range(num_layers) for p in "kv" if (i, p) not in found]
+    if missing:
+        raise CheckpointError(f"checkpoint has KV scales but not {missing[0]}")
+    try:
+        return KVScales.of(*([found[(i, p)] for i in range(num_layers)] for p in "kv"))
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint KV scales: {err}") from None

@@ -31,7 +31,7 @@ CTX_KWARG = "graphrt_ctx"
 #: Rope types that read the batch's largest position on the host (``dynamic_rope_update``).
 UNCAPTURABLE_ROPE = ("dynamic", "longrope")
 #: Attention keywords some models pass that graphrt's kernels do not implement (refused when set).
-UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks")
+UNSUPPORTED_KWARGS = ("softcap",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ def graphrt_attention(
     (RoPE applied) → ``([1, T, num_q_heads, head_dim], None)``. The keys a token sees are those
     of its request in the paged cache (causal), so ``attention_mask`` must be ``None``.
     ``sliding_window`` (transformers: a query sees ``w`` keys, itself included) becomes graphrt's
-    ``window = w - 1``.
+    ``window = w - 1``; ``s_aux`` (gpt-oss's per-head sink logits) graphrt's ``sinks``.
     """
     ctx = kwargs.get(CTX_KWARG)
     if ctx is None:
@@ -76,7 +76,9 @@ def graphrt_attention(
         # NOTE: ctx.attention scales by head_dim ** -0.5; a model constant, folded into q.
         q = q * (scaling * head_dim**0.5)
     window = None if sliding_window is None else int(sliding_window) - 1
-    out = ctx.attention(module.layer_idx, q, k, v, window=window)
+    # NOTE: gpt-oss passes its per-head sink logits as s_aux.
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    out = ctx.attention(module.layer_idx, q, k, v, window=window, sinks=sinks)
     return out[None], None
 
 

@@ -16,6 +16,7 @@ from graphrt.models.parallel import (
     ParallelLMHead,
     RowParallelLinear,
     VocabParallelEmbedding,
+    head_param,
     kv_heads,
     scaled,
     split,
@@ -50,11 +51,19 @@ class Attention(nn.Module):
     """GQA attention over this rank's query heads and the KV heads they read (:func:`kv_heads`).
 
     ``qkv_bias`` / ``o_bias``: biases on the projections (Qwen2's q/k/v, some checkpoints' o).
-    Subclasses change how q, k and v are made (:meth:`project`), e.g. with per-head q/k norms.
+    ``sinks``: learned attention sinks, one logit per query head (``self.sinks``, this rank's
+    heads; gpt-oss). Subclasses change how q, k and v are made (:meth:`project`), e.g. with
+    per-head q/k norms.
     """
 
     def __init__(
-        self, cfg: Any, layer_id: int, tp: TPGroup = SINGLE, qkv_bias: bool = False, o_bias: bool = False
+        self,
+        cfg: Any,
+        layer_id: int,
+        tp: TPGroup = SINGLE,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         self.cfg, self.layer_id = cfg, layer_id
@@ -66,6 +75,7 @@ class Attention(nn.Module):
             cfg.hidden_size, (q_part, kv_part, kv_part), ("q", "k", "v"), bias=qkv_bias
         )
         self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=o_bias)
+        self.sinks = head_param(heads) if sinks else None
 
     def project(self, x: torch.Tensor, rope: Any) -> Projected:
         """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cos_sin [T, D])`` of ``x``: views of
@@ -80,7 +90,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
         cfg, layer = self.cfg, self.layer_id
         q, k, v, pending = self.project(x, rope)
-        out = ctx.attention(layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending)
+        out = ctx.attention(
+            layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending, sinks=self.sinks
+        )
         return self.o(out.reshape(-1, self.splits[0]))
 
 
@@ -126,7 +138,8 @@ class Block(nn.Module):
 
 
 def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
-    """Random weights from ``seed``, std ``1/sqrt(fan_in)`` (the contracted dim), norms at 1.
+    """Random weights from ``seed``, std ``1/sqrt(fan_in)`` (the contracted dim), norms at 1,
+    embeddings and attention sinks std 1.
 
     Logits get a usable spread; ``inv_freq`` (RoPE angles) stays float32 in any dtype. Sharded
     parameters draw their *full* tensor and keep their slice (``weight_loader``), so every TP
@@ -138,7 +151,8 @@ def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype
             if "norm" in name:
                 continue
             shape = getattr(p, "full_shape", p.shape)
-            fan_in = 1 if "embed" in name else (shape[-2] if len(shape) == 3 else shape[-1])
+            per_token = "embed" in name or name.endswith("sinks")  # NOTE: nothing is contracted
+            fan_in = 1 if per_token else (shape[-2] if len(shape) == 3 else shape[-1])
             full = torch.randn(shape, generator=gen) * fan_in**-0.5
             getattr(p, "weight_loader", _copy)(p, full)
     model = model.to(device=device, dtype=dtype).eval()
@@ -169,6 +183,16 @@ class Decoder(nn.Module):
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim
         self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
+        self.tie()
+
+    def tie(self) -> None:
+        """Share the embedding with the LM head when the config ties them (after every move
+        that makes new parameters, e.g. ``to_empty``).
+
+        Both hold the same vocabulary rows on every rank (``vocab_split``), so a shard ties too.
+        """
+        if getattr(self.cfg, "tie_word_embeddings", False):
+            self.lm_head.weight = self.embed.weight
 
     @classmethod
     def from_seed(
@@ -198,7 +222,7 @@ class TinyLlama(Decoder):
     """A Llama-style decoder: GQA attention through ``ctx.attention``; tensor-parallel with ``tp``."""
 
     def __init__(self, cfg: LlamaConfig, tp: TPGroup = SINGLE) -> None:
-        super().__init__(cfg, cfg.head_dim, lambda i: Attention(cfg, i, tp), tp)
+        super().__init__(cfg, cfg.head_dim, lambda i: Attention(cfg, i, tp, sinks=cfg.sinks), tp)
 
     @property
     def num_kv_heads(self) -> int:

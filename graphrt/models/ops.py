@@ -1,7 +1,8 @@
-"""Model ops with one torch definition (CPU path and oracle) and sgl-kernel's fused kernels on GPU.
+"""Model ops with one torch definition (CPU path and oracle) and fused kernels on GPU.
 
 Each op picks the fused kernel when the tensor is on CUDA in bf16/fp16 and ``sgl_kernel``
-imports; otherwise the torch code below runs. Both compute in float32 and round once to the
+imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.models.skinny`); otherwise the
+torch code below runs. Both compute in float32 and round once to the
 input dtype, so they agree to bf16 rounding (tested per op on the GPU). None of them syncs
 the host or allocates outside the graph pool, so all of them capture.
 """
@@ -14,10 +15,17 @@ import os
 from types import ModuleType
 
 import torch
+from torch.nn import functional as F
 
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
+from graphrt.models import skinny
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
+#: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
+#: the H100 (``graphrt bench gemm``, bench/results/h100/floor/): at M = 1 the kernel with PDL beats
+#: cuBLAS on every 1B and 8B projection (o 6.5 → 4.2 µs, lm_head 187 → 166 µs); at M = 16 its
+#: tensor-core path takes about twice cuBLAS's time, so only single-row steps take it.
+SKINNY_MAX_M = 1
 
 
 @functools.cache
@@ -36,6 +44,19 @@ def fused(x: torch.Tensor) -> ModuleType | None:
     if not x.is_cuda or x.dtype not in FUSED_DTYPES:
         return None
     return _sgl()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight^T (+ bias)``: ``x [..., K]``, ``weight [N, K]``, ``bias [N]``; returns ``[..., N]``.
+
+    With at most :data:`SKINNY_MAX_M` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
+    weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
+    Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
+    """
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if 0 < rows.shape[0] <= SKINNY_MAX_M and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
+        return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

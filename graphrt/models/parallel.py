@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from graphrt.models.ops import linear
 from graphrt.parallel import TPGroup, all_gather_last, all_reduce_
 
 SINGLE = TPGroup()
@@ -141,6 +142,13 @@ def _loader_param(shape: Sequence[int], full_shape: Sequence[int], shard: Shardi
     return p
 
 
+def head_param(heads: Part) -> nn.Parameter:
+    """A vector with one entry per query head (attention sinks), split like the heads: this
+    rank's ``heads.size`` entries of a ``[heads.full]`` tensor."""
+    entries = row_shard(heads, 0, ())
+    return _loader_param((heads.size,), (heads.full,), lambda part=None: entries)
+
+
 def _loader(shard: Sharding) -> Callable[..., None]:
     def load(param: nn.Parameter, loaded: torch.Tensor, part: int | str | None = None) -> None:
         s = shard(part)
@@ -187,7 +195,7 @@ class ColumnParallelLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -208,7 +216,7 @@ class RowParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce_(F.linear(x, self.weight), self.tp)
+        out = all_reduce_(linear(x, self.weight), self.tp)
         return out if self.bias is None else out + self.bias
 
 
@@ -241,5 +249,5 @@ class ParallelLMHead(ColumnParallelLinear):
         self.tp, self.vocab_size = tp, vocab_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last(F.linear(x, self.weight), self.tp)
+        logits = all_gather_last(linear(x, self.weight), self.tp)
         return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]

@@ -26,6 +26,11 @@ class LlamaConfig:
     #: Layer ``i`` is global when ``(i + 1) % global_every == 0``; the others are local
     #: (Llama-4: 4; Gemma-2's alternation: 2). Without a window or chunk every layer is global.
     global_every: int = 4
+    #: The LM head is the embedding table (one ``[vocab, hidden]`` tensor read by both).
+    tie_word_embeddings: bool = False
+    #: Every layer has learned attention sinks: one logit per query head that joins the
+    #: softmax's denominator (gpt-oss).
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("sliding_window", "attention_chunk_size"):
@@ -169,10 +174,25 @@ PRESETS: dict[str, LlamaConfig | DSAConfig | MLAConfig] = {
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
 }
+# NOTE: Llama-3.2-1B: Llama-3-8B's vocabulary, heads and RoPE theta at half the width and depth,
+# head_dim 64, intermediate 8192, the head tied to the embedding (random weights; default RoPE,
+# not the checkpoint's llama3 scaling: same kernels, same bytes). A step reads 2.47 GB of
+# weights, 525 MB of them the head's: the decode-at-the-floor target.
+PRESETS["llama-3.2-1b"] = replace(
+    PRESETS["llama-3-8b"],
+    hidden_size=2048,
+    num_layers=16,
+    head_dim=64,
+    intermediate_size=8192,
+    tie_word_embeddings=True,
+)
 # NOTE: same sizes as tiny-llama. The window (24) is not a multiple of 16, so its edge falls
 # inside a page; the chunk (32) spans two 16-token pages.
 PRESETS["tiny-llama-swa"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2)
 PRESETS["tiny-llama-local"] = replace(PRESETS["tiny-llama"], attention_chunk_size=32, global_every=4)
+# NOTE: gpt-oss's attention with a dense MLP: sliding-window layers (0, 2) alternate with full
+# ones (1, 3), and every layer has sinks.
+PRESETS["tiny-sinks"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2, sinks=True)
 
 
 def preset(name: str) -> LlamaConfig | DSAConfig | MLAConfig:

@@ -74,7 +74,10 @@ class SafetensorsDir:
         return out
 
     def read(self, name: str, device: torch.device, shard: Shard) -> torch.Tensor:
-        """``shard``'s rows (``dim`` 0) or columns (``dim`` 1) of ``name``, read from the file."""
+        """``shard``'s rows (``dim`` 0) or columns (``dim`` 1) of ``name``, read from the file
+        (all of a 0-d tensor, such as a KV scale)."""
         index = (slice(None),) * shard.dim + (slice(shard.start, shard.stop),)
         with _safe_open(self.files[name], str(device)) as f:
+            if not shard.shape:
+                return f.get_tensor(name).to(device)
             return f.get_slice(name)[index].to(device)

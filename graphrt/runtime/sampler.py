@@ -1,15 +1,34 @@
 """The sampler a program runs inside the captured graph: logits → one token id per request row.
 
-Every shape is a function of the graph key (``[R, V]``), nothing syncs, nothing depends on the
-data's values on the host: top-k / top-p / min-p are masks over the whole vocabulary sorted
-once, greedy rows are a ``torch.where`` over the argmax. Randomness is counter-based: the noise
-of row ``r`` at vocabulary entry ``j`` is an integer hash of ``(seed[r], position[r], j)``, so a
-request's token depends on its own logits, parameters and position only — never on its batch
-mates, its bucket, or whether a graph or the eager path ran it.
+**What is drawn** (row ``r``, vocabulary ``V``, float32 logits ``z``; the Triton kernel of
+:mod:`graphrt.runtime.sampler_kernel` and the torch code here compute the same thing):
 
-The draw is Gumbel-max: ``argmax_j (logits_j / temperature + g_j)`` over the kept tokens, with
-``g_j = -log(-log(u_j))`` for uniforms ``u_j``, is an exact draw from ``softmax(logits /
-temperature)`` restricted to the kept set.
+- ``temperature <= 0``: greedy, the argmax of ``z`` (the lowest id among equal maxima).
+- Otherwise tokens are ranked by ``z`` descending, equal logits by id ascending (``rank 0`` is
+  the greedy token). With ``d_j = (z_j - max z) / temperature`` a token's *mass* is
+  ``q_j = floor(exp(d_j) * 2**32)``, an int64 (its probability relative to the most likely
+  token's, in units of 2**-32), so every sum of masses is exact in any order. Token ``j`` is
+  **kept** when all three hold (each filter sees the same unfiltered distribution):
+
+  - top-k: ``rank(j) < top_k`` (``top_k`` 0 or ``>= V``: off). Exactly ``top_k`` tokens.
+  - top-p: the tokens ranked before ``j`` hold less than ``top_p`` of the mass:
+    ``float64(sum q_i, rank(i) < rank(j)) < float64(top_p) * float64(sum q)`` (``top_p >= 1``:
+    off). Among equal logits the lower id comes first.
+  - min-p: ``d_j >= log(min_p)`` (float32), i.e. ``p_j >= min_p * max p`` (``min_p`` 0: off).
+
+  Rank 0 always passes all three. The token is ``argmax_j (z_j / temperature + g_j)`` over the
+  kept tokens (the lowest id among equal scores): Gumbel-max, an exact draw from
+  ``softmax(z / temperature)`` restricted to them.
+
+Randomness is counter-based: ``g_j = -log(-log(u_j))`` where ``u_j`` is an integer hash of
+``(seed[r], position[r], j)`` (:func:`uniforms`), so a request's token depends on its own
+logits, parameters and position only — never on its batch mates, its bucket, or whether a graph
+or the eager path ran it. Every integer step is exact; float32 steps are the same IEEE operations
+in both implementations (``exp`` and ``log`` may differ in the last bit between libraries, which
+changes a token only where two scores tie to within that bit).
+
+The torch code (CPU, ``GRAPHRT_FUSED_SAMPLER=0``, and the oracle of the kernel's tests) sorts the
+vocabulary once per row; the kernel sorts nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +36,18 @@ from __future__ import annotations
 import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
+from graphrt.runtime.sampler_launch import check_vocab, fused_sample
+from graphrt.step.switches import triton_enabled
 
 MASK32 = 0xFFFFFFFF
 #: Mantissa bits of a float32 uniform: ``u = (h + 0.5) / 2**24`` lies strictly inside (0, 1).
 UNIFORM_BITS = 24
 #: Keeps the per-entry stream apart from the per-row key (any odd 32-bit constant).
 VOCAB_SALT = 0x9E3779B9
+#: A token's mass is its probability relative to the most likely token in units of 2**-MASS_BITS.
+MASS_BITS = 32
+#: The switch of the fused kernel (:mod:`graphrt.step.switches`).
+ENV = "GRAPHRT_FUSED_SAMPLER"
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -52,51 +77,82 @@ def uniforms(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> tor
     return ((bits >> (32 - UNIFORM_BITS)).float() + 0.5) * (2.0**-UNIFORM_BITS)
 
 
-def keep_mask(sorted_logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
-    """Which ranks survive top-k, then top-p, then min-p: ``[R, V]`` bool over descending logits.
+def fused_sampler(device: torch.device) -> bool:
+    """Whether :func:`sample` on ``device`` runs the Triton kernel (CUDA, Triton importable)."""
+    return triton_enabled(ENV, device)
 
-    ``sorted_logits [R, V]`` float32 are already divided by the temperature. Rank 0 (the most
-    likely token) always survives, so every row keeps at least one token.
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with ``-0.0`` made ``+0.0``, so that equal values compare equal bit for bit too."""
+    return torch.where(x == 0, 0.0, x)
+
+
+def _prepared(
+    logits: torch.Tensor, params: SamplingBuffers
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(z [R, V] float32, sampled [R] bool, temperature [R])``: temperature 1 on greedy rows."""
+    check_vocab(logits.shape[-1])
+    sampled = params.temperature > 0.0
+    return _plain(logits.float()), sampled, torch.where(sampled, params.temperature, 1.0)
+
+
+def keep_mask(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
+    """The kept tokens of every row as sampled rows keep them: ``[R, V]`` bool, vocabulary order.
+
+    See the module docstring for the definition (greedy rows are treated as temperature 1).
     """
-    vocab = sorted_logits.shape[-1]
-    rank = torch.arange(vocab, device=sorted_logits.device)[None, :]
-    k = torch.where(params.top_k > 0, params.top_k, vocab)[:, None]
-    keep = rank < k
-    probs = torch.softmax(sorted_logits.masked_fill(~keep, -torch.inf), dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely kept tokens
-    top_p = params.top_p[:, None]
-    # NOTE: top_p >= 1 keeps every token even where rounding pushes the running sum past 1.
-    keep = keep & ((before < top_p) | (top_p >= 1.0))
-    keep = keep & (probs >= params.min_p[:, None] * probs[:, :1])
-    return keep | (rank == 0)
+    z, _, temperature = _prepared(logits, params)
+    return _kept(z, temperature, params)
+
+
+def _kept(z: torch.Tensor, temperature: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
+    vocab = z.shape[-1]
+    ordered, ids = z.sort(dim=-1, descending=True, stable=True)
+    d = (ordered - ordered[:, :1]) / temperature[:, None]
+    mass = torch.floor(torch.exp(d) * 2.0**MASS_BITS).long()
+    before = mass.cumsum(dim=-1) - mass  # exact: int64
+    rank = torch.arange(vocab, device=z.device)[None, :]
+    k = torch.where((params.top_k > 0) & (params.top_k < vocab), params.top_k, vocab)
+    keep = rank < k[:, None]
+    limit = torch.where(params.top_p < 1.0, params.top_p.double() * mass.sum(dim=-1).double(), torch.inf)
+    keep &= before.double() < limit[:, None]
+    keep &= d >= torch.log(params.min_p)[:, None]
+    keep |= rank == 0
+    return torch.zeros_like(keep).scatter_(1, ids, keep)
+
+
+def gumbel_scores(z: torch.Tensor, temperature: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
+    """``z / temperature + g`` ``[R, V]`` float32: the scores whose kept argmax is the draw."""
+    noise = -torch.log(-torch.log(uniforms(params.seed, params.position, z.shape[-1])))
+    return _plain(z / temperature[:, None] + noise)
+
+
+def sample_torch(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
+    """:func:`sample` in torch ops (any device; graph-safe: no host sync, fixed shapes)."""
+    z, sampled, temperature = _prepared(logits, params)
+    scores = gumbel_scores(z, temperature, params)
+    drawn = scores.masked_fill(~_kept(z, temperature, params), -torch.inf).argmax(dim=-1)
+    return torch.where(sampled, drawn, z.argmax(dim=-1))
 
 
 def sample(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
-    """One token id per row: greedy where ``temperature == 0``, else a filtered draw.
+    """One token id per row: greedy where ``temperature <= 0``, else a filtered draw.
 
     Parameters
     ----------
-    logits : [R, V] float (any float dtype; computed in float32)
+    logits : [R, V] float (any float dtype; computed in float32), ``V < 2**21``; finite, or
+        ``-inf`` for tokens that must never be drawn (at least one finite per row).
     params : SamplingBuffers
         ``[R]`` rows: temperature, top_k, top_p, min_p, seed, position.
 
     Returns
     -------
-    [R] int64 token ids. Graph-safe: no host sync, no data-dependent shape.
+    [R] int64 token ids. Graph-safe: no host sync, no data-dependent shape. On CUDA (Triton
+    importable, ``GRAPHRT_FUSED_SAMPLER`` not ``0``) two Triton launches; else torch ops.
     """
-    logits = logits.float()
-    greedy = params.temperature <= 0.0
-    argmax = logits.argmax(dim=-1)
-    # NOTE: sort the raw logits (stable, so ties keep the lower id first, as argmax does):
-    # dividing first could round two close logits into a tie and reorder them.
-    ordered, ids = logits.sort(dim=-1, descending=True, stable=True)
-    temperature = torch.where(greedy, 1.0, params.temperature)
-    scaled = ordered / temperature[:, None]
-    keep = keep_mask(scaled, params)
-    noise = -torch.log(-torch.log(uniforms(params.seed, params.position, logits.shape[-1])))
-    score = torch.where(keep, scaled + noise.gather(1, ids), -torch.inf)
-    drawn = ids.gather(1, score.argmax(dim=-1, keepdim=True)).squeeze(1)
-    return torch.where(greedy, argmax, drawn)
+    if fused_sampler(logits.device):
+        return fused_sample(logits, params)
+    return sample_torch(logits, params)
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
@@ -105,12 +161,7 @@ def filtered_probs(logits: torch.Tensor, params: SamplingBuffers) -> torch.Tenso
     Greedy rows are one-hot at the argmax. For tests and for callers that want the
     probabilities the sampler uses (not used by the programs).
     """
-    logits = logits.float()
-    greedy = params.temperature <= 0.0
-    ordered, ids = logits.sort(dim=-1, descending=True, stable=True)
-    scaled = ordered / torch.where(greedy, 1.0, params.temperature)[:, None]
-    keep = keep_mask(scaled, params) & ~(
-        greedy[:, None] & (torch.arange(ids.shape[1], device=ids.device) > 0)[None, :]
-    )
-    probs = torch.softmax(scaled.masked_fill(~keep, -torch.inf), dim=-1)
-    return torch.zeros_like(probs).scatter_(1, ids, probs)
+    z, sampled, temperature = _prepared(logits, params)
+    greedy = torch.zeros_like(z, dtype=torch.bool).scatter_(1, z.argmax(dim=-1, keepdim=True), True)
+    keep = torch.where(sampled[:, None], _kept(z, temperature, params), greedy)
+    return torch.softmax((z / temperature[:, None]).masked_fill(~keep, -torch.inf), dim=-1)

@@ -15,11 +15,13 @@ MAX_SEED = 2**63 - 1
 class SamplingParams:
     """How one request picks each new token; the default is greedy decoding.
 
-    The filters act on ``p = softmax(logits / temperature)`` in this order: ``top_k`` keeps the
-    ``k`` most likely tokens; ``top_p`` keeps, of those (renormalised), the smallest prefix by
-    descending probability whose mass reaches ``top_p``; ``min_p`` keeps tokens with
-    ``p >= min_p * max(p)``. The most likely token always survives. The token is then drawn from
-    the kept tokens with probabilities proportional to ``p``.
+    Tokens are ranked by logit (equal logits: the lower id first). The filters are independent
+    tests on the same ``p = softmax(logits / temperature)``: ``top_k`` keeps the ``k`` best
+    ranked tokens; ``top_p`` keeps a token when the tokens ranked before it hold less than
+    ``top_p`` of the mass (so the kept prefix is the smallest whose mass reaches ``top_p``);
+    ``min_p`` keeps tokens with ``p >= min_p * max(p)``. A token is kept when it passes all three;
+    the most likely token always does. The token is then drawn from the kept tokens with
+    probabilities proportional to ``p`` (exact definition: :mod:`graphrt.runtime.sampler`).
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Environment switches of the optional Triton kernels (the step update, RoPE + KV store).
+"""Environment switches of the optional Triton kernels (the step update, RoPE + KV store, sampler).
 
 Each kernel has an environment variable: ``1`` (default) runs it on CUDA, ``0`` runs the
 torch code it replaces on CUDA too (debugging, A/B timing), ``interpret`` runs it on the CPU

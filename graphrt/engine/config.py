@@ -1,0 +1,98 @@
+"""How an :class:`~graphrt.Engine` is built: one typed config instead of a bag of keywords."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphrt.step.config import RuntimeConfig
+from graphrt.step.modes import ForwardMode, SpecGeometry
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything an engine is built from besides its model.
+
+    Parameters
+    ----------
+    device : str or torch.device, optional
+        Default: CUDA when available, else CPU (emulated graphs there).
+    use_graphs : bool
+        Capture and replay graphs; ``False`` runs every step eagerly.
+    max_batch_size, page_size, max_context_len : int
+        Running requests, KV page size, longest sequence (prompt + new tokens).
+    seed : int
+        Weights of a preset (random from this seed).
+    backend : str, optional
+        Attention backend (``graphrt.attention.BACKENDS``); default: the preferred available one.
+    buckets : sequence of int, optional
+        The graphs' batch sizes; default: the runtime's ladder up to ``max_batch_size``.
+    record_logits : bool
+        Keep every step's logits per request (``Engine.logits``); samples on the host.
+    show_progress : bool
+        A progress bar while capturing.
+    speculative : dict, optional
+        Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft" | checkpoint,
+        "num_steps": k, "topk": 1, "num_draft_tokens": 1 + topk * k, "draft_init": "target" |
+        "seed" | "checkpoint", "draft_seed": 1}``. The draft needs the target's vocabulary.
+        ``topk > 1`` drafts a tree. Each round is DRAFT_DECODE → TARGET_VERIFY → DRAFT_EXTEND,
+        each a graph; tokens equal plain greedy decoding.
+    kv_cache_dtype : str, optional
+        ``"fp8_e4m3"`` for an FP8 MHA/GQA cache; DSA presets: ``"bf16"`` or ``"fp8"`` (656 bytes).
+    dtype : torch.dtype, optional
+        Weights, activations and (by default) KV cache; bf16 on CUDA, fp32 elsewhere.
+    tp : int
+        Tensor-parallel size: build on every rank of a ``torchrun --nproc-per-node tp`` world;
+        rank 0 schedules, every rank returns its tokens.
+    tp_timeout_s : float, optional
+        Seconds any collective waits for the other ranks before raising (naming the rank).
+    overlap : bool, optional
+        Run the host one step ahead of the device (:mod:`graphrt.engine.overlap`). Default
+        (None): on wherever supported, off with ``speculative`` or ``record_logits`` (``True``
+        with one of those raises ``ValueError``) and with ``tp > 1`` unless ``True``.
+    """
+
+    device: str | torch.device | None = None
+    use_graphs: bool = True
+    max_batch_size: int = 32
+    page_size: int = 16
+    max_context_len: int = 2048
+    seed: int = 0
+    backend: str | None = None
+    buckets: Sequence[int] | None = None
+    record_logits: bool = False
+    show_progress: bool = False
+    speculative: dict[str, Any] | None = None
+    kv_cache_dtype: str | None = None
+    dtype: torch.dtype | None = None
+    tp: int = 1
+    tp_timeout_s: float | None = None
+    overlap: bool | None = None
+
+    @classmethod
+    def of(cls, config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
+        """``config`` (default: all defaults) with ``options`` replaced; an unknown option is a
+        ``TypeError`` naming it and listing the known ones."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"unknown engine option {unknown[0]!r}; options: {', '.join(known)}")
+        return dataclasses.replace(config or cls(), **options)
+
+    def runtime_config(self, spec: SpecGeometry | None) -> RuntimeConfig:
+        """The runtime's config: DECODE graphs, or TARGET_VERIFY's with a draft (``spec``)."""
+        modes = ((ForwardMode.TARGET_VERIFY,) if spec else (ForwardMode.DECODE,)) if self.use_graphs else ()
+        return RuntimeConfig(
+            max_batch_size=self.max_batch_size,
+            max_context_len=self.max_context_len,
+            page_size=self.page_size,
+            buckets=tuple(self.buckets) if self.buckets else None,
+            capture_modes=modes,
+            backend=self.backend,
+            speculative=spec,
+            sample=spec is None,  # NOTE: speculative decoding stays greedy
+        )

@@ -1,0 +1,242 @@
+"""One engine step: admit waiting requests, prefill them or decode the running ones, retire.
+
+:class:`Scheduler` holds an :class:`graphrt.Engine`'s requests and steps them (the engine
+builds the stack and takes requests). Without overlap a step runs and reads at once; with it
+(:mod:`.overlap`) a step launches the next batch and reads the one launched before. DECODE
+batches come from :class:`.batches.DecodeRows`, laid out once per running set, so a steady
+decode step loops over its requests only to append their tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
+from graphrt.engine.overlap import Launched, Overlap
+from graphrt.engine.pool import Pool
+from graphrt.engine.request import Request
+from graphrt.engine.sampling import host_tokens, row_params, until_stop
+from graphrt.engine.speculative import SpecRunner
+from graphrt.step.batch import Batch
+
+
+class Scheduler:
+    """The running state of an :class:`~graphrt.Engine` and :meth:`step`, which advances it.
+
+    ``waiting``: admitted but not prefilled yet; ``running``: in the batch; ``finished``: done,
+    by request id (a caller takes its own out). ``logits``: per request id, the rows an engine
+    with ``record_logits`` recorded.
+    """
+
+    def __init__(
+        self,
+        runtime: Any,
+        pool: Pool,
+        *,
+        spec: SpecRunner | None = None,
+        overlap: Overlap | None = None,
+        use_graphs: bool = True,
+        record_logits: bool = False,
+    ) -> None:
+        self.runtime, self.pool, self.spec, self.overlap = runtime, pool, spec, overlap
+        self.use_graphs, self.record_logits = use_graphs, record_logits
+        self.page_size = pool.page_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: dict[int, Request] = {}
+        self.logits: dict[int, list[torch.Tensor]] = {}
+        self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
+        self._ended = False  # the last overlapped read ended a request (see _take)
+        self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
+
+    @property
+    def lookahead(self) -> int:
+        """KV positions a request may write past its last token (a verify's drafts)."""
+        return self.spec.lookahead if self.spec else 0
+
+    def step(self) -> list[tuple[int, int]]:
+        """One forward: prefill newly admitted requests, else decode the running ones.
+
+        Returns the ``(request id, token)`` pairs produced; with ``overlap`` those of the step
+        launched by the call before (one step late).
+        """
+        if self.overlap is not None:
+            return self._step_ahead(self.overlap)
+        admitted = self._admit()
+        if admitted:
+            produced = self._prefill(admitted)
+            if self.spec is not None:
+                self.spec.start([r for r in admitted if not r.done], eager=not self.use_graphs)
+        elif self.running and self.spec is None:
+            rows = self._decode_rows()
+            produced, done = self._decode(rows) if rows is not None else ([], [])
+            self._retire(done)
+            return produced
+        elif self.running:
+            produced = self._spec_round(self.running)
+        else:
+            return []
+        self._retire([r for r in self.running if r.done])
+        return produced
+
+    def _admit(self) -> list[Request]:
+        admitted = self.pool.admit(self.waiting, self.lookahead)
+        if admitted:
+            self.running.extend(admitted)
+            self._rows = None
+        return admitted
+
+    def _decode_rows(self) -> DecodeRows | None:
+        """The running requests that still run steps, as :class:`DecodeRows` (kept until a
+        request joins, leaves or gives its row back); None when there are none."""
+        if self._rows is None:
+            reqs = [r for r in self.running if r.req_idx >= 0 and not r.done]
+            sampled = self.runtime.config.sample and not self.record_logits
+            self._rows = DecodeRows(reqs, self.page_size, sampled=sampled) if reqs else None
+        return self._rows
+
+    def _step_ahead(self, overlap: Overlap) -> list[tuple[int, int]]:
+        """Launch the next step, then read the one launched before it (one step late).
+
+        A request that reaches ``max_new_tokens`` gives its row and pages back once its last
+        step is launched (stream order keeps them safe for the next occupant), as without
+        overlap. One that samples a stop token is seen a step late, so it may have run one
+        more step: that token is dropped and the KV it wrote freed with its row.
+        """
+        start = time.perf_counter()
+        admitted = self._admit()
+        eager = not self.use_graphs
+        rows = None if admitted else self._decode_rows()
+        launched = None
+        if admitted:
+            batch = prefill_batch(admitted, self.page_size, row_params([r.sampling for r in admitted]))
+            launched = overlap.launch(self.runtime, batch, admitted, eager=eager, fed=False)
+            for r in admitted:
+                if r.launched_all:
+                    self._release(r)
+        elif rows is not None:
+            launched = overlap.launch(self.runtime, rows.batch(fed=True), rows.reqs, eager=eager, fed=True)
+            launched.rows, launched.finishing = rows, rows.advance()
+            for i in np.flatnonzero(launched.finishing):
+                self._release(rows.reqs[i])
+        produced, done = self._take(overlap.swap(launched))
+        self._retire(done)
+        if admitted:
+            self.prefill_steps += 1
+        elif rows is not None:
+            self.decode_seconds += time.perf_counter() - start
+            self.decode_steps += 1
+        return produced
+
+    def _take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:
+        """Append a read step's tokens; returns them and the requests they ended.
+
+        A request already done drops its one extra token. Only a request that the read before
+        ended can be in a step still in flight (a launch leaves out the done ones and those
+        whose budget is launched), so the rows' fast path runs unless the last read ended one.
+        """
+        if step is None:
+            return [], []
+        tokens = step.read()
+        if step.rows is None or step.finishing is None or self._ended:
+            kept = [(r, t) for r, t in zip(step.reqs, tokens.tolist(), strict=True) if not r.done]
+            produced = append_tokens([r for r, _ in kept], [t for _, t in kept])
+            done = [r for r, _ in kept if r.done]
+        else:
+            produced = step.rows.append(tokens.tolist())
+            done = step.rows.finished(step.finishing, tokens)
+        self._ended = bool(done)
+        return produced, done
+
+    def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
+        batch = prefill_batch(reqs, self.page_size)
+        produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
+        self.prefill_steps += 1
+        return produced
+
+    def _decode(self, rows: DecodeRows) -> tuple[list[tuple[int, int]], list[Request]]:
+        """One DECODE step of ``rows`` (host input ids); returns its tokens and the requests
+        they ended."""
+        start = time.perf_counter()
+        batch, eager = rows.batch(), not self.use_graphs
+        if rows.sampling is not None:
+            tokens = self.runtime.run(batch, eager=eager).cpu().numpy()  # NOTE: syncs: real timing
+        else:
+            logits = self.runtime.run(batch, eager=eager)
+            tokens = np.asarray(self._host_sample(rows.reqs, logits, batch), dtype=np.int64)
+        finishing = rows.advance(tokens)
+        produced = rows.append(tokens.tolist())
+        self.decode_seconds += time.perf_counter() - start
+        self.decode_steps += 1
+        return produced, rows.finished(finishing, tokens)
+
+    def _spec_round(self, reqs: list[Request]) -> list[tuple[int, int]]:
+        assert self.spec is not None
+        start = time.perf_counter()
+        new = self.spec.round(reqs, eager=not self.use_graphs)
+        self.decode_seconds += time.perf_counter() - start
+        self.decode_steps += 1
+        new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
+        for r, tokens in zip(reqs, new, strict=True):
+            r.output.extend(tokens)
+        return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
+
+    def _run_and_sample(self, reqs: list[Request], batch: Batch, last: np.ndarray) -> list[tuple[int, int]]:
+        """Run ``batch`` and append each request's next token (``last``: its last token row).
+
+        The runtime samples inside its program; an engine recording logits takes them and
+        applies the same sampler here, so its tokens are the same.
+        """
+        eager = not self.use_graphs
+        if self.runtime.config.sample and not self.record_logits:
+            batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
+            return append_tokens(reqs, self.runtime.run(batch, eager=eager).tolist())
+        logits = self.runtime.run(batch, eager=eager)[last]
+        return append_tokens(reqs, self._host_sample(reqs, logits, batch))
+
+    def _host_sample(self, reqs: list[Request], logits: torch.Tensor, batch: Batch) -> list[int]:
+        """Each request's token from its row of ``logits`` (recorded when asked)."""
+        tokens = host_tokens(logits, [r.sampling for r in reqs], batch.seq_lens)
+        if self.record_logits:
+            for r, row in zip(reqs, logits.float().cpu(), strict=True):
+                self.logits.setdefault(r.rid, []).append(row)
+        return tokens
+
+    def _retire(self, done: list[Request]) -> None:
+        """Move ``done`` (in running order) from ``running`` to ``finished``."""
+        if not done:
+            return
+        ended = {id(r) for r in done}
+        self.running[:] = [r for r in self.running if id(r) not in ended]
+        for r in done:
+            if r.req_idx >= 0:  # NOTE: an overlapped request may have given its row back already
+                self._release(r)
+            self.finished[r.rid] = r
+        self._rows = None
+
+    def abort(self, rids: set[int]) -> None:
+        """Forget requests ``rids`` wherever they are: waiting, running or finished; a running
+        one gives its row (its KV freed) and pages back. A step still in flight may write them:
+        the device runs steps in order, and its tokens for a forgotten request are dropped."""
+        self.waiting = deque(r for r in self.waiting if r.rid not in rids)
+        gone = [r for r in self.running if r.rid in rids]
+        self.running[:] = [r for r in self.running if r.rid not in rids]
+        for r in gone:
+            r.max_new_tokens = len(r.output)  # NOTE: done, so an in-flight read drops its token
+            if r.req_idx >= 0:
+                self._release(r)
+        for rid in rids:
+            self.finished.pop(rid, None)
+            self.logits.pop(rid, None)
+        self._rows = None
+
+    def _release(self, r: Request) -> None:
+        """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
+        self.pool.release(r)
+        self._rows = None

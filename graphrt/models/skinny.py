@@ -1,0 +1,234 @@
+"""Skinny GEMM: ``y = x @ W^T (+ b)`` for a few rows of ``x``, streaming ``W`` at memory speed.
+
+A decode step multiplies 1-16 token rows by every weight matrix once. cuBLAS inside a graph
+reaches only 1.35-2.1 TB/s on 8-32 MB weights (ramp-up and tail per kernel, and PDL gains
+nothing across its GEMMs; ``/work/shared/reference/step-floor.md``). This kernel is built for
+that regime:
+
+- **Weight streaming**: one program per ``block_n`` rows of ``W`` (row-major, ``[N, K]``) loops
+  over ``K`` in ``block_k`` tiles with 16-byte loads along ``K``, one tile loaded ahead of the
+  one it multiplies (a register double buffer).
+- **PDL**: the program loads its first ``W`` tile and its bias *before* ``gdc_wait()`` (weights
+  never depend on the previous kernel), waits, then calls ``gdc_launch_dependents()`` so the next
+  kernel's programs can start their own prologue; ``x`` (the previous kernel's output) is read
+  only after the wait. Launched with ``launch_pdl=True`` on SM90+.
+- **Two inner products**: ``M == 1`` multiplies in fp32 and sums each tile's rows (CUDA cores);
+  ``M > 1`` pads ``x`` to ``BLOCK_M >= 16`` rows and uses ``tl.dot`` (tensor cores). Both
+  accumulate in fp32, add the bias in fp32 and round once to ``x``'s dtype.
+- **Deterministic**: no split-K, no atomics. Each output element is summed by one program in a
+  fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
+  with different ``M`` may round differently (another path or tile), as cuBLAS's do.
+- **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the fixed rule
+  table :data:`TILES` by ``M`` and ``K``; :data:`OVERRIDES` (per ``(M class, N, K)``) and the
+  ``tile=`` argument replace it. ``graphrt bench gemm --sweep`` times candidates on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.step.switches import tl, triton, triton_enabled
+
+#: The switch of the kernel (:mod:`graphrt.step.switches`); ``GRAPHRT_SKINNY_PDL=0`` launches
+#: it without programmatic dependent launch.
+ENV = "GRAPHRT_SKINNY_GEMM"
+PDL_ENV = "GRAPHRT_SKINNY_PDL"
+DTYPES = (torch.bfloat16, torch.float16)
+#: Rows of ``x`` the kernel takes (``ops.linear`` sends it at most ``ops.SKINNY_MAX_M``).
+MAX_M = 64
+#: ``M`` classes of the tile table: a tile is chosen for the smallest class ``>= M``.
+M_CLASSES = (1, 16, 64)
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    """One program's share: ``block_n`` rows of ``W`` by ``block_k`` columns per loop step.
+
+    Powers of two; the ``tl.dot`` path (``M > 1``) needs ``block_n, block_k >= 16``.
+    ``stages``: Triton's software pipelining of the loop (1: only the kernel's own prefetch).
+    """
+
+    block_n: int
+    block_k: int
+    warps: int = 4
+    stages: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "warps", "stages"):
+            value = getattr(self, name)
+            if value < 1 or (name != "stages" and value & (value - 1)):
+                raise ValueError(f"Tile.{name} must be a power of two >= 1, got {value}")
+
+    def fit(self, m: int, n: int, k: int) -> Tile:
+        """This tile shrunk to ``N`` and ``K`` (never below the ``tl.dot`` minimum of 16)."""
+        low = 16 if m > 1 else 1
+        bn = max(low, min(self.block_n, _pow2(n)))
+        bk = max(low, min(self.block_k, _pow2(k)))
+        return Tile(bn, bk, self.warps, self.stages)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+#: ``(largest M, largest K, tile)``: the first row with ``M <= largest M`` and ``K <= largest K``
+#: wins. A program keeps one ``W`` tile in flight while it multiplies the previous one, and an
+#: SM needs ~32 KB in flight to stream at ~3 TB/s. ``M == 1``: 16 KB tiles, 76-83 registers
+#: (ptxas, sm_90), so ~6 programs fit on an SM; with ``K <= 2048`` one tile holds a program's
+#: whole slice of ``W``, all of it loaded before ``gdc_wait``. ``tl.dot`` (``M > 1``): 32 KB tiles
+#: on 8 warps (127 registers, 64 KB of shared memory for the operand layout), so N = 2048 still
+#: has 128 programs with 32 KB in flight each; at ``M <= 64`` smaller tiles keep ``x``'s
+#: ``BLOCK_M x block_k`` share in registers.
+TILES: tuple[tuple[int, int, Tile], ...] = (
+    (1, 2048, Tile(block_n=4, block_k=2048, warps=4)),
+    (1, 1 << 62, Tile(block_n=8, block_k=1024, warps=4)),
+    (16, 1 << 62, Tile(block_n=16, block_k=1024, warps=8)),
+    (64, 1 << 62, Tile(block_n=32, block_k=128, warps=4)),
+)
+#: Tiles measured better for one weight shape: ``(M class, N, K) -> Tile`` (``M class``: the
+#: smallest of :data:`M_CLASSES` ``>= M``). Empty by default; fill from ``bench gemm --sweep``.
+OVERRIDES: dict[tuple[int, int, int], Tile] = {}
+
+
+def m_class(m: int) -> int:
+    """The smallest of :data:`M_CLASSES` that is ``>= m``."""
+    for bound in M_CLASSES:
+        if m <= bound:
+            return bound
+    raise ValueError(f"the skinny GEMM takes at most {MAX_M} rows of x, got {m}")
+
+
+def tile_for(m: int, n: int, k: int) -> Tile:
+    """The tile of ``[m, k] x [n, k]^T``: :data:`OVERRIDES`, else the first fitting :data:`TILES` row."""
+    tile = OVERRIDES.get((m_class(m), n, k))
+    if tile is None:
+        tile = next(t for most_m, most_k, t in TILES if m <= most_m and k <= most_k)
+    return tile.fit(m, n, k)
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether the kernel runs for tensors on ``device`` (:data:`ENV`; CUDA, or the interpreter)."""
+    return triton_enabled(ENV, device)
+
+
+def pdl_default(device: torch.device) -> bool:
+    """PDL on SM90+ CUDA devices unless ``GRAPHRT_SKINNY_PDL=0`` (never under the interpreter)."""
+    if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether :func:`skinny_linear` takes these tensors (else :func:`check` says why)."""
+    return _problem(x, weight, bias) is None
+
+
+def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """Raise ``ValueError`` naming the value and the limit when the kernel cannot take them."""
+    problem = _problem(x, weight, bias)
+    if problem is not None:
+        raise ValueError(f"skinny GEMM: {problem}")
+
+
+def _problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
+    if not 0 < x.shape[0] <= MAX_M:
+        return f"x has {x.shape[0]} rows; the kernel takes 1..{MAX_M}"
+    if x.dtype not in DTYPES or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+        got = (x.dtype, w.dtype, None if b is None else b.dtype)
+        return f"dtypes (x, weight, bias) {got}: all one of {DTYPES}"
+    if x.stride(1) != 1 or w.stride(1) != 1 or (b is not None and (b.dim() != 1 or b.stride(0) != 1)):
+        return "x, weight and bias need a contiguous last dim"
+    if b is not None and b.shape[0] != w.shape[0]:
+        return f"bias has {b.shape[0]} entries for {w.shape[0]} output columns"
+    if len({x.device, w.device} | ({b.device} if b is not None else set())) != 1:
+        return "x, weight and bias are on different devices"
+    return None
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    tile: Tile | None = None,
+    pdl: bool | None = None,
+) -> torch.Tensor:
+    """``x @ weight^T (+ bias)`` in one Triton launch.
+
+    Parameters
+    ----------
+    x : ``[M, K]``, bf16 or fp16, ``1 <= M <= MAX_M``, unit stride along ``K``.
+    weight : ``[N, K]`` in ``x``'s dtype, unit stride along ``K``.
+    bias : ``[N]`` in ``x``'s dtype, or None.
+    tile : the program's tile (default :func:`tile_for`).
+    pdl : launch with programmatic dependent launch (default :func:`pdl_default`).
+
+    Returns
+    -------
+    ``[M, N]`` in ``x``'s dtype: fp32 products and sums, the bias added in fp32, rounded once.
+    """
+    check(x, weight, bias)
+    (m, k), n = x.shape, weight.shape[0]
+    tile = tile_for(m, n, k) if tile is None else tile.fit(m, n, k)
+    pdl = pdl_default(x.device) if pdl is None else pdl
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_m = 1 if m == 1 else max(16, _pow2(m))
+    _skinny[(triton.cdiv(n, tile.block_n),)](
+        x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
+        BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, HAS_BIAS=bias is not None,
+        PDL=pdl, F32_DOT=not x.is_cuda, num_warps=tile.warps, num_stages=tile.stages, launch_pdl=pdl,
+    )  # fmt: skip
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _w_tile(w_rows, rn, k0, rk, N, K):
+        """``W[rn, k0 : k0 + BLOCK_K]`` (zeros past ``N`` and ``K``), ``w_rows`` = row starts."""
+        cols = k0 + rk
+        mask = (rn[:, None] < N) & (cols[None, :] < K)
+        return tl.load(w_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+
+    @triton.jit
+    def _skinny(
+        x, w, bias, y, M, N, K, x_stride, w_stride,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
+    ):  # fmt: skip
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        rm = tl.arange(0, BLOCK_M)
+        w_rows = w + rn.to(tl.int64) * w_stride
+        tile = _w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
+        if HAS_BIAS:
+            b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: x is the previous kernel's output
+            tl.extra.cuda.gdc_launch_dependents()
+        acc = tl.zeros((BLOCK_N,) if BLOCK_M == 1 else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + rk
+            xt = tl.load(
+                x + rm[:, None] * x_stride + cols[None, :],
+                mask=(rm[:, None] < M) & (cols[None, :] < K),
+                other=0.0,
+            )
+            ahead = _w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
+            if BLOCK_M == 1:
+                acc += tl.sum(tile.to(tl.float32) * xt.to(tl.float32), axis=1)
+            elif F32_DOT:  # NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits
+                acc = tl.dot(xt.to(tl.float32), tl.trans(tile.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, tl.trans(tile), acc)
+            tile = ahead
+        out = acc[None, :] if BLOCK_M == 1 else acc
+        if HAS_BIAS:
+            out += b[None, :]
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        tl.store(y + rm[:, None] * N + rn[None, :], out.to(y.dtype.element_ty), mask=mask)

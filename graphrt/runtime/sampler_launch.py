@@ -1,0 +1,141 @@
+"""Launching the fused sampler (:mod:`graphrt.runtime.sampler_kernel`): its workspace, two launches.
+
+The kernels keep per-chunk partial results and a per-row arrival counter in a workspace. The
+counters must read 0 when a launch starts; every launch leaves them at 0, so a workspace is
+zeroed once, when allocated, and then reused: one per (device, stream, rows rounded up to a
+power of two, layout), allocated outside graph capture (a runtime's warm-up runs on its capture
+stream, so the capture finds it) and kept for the process. Two launches on one stream never
+overlap, so sharing it between graphs and steps is safe. A capture that finds none allocates its
+own, not shared (its zeroing then runs as a memset node in the graph on every replay).
+
+On SM90+ ``_count`` is launched with programmatic dependent launch (as the skinny GEMM is):
+``_scan`` lets it launch at once, and its programs wait (``gdc_wait``) for all of ``_scan``
+before reading anything, so its launch latency hides behind ``_scan``. ``GRAPHRT_SAMPLER_PDL=0``
+launches it plainly (A/B timing); never under the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.metadata.sampling import SamplingBuffers
+from graphrt.runtime.sampler_kernel import _count, _scan
+from graphrt.step.switches import triton
+
+#: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
+MAX_VOCAB = 2**21
+#: Vocabulary entries per program (at most 4096: see ``_count``).
+CHUNK = 4096
+#: Records a chunk keeps, and a row (see the kernel module: more is exact, but slow).
+RECORDS = 32
+FRONTIER = 64
+WARPS = 8
+#: ``0`` launches ``_count`` without programmatic dependent launch.
+PDL_ENV = "GRAPHRT_SAMPLER_PDL"
+
+
+@dataclass(slots=True)
+class Workspace:
+    """The kernels' scratch for ``rows`` rows of ``chunks`` chunks (int64 unless noted)."""
+
+    tops: torch.Tensor  # [rows, chunks] each chunk's largest rank key
+    records: torch.Tensor  # [rows, chunks, RECORDS, 2] each chunk's records (rank key, score key)
+    counts: torch.Tensor  # [rows, chunks] records found + 256 if the chunk's were all found
+    frontier: torch.Tensor  # [rows, FRONTIER] the row's records (rank keys), score-best first
+    state: torch.Tensor  # [rows, 3] done (0) / count (1), the row's records, largest rank key
+    mass: torch.Tensor  # [rows, chunks, FRONTIER] a chunk's mass ranked before each record
+    ranks: torch.Tensor  # [rows, chunks, FRONTIER] ... and its count of tokens
+    totals: torch.Tensor  # [rows, chunks] a chunk's mass
+    arrivals: torch.Tensor  # [rows, 2] int32, zero between launches
+
+    @classmethod
+    def allocate(cls, rows: int, chunks: int, device: torch.device) -> Workspace:
+        def empty(*shape: int) -> torch.Tensor:
+            return torch.empty(rows, *shape, dtype=torch.int64, device=device)
+
+        return cls(
+            tops=empty(chunks),
+            records=empty(chunks, RECORDS, 2),
+            counts=empty(chunks),
+            frontier=empty(FRONTIER),
+            state=empty(3),
+            mass=empty(chunks, FRONTIER),
+            ranks=empty(chunks, FRONTIER),
+            totals=empty(chunks),
+            arrivals=torch.zeros(rows, 2, dtype=torch.int32, device=device),
+        )
+
+
+def check_vocab(vocab: int) -> None:
+    """Raise ``ValueError`` for a vocabulary the sampler's exact masses cannot sum."""
+    if vocab >= MAX_VOCAB:
+        raise ValueError(f"sampler: vocabulary of {vocab} tokens; at most {MAX_VOCAB - 1}")
+
+
+_WORKSPACES: dict[tuple, Workspace] = {}
+
+
+def workspace(rows: int, chunks: int, device: torch.device) -> Workspace:
+    """The shared workspace for ``rows`` rows on the current stream (see the module docstring)."""
+    capacity = max(8, 1 << (rows - 1).bit_length())
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, capacity, chunks, RECORDS, FRONTIER)
+    found = _WORKSPACES.get(key)
+    if found is None:
+        found = Workspace.allocate(capacity, chunks, device)
+        if not capturing:  # NOTE: a capture's zeroing only happens on replay: never shared
+            _WORKSPACES[key] = found
+    return found
+
+
+def pdl_default(device: torch.device) -> bool:
+    """PDL on SM90+ CUDA devices unless ``GRAPHRT_SAMPLER_PDL=0``."""
+    if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None = None) -> torch.Tensor:
+    """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
+
+    ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`).
+    """
+    rows, vocab = logits.shape
+    check_vocab(vocab)
+    assert triton is not None, "the fused sampler needs Triton"
+    if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        logits = logits.float()
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows == 0:
+        return tokens
+    chunks = triton.cdiv(vocab, CHUNK)
+    ws = workspace(rows, chunks, logits.device)
+    p = params
+    rowwise = (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.position, tokens)
+    shape = {
+        "S": chunks,
+        "S_PAD": triton.next_power_of_2(chunks),
+        "C": CHUNK,
+        "GF": FRONTIER,
+        "ACCURATE": logits.device.type == "cuda",
+        "num_warps": WARPS,
+        # NOTE: no a*b+c contracted into an FMA: every float32 step rounds as torch's does
+        "enable_fp_fusion": False,
+    }
+    pdl = pdl_default(logits.device) if pdl is None else pdl
+    grid = (rows, chunks)
+    _scan[grid](
+        logits, logits.stride(0), vocab, *rowwise,
+        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=RECORDS, PDL=pdl, **shape,
+    )  # fmt: skip
+    _count[grid](
+        logits, logits.stride(0), vocab, *rowwise,
+        ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals, ws.arrivals, PDL=pdl, launch_pdl=pdl, **shape,
+    )  # fmt: skip
+    return tokens

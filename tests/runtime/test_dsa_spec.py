@@ -1,0 +1,230 @@
+"""DSA (sparse MLA) in the speculative modes, BF16 and FP8-656 KV, graphed and eager.
+
+Replay == eager for TARGET_VERIFY (chain and token tree), DRAFT_EXTEND (ragged) and
+DRAFT_DECODE (chain and tree) in full and shrunk buckets; a chain draft == eager DECODE steps
+with argmax; a tree draft branch == its own chain; each token of a verify tree == the same
+token verified on its own path, and selects only its prefix and its ancestors.
+
+NOTE: the equivalences across step shapes (tree vs chain, draft vs DECODE) compare two
+different forwards. On CUDA (bf16 activations) they use prefixes shorter than ``index_topk``,
+where the selection is every allowed key, so a near-tie in the indexer cannot flip a key; on
+the CPU (float32) prefixes reach well past ``index_topk``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphrt import Batch, ForwardMode
+from graphrt.kv.ledger import KVWrites
+from graphrt.kv.move import move_slots
+from graphrt.metadata.cascade import chain_tree_mask
+from graphrt.step.modes import SpecGeometry
+from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
+from tests.util import Setup, build_runtime, prefill, slot_of, spec_batch
+
+M = ForwardMode
+TOPK = 64  # tiny-dsa's index_topk
+CONTEXT = 160
+CHAIN = SpecGeometry(num_steps=3)
+TREE = SpecGeometry(num_steps=3, topk=2, num_draft_tokens=5)  # token 4 is token 1's sibling
+LAYOUTS = ["bf16", "fp8"]
+_CACHE: dict[tuple[str, str, SpecGeometry], Setup] = {}
+
+
+def dsa(device: torch.device, layout: str, spec: SpecGeometry) -> Setup:
+    """One captured runtime per (device, layout, geometry); every test prefills what it reads."""
+    key = (device.type, layout, spec)
+    if key not in _CACHE:
+        _CACHE[key] = build_runtime(
+            device,
+            model="tiny-dsa",
+            kv_cache_dtype=layout,
+            backend=None if device.type == "cuda" else "reference",  # type: ignore[arg-type]
+            modes=(M.TARGET_VERIFY, M.DRAFT_EXTEND, M.DRAFT_DECODE),
+            speculative=spec,
+            buckets=(1, 4),
+            max_batch_size=4,
+            max_reqs=ROWS + SCRATCH,
+            max_context_len=CONTEXT,
+        )
+    return _CACHE[key]
+
+
+def tol(device: torch.device) -> dict[str, float]:
+    return {"rtol": 2e-2, "atol": 5e-2} if device.type == "cuda" else {"rtol": 1e-4, "atol": 1e-4}
+
+
+def fresh(setup: Setup) -> None:
+    """Free every row: the runtime is shared, and earlier tests' requests are done."""
+    for row in range(ROWS + SCRATCH):
+        setup.req_to_token.free(row)
+
+
+def filled(setup: Setup, rng: np.random.Generator, device: torch.device, long: bool = True) -> list[int]:
+    """Prefill rows ``0..ROWS-1``; ``long``: lengths on both sides of ``index_topk`` (CPU)."""
+    high = CONTEXT - 16 if long and device.type == "cpu" else TOPK - 8
+    lens = [int(n) for n in rng.integers(8, high, ROWS)]
+    if long and device.type == "cpu":
+        lens[0] = high  # NOTE: at least one request selects from > 2 x index_topk keys
+    fresh(setup)
+    prefill(setup, list(range(ROWS)), lens, rng)
+    return lens
+
+
+def scratch_chain(setup: Setup, row: int, source: int, prefix: int, pages_of: int | None = None) -> None:
+    """Row ``row`` holds ``source``'s first ``prefix`` positions: whole pages shared (a prefix
+    cache's alias), the partial last page copied into a page of its own (pages have one owner):
+    the page row ``pages_of`` (default ``row``) would hold at that position."""
+    r2t, ps = setup.req_to_token, setup.kv.page_size
+    whole = prefix - prefix % ps
+    r2t.share_prefix(source, row, whole)
+    if whole == prefix:
+        return
+    positions = np.arange(whole, prefix)
+    src = r2t.ledger.table[source, positions].astype(np.int64)
+    owner = row if pages_of is None else pages_of
+    dst = np.array([slot_of(setup, owner, int(p)) for p in positions], dtype=np.int64)
+    writes = KVWrites(np.array([row]), np.array([whole]), np.array([positions.size]), dst, 0 * dst, positions)
+    r2t.ledger.check(writes)
+    device = r2t.table.device
+    move_slots(setup.kv, torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device))
+    r2t.table[row, whole:prefix] = torch.as_tensor(dst, dtype=torch.int32, device=device)
+    r2t.ledger.commit(writes)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
+def test_every_spec_mode_replay_equals_eager(device: torch.device, layout: str, spec: SpecGeometry) -> None:
+    setup = dsa(device, layout, spec)
+    rng = np.random.default_rng(0)
+    lens = filled(setup, rng, device)
+    n = spec.num_draft_tokens
+    for reqs in ([0, 1, 2, 3], [2, 0, 1], [3]):  # full bucket, shrunk bucket, bucket 1
+        accept = [int(a) for a in rng.integers(1, n + 1, len(reqs))]
+        accept[0], accept[-1] = n, (1 if len(reqs) > 1 else accept[-1])
+        extend_lens = [lens[r] + a for r, a in zip(reqs, accept, strict=True)]
+        for batch in (
+            verify_batch(setup, spec, reqs, lens, rng),
+            spec_batch(setup, M.DRAFT_EXTEND, reqs, extend_lens, accept, rng),
+            draft_batch(setup, spec, reqs, lens, rng),
+        ):
+            graph = setup.runtime.run(batch)
+            eager = setup.runtime.run(batch, eager=True)
+            if batch.mode is M.DRAFT_DECODE:
+                assert graph.shape == (len(reqs) * spec.topk, spec.draft_forwards)
+                assert torch.equal(graph, eager), (reqs, batch.mode)
+            else:
+                torch.testing.assert_close(graph, eager, **tol(device), msg=f"{reqs} {batch.mode}")
+    stats = setup.runtime.stats()
+    assert stats.fallbacks == {}
+    assert all(stats.replays[m] >= 3 for m in ("TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_chain_draft_equals_greedy_decode_steps(device: torch.device, layout: str) -> None:
+    """DRAFT_DECODE (one graph, argmax inside) == eager DECODE steps + argmax, token for token."""
+    setup = dsa(device, layout, CHAIN)
+    rng = np.random.default_rng(11)
+    lens = filled(setup, rng, device)
+    reqs = [3, 0, 2]
+    batch = draft_batch(setup, CHAIN, reqs, lens, rng)
+    drafted = setup.runtime.run(batch).cpu()
+    tokens = batch.input_ids.tolist()
+    for i in range(CHAIN.draft_forwards):
+        step = Batch.create(
+            M.DECODE,
+            input_ids=tokens,
+            seq_lens=[lens[r] + 1 + i for r in reqs],
+            req_pool_indices=reqs,
+            out_cache_loc=[slot_of(setup, r, lens[r] + i) for r in reqs],
+        )
+        tokens = setup.runtime.run(step, eager=True).argmax(-1).cpu().tolist()
+        assert drafted[:, i].tolist() == tokens, f"step {i}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tree_draft_branch_equals_its_own_chain(device: torch.device, layout: str) -> None:
+    """Branch ``j`` of a topk draft attends the prefix and its own draft slots only: replayed as
+    a chain of DECODE steps on a scratch row that aliases the prefix, it drafts the same tokens."""
+    setup = dsa(device, layout, TREE)
+    rng = np.random.default_rng(5)
+    lens = filled(setup, rng, device)
+    reqs, k = [0, 2], TREE.topk
+    batch = draft_batch(setup, TREE, reqs, lens, rng)
+    drafted = setup.runtime.run(batch).cpu()
+    scratch = ROWS + SCRATCH - 1  # NOTE: draft_batch's branch rows are ROWS .. ROWS + 2 * k - 1
+    for b, r in enumerate(reqs):
+        for j in range(k):
+            scratch_chain(setup, scratch, r, lens[r], pages_of=ROWS + b * k + j)
+            token = int(batch.input_ids[b * k + j])
+            for i in range(TREE.draft_forwards):
+                step = Batch.create(
+                    M.DECODE,
+                    input_ids=[token],
+                    seq_lens=[lens[r] + 1 + i],
+                    req_pool_indices=[scratch],
+                    out_cache_loc=[slot_of(setup, ROWS + b * k + j, lens[r] + i)],
+                )
+                token = int(setup.runtime.run(step, eager=True).argmax(-1))
+                assert int(drafted[b * k + j, i]) == token, (r, j, i)
+
+
+def tree_paths(mask: np.ndarray) -> list[list[int]]:
+    """Every token's root-to-token path (its ancestors-or-self in order) of an ancestor mask."""
+    return [np.flatnonzero(row).tolist() for row in mask]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tree_verify_equals_each_path_as_chain(device: torch.device, layout: str) -> None:
+    """Each tree token's logits == the last token of its own path, prefilled causally (EXTEND)
+    on a scratch row that aliases the prefix: siblings and cousins never reach the indexer."""
+    setup = dsa(device, layout, TREE)
+    rng = np.random.default_rng(7)
+    lens = filled(setup, rng, device)
+    reqs, n = [0, 3], TREE.num_draft_tokens
+    batch = verify_batch(setup, TREE, reqs, lens, rng)
+    tree = setup.runtime.run(batch)
+    scratch = ROWS + SCRATCH - 1
+    mask = chain_tree_mask(TREE.num_steps, TREE.topk, n)
+    ids = batch.input_ids.reshape(len(reqs), n)
+    for b, r in enumerate(reqs):
+        for t, path in enumerate(tree_paths(mask)):
+            scratch_chain(setup, scratch, r, lens[r])
+            end = lens[r] + len(path)
+            chain = Batch.create(
+                M.EXTEND,
+                input_ids=ids[b, path],
+                seq_lens=[end],
+                req_pool_indices=[scratch],
+                out_cache_loc=[slot_of(setup, scratch, p) for p in range(lens[r], end)],
+                q_lens=[len(path)],
+            )
+            want = setup.runtime.run(chain)[-1]
+            torch.testing.assert_close(tree[b * n + t], want, **tol(device), msg=f"req {r} token {t}")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tree_tokens_select_only_prefix_and_ancestors(device: torch.device, layout: str) -> None:
+    """After a graphed tree verify, every token's selected slots lie in its prefix or among its
+    ancestors' real KV slots, and it keeps ``min(index_topk, allowed keys)`` of them."""
+    setup = dsa(device, layout, TREE)
+    rng = np.random.default_rng(9)
+    lens = [TOPK - 6, 2 * TOPK, 20, CONTEXT - 16]  # NOTE: the tree straddles index_topk for row 0
+    fresh(setup)
+    prefill(setup, [0, 1, 2, 3], lens, rng)
+    reqs, n = [0, 1, 2, 3], TREE.num_draft_tokens
+    setup.runtime.run(verify_batch(setup, TREE, reqs, lens, rng))
+    slots = setup.runtime.families.groups["attention"].view(4, n).topk_slots[:, :TOPK].cpu()
+    positions = setup.runtime.families.groups["attention"].view(4, n).topk_indices.cpu()
+    for b, r in enumerate(reqs):
+        prefix = {slot_of(setup, r, p) for p in range(lens[r])}
+        for t, path in enumerate(tree_paths(chain_tree_mask(TREE.num_steps, TREE.topk, n))):
+            allowed = prefix | {slot_of(setup, r, lens[r] + a) for a in path}
+            chosen = [s for s in slots[b * n + t].tolist() if s >= 0]
+            assert set(chosen) <= allowed, (r, t, sorted(set(chosen) - allowed))
+            assert len(chosen) == len(set(chosen)) == min(TOPK, len(allowed)), (r, t)
+            picked = {int(p) for p in positions[b * n + t] if p >= 0}
+            assert picked <= set(range(lens[r] + len(path))), (r, t)  # positions on its own path

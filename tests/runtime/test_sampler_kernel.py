@@ -1,0 +1,203 @@
+"""The fused sampler (``graphrt.runtime.sampler_kernel``) against the torch sampler, token for token.
+
+Runs on the GPU (``-m gpu``: real vocabularies, graphs) and on the CPU under ``TRITON_INTERPRET=1``
+(chunks of 128 entries there, so that a few hundred tokens make several chunks). Both sides
+compute every integer step exactly and every float32 step with the same IEEE operations; only
+``exp``/``log`` come from different libraries, and no logits here bring two scores within their
+last bit of each other, so the tokens must be equal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphrt import SamplingParams
+from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
+from graphrt.runtime import sampler_launch as launch
+from graphrt.runtime.sampler import ENV, fused_sampler, sample, sample_torch
+from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+
+#: One row per case: greedy, plain, each filter alone and together, hot and cold.
+PARAMS = (
+    SamplingParams(),
+    SamplingParams(temperature=1.0, seed=1),
+    SamplingParams(temperature=0.7, top_k=5, seed=2),
+    SamplingParams(temperature=1.0, top_p=0.9, seed=3),
+    SamplingParams(temperature=1.0, top_k=1, seed=4),
+    SamplingParams(temperature=1.3, min_p=0.1, seed=5),
+    SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, seed=6),
+    SamplingParams(temperature=2.0, top_p=0.5, seed=7),
+    SamplingParams(temperature=0.5, top_k=400, seed=8),
+    SamplingParams(temperature=3.0, top_p=0.999, seed=2**62 + 9),
+    SamplingParams(temperature=0.05, top_p=0.95, seed=10),
+    SamplingParams(temperature=1.0, top_k=40, top_p=0.95, seed=11),
+)
+KINDS = ("normal", "ties", "flat", "masked", "peaked")
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks_when_interpreted(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = request.node.callspec.params.get("device") if hasattr(request.node, "callspec") else None
+    if device is not None and device.type == "cpu":
+        monkeypatch.setenv(ENV, "interpret")
+        monkeypatch.setattr(launch, "CHUNK", 128)
+
+
+def _vocab(device: torch.device) -> int:
+    return 600 if device.type == "cpu" else 128256
+
+
+def _logits(kind: str, rows: int, vocab: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """``[rows, vocab]``: ``normal`` (scale 3), ``ties`` (small ints: many equal logits), ``flat``
+    (all equal: the most records), ``masked`` (bf16, every third token -inf), ``peaked`` (an
+    LLM-like Zipf tail in random order)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "normal":
+        out = torch.randn(rows, vocab, generator=gen) * 3
+    elif kind == "ties":
+        out = torch.randint(-2, 3, (rows, vocab), generator=gen).float()
+    elif kind == "flat":
+        out = torch.zeros(rows, vocab)
+    elif kind == "masked":
+        out = torch.randn(rows, vocab, generator=gen).bfloat16()
+        out[:, 1::3] = -torch.inf
+    else:
+        ranks = torch.argsort(torch.rand(rows, vocab, generator=gen), dim=-1).float() + 1
+        out = 12 - 1.2 * torch.log(ranks) + 0.1 * torch.randn(rows, vocab, generator=gen)
+    return out.to(device)
+
+
+def _params(device: torch.device, rows: int = len(PARAMS)) -> tuple[list[SamplingParams], SamplingBuffers]:
+    chosen = [PARAMS[i % len(PARAMS)] for i in range(rows)]
+    return chosen, sampling_inputs(chosen, np.arange(rows) * 1009 + 17, device)
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_draws_the_torch_tokens(device: torch.device, kind: str) -> None:
+    logits = _logits(kind, len(PARAMS), _vocab(device), device)
+    _, params = _params(device)
+    assert fused_sampler(device)
+    got = sample(logits, params)
+    assert got.dtype == torch.int64 and got.shape == (len(PARAMS),)
+    assert torch.equal(got, sample_torch(logits, params))
+    assert torch.equal(got[:1], logits[:1].float().argmax(dim=-1)), "row 0 is greedy"
+    ws = launch.workspace(len(PARAMS), -(-_vocab(device) // launch.CHUNK), device)
+    assert not ws.arrivals.any(), "every launch leaves its arrival counters at 0"
+
+
+def _cut_short_case(device: torch.device, rows: int) -> tuple[torch.Tensor, SamplingBuffers]:
+    """Hot rows (noise decides the scores) keeping the 8 best ranks: the rank-0 token alone in the
+    last chunk (so it is that chunk's record), ranks 1..9 among 128 lesser tokens of chunk 1 (so
+    the kept record there is rarely that chunk's first)."""
+    chunk = launch.CHUNK
+    logits = torch.zeros(rows, 4 * chunk + 1, device=device)
+    logits[:, chunk : chunk + 9] = 0.9
+    logits[:, -1] = 1.0
+    chosen = [
+        SamplingParams(temperature=5.0, top_k=8, top_p=(1.0, 0.999)[r % 2], seed=r) for r in range(rows)
+    ]
+    return logits, sampling_inputs(chosen, np.arange(rows), device)
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize(("records", "frontier"), [(1, 64), (32, 2)])
+def test_cut_short_records_are_walked_to_the_token(
+    device: torch.device, records: int, frontier: int, monkeypatch
+) -> None:
+    """Fewer records kept per chunk (or per row) than there are: the merge must stop where a
+    chunk's records end, and the last program walks on; the tokens stay exact."""
+    monkeypatch.setattr(launch, "RECORDS", records)
+    monkeypatch.setattr(launch, "FRONTIER", frontier)
+    rows = 24
+    logits, params = _cut_short_case(device, rows)
+    got = launch.fused_sample(logits, params)
+    assert torch.equal(got, sample_torch(logits, params))
+    ws = launch.workspace(rows, 5, device)
+    known = [(0xFFFFFFFF - (ws.frontier[r, : ws.state[r, 1]] & 0xFFFFFFFF)).tolist() for r in range(rows)]
+    walked = [r for r in range(rows) if got[r].item() not in known[r]]
+    assert len(walked) >= rows // 4, f"rows that needed the walk: {walked}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("vocab", [49152, 128256])
+def test_graphed_batched_alone_and_torch_agree(vocab: int) -> None:
+    """64 rows captured once in a CUDA graph, replayed with new logits and parameters written in
+    place: the eager kernel's tokens, each row's tokens alone, and the torch sampler's."""
+    device = torch.device("cuda")
+    rows = 64
+    logits = torch.zeros(rows, vocab, device=device, dtype=torch.bfloat16)
+    chosen, params = _params(device, rows)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # NOTE: warm-up on the capture stream, as the runtime does:
+        sample(logits, params)  # the capture then reuses this workspace (no memset node)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = sample(logits, params)
+    for trial, kind in enumerate(KINDS):
+        positions = np.arange(rows) * 7 + trial
+        fresh = sampling_inputs(chosen[trial:] + chosen[:trial], positions, device)
+        for name in ("temperature", "top_k", "top_p", "min_p", "seed", "position"):
+            getattr(params, name).copy_(getattr(fresh, name))
+        logits.copy_(_logits(kind, rows, vocab, device, seed=trial))
+        graph.replay()
+        eager = sample(logits, fresh)
+        assert torch.equal(out, eager), kind
+        assert torch.equal(eager, sample_torch(logits, fresh)), kind
+        for r in (0, 3, 6, 63):
+            alone = sampling_inputs([(chosen[trial:] + chosen[:trial])[r]], positions[r : r + 1], device)
+            assert sample(logits[r : r + 1], alone).item() == eager[r].item(), (kind, r)
+
+
+def test_switch_and_limits(monkeypatch) -> None:
+    cuda = torch.device("cuda")
+    monkeypatch.setenv(ENV, "0")
+    assert not fused_sampler(cuda) and not fused_sampler(torch.device("cpu"))
+    monkeypatch.delenv(ENV)
+    assert fused_sampler(cuda) == (launch.triton is not None)
+    big = torch.zeros(1, 2**21)
+    params = sampling_inputs([SamplingParams(temperature=1.0, seed=1)], [0], torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"vocabulary of 2097152 tokens; at most 2097151"):
+        sample_torch(big, params)
+    with pytest.raises(ValueError, match=r"vocabulary of 2097152 tokens; at most 2097151"):
+        launch.fused_sample(big, params)
+
+
+@pytest.mark.skipif(launch.triton is None or INTERPRET, reason="needs Triton's compiler")
+def test_kernels_compile_for_hopper() -> None:
+    """Both kernels go through Triton's CUDA compiler for sm_90, with PDL (no GPU needed: the
+    interpreter does not type-check as the compiler does); each row's arrival is one acq_rel
+    atomic, and only ``_count`` waits for the kernel before it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from graphrt.runtime.sampler_kernel import _count, _scan
+
+    rowwise = ("temperature", "top_k", "top_p", "min_p", "seed", "position", "tokens")
+    types = ("*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*i64")
+    head = {"logits": "*bf16", "stride": "i32", "V": "i32", **dict(zip(rowwise, types, strict=True))}
+    shape = {"S": 32, "S_PAD": 32, "C": launch.CHUNK, "GF": launch.FRONTIER, "ACCURATE": True, "PDL": True}
+    scratch = {
+        _scan: ("tops", "records", "counts", "frontier", "state"),
+        _count: ("frontier", "state", "mass", "ranks", "totals"),
+    }
+    for fn, names in scratch.items():
+        extra = {"PF": launch.RECORDS} if fn is _scan else {}
+        constexprs = {**shape, **extra}
+        signature = {**head, **dict.fromkeys(names, "*i64"), "arrivals": "*i32"}
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        options = {"num_warps": launch.WARPS, "enable_fp_fusion": False}
+        ptx = launch.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+        assert ptx.count("atom.global.gpu.acq_rel.add") == 1, fn.__name__
+        assert ("griddepcontrol.wait" in ptx) == (fn is _count), fn.__name__
+
+
+@rerun_marks
+def test_kernel_under_triton_interpreter() -> None:
+    """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
+    rerun_under_interpreter(__file__, passed=8)

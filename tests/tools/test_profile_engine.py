@@ -1,0 +1,19 @@
+"""The README's engine host-work numbers come from ``python -m graphrt.tools.bench.profile_engine``:
+keep it working (timings are not asserted, only what they are made of)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphrt.tools.bench.profile_engine import main
+
+
+@pytest.mark.parametrize("extra", [["--stub"], [], ["--speculative", "--eager"]])
+def test_profile_engine_runs(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--batch-sizes", "1,2", "--steps", "3", *extra]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:] if line.strip()]
+    settings = {"spec"} if "--speculative" in extra else {"off", "on"}
+    assert {(int(r[0]), r[1]) for r in rows} == {(bs, s) for bs in (1, 2) for s in settings}
+    for r in rows:
+        step_us, engine_us = float(r[2]), float(r[3])
+        assert 0 < engine_us <= step_us  # the engine's share is the step minus run()

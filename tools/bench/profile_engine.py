@@ -1,0 +1,130 @@
+"""``python -m graphrt.tools.bench.profile_engine``: the engine's own host time per decode step.
+
+Builds tiny-llama engines (the emulated graph engine on the CPU) and, per batch size and
+overlap setting, times ``Engine.step()`` over a decode window with ``time.perf_counter_ns``
+and the time spent inside ``GraphRuntime.run()`` (wrapped on the engine's runtime). The
+engine's bookkeeping is ``step - run``: building batches, per-request loops, slot
+allocation, stop checks, token appends, the overlap's device ops. ``--profile`` adds a
+``cProfile`` of the window (top functions by own time, ``run()``'s callees included).
+
+Prints µs p50 per step and writes nothing: a diagnostic, not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt import Engine, ForwardMode
+
+WARMUP = 8
+TIMERS: dict[int, RunTimer] = {}  # NOTE: one per engine: its runtimes are wrapped once
+
+
+class RunTimer:
+    """Wraps ``runtime.run`` (the target's, and the draft's when speculative): accumulates the
+    ns spent inside them.
+
+    ``stub``: decode steps do not run at all; each returns token 1 per request (no model, no
+    graph, no checks): the step's time is then the engine's alone, without the noise of the
+    CPU model's compute around it.
+    """
+
+    def __init__(self, engine: Engine, stub: bool = False) -> None:
+        self.ns, self.stub = 0, stub
+        for runtime in (engine.runtime, getattr(engine, "draft_runtime", None)):
+            if runtime is not None:
+                runtime.run = self._timed(runtime.run)
+
+    def _timed(self, run: Any) -> Any:
+        def timed(batch: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                if self.stub and batch.mode is ForwardMode.DECODE:
+                    return torch.ones(batch.bs, dtype=torch.int64)
+                return run(batch, **kwargs)
+            finally:
+                self.ns += time.perf_counter_ns() - start
+
+        return timed
+
+
+def measure(
+    engine: Engine, bs: int, steps: int, rng: np.random.Generator, profile: int, stub: bool = False
+) -> dict[str, float]:
+    """Prefill ``bs`` prompts, warm up, time ``steps`` decode steps, finish every request."""
+    prompts = [rng.integers(0, 512, 16).tolist() for _ in range(bs)]
+    for p in prompts:
+        engine.add_request(p, 1 + WARMUP + steps + 2)
+    for _ in range(1 + WARMUP):
+        engine.step()
+    timer = TIMERS.get(id(engine))
+    if timer is None:
+        timer = TIMERS[id(engine)] = RunTimer(engine)
+    timer.stub = stub
+    step_ns, host_ns = [], []
+    prof = cProfile.Profile() if profile else None
+    for _ in range(steps):
+        timer.ns = 0
+        if prof is not None:
+            prof.enable()
+        start = time.perf_counter_ns()
+        engine.step()
+        took = time.perf_counter_ns() - start
+        if prof is not None:
+            prof.disable()
+        step_ns.append(took)
+        host_ns.append(took - timer.ns)
+    while engine.waiting or engine.running:
+        engine.step()
+    engine.step()
+    if prof is not None:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(profile)
+        print(out.getvalue())
+    return {"step_us": np.median(step_ns) / 1e3, "engine_us": np.median(host_ns) / 1e3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", default="1,16,64")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--eager", action="store_true", help="no graphs (eager steps)")
+    parser.add_argument("--speculative", action="store_true", help="a chain draft, 3 steps")
+    parser.add_argument("--stub", action="store_true", help="decode steps return token 1, run nothing")
+    parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    context = 16 + 1 + WARMUP + args.steps * 4 + 32
+    kw: dict[str, Any] = {
+        "device": "cpu",
+        "buckets": sizes,
+        "max_batch_size": max(sizes),
+        "max_context_len": context,
+        "use_graphs": not args.eager,
+    }
+    settings: list[tuple[str, dict[str, Any]]] = (
+        [("spec", {"speculative": {"num_steps": 3}})]
+        if args.speculative
+        else [("off", {"overlap": False}), ("on", {"overlap": True})]
+    )
+    rng = np.random.default_rng(0)
+    print(f"{'bs':>4} {'overlap':>8} {'step µs p50':>12} {'engine µs p50 (step - run)':>28}")
+    for name, extra in settings:
+        engine = Engine("tiny-llama", **kw, **extra)
+        for bs in sizes:
+            r = measure(engine, bs, args.steps, rng, args.profile, args.stub)
+            print(f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}")
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The command-line commands' own code: demo, generate, argument parsing, console, environment."""

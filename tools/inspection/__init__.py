@@ -1,0 +1,1 @@
+"""Inspection: snapshot tables (`graphrt inspect`), reports, buffer contents and the graph-debug TUI."""

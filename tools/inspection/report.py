@@ -1,0 +1,300 @@
+"""Rows of text from a snapshot, shared by ``graphrt inspect`` (rich) and ``graphrt debug`` (Textual).
+
+Nothing here imports Textual: the GPU box runs ``inspect`` without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from graphrt.capture.kernels import short_name
+from graphrt.debug.snapshot import GraphFacts, KernelFacts, KVFacts, MemoryFacts, Snapshot
+
+# NOTE: re-exported: inspect and the TUI read every kind of row from this module
+from graphrt.tools.inspection.buffer_contents import BufferRows as BufferRows
+from graphrt.tools.inspection.buffer_contents import buffer_contents as buffer_contents
+
+Row = tuple[str, ...]
+
+GRAPH_COLUMNS = (
+    "mode",
+    "bucket",
+    "captured",
+    "capture ms",
+    "pool MiB",
+    "nodes",
+    "replays",
+    "fallbacks",
+    "parity",
+)
+# NOTE: the name goes last: template names are long, and the numbers must stay on screen.
+KERNEL_COLUMNS = ("count", "time", "share", "grid", "block", "smem", "kernel / op")
+READ_COLUMNS = ("buffer", "shape", "dtype", "address")
+BUFFER_COLUMNS = ("buffer", "declared", "size", "dtype", "pad rule", "written", "bytes", "offset", "address")
+PARITY_COLUMNS = (
+    "mode",
+    "bucket",
+    "bs",
+    "max |diff|",
+    "tol",
+    "first > tol (token, col)",
+    "worst at",
+    "status",
+)
+FALLBACK_COLUMNS = ("mode", "reason", "count")
+RECENT_COLUMNS = ("#", "mode", "bs", "bucket", "update", "launch", "replay", "fallback")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def fmt_time(us: float | None) -> str:
+    """Microseconds in the unit that reads best: ``850 ns``, ``12.3 µs``, ``4.20 ms``, ``1.50 s``."""
+    if us is None:
+        return "-"
+    if us < 1:
+        return f"{us * 1e3:.0f} ns"
+    if us < 1e3:
+        return f"{us:.3g} µs" if us < 100 else f"{us:.0f} µs"
+    if us < 1e6:
+        return f"{us / 1e3:.3g} ms" if us < 1e5 else f"{us / 1e3:.0f} ms"
+    return f"{us / 1e6:.3g} s"
+
+
+def parity_status(snap: Snapshot, mode: str, bucket: int) -> str:
+    """``ok <max diff>``, ``FAIL <max diff> @ (token, col)`` or ``-`` (not checked)."""
+    res = next((p for p in snap.parity if p.mode == mode and p.bucket == bucket), None)
+    if res is None:
+        return "-"
+    if res.first_bad is None:
+        return f"ok {res.max_diff:.1e}"
+    return f"FAIL {res.max_diff:.1e} @ {res.first_bad}"
+
+
+def _fallbacks_by_bucket(snap: Snapshot) -> dict[tuple[str, int | None], int]:
+    """Fallback steps in the telemetry ring per (mode, bucket they would fit; None: none fits)."""
+    buckets = sorted({g.bucket for g in snap.graphs})
+    out: dict[tuple[str, int | None], int] = {}
+    for r in snap.telemetry.records:
+        if r.fallback is not None:
+            fit = next((b for b in buckets if b >= r.bs), None)
+            out[(r.mode, fit)] = out.get((r.mode, fit), 0) + 1
+    return out
+
+
+def graph_rows(snap: Snapshot) -> list[Row]:
+    """The mode × bucket grid: one row per captured or fallen-back (mode, bucket)."""
+    buckets = sorted({g.bucket for g in snap.graphs})
+    fallbacks = _fallbacks_by_bucket(snap)
+    modes = sorted({g.mode for g in snap.graphs} | {f.mode for f in snap.fallbacks})
+    rows: list[Row] = []
+    for mode in modes:
+        for bucket in buckets:
+            g = snap.graph(mode, bucket)
+            fb = str(fallbacks.get((mode, bucket), 0))
+            if g is None:
+                rows.append((mode, str(bucket), "no", "-", "-", "-", "-", fb, "-"))
+                continue
+            rows.append(
+                (
+                    mode,
+                    str(bucket),
+                    "yes",
+                    f"{g.capture_ms:.1f}",
+                    _mib(g.pool_bytes),
+                    str(g.num_nodes),
+                    str(g.replays),
+                    fb,
+                    parity_status(snap, mode, bucket),
+                )
+            )
+        if fallbacks.get((mode, None)):
+            big = f">{buckets[-1]}" if buckets else "any"
+            rows.append((mode, big, "no", "-", "-", "-", "-", str(fallbacks[(mode, None)]), "-"))
+    return rows
+
+
+def _grouped(kernels: Sequence[KernelFacts]) -> list[KernelFacts]:
+    """One entry per name (snapshots taken before grouping list a kernel once per launch dims)."""
+    by_name: dict[str, list[KernelFacts]] = {}
+    for k in kernels:
+        by_name.setdefault(k.name, []).append(k)
+
+    def joined(values: Iterable[str]) -> str:
+        return " | ".join(dict.fromkeys(p for v in values for p in v.split(" | ") if p))
+
+    out = []
+    for name, ks in by_name.items():
+        times = [k.time_us for k in ks if k.time_us is not None]
+        out.append(
+            KernelFacts(
+                name,
+                sum(k.count for k in ks),
+                joined(k.grid for k in ks),
+                joined(k.block for k in ks),
+                joined(k.smem for k in ks),
+                sum(times) if times else None,
+            )
+        )
+    return out
+
+
+def kernel_rows(graph: GraphFacts, full_names: bool = False) -> list[Row]:
+    """One row per kernel name: count, time, share of the graph's time, grid, block, smem, name.
+
+    Sorted by time when recorded, else by count. Names keep two levels of template
+    arguments unless ``full_names``.
+    """
+    kernels = _grouped(graph.kernels)
+    total = sum(k.time_us or 0.0 for k in kernels)
+    kernels.sort(key=lambda k: (-(k.time_us or 0.0), -k.count, k.name))
+    return [
+        (
+            str(k.count),
+            fmt_time(k.time_us),
+            f"{100 * k.time_us / total:.1f}%" if k.time_us is not None and total else "-",
+            k.grid or "-",
+            k.block or "-",
+            k.smem or "-",
+            k.name if full_names else short_name(k.name),
+        )
+        for k in kernels
+    ]
+
+
+def host_scalar_rows(graph: GraphFacts) -> list[Row]:
+    """``(name, repr(value))`` of every host scalar frozen into ``graph``, by name."""
+    return [(k, repr(v)) for k, v in sorted(graph.host_scalars.items())]
+
+
+def read_rows(graph: GraphFacts) -> list[Row]:
+    """The static-buffer views ``graph`` reads: name, shape, dtype, captured address."""
+    return [(r.name, "×".join(map(str, r.shape)), r.dtype, f"0x{r.address:x}") for r in graph.reads]
+
+
+def buffer_rows(snap: Snapshot) -> list[Row]:
+    """Every declared static buffer of the step family: shape, size, dtype, pad rule, where written, bytes, address."""
+    return memory_rows(snap.memory)
+
+
+def memory_rows(memory: MemoryFacts) -> list[Row]:
+    """One row per declared buffer of a family."""
+    return [
+        (
+            b.name,
+            "[" + ", ".join(map(str, b.shape)) + "]",
+            "×".join(map(str, b.size)),
+            b.dtype,
+            f"{b.pad_kind} {b.pad_value}" if b.pad_kind != "free" else "free",
+            "host" if b.host else "device",
+            str(b.nbytes),
+            str(b.offset),
+            f"0x{b.address:x}",
+        )
+        for b in memory.buffers
+    ]
+
+
+# ---- replays and parity ----------------------------------------------------------------------
+def percentiles(values: Sequence[float]) -> str:
+    """``p50 … p90 … p99 … max …`` of µs values, units scaled; ``-`` when empty."""
+    if not values:
+        return "-"
+    p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
+    return "  ".join(
+        f"{k} {fmt_time(float(v))}"
+        for k, v in (("p50", p50), ("p90", p90), ("p99", p99), ("max", max(values)))
+    )
+
+
+def replay_summary(snap: Snapshot) -> list[Row]:
+    """Steps recorded, replays vs fallbacks, and update / launch (/ synced replay) percentiles."""
+    replays = [r for r in snap.telemetry.records if r.bucket is not None]
+    synced = [r.replay_us for r in replays if r.replay_us is not None]
+    rows = [
+        ("steps recorded", f"{len(snap.telemetry.records)} (ring of {snap.telemetry.capacity})"),
+        ("replays / fallbacks", f"{len(replays)} / {len(snap.telemetry.records) - len(replays)}"),
+        ("update", percentiles([r.update_us for r in replays])),
+        ("launch", percentiles([r.launch_us for r in replays])),
+    ]
+    if synced:
+        rows.append(("replay (synced)", percentiles(synced)))
+    return rows
+
+
+def histogram(values: Sequence[float], bins: int = 8, width: int = 30) -> list[str]:
+    """Text histogram of µs values, one line per bin: ``lo – hi  ████  count`` (units scaled)."""
+    if not values:
+        return ["(no replays recorded)"]
+    counts, edges = np.histogram(np.asarray(values), bins=bins)
+    top = max(int(counts.max()), 1)
+    return [
+        f"{fmt_time(float(edges[i])):>9} – {fmt_time(float(edges[i + 1])):<9} {'█' * round(width * c / top):<{width}} {c}"
+        for i, c in enumerate(counts)
+    ]
+
+
+def recent_rows(snap: Snapshot, n: int = 50) -> list[Row]:
+    """The last ``n`` steps of the telemetry ring, oldest first."""
+    records = list(snap.telemetry.records)[-n:]
+    first = len(snap.telemetry.records) - len(records)
+    return [
+        (
+            str(first + i),
+            r.mode,
+            str(r.bs),
+            "-" if r.bucket is None else str(r.bucket),
+            fmt_time(r.update_us),
+            fmt_time(r.launch_us),
+            fmt_time(r.replay_us),
+            r.fallback or "",
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+def fallback_rows(snap: Snapshot) -> list[Row]:
+    """Eager fallbacks: mode, reason, count."""
+    return [(f.mode, f.reason, str(f.count)) for f in snap.fallbacks]
+
+
+def parity_rows(snap: Snapshot) -> list[Row]:
+    """Graph-vs-eager parity per mode and bucket, sorted."""
+    return [
+        (
+            p.mode,
+            str(p.bucket),
+            str(p.bs),
+            f"{p.max_diff:.3g}",
+            f"{p.tol:g}",
+            "-" if p.first_bad is None else str(tuple(p.first_bad)),
+            "-" if p.worst is None else str(tuple(p.worst)),
+            "ok" if p.first_bad is None else "FAIL",
+        )
+        for p in sorted(snap.parity, key=lambda p: (p.mode, p.bucket))
+    ]
+
+
+def header_rows(snap: Snapshot) -> list[Row]:
+    """Snapshot version and time, device and versions, engine / backend, config, buffer bytes."""
+    env = snap.environment
+    cfg = snap.config
+    return [
+        ("snapshot", f"version {snap.version}, {snap.created}"),
+        ("device", f"{env.get('device')} (torch {env.get('torch')}, sgl-kernel {env.get('sgl_kernel')})"),
+        ("engine / backend", f"{snap.engine} / {snap.backend}"),
+        ("config", ", ".join(f"{k}={v}" for k, v in cfg.items())),
+        ("static buffers", f"{snap.memory.total_bytes} B declared, arena {snap.memory.arena_bytes} B"),
+        *([("KV cache", kv_line(snap.kv))] if snap.kv is not None else []),
+    ]
+
+
+def kv_line(kv: KVFacts) -> str:
+    """The KV cache in one line: dtype, bytes, bytes per token, pages, an FP8 cache's scales."""
+    k, v = kv.k_scale, kv.v_scale
+    scales = f"; k_scale {min(k):g}..{max(k):g}, v_scale {min(v):g}..{max(v):g}" if k else ""
+    size = f"{kv.nbytes / 2**20:.1f} MiB ({kv.bytes_per_token} B/token, {kv.num_pages} pages)"
+    return f"{kv.dtype}, {size}{scales}"
