@@ -3,7 +3,8 @@
 ``python -m tests.bench_ledger`` prints p50/p90 µs per batch size on this machine. Every row
 holds ``REAL`` positions and each timed step writes the next one (the decode steady state);
 the batches are built before timing, as ``graphrt bench host`` does for ``validate``.
-``rewrite``: each step writes the same position again (a verify rewriting its rejected
+Page sizes 1 and 16: a page-opening step (every 16th at page size 16) also checks that the
+page is free. ``rewrite``: each step writes the same position again (a verify rewriting its rejected
 drafts), which also drops the row's tail and releases its slot.
 """
 
@@ -31,9 +32,9 @@ def decode(bs: int, seq_len: int) -> Batch:
     )
 
 
-def measure(bs: int, rewrite: bool = False) -> tuple[float, float]:
+def measure(bs: int, rewrite: bool = False, page_size: int = 16) -> tuple[float, float]:
     """(p50, p90) µs of one step's isolation check and commit at batch size ``bs``."""
-    ledger = KVLedger(bs, CONTEXT, bs * CONTEXT)
+    ledger = KVLedger(bs, CONTEXT, bs * CONTEXT, page_size)
     prefill = Batch.create(
         ForwardMode.EXTEND,
         input_ids=np.zeros(bs * REAL, dtype=np.int64),
@@ -56,8 +57,12 @@ def measure(bs: int, rewrite: bool = False) -> tuple[float, float]:
 
 
 if __name__ == "__main__":
-    for rewrite in (False, True):
-        for bs in (1, 8, 64, 256):
-            p50, p90 = measure(bs, rewrite)
-            what = "rewrite" if rewrite else "append "
-            print(f"{what} bs {bs:4d}: isolation check + commit p50 {p50:5.1f} µs, p90 {p90:5.1f} µs")
+    for page_size in (1, 16):
+        for rewrite in (False, True):
+            for bs in (1, 8, 64, 256):
+                p50, p90 = measure(bs, rewrite, page_size)
+                what = "rewrite" if rewrite else "append "
+                print(
+                    f"page {page_size:2d} {what} bs {bs:4d}: isolation check + commit "
+                    f"p50 {p50:5.1f} µs, p90 {p90:5.1f} µs"
+                )

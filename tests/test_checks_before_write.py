@@ -95,7 +95,7 @@ MORE = {
     "foreign_slot": (
         lambda s: valid(s, rows=[0], lens=[5]) | {"out_cache_loc": [slot_of(s, 1, 4)]},
         KVIsolationError,
-        r"holds position 4 of live row 1",
+        r"page 4 holds positions 0\.\.15 of live row 1",
     ),
 }
 ALL = {**CASES, **MORE}

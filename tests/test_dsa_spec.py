@@ -72,9 +72,12 @@ def filled(setup: Setup, rng: np.random.Generator, device: torch.device, long: b
     return lens
 
 
-def scratch_chain(setup: Setup, row: int, source: int, prefix: int) -> None:
-    """Row ``row`` shares ``source``'s first ``prefix`` KV slots (a prefix cache's alias)."""
-    setup.req_to_token.share_prefix(source, row, prefix)
+def scratch_chain(setup: Setup, row: int, source: int, prefix: int, pages_of: int) -> None:
+    """Row ``row`` shares ``source``'s first ``prefix`` positions (a prefix cache's alias): whole
+    pages shared, the partial last one copied into the page of row ``pages_of``'s position
+    ``prefix`` (where the chain then writes its own positions)."""
+    page = slot_of(setup, pages_of, prefix) // setup.kv.page_size
+    setup.req_to_token.share_prefix(source, row, prefix, copy_into=page, kv=setup.kv)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -140,7 +143,7 @@ def test_tree_draft_branch_equals_its_own_chain(device: torch.device, layout: st
     scratch = ROWS + SCRATCH - 1  # NOTE: draft_batch's branch rows are ROWS .. ROWS + 2 * k - 1
     for b, r in enumerate(reqs):
         for j in range(k):
-            scratch_chain(setup, scratch, r, lens[r])
+            scratch_chain(setup, scratch, r, lens[r], ROWS + b * k + j)
             token = int(batch.input_ids[b * k + j])
             for i in range(TREE.draft_forwards):
                 step = Batch.create(
@@ -174,7 +177,7 @@ def test_tree_verify_equals_each_path_as_chain(device: torch.device, layout: str
     ids = batch.input_ids.reshape(len(reqs), n)
     for b, r in enumerate(reqs):
         for t, path in enumerate(tree_paths(mask)):
-            scratch_chain(setup, scratch, r, lens[r])
+            scratch_chain(setup, scratch, r, lens[r], scratch)
             end = lens[r] + len(path)
             chain = Batch.create(
                 M.EXTEND,

@@ -85,7 +85,7 @@ def test_per_row_commit_equals_the_general_path() -> None:
     slow = KVWrites(rows, starts, np.ones(3, np.int64), slots, np.arange(3), starts)
     a.commit(fast)
     b.commit(slow)
-    for name in ("valid_lens", "table", "owner", "refs", "slot_pos"):
+    for name in ("valid_lens", "table", "refs", "cursor", "key"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
@@ -123,5 +123,5 @@ def test_rewriting_a_tail_equals_truncate_then_commit() -> None:
         a.commit(w)
         b.truncate(w.rows, w.starts)
         b.commit(w)
-        for name in ("valid_lens", "table", "owner", "refs", "slot_pos"):
+        for name in ("valid_lens", "table", "refs", "cursor", "key"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)

@@ -77,11 +77,16 @@ def test_step_cannot_write_a_slot_of_another_live_row(setup: Setup, eager: bool)
         setup,
         bad,
         eager,
-        rf"request 0 \(row 2\) writes KV slot {theirs} at position 1, .*position 17 of live row 0",
+        rf"request 0 \(row 2\) writes KV slot {theirs} at position 1, but page 1 holds positions "
+        r"16\.\.31 of live row 0.*its logical page 0 \(positions 0\.\.15\) is page 8, kept",
     )
-    setup.req_to_token.free(0)  # once row 0 is freed its slots may be reused
-    setup.runtime.run(bad, eager=eager)
-    assert setup.req_to_token.ledger.owner[theirs] == 2
+    setup.req_to_token.free(0)  # once row 0 is freed its pages may be reused, as whole pages
+    refused(setup, bad, eager, r"into page 1, but its logical page 0 .* is page 8, kept from earlier")
+    opened = Batch.create(
+        ForwardMode.EXTEND, input_ids=[7], seq_lens=[1], req_pool_indices=[2], out_cache_loc=[16], q_lens=[1]
+    )
+    setup.runtime.run(opened, eager=eager)  # row 2 starts again, its page 0 now page 1
+    assert setup.req_to_token.ledger.holder(theirs) == 2
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["graph", "eager"])
@@ -89,7 +94,7 @@ def test_step_cannot_overwrite_its_own_prefix(setup: Setup, eager: bool) -> None
     rng = np.random.default_rng(3)
     prefill(setup, [0], [20], rng)
     bad = step(setup, [0], [21], [slot_of(setup, 0, 4)])  # position 20 -> slot of position 4
-    refused(setup, bad, eager, r"holds position 4 of its own row, which the step reads")
+    refused(setup, bad, eager, r"page 0 holds positions 0\.\.15 of its own row, which the step reads")
 
 
 def test_freed_row_reads_nothing(setup: Setup) -> None:
@@ -97,7 +102,7 @@ def test_freed_row_reads_nothing(setup: Setup) -> None:
     prefill(setup, [0], [10], rng)
     setup.req_to_token.free(0)
     assert setup.req_to_token.valid_lens[0] == 0
-    assert (setup.req_to_token.ledger.owner[: slot_of(setup, 0, 10)] == -1).all()
+    assert not setup.req_to_token.ledger.refs.any()
     refused(setup, decode_batch(setup, [0], [11], rng), False, r"row 0 has written only 0")
 
 
@@ -107,9 +112,9 @@ def test_reused_row_prefill_releases_the_old_slots(setup: Setup) -> None:
     prefill(setup, [0, 1], [40, 16], rng)
     prefill(setup, [0], [3], rng)
     ledger = setup.req_to_token.ledger
-    assert ledger.owner[slot_of(setup, 0, 2)] == 0 and ledger.owner[slot_of(setup, 0, 3)] == -1
+    assert ledger.holder(slot_of(setup, 0, 2)) == 0 and ledger.holder(slot_of(setup, 0, 16)) == -1
     setup.runtime.run(step(setup, [1], [17], [slot_of(setup, 0, 16)]))
-    assert ledger.owner[slot_of(setup, 0, 16)] == 1
+    assert ledger.holder(slot_of(setup, 0, 16)) == 1
 
 
 def test_rewrites_of_own_tail_are_allowed(setup: Setup) -> None:
@@ -129,7 +134,7 @@ def test_rewrites_of_own_tail_are_allowed(setup: Setup) -> None:
     setup.runtime.run(step(setup, [0], [12], [slot_of(setup, 0, 11)]))
     ledger = setup.req_to_token.ledger
     assert setup.req_to_token.valid_lens[0] == 12
-    assert ledger.owner[[slot_of(setup, 0, p) for p in (11, 12, 13)]].tolist() == [0, -1, -1]
+    assert ledger.holder(slot_of(setup, 0, 11)) == 0 and ledger.refs.sum() == 1
 
 
 def test_shared_prefix_reads_the_source_rows_kv(setup: Setup) -> None:
@@ -143,10 +148,11 @@ def test_shared_prefix_reads_the_source_rows_kv(setup: Setup) -> None:
     theirs = setup.runtime.run(step(setup, [0], [17], [slot_of(setup, 0, 16)]), eager=True)
     torch.testing.assert_close(mine, theirs, atol=2e-2 if mine.dtype != torch.float32 else 1e-5, rtol=0)
     shared = slot_of(setup, 0, 5)
-    refused(setup, step(setup, [3], [6], [shared]), False, rf"slot {shared} holds position 5 of live row 0")
-    refused(setup, step(setup, [0], [6], [shared]), True, rf"slot {shared} holds position 5 of live row 3")
+    read_only = r"page 0 \(slots 0\.\.15\) is shared read-only by rows \[0, 3\]"
+    refused(setup, step(setup, [3], [6], [shared]), False, rf"slot {shared} at position 5, but {read_only}")
+    refused(setup, step(setup, [0], [6], [shared]), True, rf"slot {shared} at position 5, but {read_only}")
     setup.req_to_token.free(0)  # row 3 still holds the prefix
-    assert setup.req_to_token.ledger.refs[shared] == 1
+    assert setup.req_to_token.ledger.refs[shared // PAGE] == 1
     prefill(setup, [1], [5], rng)
     refused(setup, step(setup, [1], [6], [shared]), False, r"live row 3")
 
@@ -173,4 +179,4 @@ def test_engine_frees_rows_of_finished_requests() -> None:
     assert engine.spec is not None
     for runtime in (engine.runtime, engine.spec.draft):
         assert runtime.req_to_token.valid_lens.tolist() == [0, 0]
-        assert (runtime.req_to_token.ledger.owner == -1).all() and not runtime.req_to_token.ledger.refs.any()
+        assert not runtime.req_to_token.ledger.refs.any()

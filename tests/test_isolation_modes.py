@@ -26,13 +26,13 @@ def test_chain_draft_commits_its_positions(device: torch.device) -> None:
     ledger = setup.req_to_token.ledger
     for r in reqs:
         assert ledger.valid_lens[r] == lens[r] + 2
-        assert ledger.owner[[slot_of(setup, r, lens[r] + i) for i in range(2)]].tolist() == [r, r]
+        assert [ledger.holder(slot_of(setup, r, lens[r] + i)) for i in range(2)] == [r, r]
     # verify from the pending position rewrites the drafts' positions with the same slots
     setup.runtime.run(verify_batch(setup, spec, reqs, lens, rng))
     assert [int(ledger.valid_lens[r]) for r in reqs] == [lens[r] + spec.num_draft_tokens for r in reqs]
     # draft-extend of 1 accepted token: the row keeps lens + 1, the rest is released
     setup.runtime.run(spec_batch(setup, M.DRAFT_EXTEND, reqs, [lens[r] + 1 for r in reqs], [1, 1], rng))
-    assert ledger.owner[slot_of(setup, 1, lens[1] + 1)] == -1
+    assert ledger.valid_lens[1] == lens[1] + 1
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["graph", "eager"])
@@ -53,7 +53,7 @@ def test_tree_draft_scratch_slots(device: torch.device, eager: bool) -> None:
     table = setup.req_to_token.table.clone()
     setup.runtime.run(batch, eager=eager)
     ledger = setup.req_to_token.ledger
-    assert (ledger.owner[batch.out_cache_loc] == -1).all(), "scratch slots belong to no row"
+    assert not ledger.refs[batch.out_cache_loc].any(), "scratch slots belong to no row (page size 1)"
     assert [int(ledger.valid_lens[r]) for r in (0, 2)] == [lens[0], lens[2]]
     assert torch.equal(setup.req_to_token.table, table), "a tree draft records no slot"
 
@@ -84,7 +84,7 @@ def test_failed_step_drops_what_it_may_have_written(device: torch.device) -> Non
     with pytest.raises(RuntimeError, match="model failed"):
         setup.runtime.run(decode_batch(setup, [0], [15], rng), eager=True)
     assert setup.req_to_token.valid_lens[0] == 14
-    assert setup.req_to_token.ledger.owner[slot_of(setup, 0, 14)] == -1
+    assert setup.req_to_token.ledger.holders(slot_of(setup, 0, 14) // 16).tolist() == [0]
 
 
 def test_ledger_truncates_shared_rows_in_one_pass() -> None:
@@ -97,6 +97,6 @@ def test_ledger_truncates_shared_rows_in_one_pass() -> None:
     assert ledger.refs[10:16].tolist() == [2, 2, 2, 2, 1, 1]
     ledger.truncate(np.array([0, 1]), np.array([2, 1]))
     assert ledger.refs[10:16].tolist() == [2, 1, 0, 0, 0, 0]
-    assert ledger.owner[10:16].tolist() == [0, 0, -1, -1, -1, -1]
+    assert [ledger.holder(s) for s in range(10, 16)] == [0, 0, -1, -1, -1, -1]
     assert ledger.valid_lens.tolist() == [2, 1, 0]
     assert ledger.holder(11) == 0 and ledger.holder(12) == -1

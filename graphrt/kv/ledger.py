@@ -1,14 +1,20 @@
 """Which KV each request row validly holds: host arrays behind the isolation checks.
 
-A row's *valid length* counts the positions it has written since it was (re)assigned; every
-live slot records the row that wrote it (``owner``), the position it holds (the same in every
-row that shares it) and how many rows hold it (``refs``, > 1 only for shared prefixes).
+The page is the unit of ownership. A row's *valid length* counts the positions it has written
+since it was (re)assigned. Logical page ``j`` of a row (positions ``j*ps .. j*ps+ps-1``) lives
+in exactly one physical page: the page its position ``j*ps`` was written to, which is the page
+the attention's page table reads for every position of ``j``. A physical page is held by one
+live row, or shared read-only as a whole page (:meth:`KVLedger.share_prefix`); ``refs`` counts
+the rows holding each page.
 
 A step that writes positions ``p … p+q-1`` of a row needs the row valid up to ``p`` and leaves
-it valid up to ``p+q``: what the row held from ``p`` on is dropped and its slots released.
-It may write a slot only when no live row holds it, save the writing row itself at a position
-``>= p`` (dropped by this very step, as a verify rewrites its rejected drafts). Checks and
-commits are vectorised over the step's tokens: no per-request Python loop on the hot path.
+it valid up to ``p+q``: what the row held from ``p`` on is dropped, and pages left holding none
+of its positions are released. Each position goes to the one physical page of its logical
+page: the page the row keeps (held by it alone: a shared page is read-only), or for a page the
+step opens (writes from its first position) one page for all of its positions, which no live
+row holds (save the writing row at a logical page it drops now). Anything else raises
+:class:`KVIsolationError` before anything is written (messages: :mod:`graphrt.kv.ownership`).
+Checks and commits are vectorised over the step's tokens: no per-request Python loop.
 """
 
 from __future__ import annotations
@@ -17,13 +23,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from graphrt.kv.ownership import KVIsolationError, check_pages, check_scratch
 from graphrt.step.batch import Batch
 from graphrt.step.hostops import any_true, arange, umax, umin
 from graphrt.step.modes import MODES
-
-
-class KVIsolationError(ValueError):
-    """A step would read KV its row has not written, or write a slot another row holds."""
 
 
 class KVWrites(NamedTuple):
@@ -72,19 +75,49 @@ class KVWrites(NamedTuple):
 
 
 class KVLedger:
-    """Host state of ``max_reqs`` request rows over ``num_slots`` live KV slots."""
+    """Host state of ``max_reqs`` request rows over the pages of ``num_slots`` live KV slots.
 
-    def __init__(self, max_reqs: int, max_context_len: int, num_slots: int) -> None:
+    ``valid_lens [max_reqs]``, ``table [max_reqs, max_context_len]`` (int32 host mirror of the
+    valid entries of ``req_to_token``), ``refs [num_pages]`` (rows holding each page; 0: free).
+
+    Derived, for the decode fast path (a step appending one token per row passes when
+    ``key[slot] == cursor[row]`` for every token): ``cursor [max_reqs]``, what the row's next
+    position must take — the next slot of the page its last position is in, ``open`` (past
+    every slot) when that position opens a page, or -2 when its page is shared (read-only);
+    ``key [slots]``: a slot inside a page is its own key, a page's first slot is ``open``
+    while the page is free and -1 while a row holds it.
+    """
+
+    def __init__(self, max_reqs: int, max_context_len: int, num_slots: int, page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.ps = np.array(page_size, dtype=np.int64)  # NOTE: 0-d: ufuncs skip converting an int
+        num_pages = -(-num_slots // page_size)
+        end = num_pages * page_size
         self.valid_lens = np.zeros(max_reqs, dtype=np.int64)
-        self.table = np.zeros((max_reqs, max_context_len), dtype=np.int32)  # host mirror of valid entries
-        self.owner = np.full(num_slots, -1, dtype=np.int64)  # row that wrote the slot, -1: free
-        self.refs = np.zeros(num_slots, dtype=np.int64)  # rows holding the slot
-        self.slot_pos = np.zeros(num_slots, dtype=np.int64)  # position the slot holds
+        self.table = np.zeros((max_reqs, max_context_len), dtype=np.int32)
+        self.refs = np.zeros(num_pages, dtype=np.int64)
+        self.open = np.array(end, dtype=np.int64)
+        self.cursor = np.full(max_reqs, end, dtype=np.int64)
+        self.key = np.arange(end, dtype=np.int64)
+        self.key[::page_size] = end
+        # NOTE: the cursor after writing each slot, looked up (8 bytes a slot) rather than worked
+        # out each step: slot + 1, or ``open`` after the last slot of a page.
+        self._after = np.arange(1, end + 1, dtype=np.int64)
+        self._after[page_size - 1 :: page_size] = end
 
     # ---- checks (raise before anything is written) ---------------------------------------
     def check(self, w: KVWrites) -> None:
-        """Raise :class:`KVIsolationError` naming the request, the position and the limit."""
+        """Raise :class:`KVIsolationError` naming the request, the position and the pages.
+
+        Recorded writes of one request must be its positions ``start, start + 1, …`` in order
+        (what :meth:`KVWrites.of` gives), and each slot aligned with its position
+        (``slot % ps == position % ps``: :meth:`Batch.check` runs first).
+        """
         valid = self.valid_lens[w.rows]
+        if w.per_row and valid.tobytes() == w.starts.tobytes() and self._fits_cursor(w):
+            return
         short = valid < w.starts
         if any_true(short):
             i = int(np.argmax(short))
@@ -94,81 +127,113 @@ class KVLedger:
                 f"only {have} position(s) since it was assigned: position {have} holds no KV of "
                 f"this request (limit {have})"
             )
-        refs = self.refs[w.slots]
-        if any_true(refs):
-            self._check_slots(w, refs, valid)
-
-    def _check_slots(self, w: KVWrites, refs: np.ndarray, valid: np.ndarray) -> None:
-        # NOTE: one write per request: slot i is request i's, so the per-slot gathers are views.
-        if w.per_row:
-            rows, starts, row_valid = w.rows, w.starts, valid
-        else:
-            rows, starts, row_valid = w.rows[w.slot_req], w.starts[w.slot_req], valid[w.slot_req]
-        held = self.slot_pos[w.slots]
-        # NOTE: the only holder allowed is the writing row itself at a position it drops now.
-        mine = (held >= starts) & (held < row_valid) & (self.table[rows, held] == w.slots)
-        bad = refs > mine
-        if not any_true(bad):
+        if not w.slots.size:
             return
-        t = int(np.argmax(bad))
-        i, slot, pos = int(w.slot_req[t]), int(w.slots[t]), int(held[t])
-        holder = self.holder(slot, exclude=int(rows[t]) if mine[t] else -1)
-        what = (
-            f"position {pos} of its own row, which the step reads (limit: writes start at {int(starts[t])})"
-            if holder == int(rows[t])
-            else f"position {pos} of live row {holder}; free that row (ReqToToken.free) before reusing its slots"
-        )
-        raise KVIsolationError(
-            f"request {i} (row {int(rows[t])}) writes KV slot {slot} at position {int(w.slot_pos[t])}, "
-            f"but slot {slot} holds {what}"
-        )
+        if not w.recorded:
+            check_scratch(self, w, valid)
+        elif not self._same_tail(w, valid):
+            check_pages(self, w, valid)
+
+    def _fits_cursor(self, w: KVWrites) -> bool:
+        """True when a one-token-per-row step that appends (starts at each row's valid length)
+        puts every token where the row's cursor says, or opens a free page where it says so.
+
+        NOTE: the decode steady state: two gathers and a compare.
+        """
+        if self.page_size == 1:  # NOTE: every position opens its page: the page must be free
+            return not any_true(self.refs[w.slots])
+        return self.key[w.slots].tobytes() == self.cursor[w.rows].tobytes()
+
+    def _same_tail(self, w: KVWrites, valid: np.ndarray) -> bool:
+        """True when the step rewrites exactly the positions it drops, each with the slot it
+        holds, in pages no other row shares (a verify after a verify, a retried step)."""
+        if valid.tobytes() != (w.starts + w.counts).tobytes():
+            return False
+        rows = w.rows if w.per_row else w.rows[w.slot_req]
+        if any_true(self.table[rows, w.slot_pos] != w.slots):
+            return False
+        return not any_true(self.refs[w.slots // self.ps] != 1)
+
+    def holders(self, page: int) -> np.ndarray:
+        """The live rows holding physical ``page`` (int64, ascending; empty when it is free).
+
+        NOTE: a search over every row's page table: for messages and tests, not the step path.
+        """
+        if not self.refs[page]:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self._holds(page).any(axis=1))
+
+    def logical_page(self, row: int, page: int) -> int:
+        """The logical page of ``row`` that physical ``page`` is (-1: the row does not hold it)."""
+        ps = self.page_size
+        held = self.table[row, : int(self.valid_lens[row]) : ps] // ps == page
+        return int(np.argmax(held)) if held.any() else -1
+
+    def _holds(self, page: int) -> np.ndarray:
+        """``[max_reqs, max_pages]`` bool: row ``r``'s logical page ``j`` is ``page``."""
+        ps = self.page_size
+        firsts = np.arange(0, self.table.shape[1], ps)
+        return (self.table[:, ::ps] // ps == page) & (firsts < self.valid_lens[:, None])
 
     def holder(self, slot: int, exclude: int = -1) -> int:
-        """A row (other than ``exclude``) whose valid positions hold ``slot``; -1 if none."""
-        pos = int(self.slot_pos[slot])
-        hold = (self.table[:, pos] == slot) & (self.valid_lens > pos)
-        if 0 <= exclude < hold.size:
-            hold[exclude] = False
-        return int(np.argmax(hold)) if hold.any() else -1
+        """A row (other than ``exclude``) holding the page of ``slot``; -1 if none."""
+        rows = self.holders(slot // self.page_size)
+        rows = rows[rows != exclude]
+        return int(rows[0]) if rows.size else -1
 
     # ---- state changes -------------------------------------------------------------------
     def commit(self, w: KVWrites) -> None:
         """Record an accepted step: rows truncated to ``starts``, then its positions added.
 
-        ``check(w)`` must have passed: every slot the step writes is then free once the rows
-        are truncated (the only holder it allows is the writing row at a position it drops).
+        ``check(w)`` must have passed: each written page is then, once the rows are truncated,
+        free or already the writing row's own page for that logical page.
         """
+        grew = True  # NOTE: the decode steady state: every row only grows
         if w.rows.size:
             valid = self.valid_lens[w.rows]
-            extra = valid - w.starts
-            if umax(extra) > 0:  # NOTE: the decode steady state skips this: rows only grow
+            if umax(valid - w.starts) > 0:
                 if w.recorded and self._rewrites_same(w, valid):
                     return
-                self._release(w.rows, w.starts, extra)
+                self._release(w.rows, w.starts, valid)
+                grew = False
         if w.recorded and w.slots.size:
             rows = w.rows if w.per_row else w.rows[w.slot_req]
             self.table[rows, w.slot_pos] = w.slots
-            # NOTE: free (checked) and distinct within a batch (Batch.check): one holder each,
-            # set without reading refs back (refs[slots] += 1 costs ~0.7 µs more).
-            self.refs[w.slots] = 1
-            self.owner[w.slots] = rows
-            self.slot_pos[w.slots] = w.slot_pos
+            # NOTE: every written page ends up held by its row alone (kept pages already
+            # were): set without reading refs back.
+            pages = w.slots // self.ps
+            self.refs[pages] = 1
+            self.key[pages * self.ps] = -1
         self.valid_lens[w.rows] = w.starts + w.counts
+        if self.page_size == 1:
+            return  # NOTE: every next position opens a page: the cursor stays ``open``
+        if grew and w.per_row:
+            self.cursor[w.rows] = self._after[w.slots]  # NOTE: its own page (checked)
+        else:
+            self._recursor(w.rows)
+
+    def _recursor(self, rows: np.ndarray) -> None:
+        """Work out the cursor of ``rows`` from their valid positions and pages."""
+        valid = self.valid_lens[rows]
+        last = self.table[rows, np.maximum(valid - 1, 0)].astype(np.int64)
+        cursor = np.where(self.refs[last // self.ps] > 1, -2, last + 1)
+        self.cursor[rows] = np.where(valid % self.ps == 0, self.open, cursor)
 
     def truncate(self, rows: np.ndarray, keep: np.ndarray) -> None:
-        """Drop positions ``>= keep[i]`` of ``rows[i]`` and release the slots they held."""
+        """Drop positions ``>= keep[i]`` of ``rows[i]`` and release the pages left empty."""
         if not rows.size:
             return
         valid = self.valid_lens[rows]
-        extra = valid - keep
-        if umax(extra) <= 0:
+        if umax(valid - keep) <= 0:
             return
-        self._release(rows, keep, extra)
+        self._release(rows, keep, valid)
         self.valid_lens[rows] = np.minimum(valid, keep)
+        if self.page_size > 1:
+            self._recursor(rows)
 
     def _rewrites_same(self, w: KVWrites, valid: np.ndarray) -> bool:
-        """True (and the state updated) when the step rewrites exactly the positions it drops,
-        each with the slot it already holds: releasing then re-adding them would change nothing.
+        """True (state unchanged) when the step rewrites exactly the positions it drops, each
+        with the slot it already holds: releasing then re-adding them would change nothing.
 
         NOTE: a verify after a verify, or a step retried, rewrites its own tail with the slots
         the engine gave those positions before; this costs two gathers instead of a release
@@ -177,56 +242,65 @@ class KVLedger:
         if valid.tobytes() != (w.starts + w.counts).tobytes():
             return False
         rows = w.rows if w.per_row else w.rows[w.slot_req]
-        if any_true(self.table[rows, w.slot_pos] != w.slots):
-            return False
-        # NOTE: refs, slot_pos and valid_lens already hold the result (check() allowed no other
-        # holder); owner may still name the row that shared the slot into this one.
-        self.owner[w.slots] = rows
-        return True
+        return not any_true(self.table[rows, w.slot_pos] != w.slots)
 
-    def _release(self, rows: np.ndarray, keep: np.ndarray, extra: np.ndarray) -> None:
-        """Release the slots at positions ``keep[i] .. keep[i] + extra[i] - 1`` of ``rows[i]``
-        (``extra`` < 1: nothing); ``valid_lens`` is left to the caller."""
-        if umax(extra) == 1:
-            # NOTE: at most one position per row (a decode step rewriting its last token):
-            # one gather, no repeat / cumsum.
-            if umin(extra) == 1:
-                slots = self.table[rows, keep]
-            else:
-                drop = extra == 1
-                slots = self.table[rows[drop], keep[drop]]
-        else:
-            extra = np.maximum(extra, 0)
-            row = np.repeat(rows, extra)
-            first = np.repeat(keep - np.cumsum(extra) + extra, extra)
-            slots = self.table[row, first + np.arange(row.size)]
-        refs = self.refs[slots]
-        if umax(refs) == 1:
-            # NOTE: each slot held by this one position only, so no slot repeats in ``slots``:
-            # a plain assignment (np.subtract.at costs several µs).
-            self.refs[slots] = 0
-            self.owner[slots] = -1
+    def _release(self, rows: np.ndarray, keep: np.ndarray, valid: np.ndarray) -> None:
+        """Release the pages ``rows[i]`` holds past its first ``keep[i]`` positions (of
+        ``valid[i]``); ``valid_lens`` is left to the caller."""
+        lo = -(-keep // self.ps)  # NOTE: first logical page no position below keep lies in
+        count = -(-valid // self.ps) - lo
+        most = umax(count)
+        if most <= 0:
             return
-        # NOTE: subtract.at, not refs[slots] -= 1: rows sharing a prefix may release one slot twice.
-        np.subtract.at(self.refs, slots, 1)
-        self.owner[slots[self.refs[slots] == 0]] = -1
+        if most == 1 and umin(count) == 1:
+            # NOTE: one page per row (a step dropping its last page): one gather, no repeat.
+            pages = self.table[rows, lo * self.ps] // self.ps
+        else:
+            count = np.maximum(count, 0)
+            row = np.repeat(rows, count)
+            lp = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(row.size)
+            pages = self.table[row, lp * self.ps] // self.ps
+        if umax(self.refs[pages]) == 1:
+            # NOTE: each page held by this row only, so none repeats: a plain assignment
+            # (np.subtract.at costs several µs).
+            self.refs[pages] = 0
+            self.key[pages * self.ps] = self.open
+            return
+        # NOTE: subtract.at, not refs[pages] -= 1: rows sharing a prefix may release a page twice.
+        np.subtract.at(self.refs, pages, 1)
+        self.key[pages[self.refs[pages] == 0] * self.ps] = self.open
 
     def free(self, row: int) -> None:
-        """Release every slot of ``row``; it reads nothing until a step writes it again."""
+        """Release every page of ``row``; it reads nothing until a step writes it again."""
         self.truncate(np.array([row]), np.zeros(1, dtype=np.int64))
 
     def share_prefix(self, src: int, dst: int, length: int) -> None:
-        """``dst`` (freed first) holds ``src``'s positions ``0..length-1``, sharing their slots."""
-        if not 0 <= length <= self.valid_lens[src]:
+        """``dst`` (freed first) holds ``src``'s positions ``0..length-1``, sharing their pages.
+
+        Whole pages only: ``length`` must be a multiple of the page size (a partial page would
+        be read by ``dst`` at positions it writes itself; :meth:`ReqToToken.share_prefix` can
+        copy that page instead). Shared pages are read-only for every row holding them.
+        """
+        have, ps = int(self.valid_lens[src]), self.page_size
+        if not 0 <= length <= have:
             raise KVIsolationError(
-                f"share_prefix: row {src} has {int(self.valid_lens[src])} valid position(s), "
-                f"cannot share {length}"
+                f"share_prefix: row {src} has {have} valid position(s), cannot share {length}"
             )
         if src == dst:
             self.truncate(np.array([dst]), np.array([length]))
             return
+        if length % ps:
+            cut = length - length % ps
+            raise KVIsolationError(
+                f"share_prefix: length {length} is not a multiple of page_size {ps}: pages are "
+                f"shared whole and read-only, so row {dst} could not write positions "
+                f"{length}..{cut + ps - 1} of the page it would share; share {cut} position(s) "
+                "and recompute the rest, or copy the page (ReqToToken.share_prefix(..., copy_into=page))"
+            )
         self.free(dst)
-        slots = self.table[src, :length]
-        self.table[dst, :length] = slots
-        self.refs[slots] += 1
+        self.table[dst, :length] = self.table[src, :length]
+        pages = self.table[src, :length:ps] // ps
+        self.refs[pages] += 1  # NOTE: distinct pages (one per logical page)
         self.valid_lens[dst] = length
+        if ps > 1:
+            self._recursor(np.array([src, dst]))
