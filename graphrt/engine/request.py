@@ -25,6 +25,8 @@ class Request:
     sampling: SamplingParams | None = None  # None: greedy
     #: Tokens launched but not read yet (an overlapped engine reads each step one step late).
     inflight: int = 0
+    #: Removed by ``Engine.abort``: done, whatever its output; a token still in flight is dropped.
+    aborted: bool = False
 
     @property
     def launched_all(self) -> bool:
@@ -33,7 +35,9 @@ class Request:
 
     @property
     def done(self) -> bool:
-        """At ``max_new_tokens``, or the last token is one of the request's stop tokens."""
+        """Aborted, at ``max_new_tokens``, or the last token is one of the request's stop tokens."""
+        if self.aborted:
+            return True
         stops = self.sampling.stop_token_ids if self.sampling is not None else ()
         return len(self.output) >= self.max_new_tokens or bool(self.output and self.output[-1] in stops)
 

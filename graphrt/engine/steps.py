@@ -211,6 +211,28 @@ class EngineSteps:
             self.finished[r.rid] = r
         self._rows = None
 
+    def abort(self, rid: int) -> Request | None:
+        """Remove request ``rid`` and free what it holds; returns it (its output so far), or None
+        when no request has that id.
+
+        A waiting request leaves the queue. A running one leaves the running set and gives its
+        row (its KV freed in the ledger) and pages back at once. With overlap a step holding it
+        may be in flight: that token is dropped when the step is read (an aborted request is
+        done), and the row and pages are safe for the next request as for one whose budget is
+        launched (stream order). A finished request is taken out of ``finished``.
+        """
+        for queue in (self.waiting, self.running):
+            req = next((r for r in queue if r.rid == rid), None)
+            if req is not None:
+                queue.remove(req)
+                req.aborted = True
+                if req.req_idx >= 0:
+                    self._release(req)
+                # NOTE: the step in flight, if any, is read on the path that drops done requests
+                self._ended = True
+                return req
+        return self.finished.pop(rid, None)
+
     def _release(self, r: Request) -> None:
         """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
         self.pool.release(r)
