@@ -19,11 +19,38 @@ from graphrt.kv.move import move_slots
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
 from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
-from tests.util import Setup, decode_batch, slot_of, spec_batch
+from tests.util import Setup, build_runtime, decode_batch, slot_of, spec_batch
 
 M = ForwardMode
 #: Request sets of the replay checks: a full bucket (4), a shrunk one, bucket 1.
 REQUEST_SETS = ([0, 1, 2, 3], [2, 0, 1], [3])
+
+
+def spec_runtime(
+    device: torch.device,
+    model: str,
+    spec: SpecGeometry,
+    modes: Sequence[ForwardMode],
+    context: int,
+    **kw: object,
+) -> Setup:
+    """A captured runtime of ``model`` for the checks: buckets 1 and 4, ``ROWS + SCRATCH`` rows."""
+    return build_runtime(
+        device,
+        model=model,
+        modes=modes,
+        speculative=spec,
+        buckets=(1, 4),
+        max_batch_size=4,
+        max_reqs=ROWS + SCRATCH,
+        max_context_len=context,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def tol(device: torch.device) -> dict[str, float]:
+    """bf16 on CUDA, float32 on the CPU."""
+    return {"rtol": 2e-2, "atol": 5e-2} if device.type == "cuda" else {"rtol": 1e-4, "atol": 1e-4}
 
 
 def scratch_chain(setup: Setup, row: int, source: int, prefix: int, pages_of: int | None = None) -> None:

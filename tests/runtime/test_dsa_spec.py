@@ -25,10 +25,12 @@ from tests.runtime.spec_checks import (
     check_replay_equals_eager,
     check_tree_paths,
     scratch_chain,
+    spec_runtime,
+    tol,
     tree_paths,
 )
 from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
-from tests.util import Setup, build_runtime, prefill, slot_of
+from tests.util import Setup, prefill, slot_of
 
 M = ForwardMode
 TOPK = 64  # tiny-dsa's index_topk
@@ -43,23 +45,12 @@ def dsa(device: torch.device, layout: str, spec: SpecGeometry) -> Setup:
     """One captured runtime per (device, layout, geometry); every test prefills what it reads."""
     key = (device.type, layout, spec)
     if key not in _CACHE:
-        _CACHE[key] = build_runtime(
-            device,
-            model="tiny-dsa",
-            kv_cache_dtype=layout,
-            backend=None if device.type == "cuda" else "reference",  # type: ignore[arg-type]
-            modes=(M.TARGET_VERIFY, M.DRAFT_EXTEND, M.DRAFT_DECODE),
-            speculative=spec,
-            buckets=(1, 4),
-            max_batch_size=4,
-            max_reqs=ROWS + SCRATCH,
-            max_context_len=CONTEXT,
+        backend = None if device.type == "cuda" else "reference"
+        modes = (M.TARGET_VERIFY, M.DRAFT_EXTEND, M.DRAFT_DECODE)
+        _CACHE[key] = spec_runtime(
+            device, "tiny-dsa", spec, modes, CONTEXT, kv_cache_dtype=layout, backend=backend
         )
     return _CACHE[key]
-
-
-def tol(device: torch.device) -> dict[str, float]:
-    return {"rtol": 2e-2, "atol": 5e-2} if device.type == "cuda" else {"rtol": 1e-4, "atol": 1e-4}
 
 
 def fresh(setup: Setup) -> None:

@@ -16,9 +16,11 @@ from tests.runtime.spec_checks import (
     check_replay_equals_eager,
     check_tree_paths,
     spec_batches,
+    spec_runtime,
+    tol,
 )
 from tests.runtime.test_spec_modes import ROWS, SCRATCH
-from tests.util import Setup, build_runtime, prefill
+from tests.util import Setup, prefill
 
 M = ForwardMode
 CONTEXT = 64
@@ -35,22 +37,8 @@ def mla(device: torch.device, spec: SpecGeometry, backend: str | None = None) ->
     """
     key = (device.type, spec, backend)
     if key not in _CACHE:
-        _CACHE[key] = build_runtime(
-            device,
-            model="tiny-mla",
-            backend=backend,  # type: ignore[arg-type]
-            modes=MODES,
-            speculative=spec,
-            buckets=(1, 4),
-            max_batch_size=4,
-            max_reqs=ROWS + SCRATCH,
-            max_context_len=CONTEXT,
-        )
+        _CACHE[key] = spec_runtime(device, "tiny-mla", spec, MODES, CONTEXT, backend=backend)
     return _CACHE[key]
-
-
-def tol(device: torch.device) -> dict[str, float]:
-    return {"rtol": 2e-2, "atol": 5e-2} if device.type == "cuda" else {"rtol": 1e-4, "atol": 1e-4}
 
 
 def filled(setup: Setup, rng: np.random.Generator) -> list[int]:
