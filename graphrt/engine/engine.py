@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
+from graphrt.step.ints import int_list, is_int
 from graphrt.step.sampling import SamplingParams, per_request
 
 
@@ -141,7 +143,11 @@ class Engine(EngineSteps):
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        #: Requests that ended and were not taken yet (``generate`` takes its own).
         self.finished: dict[int, Request] = {}
+        self._handed_out = 0  # NOTE: tokens of the finished requests generate took (stats)
+        # NOTE: re-entrant: generate steps through step(), which takes it too
+        self._lock = threading.RLock()
         self.logits: dict[int, list[torch.Tensor]] = {}
         self._decode_steps, self._decode_seconds, self._prefill_steps = 0, 0.0, 0
 
@@ -172,14 +178,25 @@ class Engine(EngineSteps):
         """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input.
 
         ``sampling``: None decodes greedily; a sampled request (``temperature > 0``) on a
-        speculative engine is refused (``ValueError``).
+        speculative engine is refused (``ValueError``). Token ids and ``max_new_tokens`` are
+        ints (``TypeError`` otherwise, naming the argument and the index).
         """
+        with self._lock:
+            req = self._request(prompt, max_new_tokens, sampling)
+            self.waiting.append(req)
+            return req.rid
+
+    def _request(self, prompt: Any, max_new_tokens: Any, sampling: Any, name: str = "prompt") -> Request:
+        """A checked new request (not queued)."""
         vocab = self.model.vocab_size
-        tokens = check_prompt(prompt, max_new_tokens, vocab, self._lookahead, self.max_context_len)
+        tokens = check_prompt(prompt, max_new_tokens, vocab, self._lookahead, self.max_context_len, name)
         params = admit_params(sampling, speculative=self.spec is not None, vocab_size=vocab, rng=self._seeds)
-        req = Request(next(self._ids), tokens, max_new_tokens, sampling=params)
-        self.waiting.append(req)
-        return req.rid
+        return Request(next(self._ids), tokens, int(max_new_tokens), sampling=params)
+
+    def step(self) -> list[tuple[int, int]]:
+        """One forward (see :meth:`EngineSteps.step`); one thread at a time."""
+        with self._lock:
+            return super().step()
 
     def generate(
         self,
@@ -192,7 +209,8 @@ class Engine(EngineSteps):
         Parameters
         ----------
         prompts : sequence of sequence of int
-            Token ids of each prompt.
+            Token ids of each prompt (lists of ints or 1-D integer arrays; a string, a float or
+            a bool is a ``TypeError`` naming the prompt and the index).
         max_new_tokens : int or sequence of int
             Budget per prompt (one for all, or one each).
         sampling : SamplingParams, sequence of SamplingParams, optional
@@ -203,13 +221,42 @@ class Engine(EngineSteps):
         -------
         list of list of int: the new tokens of each prompt.
 
+        Safe to call from several threads: calls run one at a time, each getting the tokens
+        it would get alone. Every input is checked before any request is queued; a call that
+        raises (a refused step, ``KeyboardInterrupt``) leaves none of its requests behind,
+        and a call that returns leaves none either (the engine forgets them).
+
         With TP, call it on every rank: rank 0's prompts, budgets and sampling are generated,
         every rank returns them.
         """
-        if self.channel is not None:
-            runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
-            return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
-        return self._generate(prompts, max_new_tokens, sampling)
+        with self._lock:
+            if self.channel is not None:
+                runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
+                if self.channel.group.is_driver:
+                    self._requests(prompts, max_new_tokens, sampling)  # NOTE: refuse before sharing
+                return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
+            return self._generate(prompts, max_new_tokens, sampling)
+
+    def _requests(self, prompts: Any, max_new_tokens: Any, sampling: Any) -> list[Request]:
+        """Checked new requests, one per prompt (none queued)."""
+        if not isinstance(prompts, (list, tuple, np.ndarray)):
+            raise TypeError(f"prompts must be a list of prompts (lists of int token ids), got {type(prompts).__name__}")
+        if is_int(max_new_tokens):
+            limits = [max_new_tokens] * len(prompts)
+        elif isinstance(max_new_tokens, (list, tuple, np.ndarray)):
+            limits = int_list("max_new_tokens", max_new_tokens)
+        else:
+            raise TypeError(
+                f"max_new_tokens must be an int or a list of ints, got {type(max_new_tokens).__name__} "
+                f"{max_new_tokens!r}"
+            )
+        if len(limits) != len(prompts):
+            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+        params = per_request(sampling, len(prompts))
+        return [
+            self._request(p, n, s, f"prompts[{i}]")
+            for i, (p, n, s) in enumerate(zip(prompts, limits, params, strict=True))
+        ]
 
     def _generate(
         self,
@@ -217,14 +264,17 @@ class Engine(EngineSteps):
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[list[int]]:
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(limits) != len(prompts):
-            raise ValueError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
-        params = per_request(sampling, len(prompts))
-        ids = [self.add_request(p, n, s) for p, n, s in zip(prompts, limits, params, strict=True)]
-        while self.waiting or self.running:
-            self.step()
-        return [self.finished[i].output for i in ids]
+        reqs = self._requests(prompts, max_new_tokens, sampling)
+        self.waiting.extend(reqs)
+        try:
+            while self.waiting or self.running:
+                self.step()
+        except BaseException:
+            self._forget(reqs)
+            raise
+        outputs = [self.finished.pop(r.rid).output for r in reqs]
+        self._handed_out += sum(len(o) for o in outputs)
+        return outputs
 
     def close(self) -> None:
         """Release the captured graphs (and sync): do this before a process group is destroyed."""
@@ -236,6 +286,6 @@ class Engine(EngineSteps):
 
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
-        generated = sum(len(r.output) for r in (*self.finished.values(), *self.running))
+        generated = self._handed_out + sum(len(r.output) for r in (*self.finished.values(), *self.running))
         counts = (self._decode_steps, self._decode_seconds, self._prefill_steps, generated)
         return engine_stats(self.runtime.stats(), *counts, self.spec)

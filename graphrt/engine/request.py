@@ -10,6 +10,7 @@ import numpy as np
 
 from graphrt.engine.speculative import SpecRunner, SpecState
 from graphrt.runtime.report import RuntimeStats
+from graphrt.step.ints import count, int_list
 from graphrt.step.sampling import SamplingParams
 
 
@@ -72,19 +73,29 @@ class EngineStats:
 
 
 def check_prompt(
-    prompt: Sequence[int], max_new_tokens: int, vocab: int, lookahead: int, max_context_len: int
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    vocab: int,
+    lookahead: int,
+    max_context_len: int,
+    name: str = "prompt",
 ) -> list[int]:
-    """The prompt's token ids; ``ValueError`` for an empty prompt, an id outside ``[0, vocab)``,
-    a budget below 1 or a request that cannot fit ``max_context_len`` (with ``lookahead``
-    draft positions)."""
-    tokens = [int(t) for t in prompt]
+    """The prompt's token ids as Python ints.
+
+    ``TypeError`` for a prompt that is not a list of ints (or a 1-D integer array) or a budget
+    that is not an int, naming ``name`` and the index; ``ValueError`` for an empty prompt, an
+    id outside ``[0, vocab)``, a budget below 1 or a request that cannot fit
+    ``max_context_len`` (with ``lookahead`` draft positions).
+    """
+    tokens = int_list(name, prompt)
+    budget = count(f"max_new_tokens for {name}" if name != "prompt" else "max_new_tokens", max_new_tokens)
     if not tokens:
-        raise ValueError("prompt is empty")
-    bad = [t for t in tokens if not 0 <= t < vocab]
+        raise ValueError(f"{name} is empty")
+    bad = [i for i, t in enumerate(tokens) if not 0 <= t < vocab]
     if bad:
-        raise ValueError(f"token id {bad[0]} out of range [0, {vocab})")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise ValueError(f"token id {tokens[bad[0]]} out of range [0, {vocab}) at {name}[{bad[0]}]")
+    if budget < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
     if len(tokens) + max_new_tokens + lookahead > max_context_len:
         drafts = f" + {lookahead} draft tokens" if lookahead else ""
         raise ValueError(

@@ -215,3 +215,27 @@ class EngineSteps:
         """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
         self.pool.release(r)
         self._rows = None
+
+    def _forget(self, reqs: list[Request]) -> None:
+        """Drop ``reqs`` wherever they are (a failed ``generate``): queued, running (their rows
+        and pages given back), finished. A step still in flight is read first, so the other
+        requests in it keep their tokens."""
+        if self.overlap is not None:
+            step = self.overlap.swap(None)
+            if step is not None:
+                try:
+                    self._retire(self._take(step)[1])
+                except Exception:  # NOTE: its tokens are lost; none is in flight any more
+                    for r in step.reqs:
+                        r.inflight = 0
+        mine = {id(r) for r in reqs}
+        kept = [r for r in self.waiting if id(r) not in mine]
+        self.waiting.clear()
+        self.waiting.extend(kept)
+        for r in reqs:
+            if r.req_idx >= 0:
+                self._release(r)
+            self.finished.pop(r.rid, None)
+            self.logits.pop(r.rid, None)
+        self.running[:] = [r for r in self.running if id(r) not in mine]
+        self._rows, self._ended = None, True

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from graphrt.models.causal_lm import CausalLM
+from graphrt.models.errors import CheckpointError
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.parallel import SINGLE, Shard, copy_shard, to_empty, whole
 from graphrt.parallel import TPGroup
@@ -48,10 +49,6 @@ LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
 }
 #: Checkpoint names that may be present and are not loaded (RoPE tables are recomputed).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match its config (names the tensor and the shapes)."""
 
 
 class TensorSource(Protocol):
@@ -120,6 +117,20 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
             )
 
 
+def check_layers(num_layers: int, found: Mapping[str, Shape]) -> None:
+    """Raise :class:`CheckpointError` when the config names more layers than the checkpoint
+    holds tensors for (before a model of that many layers is built, even on the meta device)."""
+    held = {
+        int(n.split(".")[2]) for n in found if n.startswith("model.layers.") and n.split(".")[2].isdigit()
+    }
+    layers = max(held) + 1 if held else 0
+    if num_layers > layers:
+        raise CheckpointError(
+            f"the config has {num_layers} hidden layers, the checkpoint tensors of {layers} "
+            f"(missing tensor 'model.layers.{layers}.…')"
+        )
+
+
 def materialize(
     source: TensorSource, device: torch.device, dtype: torch.dtype, tp: TPGroup = SINGLE
 ) -> CausalLM:
@@ -127,10 +138,12 @@ def materialize(
 
     With ``tp`` the model is this rank's shard and only the shard's slices are read.
     """
+    found = source.shapes()
+    check_layers(source.config.num_layers, found)
     with torch.device("meta"):
         model = CausalLM(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
     expected = slots(model)
-    check_tensors(expected, source.shapes(), source.config.tie_word_embeddings)
+    check_tensors(expected, found, source.config.tie_word_embeddings)
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.models.checkpoint import CheckpointError, Shape
+from graphrt.models.checkpoint import Shape
+from graphrt.models.errors import CheckpointError
+from graphrt.models.gguf_header import check_gguf
 from graphrt.models.hf_config import ModelConfig, parse_config
 from graphrt.models.parallel import Shard, cut
 
@@ -97,19 +99,34 @@ def _raw_config(reader: Any, tensors: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def read_gguf(path: Path) -> Any:
+    """``gguf.GGUFReader`` of ``path``; :class:`CheckpointError` naming the file and the fault
+    for a file cut short, garbage, or with absurd counts (:func:`check_gguf` walks it first)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as err:  # pragma: no cover - dev extra installs it
+        raise ImportError(f"loading GGUF needs the gguf package ({err})") from err
+    check_gguf(path)
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError) as err:
+        # NOTE: check_gguf walked the layout; what is left is a duplicate key or tensor name
+        raise CheckpointError(f"{path}: not a readable GGUF file: {err}") from None
+
+
 class GGUFFile:
     """:class:`~graphrt.models.checkpoint.TensorSource` for a ``.gguf`` file (memory-mapped)."""
 
     def __init__(self, path: str | Path) -> None:
-        try:
-            from gguf import GGUFReader
-        except ImportError as err:  # pragma: no cover - dev extra installs it
-            raise ImportError(f"loading GGUF needs the gguf package ({err})") from err
         self.path = Path(path)
-        self.reader = GGUFReader(str(self.path))
+        self.reader = read_gguf(self.path)
         by_gguf = {t.name: t for t in self.reader.tensors}
-        self.arch = _field(self.reader, "general.architecture")
-        self.config: ModelConfig = parse_config(_raw_config(self.reader, by_gguf))
+        try:
+            self.arch = _field(self.reader, "general.architecture")
+            self.config: ModelConfig = parse_config(_raw_config(self.reader, by_gguf))
+        except (ValueError, KeyError, TypeError) as err:
+            what = f"no tensor {err}" if isinstance(err, KeyError) else str(err)
+            raise CheckpointError(f"{self.path}: {what}") from None
         rope_freqs = by_gguf.pop("rope_freqs.weight", None)
         self.freq_factors = None if rope_freqs is None else torch.from_numpy(np.array(rope_freqs.data))
         self.tensors = {hf_name(name): t for name, t in by_gguf.items()}
@@ -119,7 +136,7 @@ class GGUFFile:
         for name, t in self.tensors.items():
             if t.tensor_type.name not in SUPPORTED_TYPES:
                 raise CheckpointError(
-                    f"tensor {name!r} is {t.tensor_type.name}: quantisation type not supported "
+                    f"{self.path}: tensor {name!r} is {t.tensor_type.name}: quantisation type not supported "
                     f"(supported: {', '.join(SUPPORTED_TYPES)})"
                 )
         return {name: tuple(int(d) for d in reversed(t.shape)) for name, t in self.tensors.items()}

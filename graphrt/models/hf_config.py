@@ -6,10 +6,12 @@ are accepted: legacy ``rope_theta`` + ``rope_scaling`` and transformers-5 ``rope
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphrt.models.errors import CheckpointError
 from graphrt.models.rope import check_rope_type
 
 Raw = Mapping[str, Any]
@@ -117,8 +119,61 @@ def _refuse_unsupported(raw: Raw) -> None:
         raise ValueError("mlp_bias=True is not supported")
 
 
+#: Sizes a config must give as positive ints (``True``: required) and what they are called.
+SIZES = {
+    "vocab_size": True,
+    "hidden_size": True,
+    "num_hidden_layers": True,
+    "num_attention_heads": True,
+    "intermediate_size": True,
+    "num_key_value_heads": False,
+    "head_dim": False,
+    "max_position_embeddings": False,
+    "sliding_window": False,
+}
+#: Numbers a config may give, which must be finite and > 0.
+POSITIVE = ("rms_norm_eps", "rope_theta")
+
+
+def check_sizes(raw: Raw) -> None:
+    """Raise :class:`CheckpointError` on a config whose sizes no model can have: a size that
+    is missing, not an int, or < 1; KV heads that do not divide the heads; heads that do not
+    divide the hidden size (without ``head_dim``); a norm epsilon or rope base <= 0."""
+    if not isinstance(raw, Mapping):
+        raise CheckpointError(f"config must be a JSON object, got {type(raw).__name__}")
+    for name, required in SIZES.items():
+        value = raw.get(name)
+        if value is None:
+            if required:
+                raise CheckpointError(f"config has no {name!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CheckpointError(f"config {name} must be an integer, got {value!r}")
+        if value < 1:
+            raise CheckpointError(f"config {name} = {value}: must be >= 1")
+    heads = raw["num_attention_heads"]
+    kv = raw.get("num_key_value_heads") or heads
+    if heads % kv:
+        raise CheckpointError(
+            f"config num_key_value_heads = {kv} does not divide num_attention_heads = {heads}"
+        )
+    if not raw.get("head_dim") and raw["hidden_size"] % heads:
+        raise CheckpointError(
+            f"config num_attention_heads = {heads} does not divide hidden_size = {raw['hidden_size']} "
+            "(and there is no head_dim)"
+        )
+    for name in POSITIVE:
+        value = raw.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise CheckpointError(f"config {name} = {value!r}: must be a finite number > 0")
+
+
 def parse_config(raw: Raw) -> ModelConfig:
-    """Read a ``config.json`` dict; ``ValueError`` names what graphrt does not support."""
+    """Read a ``config.json`` dict; ``ValueError`` names what graphrt does not support,
+    :class:`CheckpointError` (a ``ValueError``) a config no model can have."""
+    check_sizes(raw)
     arch_name = _architecture(raw)
     arch = ARCHS[arch_name]
     _refuse_unsupported(raw)

@@ -10,6 +10,7 @@ import torch
 
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.checkpoint import TensorSource, materialize
+from graphrt.models.errors import CheckpointError
 from graphrt.models.gguf_file import GGUFFile
 from graphrt.models.parallel import SINGLE
 from graphrt.models.safetensors_dir import SafetensorsDir
@@ -105,4 +106,9 @@ def load(
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
-    return materialize(source, dev, dtype or default_dtype(dev), tp)
+    try:
+        return materialize(source, dev, dtype or default_dtype(dev), tp)
+    except CheckpointError as err:
+        if str(resolved) in str(err):
+            raise
+        raise CheckpointError(f"{resolved}: {err}") from None  # NOTE: name the checkpoint

@@ -6,11 +6,14 @@ it is needed for text only, never to load or run a model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from graphrt.models.errors import CheckpointError
+from graphrt.models.gguf_file import read_gguf
+from graphrt.models.gguf_header import check_gguf
 from graphrt.models.loader import resolve
+from graphrt.models.safetensors_dir import read_config, read_json
 
 
 def load_tokenizer(model: str | Path) -> Any:
@@ -24,9 +27,20 @@ def load_tokenizer(model: str | Path) -> Any:
         raise ImportError(
             f"text in and out needs transformers ({err}); pip install 'graphrt[models]'"
         ) from err
+    # NOTE: transformers reads the same header or config.json, trusting it as gguf's reader does
+    # (0 attention heads: ZeroDivisionError): check it first, so the message names the fault.
     if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(str(path))
+        check_gguf(path)
+    elif (path / "config.json").is_file():
+        read_config(path)
+    try:
+        if path.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(str(path))
+    except ImportError:
+        raise
+    except Exception as err:  # NOTE: transformers and tokenizers raise many kinds for a bad file
+        raise CheckpointError(f"{path}: cannot build the tokenizer: {type(err).__name__}: {err}") from None
 
 
 def chat_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -56,14 +70,21 @@ def declared_stop_ids(model: str | Path) -> set[int]:
     if path is None:
         return set()
     if path.suffix == ".gguf":
-        from gguf import GGUFReader
-
-        fields = GGUFReader(str(path)).fields
-        return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
+        fields = read_gguf(path).fields
+        try:
+            return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{path}: end-of-generation token ids are not ints: {err}") from None
     found: set[int] = set()
     for name in ("generation_config.json", "config.json"):
         if (path / name).is_file():
-            found |= _ids(json.loads((path / name).read_text()).get("eos_token_id"))
+            raw = read_json(path / name)
+            try:
+                found |= _ids(raw.get("eos_token_id") if isinstance(raw, dict) else None)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(
+                    f"{path / name}: eos_token_id is not an int or a list of ints: {err}"
+                ) from None
     return found
 
 

@@ -10,9 +10,11 @@ import torch
 
 from graphrt.step.checks import fast_ok
 from graphrt.step.hostops import umax, umin
+from graphrt.step.ints import first_non_int
 from graphrt.step.limits import Limits
 from graphrt.step.modes import MODES, ForwardMode, TreeInput, tokens_per_req
 from graphrt.step.sampling import SamplingParams
+from graphrt.step.tree_mask import tree_mask_of
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
@@ -32,6 +34,10 @@ def _host_ints(name: str, value: Any) -> np.ndarray:
             )
         value = value.numpy()
     arr = np.asarray(value)
+    bad = first_non_int(value) if arr.ndim == 1 else -1
+    if bad >= 0:  # NOTE: lists only; np.asarray turns [1, True] or [1, 2.0] into numbers
+        v = value[bad]
+        raise TypeError(f"Batch.{name}[{bad}] must be an int, got {type(v).__name__} {v!r}")
     if arr.size and arr.dtype.kind not in "iu":
         _check_wide_ints(name, value)
         raise TypeError(f"Batch.{name} must hold integers, got dtype {arr.dtype}")
@@ -122,7 +128,7 @@ class Batch:
                 raise ValueError(f"mode {mode.name} needs q_lens (query tokens per request)")
             q_lens = _ONES[:bs] if bs <= _ONES.size else np.ones(bs, dtype=np.int64)
         arrays["q_lens"] = _host_ints("q_lens", q_lens)
-        mask = None if tree_mask is None else _tree_mask(tree_mask, arrays["q_lens"])
+        mask = None if tree_mask is None else tree_mask_of(tree_mask, arrays["q_lens"])
         params = None if sampling is None else tuple(sampling)
         batch = cls(mode=mode, tree_mask=mask, sampling=params, **arrays)
         batch._check_shapes(implicit)
@@ -312,21 +318,3 @@ def _in_range(name: str, arr: np.ndarray, lo: int, hi: int, what: str = "value")
     if bad.any():
         value = int(arr[bad][0])
         raise ValueError(f"{what} out of range in {name}: {value} not in [{lo}, {hi})")
-
-
-def _tree_mask(value: Any, q_lens: np.ndarray) -> np.ndarray:
-    """A ``[bs, n, n]`` bool ancestor-or-self mask whose rows form a tree rooted at token 0."""
-    mask = np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
-    if mask.dtype != np.bool_:
-        raise TypeError(f"Batch.tree_mask must be bool, got dtype {mask.dtype}")
-    n = int(q_lens[0]) if q_lens.size else 0
-    if mask.shape != (q_lens.size, n, n) or (q_lens != n).any():
-        raise ValueError(
-            f"Batch.tree_mask must be [bs, q_len, q_len] = {(q_lens.size, n, n)}, got {mask.shape}"
-        )
-    eye = np.eye(n, dtype=bool)
-    if not (mask[:, eye]).all() or (mask & ~np.tril(np.ones((n, n), dtype=bool))).any():
-        raise ValueError("Batch.tree_mask must hold each token itself and only earlier tokens (ancestors)")
-    if n and not mask[:, :, 0].all():
-        raise ValueError("Batch.tree_mask: every token must descend from token 0 (the root)")
-    return mask

@@ -7,6 +7,8 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from graphrt.step.ints import int_list
+
 #: Seeds are non-negative int64 (the sampling family stores them as int64).
 MAX_SEED = 2**63 - 1
 
@@ -53,10 +55,13 @@ class SamplingParams:
         _check_real("min_p", self.min_p, 0.0, 1.0, "[0, 1]")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED, f"[0, {MAX_SEED}]")
-        stops = tuple(self.stop_token_ids)
+        stops = self.stop_token_ids
+        if isinstance(stops, (set, frozenset)):
+            stops = list(stops)  # NOTE: order does not matter to a set of stop tokens
+        stops = int_list("SamplingParams.stop_token_ids", stops)
         for t in stops:
             _check_int("stop_token_ids", t, 0, None, "token ids >= 0")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        object.__setattr__(self, "stop_token_ids", tuple(stops))
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
 
@@ -80,12 +85,16 @@ def per_request(
     """One entry per request: ``None`` (plain greedy), a shared value, or a list of ``n``."""
     if sampling is None or isinstance(sampling, SamplingParams):
         return [sampling] * n
+    if not isinstance(sampling, (list, tuple)):
+        raise TypeError(
+            f"sampling must be a SamplingParams, a list of them or None, got {type(sampling).__name__}"
+        )
     params = list(sampling)
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams) and p is not None:
+            raise TypeError(f"sampling[{i}] must be a SamplingParams or None, got {type(p).__name__}")
     if len(params) != n:
         raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-    for p in params:
-        if not isinstance(p, SamplingParams):
-            raise TypeError(f"sampling must hold SamplingParams, got {type(p).__name__}")
     return params
 
 
