@@ -88,8 +88,12 @@ def failing(engine: Engine, at: int, error: BaseException) -> Callable[[], None]
 
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("at", [1, 3])
-@pytest.mark.parametrize("error", [KVIsolationError("refused"), KeyboardInterrupt()], ids=["refused", "interrupt"])
-def test_failed_call_leaves_no_request(device: torch.device, kind: str, at: int, error: BaseException) -> None:
+@pytest.mark.parametrize(
+    "error", [KVIsolationError("refused"), KeyboardInterrupt()], ids=["refused", "interrupt"]
+)
+def test_failed_call_leaves_no_request(
+    device: torch.device, kind: str, at: int, error: BaseException
+) -> None:
     """A step that raises at the prefill (1) or mid-decode (3): the call raises it, nothing of
     it stays (queues, rows, pages, KV ledger, finished), and the engine still serves."""
     engine = engine_of(device, kind)

@@ -40,30 +40,37 @@ def assert_empty(engine: Engine) -> None:
     assert sorted(engine.pool.rows) == list(range(table.max_reqs))
 
 
+def together(engine: Engine, threads: int) -> dict[int, list[list[int]]]:
+    """Each of ``threads`` threads calls ``generate`` once, all released at the same moment."""
+    results: dict[int, list[list[int]]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def caller(i: int) -> None:
+        try:
+            barrier.wait()
+            prompts, sampling = call(i)
+            results[i] = engine.generate(prompts, NEW, sampling)
+        except BaseException as err:  # NOTE: reported by the caller of together()
+            errors.append(err)
+
+    workers = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results
+
+
 @pytest.mark.parametrize("threads", [4, 8])
 def test_threads_get_what_they_get_alone(device: torch.device, threads: int) -> None:
     engine = engine_on(device)
     alone = [engine.generate(call(i)[0], NEW, call(i)[1]) for i in range(threads)]
     assert_empty(engine)
     for round_ in range(ROUNDS):
-        results: dict[int, list[list[int]]] = {}
-        errors: list[BaseException] = []
-        barrier = threading.Barrier(threads)
-
-        def caller(i: int) -> None:
-            try:
-                barrier.wait()
-                prompts, sampling = call(i)
-                results[i] = engine.generate(prompts, NEW, sampling)
-            except BaseException as err:  # NOTE: reported below, with the round
-                errors.append(err)
-
-        workers = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=120)
-        assert not errors, f"round {round_}: {errors[0]!r}"
+        results = together(engine, threads)
         assert [results[i] for i in range(threads)] == alone, f"round {round_}"
         assert_empty(engine)
 

@@ -35,7 +35,7 @@ def is_tree(mask: np.ndarray) -> bool:
     """The reference: row ``i`` is row ``p`` plus ``i`` for some ancestor ``p < i``."""
     n = len(mask)
     eye = np.eye(n, dtype=bool)
-    if not mask[0].tolist() == eye[0].tolist():
+    if mask[0].tolist() != eye[0].tolist():
         return False
     return all(
         any(mask[i, p] and (mask[i] == (mask[p] | eye[i])).all() for p in range(i)) for i in range(1, n)

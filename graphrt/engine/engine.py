@@ -25,8 +25,8 @@ from graphrt.engine.tp import tp_generate
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.step.config import RuntimeConfig
-from graphrt.step.modes import ForwardMode
 from graphrt.step.ints import int_list, is_int
+from graphrt.step.modes import ForwardMode
 from graphrt.step.sampling import SamplingParams, per_request
 
 
@@ -240,7 +240,9 @@ class Engine(EngineSteps):
     def _requests(self, prompts: Any, max_new_tokens: Any, sampling: Any) -> list[Request]:
         """Checked new requests, one per prompt (none queued)."""
         if not isinstance(prompts, (list, tuple, np.ndarray)):
-            raise TypeError(f"prompts must be a list of prompts (lists of int token ids), got {type(prompts).__name__}")
+            raise TypeError(
+                f"prompts must be a list of prompts (lists of int token ids), got {type(prompts).__name__}"
+            )
         if is_int(max_new_tokens):
             limits = [max_new_tokens] * len(prompts)
         elif isinstance(max_new_tokens, (list, tuple, np.ndarray)):
