@@ -6,7 +6,17 @@ Device tensors, written inside the graph by the step's programs.
 """
 
 from graphrt.kv.mla import MLAKVCache, MLAShape
+from graphrt.kv.ownership import KVIsolationError
 from graphrt.kv.paged import KV_DTYPES, KVShape, PagedKVCache, PagedSlots
 from graphrt.kv.req_to_token import ReqToToken
 
-__all__ = ["KV_DTYPES", "KVShape", "MLAKVCache", "MLAShape", "PagedKVCache", "PagedSlots", "ReqToToken"]
+__all__ = [
+    "KV_DTYPES",
+    "KVIsolationError",
+    "KVShape",
+    "MLAKVCache",
+    "MLAShape",
+    "PagedKVCache",
+    "PagedSlots",
+    "ReqToToken",
+]

@@ -109,7 +109,8 @@ class GraphRuntime(Capturing):
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
         with its reason) when none fits. Every check runs before anything is written: the
         batch's limits and geometry, KV isolation (the step reads only positions its rows
-        have written and writes no slot another live row holds; ``KVIsolationError``) and the
+        have written, and writes each logical page of a row into the one page the row's page
+        table names for it, a page no other row holds; ``KVIsolationError``) and the
         graph's host scalars. The step's KV state is committed to ``req_to_token.ledger``
         once it has run.
 
