@@ -181,6 +181,20 @@ class Engine:
         self.waiting.append(req)
         return req.rid
 
+    def abort(self, rid: int) -> Request | None:
+        """Drop request ``rid`` wherever it is (waiting, running or finished); returns it (its
+        output so far), or None when no request has that id.
+
+        A running request gives its row (its KV freed in the ledger) and pages back at once;
+        with overlap a step holding it may still be in flight, and its token is dropped when
+        read. Not under :meth:`generate`'s lock: for a caller that drives :meth:`step` itself.
+        """
+        sched = self.scheduler
+        req = next((r for r in (*sched.waiting, *sched.running) if r.rid == rid), None)
+        req = req or sched.finished.get(rid)
+        sched.abort({rid})
+        return req
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
