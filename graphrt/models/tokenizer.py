@@ -56,9 +56,9 @@ def declared_stop_ids(model: str | Path) -> set[int]:
     if path is None:
         return set()
     if path.suffix == ".gguf":
-        from gguf import GGUFReader
+        from graphrt.models.gguf_file import read_gguf
 
-        fields = GGUFReader(str(path)).fields
+        fields = read_gguf(path).fields
         return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
     found: set[int] = set()
     for name in ("generation_config.json", "config.json"):
