@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[int, str], ...] = (
     (5, "graphrt.models"),
     (5, "graphrt.runtime"),
     (6, "graphrt.engine"),
+    (6, "graphrt.text"),  # tokenizers, chat templates, streamed text: beside the engine, which is ids only
     (7, "graphrt"),  # the package's own __init__: the public facade
     (7, "graphrt.hf"),  # facade of the transformers wrapper (models.hf_wrap + engine.stack)
     (8, "graphrt.debug"),

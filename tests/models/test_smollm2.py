@@ -53,7 +53,7 @@ def greedy_continues(model: torch.nn.Module, prompt: list[int], output: list[int
 
 @pytest.mark.slow
 def test_smollm2_greedy_equals_transformers() -> None:
-    from graphrt.models.tokenizer import chat_prompt, load_tokenizer
+    from graphrt.text.tokenizer import chat_prompt, load_tokenizer
 
     prompt = chat_prompt(load_tokenizer("smollm2"), PROMPT)
     engine = Engine("smollm2", device="cpu", dtype=torch.float32, max_batch_size=2, max_context_len=128)

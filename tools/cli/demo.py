@@ -14,9 +14,9 @@ from rich.table import Table
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
 from graphrt.models.loader import packaged_path, resolve
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
+from graphrt.text.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.tools.cli.args import AUTO, UsageError, resolve_backend, resolve_device
 from graphrt.tools.cli.env import environment
 

@@ -13,9 +13,9 @@ import sys
 from typing import Any
 
 from graphrt.engine import Engine
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
+from graphrt.text.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.tools.cli.args import UsageError, resolve_device
 
 
