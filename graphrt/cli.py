@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -22,6 +22,7 @@ from graphrt.tools.cli.args import (
     configure_logging,
     device_name,
     fail,
+    install_hint,
     model_name,
     model_names,
     positive_int,
@@ -95,6 +96,42 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     tp_arg(p)
 
 
+def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
+    p = sub.add_parser(
+        "serve", parents=[common], help="an OpenAI-compatible HTTP server (needs the serve extra)"
+    )
+    p.add_argument(
+        "--model",
+        type=model_name,
+        default="smollm2",
+        help="smollm2 | checkpoint dir | file.gguf (with a tokenizer)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=positive_int, default=8000, help="TCP port")
+    p.add_argument(
+        "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=None,
+        help="requests decoded together (default: 32 on CUDA, 8 on CPU)",
+    )
+    p.add_argument(
+        "--max-context-len",
+        type=positive_int,
+        default=None,
+        help="prompt + reply tokens at most (default: 2048 on CUDA, 1024 on CPU)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        help="seconds Ctrl-C lets requests in flight finish before cancelling them",
+    )
+    tp_arg(p)
+
+
 def build_parser() -> Parser:
     """The ``graphrt`` parser with every sub-command."""
     parser = Parser(prog="graphrt", description="LLM decoding as replays of pre-captured CUDA graphs")
@@ -103,6 +140,7 @@ def build_parser() -> Parser:
     common = _common()
     _add_demo(sub, common)
     _add_generate(sub, common)
+    _add_serve(sub, common)
     add_bench(sub, common, "bench", BENCH_SIZES["decode"], 50)
     add_bench(sub, common, "bench-spec", "1,8,32", 30)
     inspect = sub.add_parser("inspect", parents=[common], help="a snapshot's facts as tables on stdout")
@@ -134,6 +172,7 @@ def build_parser() -> Parser:
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("demo", None): ("graphrt.tools.cli.demo", "run_demo"),
     ("generate", None): ("graphrt.tools.cli.generate", "run_generate"),
+    ("serve", None): ("graphrt.tools.cli.serve", "run_serve"),
     ("inspect", None): ("graphrt.tools.inspection.tables", "run_inspect"),
     ("debug", None): ("graphrt.tools.inspection.tui.app", "run_debug"),
     ("bench-spec", None): ("graphrt.tools.bench.spec", "run_bench_spec"),
@@ -178,6 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level)
     try:
         return _dispatch(parser, args)
+    except ImportError as err:
+        hint = install_hint(err)
+        if hint is None:
+            raise
+        return fail(f"graphrt {args.command}", RuntimeError(hint))
     except (UsageError, ValueError) as err:
         # NOTE: ValueError: a combination of values the runtime refuses (its message says which)
         log.debug("%s failed", args.command, exc_info=True)

@@ -64,6 +64,8 @@ class LLM:
                 "LLM runs on one rank: use Engine(tp=N).generate on every rank for tensor parallelism"
             )
         start = time.perf_counter()
+        #: The model as named (what the server reports as its model id).
+        self.name = str(model)
         self.tokenizer: Tokenizer | None
         try:
             self.tokenizer = load_tokenizer(model)
