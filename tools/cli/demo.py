@@ -132,7 +132,9 @@ def _demo(args: argparse.Namespace, tp: int) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         tp=tp,
     )
-    graphed = Engine(args.model, use_graphs=True, show_progress=rank0, **kwargs)
+    graphed = Engine(
+        args.model, use_graphs=True, show_progress=rank0, record_kernels=args.snapshot is not None, **kwargs
+    )
     eager = Engine(args.model, use_graphs=False, **kwargs)
     prompts, budgets, tokenizer = text or (
         *demo_prompts(
