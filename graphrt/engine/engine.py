@@ -24,6 +24,7 @@ from graphrt.engine.stack import build_stack
 from graphrt.engine.tp import tp_generate
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
+from graphrt.runtime.progress import load_progress
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.sampling import SamplingParams, per_request
 
@@ -63,15 +64,17 @@ class Engine:
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         runtime_config = cfg.runtime_config(spec.geometry if spec else None)
-        stack = build_stack(
-            str(model),
-            self.device,
-            runtime_config,
-            seed=cfg.seed,
-            kv_cache_dtype=cfg.kv_cache_dtype,
-            dtype=cfg.dtype,
-            tp=self.tp,
-        )
+        with load_progress(cfg.show_progress) as advance:
+            stack = build_stack(
+                str(model),
+                self.device,
+                runtime_config,
+                seed=cfg.seed,
+                kv_cache_dtype=cfg.kv_cache_dtype,
+                dtype=cfg.dtype,
+                tp=self.tp,
+                progress=advance,
+            )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.use_graphs, self.max_context_len, self.page_size = (
             cfg.use_graphs,
