@@ -77,21 +77,46 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
 
 def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     p = sub.add_parser(
-        "generate", parents=[common], help="stream a model's reply (chat template) with graphs"
+        "generate",
+        parents=[common],
+        help="stream a model's reply (chat template) with graphs, or JSONL for many prompts",
     )
     p.add_argument(
         "--model", type=model_name, default="smollm2", help="smollm2 | checkpoint dir | file.gguf | preset"
     )
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--prompt", default=None, help="the user's message, through the model's chat template")
-    text.add_argument("--prompt-ids", type=token_ids, default=None, help="comma-separated token ids instead")
+    text.add_argument(
+        "--prompt-ids",
+        type=token_ids,
+        default=None,
+        help="comma-separated token ids instead (no tokenizer needed)",
+    )
+    text.add_argument(
+        "--prompts-file",
+        default=None,
+        metavar="FILE",
+        help='JSONL, one prompt a line ({"prompt"|"messages"|"prompt_ids", "max_new_tokens"?}); - reads stdin',
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens generated at most")
     p.add_argument("--max-context-len", type=positive_int, default=1024, help="prompt + new tokens at most")
     p.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=None,
+        help="prompts decoded together (default: all, up to 32)",
+    )
+    p.add_argument(
         "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
     )
-    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
-    sampling_args(p, "the request's random stream (same seed, same text)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON line per prompt (text, ids, finish_reason, token counts, ttft_s, tokens_per_s)",
+    )
+    sampling_args(
+        p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
+    )
     kv_arg(p)
     tp_arg(p)
 

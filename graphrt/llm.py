@@ -45,6 +45,10 @@ class LLM:
     model : str or Path
         ``"smollm2"`` (the packaged GGUF), a ``.gguf`` file, a checkpoint directory, or a
         preset (random weights, no tokenizer: token ids in, ``text=None`` out).
+    tokenizer : bool, optional
+        ``True``: the model's tokenizer is required (``NoTokenizer`` or ``ImportError`` when it
+        cannot be built); ``None`` (default): used when it can be built, else token ids only;
+        ``False``: not built (token ids only).
     **engine_options
         Passed to :class:`~graphrt.Engine` (``device``, ``max_batch_size``,
         ``max_context_len``, ``dtype``, ``show_progress``, ...).
@@ -58,7 +62,13 @@ class LLM:
     prompt of a call shares the engine's steps. ``graphrt serve`` serves concurrent callers.
     """
 
-    def __init__(self, model: str | os.PathLike[str] = "smollm2", **engine_options: Any) -> None:
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = "smollm2",
+        *,
+        tokenizer: bool | None = None,
+        **engine_options: Any,
+    ) -> None:
         if engine_options.get("tp", 1) != 1:
             raise ValueError(
                 "LLM runs on one rank: use Engine(tp=N).generate on every rank for tensor parallelism"
@@ -66,11 +76,16 @@ class LLM:
         start = time.perf_counter()
         #: The model as named (what the server reports as its model id).
         self.name = str(model)
-        self.tokenizer: Tokenizer | None
-        try:
-            self.tokenizer = load_tokenizer(model)
-        except NoTokenizer:
-            self.tokenizer = None  # NOTE: presets and checkpoints without tokenizer files
+        self.tokenizer: Tokenizer | None = None
+        #: Why there is no tokenizer (said when text is given).
+        self.no_text = "this model has no tokenizer: give token ids, not text"
+        if tokenizer is not False:
+            try:
+                self.tokenizer = load_tokenizer(model)
+            except (NoTokenizer, ImportError) as err:  # NOTE: presets, no tokenizer files, no package
+                if tokenizer:
+                    raise
+                self.no_text = f"{err}"
         stop = self.tokenizer.stop_ids if self.tokenizer is not None else frozenset(declared_stop_ids(model))
         loaded = time.perf_counter()
         self.engine = Engine(model, **engine_options)
@@ -85,7 +100,7 @@ class LLM:
         """``prompt``'s token ids: text through the tokenizer (as is), ids as given."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise NoTokenizer("this model has no tokenizer: give token ids, not text")
+                raise NoTokenizer(self.no_text)
             return self.tokenizer.encode(prompt)
         if not _is_ids(prompt):
             raise TypeError(f"a prompt is a str or a list of int token ids, got {type(prompt).__name__}")
@@ -94,7 +109,7 @@ class LLM:
     def encode_chat(self, messages: Messages) -> list[int]:
         """Token ids of ``messages`` through the model's chat template."""
         if self.tokenizer is None:
-            raise NoTokenizer("this model has no tokenizer, hence no chat template: give token ids")
+            raise NoTokenizer(self.no_text)
         return self.tokenizer.encode_chat(messages)
 
     def _budget(self, prompt: list[int], max_new_tokens: int | None) -> int:
@@ -145,7 +160,7 @@ class LLM:
         Closing the iterator early aborts the request.
         """
         if self.tokenizer is None:
-            raise NoTokenizer("streaming text needs a tokenizer; this model gives token ids only")
+            raise NoTokenizer(self.no_text)
         ids = self.encode_chat(prompt) if _is_chat(prompt) and prompt else self.encode(prompt)  # type: ignore[arg-type]
         with self._lock:
             rid = self.replies.add(ids, self._budget(ids, max_new_tokens), sampling, stop)

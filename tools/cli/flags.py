@@ -56,12 +56,12 @@ def tp_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
-def sampling_args(p: argparse.ArgumentParser, seed_help: str) -> None:
+def sampling_args(p: argparse.ArgumentParser, seed_help: str, seed: int | None = 0) -> None:
     """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
-    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--seed", type=int, default=seed, help=seed_help)
 
 
 def _host_args(p: argparse.ArgumentParser) -> None:
