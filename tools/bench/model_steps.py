@@ -9,7 +9,6 @@ call (untimed), so every call writes the same slot and attends over the same key
 from __future__ import annotations
 
 import inspect
-
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
