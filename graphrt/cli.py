@@ -18,7 +18,6 @@ from graphrt.tools.cli.args import (
     LOG_LEVELS,
     Parser,
     UsageError,
-    batch_sizes,
     configure_logging,
     device_name,
     fail,
@@ -28,7 +27,15 @@ from graphrt.tools.cli.args import (
     positive_int,
     token_ids,
 )
-from graphrt.tools.cli.flags import BENCH_SIZES, add_bench, device_args, kv_arg, sampling_args, tp_arg
+from graphrt.tools.cli.flags import (
+    BENCH_SIZES,
+    add_bench,
+    bench_defaults,
+    device_args,
+    kv_arg,
+    sampling_args,
+    tp_arg,
+)
 
 log = logging.getLogger(__name__)
 TUI_HINT = (
@@ -220,8 +227,8 @@ def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
         except (TypeError, ValueError) as err:
             parser.error(f"demo: {err}")
     what = getattr(args, "what", None)
-    if args.command == "bench" and args.batch_sizes is None:
-        args.batch_sizes = batch_sizes(BENCH_SIZES[what])
+    if args.command in ("bench", "bench-spec"):
+        bench_defaults(args, what)
     module, name = COMMANDS[(args.command, what)]
     try:
         run = getattr(importlib.import_module(module), name)

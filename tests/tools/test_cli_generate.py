@@ -139,6 +139,8 @@ def test_a_missing_package_is_one_line_with_the_install_command(
     monkeypatch.setitem(sys.modules, missing, None)  # NOTE: import fails as without the package
     for name in [m for m in sys.modules if m.startswith(f"{missing}.")]:
         monkeypatch.delitem(sys.modules, name)
+    for name in ("graphrt.serve.app", "graphrt.tools.cli.serve"):  # NOTE: imported by earlier tests
+        monkeypatch.delitem(sys.modules, name, raising=False)
     assert main([*argv, "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"pip install 'graphrt[{extra}]'" in err and missing in err, err

@@ -142,7 +142,13 @@ def hf_prefill(hf: Any, prompts: torch.Tensor, max_len: int) -> Any:
     cache = StaticCache(config=hf.config, max_cache_len=max_len)
     bs, context = prompts.shape
     positions = torch.arange(context, device=prompts.device).expand(bs, -1)
-    hf(input_ids=prompts, position_ids=positions, use_cache=True, logits_to_keep=1, **{cache_kwarg(hf): cache})
+    hf(
+        input_ids=prompts,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kwarg(hf): cache},
+    )
     return cache
 
 

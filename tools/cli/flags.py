@@ -23,6 +23,25 @@ BENCH_SIZES = {
     "gemm": "1,16,64",
     "sampler": "1,8,64",
 }
+#: ``graphrt bench TARGET`` defaults on a CPU where the GPU's would run for minutes.
+CPU_BENCH = {"model": {"batch_sizes": "1,4", "context": 128, "iters": 10}}
+#: ``--context`` when not given.
+BENCH_CONTEXT = 512
+
+
+def bench_defaults(args: argparse.Namespace, what: str | None) -> None:
+    """Fill ``--batch-sizes``, ``--context``, ``--iters`` left out: the target's defaults, or
+    on a CPU those that finish in seconds (:data:`CPU_BENCH`)."""
+    import torch
+
+    cpu = args.device == "cpu" or (args.device == AUTO and not torch.cuda.is_available())
+    small = CPU_BENCH.get(what or "", {}) if cpu and args.command == "bench" else {}
+    if args.batch_sizes is None and what != "serve":  # NOTE: serve has --concurrency
+        args.batch_sizes = batch_sizes(small.get("batch_sizes") or BENCH_SIZES[what or "decode"])
+    if args.context is None:
+        args.context = small.get("context", BENCH_CONTEXT)
+    if args.iters is None:
+        args.iters = small.get("iters", args.default_iters)
 
 
 def device_args(p: argparse.ArgumentParser) -> None:
@@ -177,8 +196,18 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
         help="comma-separated batch sizes"
         + (f" (default {sizes}; model: 1,16,64)" if name == "bench" else ""),
     )
-    p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
-    p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
+    cpu = "; model on a CPU: 128" if name == "bench" else ""
+    p.add_argument(
+        "--context",
+        type=positive_int,
+        default=None,
+        help=f"KV length of every request (default {BENCH_CONTEXT}{cpu})",
+    )
+    cpu = "; model on a CPU: 10" if name == "bench" else ""
+    p.add_argument(
+        "--iters", type=positive_int, default=None, help=f"timed steps per measurement (default {iters}{cpu})"
+    )
+    p.set_defaults(default_iters=iters)
     if name == "bench":
         kv_arg(p, "decode and model: ")
     if name == "bench-spec":
