@@ -11,6 +11,7 @@ from graphrt.tools.cli.args import (
     batch_sizes,
     device_name,
     kv_cache_dtypes,
+    model_name,
     positive_int,
 )
 
@@ -89,12 +90,13 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler"),
+        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler", "serve"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
         "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
         "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
-        "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors",
+        "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
+        "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency",
     )
     p.add_argument("--sweep", action="store_true", help="gemm only: also time candidate tiles (with PDL)")
     p.add_argument(
@@ -153,6 +155,34 @@ def _buckets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="buckets only: seed of a generated trace")
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench serve``: both servers on one model, the same requests at each concurrency."""
+    p.add_argument(
+        "--model", type=model_name, default="smollm2", help="serve only: the model both servers run"
+    )
+    p.add_argument(
+        "--concurrency",
+        type=batch_sizes,
+        default=None,
+        help="serve only: clients in flight (default 1,8,32; CPU 1,8)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="serve only: tokens a reply (default 128; CPU 8)",
+    )
+    p.add_argument(
+        "--waves", type=positive_int, default=None, help="serve only: requests per client (default 4; CPU 1)"
+    )
+    p.add_argument(
+        "--peer",
+        choices=("auto", "serve", "generate", "none"),
+        default="auto",
+        help="serve only: transformers serve (auto: in-process generate when it cannot run), generate, or none",
+    )
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench model``: graphrt vs the weight-read floor vs transformers (eager, compiled)."""
     p.add_argument(
@@ -188,6 +218,7 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
     if name == "bench":
         _host_args(p)
         _model_args(p)
+        _serve_args(p)
     device_args(p)
     p.add_argument(
         "--batch-sizes",
