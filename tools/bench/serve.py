@@ -177,6 +177,8 @@ def _print(result: dict[str, Any], out: Path) -> None:
         f"ms: p50 (p90) per request, client-side; × : peer/graphrt for times, graphrt/peer for tok/s; "
         f"{result['max_tokens']} tokens a reply; same greedy text at 1 client: {result['same_text_at_concurrency_1']}"
     )
+    if result["env"]["device"] == "cpu":
+        table.caption += "; on a CPU graphrt's graphs are emulated: these times say nothing of a GPU"
     console = wide_console()
     console.print(table)
     if result["peer_note"]:

@@ -133,11 +133,17 @@ def _save_twin(model: str, target: Path) -> None:
     from graphrt.text import load_tokenizer
     from graphrt.tools.bench.model_twin import checkpoint_twin
 
+    from transformers.utils import logging as hf_logging
+
     twin = checkpoint_twin(load(model, device="cpu", dtype=torch.float32))
     tokenizer = load_tokenizer(model)
     twin.generation_config.eos_token_id = sorted(tokenizer.stop_ids)
     partial = target.with_name(target.name + ".partial")
-    twin.save_pretrained(partial)
+    hf_logging.disable_progress_bar()  # NOTE: its shard bar would cut through ours
+    try:
+        twin.save_pretrained(partial)
+    finally:
+        hf_logging.enable_progress_bar()
     tokenizer.backend.save(str(partial / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": tokenizer.chat_template}
     (partial / "tokenizer_config.json").write_text(json.dumps(config | tokenizer.special, indent=2))
