@@ -129,11 +129,11 @@ def hf_checkpoint(model: str) -> Path:
 
 
 def _save_twin(model: str, target: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
     from graphrt.models import load
     from graphrt.text import load_tokenizer
     from graphrt.tools.bench.model_twin import checkpoint_twin
-
-    from transformers.utils import logging as hf_logging
 
     twin = checkpoint_twin(load(model, device="cpu", dtype=torch.float32))
     tokenizer = load_tokenizer(model)
