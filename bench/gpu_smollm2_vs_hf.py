@@ -19,8 +19,8 @@ import torch
 import transformers
 
 from graphrt import Engine
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, stop_ids
 from graphrt.step.sampling import SamplingParams
+from graphrt.text.tokenizer import chat_prompt, load_tokenizer, stop_ids
 
 QUESTION, NEW = "What is the capital of France?", 24
 

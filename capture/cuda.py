@@ -46,7 +46,7 @@ class CudaEngine:
 
     name = "cuda"
 
-    def __init__(self, device: torch.device, record_kernels: bool = True) -> None:
+    def __init__(self, device: torch.device, record_kernels: bool = False) -> None:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device)

@@ -42,6 +42,8 @@ _map_checkout()
 from graphrt.attention import ForwardContext
 from graphrt.engine import Engine, EngineConfig, EngineStats
 from graphrt.kv import KVShape, PagedKVCache, ReqToToken
+from graphrt.llm import LLM
+from graphrt.replies import Completion
 from graphrt.runtime import (
     CaptureReport,
     GraphFallbackError,
@@ -55,9 +57,11 @@ from graphrt.step import MODES, Batch, ForwardMode, Limits, RuntimeConfig, Sampl
 __version__ = "0.1.0"
 
 __all__ = [
+    "LLM",
     "MODES",
     "Batch",
     "CaptureReport",
+    "Completion",
     "Engine",
     "EngineConfig",
     "EngineStats",

@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler, serve), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -18,16 +18,24 @@ from graphrt.tools.cli.args import (
     LOG_LEVELS,
     Parser,
     UsageError,
-    batch_sizes,
     configure_logging,
     device_name,
     fail,
+    install_hint,
     model_name,
     model_names,
     positive_int,
     token_ids,
 )
-from graphrt.tools.cli.flags import BENCH_SIZES, add_bench, device_args, kv_arg, sampling_args, tp_arg
+from graphrt.tools.cli.flags import (
+    BENCH_SIZES,
+    add_bench,
+    bench_defaults,
+    device_args,
+    kv_arg,
+    sampling_args,
+    tp_arg,
+)
 
 log = logging.getLogger(__name__)
 TUI_HINT = (
@@ -76,22 +84,83 @@ def _add_demo(sub: argparse._SubParsersAction, common: Parser) -> None:
 
 def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     p = sub.add_parser(
-        "generate", parents=[common], help="stream a model's reply (chat template) with graphs"
+        "generate",
+        parents=[common],
+        help="stream a model's reply (chat template) with graphs, or JSONL for many prompts",
     )
     p.add_argument(
         "--model", type=model_name, default="smollm2", help="smollm2 | checkpoint dir | file.gguf | preset"
     )
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--prompt", default=None, help="the user's message, through the model's chat template")
-    text.add_argument("--prompt-ids", type=token_ids, default=None, help="comma-separated token ids instead")
+    text.add_argument(
+        "--prompt-ids",
+        type=token_ids,
+        default=None,
+        help="comma-separated token ids instead (no tokenizer needed)",
+    )
+    text.add_argument(
+        "--prompts-file",
+        default=None,
+        metavar="FILE",
+        help='JSONL, one prompt a line ({"prompt"|"messages"|"prompt_ids", "max_new_tokens"?}); - reads stdin',
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens generated at most")
     p.add_argument("--max-context-len", type=positive_int, default=1024, help="prompt + new tokens at most")
     p.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=None,
+        help="prompts decoded together (default: all, up to 32)",
+    )
+    p.add_argument(
         "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
     )
-    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "output_ids", "text"} only')
-    sampling_args(p, "the request's random stream (same seed, same text)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON line per prompt (text, ids, finish_reason, token counts, ttft_s, tokens_per_s)",
+    )
+    sampling_args(
+        p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
+    )
     kv_arg(p)
+    tp_arg(p)
+
+
+def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
+    p = sub.add_parser(
+        "serve", parents=[common], help="an OpenAI-compatible HTTP server (needs the serve extra)"
+    )
+    p.add_argument(
+        "--model",
+        type=model_name,
+        default="smollm2",
+        help="smollm2 | checkpoint dir | file.gguf (with a tokenizer)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=positive_int, default=8000, help="TCP port")
+    p.add_argument(
+        "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=None,
+        help="requests decoded together (default: 32 on CUDA, 8 on CPU)",
+    )
+    p.add_argument(
+        "--max-context-len",
+        type=positive_int,
+        default=None,
+        help="prompt + reply tokens at most (default: 2048 on CUDA, 1024 on CPU)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        help="seconds Ctrl-C lets requests in flight finish before cancelling them",
+    )
     tp_arg(p)
 
 
@@ -103,6 +172,7 @@ def build_parser() -> Parser:
     common = _common()
     _add_demo(sub, common)
     _add_generate(sub, common)
+    _add_serve(sub, common)
     add_bench(sub, common, "bench", BENCH_SIZES["decode"], 50)
     add_bench(sub, common, "bench-spec", "1,8,32", 30)
     inspect = sub.add_parser("inspect", parents=[common], help="a snapshot's facts as tables on stdout")
@@ -134,6 +204,7 @@ def build_parser() -> Parser:
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("demo", None): ("graphrt.tools.cli.demo", "run_demo"),
     ("generate", None): ("graphrt.tools.cli.generate", "run_generate"),
+    ("serve", None): ("graphrt.tools.cli.serve", "run_serve"),
     ("inspect", None): ("graphrt.tools.inspection.tables", "run_inspect"),
     ("debug", None): ("graphrt.tools.inspection.tui.app", "run_debug"),
     ("bench-spec", None): ("graphrt.tools.bench.spec", "run_bench_spec"),
@@ -144,6 +215,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "overlap"): ("graphrt.tools.bench.overlap", "run_bench_overlap"),
     ("bench", "gemm"): ("graphrt.tools.bench.gemm", "run_bench_gemm"),
     ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
+    ("bench", "serve"): ("graphrt.tools.bench.serve", "run_bench_serve"),
 }
 
 
@@ -156,8 +228,8 @@ def _dispatch(parser: Parser, args: argparse.Namespace) -> int:
         except (TypeError, ValueError) as err:
             parser.error(f"demo: {err}")
     what = getattr(args, "what", None)
-    if args.command == "bench" and args.batch_sizes is None:
-        args.batch_sizes = batch_sizes(BENCH_SIZES[what])
+    if args.command in ("bench", "bench-spec"):
+        bench_defaults(args, what)
     module, name = COMMANDS[(args.command, what)]
     try:
         run = getattr(importlib.import_module(module), name)
@@ -178,6 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level)
     try:
         return _dispatch(parser, args)
+    except ImportError as err:
+        hint = install_hint(err)
+        if hint is None:
+            raise
+        return fail(f"graphrt {args.command}", RuntimeError(hint))
     except (UsageError, ValueError) as err:
         # NOTE: ValueError: a combination of values the runtime refuses (its message says which)
         log.debug("%s failed", args.command, exc_info=True)

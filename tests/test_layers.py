@@ -29,9 +29,11 @@ LAYERS: tuple[tuple[int, str], ...] = (
     (5, "graphrt.models"),
     (5, "graphrt.runtime"),
     (6, "graphrt.engine"),
+    (6, "graphrt.text"),  # tokenizers, chat templates, streamed text: beside the engine, which is ids only
     (7, "graphrt"),  # the package's own __init__: the public facade
     (7, "graphrt.hf"),  # facade of the transformers wrapper (models.hf_wrap + engine.stack)
     (8, "graphrt.debug"),
+    (8, "graphrt.serve"),  # the OpenAI-compatible server over graphrt.LLM (FastAPI + uvicorn)
     (9, "graphrt.tools"),
     (10, "graphrt.cli"),  # the console entry point: dispatches to tools
     (11, "graphrt.__main__"),

@@ -34,7 +34,10 @@ class EngineConfig:
     record_logits : bool
         Keep every step's logits per request (``Engine.logits``); samples on the host.
     show_progress : bool
-        A progress bar while capturing.
+        Progress bars on stderr while the checkpoint loads and the graphs are captured.
+    record_kernels : bool
+        List each CUDA graph's kernels at capture (``RuntimeConfig.record_kernels``), for a
+        snapshot; off by default (seconds of start-up).
     speculative : dict, optional
         Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft" | checkpoint,
         "num_steps": k, "topk": 1, "num_draft_tokens": 1 + topk * k, "draft_init": "target" |
@@ -66,6 +69,7 @@ class EngineConfig:
     buckets: Sequence[int] | None = None
     record_logits: bool = False
     show_progress: bool = False
+    record_kernels: bool = False
     speculative: dict[str, Any] | None = None
     kv_cache_dtype: str | None = None
     dtype: torch.dtype | None = None
@@ -95,4 +99,5 @@ class EngineConfig:
             backend=self.backend,
             speculative=spec,
             sample=spec is None,  # NOTE: speculative decoding stays greedy
+            record_kernels=self.record_kernels,
         )

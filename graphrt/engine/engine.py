@@ -24,6 +24,7 @@ from graphrt.engine.stack import build_stack
 from graphrt.engine.tp import tp_generate
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
+from graphrt.runtime.progress import load_progress
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.sampling import SamplingParams, per_request
 
@@ -63,15 +64,17 @@ class Engine:
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         runtime_config = cfg.runtime_config(spec.geometry if spec else None)
-        stack = build_stack(
-            str(model),
-            self.device,
-            runtime_config,
-            seed=cfg.seed,
-            kv_cache_dtype=cfg.kv_cache_dtype,
-            dtype=cfg.dtype,
-            tp=self.tp,
-        )
+        with load_progress(cfg.show_progress) as advance:
+            stack = build_stack(
+                str(model),
+                self.device,
+                runtime_config,
+                seed=cfg.seed,
+                kv_cache_dtype=cfg.kv_cache_dtype,
+                dtype=cfg.dtype,
+                tp=self.tp,
+                progress=advance,
+            )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.use_graphs, self.max_context_len, self.page_size = (
             cfg.use_graphs,
@@ -180,6 +183,20 @@ class Engine:
         req = Request(next(self._ids), tokens, max_new_tokens, sampling=params)
         self.waiting.append(req)
         return req.rid
+
+    def abort(self, rid: int) -> Request | None:
+        """Drop request ``rid`` wherever it is (waiting, running or finished); returns it (its
+        output so far), or None when no request has that id.
+
+        A running request gives its row (its KV freed in the ledger) and pages back at once;
+        with overlap a step holding it may still be in flight, and its token is dropped when
+        read. Not under :meth:`generate`'s lock: for a caller that drives :meth:`step` itself.
+        """
+        sched = self.scheduler
+        req = next((r for r in (*sched.waiting, *sched.running) if r.rid == rid), None)
+        req = req or sched.finished.get(rid)
+        sched.abort({rid})
+        return req
 
     def generate(
         self,

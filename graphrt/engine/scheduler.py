@@ -231,6 +231,10 @@ class Scheduler:
             r.max_new_tokens = len(r.output)  # NOTE: done, so an in-flight read drops its token
             if r.req_idx >= 0:
                 self._release(r)
+        if gone:
+            # NOTE: a step in flight holding them is read on the path that drops done requests
+            # (the rows' fast path would append its token to them)
+            self._ended = True
         for rid in rids:
             self.finished.pop(rid, None)
             self.logits.pop(rid, None)

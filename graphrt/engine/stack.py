@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,7 @@ def build_stack(
     kv_cache_dtype: str | None = None,
     dtype: torch.dtype | None = None,
     tp: TPGroup = SINGLE,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.models.load``).
 
@@ -52,11 +54,12 @@ def build_stack(
     ``"auto"`` (default: the model's dtype) or ``"fp8_e4m3"`` (one byte per element, per-layer
     scales from the checkpoint or 1.0; :mod:`graphrt.kv.quant`). ``tp``: this rank's shards of
     the same model (a preset's or a checkpoint's); its KV cache holds the rank's KV heads only.
+    ``progress(done, total)``: called after each checkpoint tensor is read.
     """
     dtype = dtype or default_dtype(device)
     checkpoint = None if name in PRESETS else resolve(name)
     if checkpoint is not None:
-        model = load(checkpoint, device=device, dtype=dtype, tp=tp)
+        model = load(checkpoint, device=device, dtype=dtype, tp=tp, progress=progress)
         return stack_for(model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype)
     cfg = preset(name)
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))

@@ -10,7 +10,7 @@ columns of a checkpoint tensor this rank keeps, and the source reads only those.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -134,11 +134,16 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
 
 
 def materialize(
-    source: TensorSource, device: torch.device, dtype: torch.dtype, tp: TPGroup = SINGLE
+    source: TensorSource,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TPGroup = SINGLE,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CausalLM:
     """Check ``source`` on the meta device, then allocate on ``device`` and copy every tensor in.
 
     With ``tp`` the model is this rank's shard and only the shard's slices are read.
+    ``progress(done, total)`` is called after each tensor.
     """
     with torch.device("meta"):
         model = CausalLM(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
@@ -148,8 +153,10 @@ def materialize(
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
-    for name, slot in expected.items():
+    for i, (name, slot) in enumerate(expected.items()):
         copy_shard(params[slot.param], source.read(name, device, slot.shard), slot.shard)
+        if progress is not None:
+            progress(i + 1, len(expected))
     model.reset_rope(device)
     model.kv_scales = scales
     return model.eval()

@@ -177,8 +177,7 @@ class HFWrapped(nn.Module):
         out = self.hf(
             input_ids=input_ids[None],
             position_ids=positions[None],
-            past_key_values=None,
-            use_cache=False,
+            use_cache=False,  # NOTE: no cache argument: transformers 5.24 renamed past_key_values
             output_attentions=False,
             output_hidden_states=False,
             return_dict=True,

@@ -181,8 +181,12 @@ class Decoder(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
-        exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim
-        self.register_buffer("inv_freq", (cfg.rope_theta**-exponent).float(), persistent=False)
+        # NOTE: computed on the CPU, then moved: arange and pow on the meta device (where a
+        # checkpoint's model is built) run through torch._refs, whose first call imports
+        # torch._dynamo (0.9 s of a cold start)
+        exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu") / rope_dim
+        inv_freq = (cfg.rope_theta**-exponent).float().to(self.norm.weight.device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.tie()
 
     def tie(self) -> None:

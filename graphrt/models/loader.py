@@ -69,6 +69,7 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     tp: TPGroup = SINGLE,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CausalLM:
     """Build a :class:`CausalLM` from a checkpoint; ``forward(input_ids, positions, ctx)``.
 
@@ -99,10 +100,12 @@ def load(
         quantisation type; a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
         a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
         numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either.
+
+    ``progress(done, total)``, when given, is called after each tensor is read.
     """
     resolved = resolve(path)
     if resolved is None:
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
-    return materialize(source, dev, dtype or default_dtype(dev), tp)
+    return materialize(source, dev, dtype or default_dtype(dev), tp, progress)

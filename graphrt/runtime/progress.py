@@ -1,4 +1,4 @@
-"""Capture progress with rich (a no-op when not shown)."""
+"""Load and capture progress with rich (no-ops when not shown)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,28 @@ def capture_progress(total: int, show: bool) -> Iterator[Callable[[str], None]]:
     with Progress(*columns, transient=False, console=Console(stderr=True)) as progress:
         task = progress.add_task("", total=total)
         yield lambda label: progress.update(task, advance=1, description=label)
+
+
+@contextmanager
+def load_progress(show: bool) -> Iterator[Callable[[int, int], None]]:
+    """Yields ``advance(done, total)`` for a checkpoint's tensors: a bar on stderr when shown,
+    from the first call on (a preset reads no tensors and shows none)."""
+    bar: Progress | None = None
+    task = None
+
+    def advance(done: int, total: int) -> None:
+        nonlocal bar, task
+        if not show:
+            return
+        if bar is None:
+            columns = (TextColumn("[bold]loading[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            bar = Progress(*columns, console=Console(stderr=True))
+            bar.start()
+            task = bar.add_task("", total=total)
+        bar.update(task, completed=done, total=total)  # type: ignore[arg-type]
+
+    try:
+        yield advance
+    finally:
+        if bar is not None:
+            bar.stop()

@@ -36,7 +36,9 @@ class RuntimeConfig:
     strict : bool
         Raise instead of falling back to eager when no graph fits.
     record_kernels : bool
-        Keep each CUDA graph's debug dump to list its kernels.
+        Keep each CUDA graph's debug dump to list its kernels (and time them in one profiled
+        replay): for snapshots, ``graphrt inspect`` and ``graphrt debug``. Off by default: it
+        costs seconds of a cold start. The emulated engine always lists its ops.
     speculative : SpecGeometry, optional
         Draft/verify geometry; required to capture TARGET_VERIFY, DRAFT_DECODE, DRAFT_EXTEND.
     attention_chunk_size : int, optional
@@ -58,7 +60,7 @@ class RuntimeConfig:
     warmup: int = 2
     debug: bool = False
     strict: bool = False
-    record_kernels: bool = True
+    record_kernels: bool = False
     speculative: SpecGeometry | None = None
     attention_chunk_size: int | None = None
     sample: bool = False

@@ -14,10 +14,8 @@ import pytest
 import torch
 
 from graphrt import Engine
-from graphrt.models.causal_lm import CausalLM
-from graphrt.models.checkpoint import slots
 from graphrt.models.loader import packaged_path
-from graphrt.tools.bench.model_twin import hf_config
+from graphrt.tools.bench.model_twin import checkpoint_twin
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -26,18 +24,6 @@ pytestmark = pytest.mark.skipif(
 )
 NEW_TOKENS = 32
 PROMPT = "Write a short story about a robot who learns to paint."
-
-
-def transformers_twin(model: CausalLM) -> torch.nn.Module:
-    """A transformers ``LlamaForCausalLM`` holding exactly ``model``'s weights."""
-    cfg = model.cfg
-    config = hf_config(cfg, cfg.max_position_embeddings, tied=cfg.tie_word_embeddings)
-    twin = transformers.LlamaForCausalLM(config).eval()
-    params = dict(model.named_parameters())
-    state = {name: s.view(params[s.param]) for name, s in slots(model).items()}
-    missing, unexpected = twin.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    return twin
 
 
 @torch.no_grad()
@@ -53,11 +39,11 @@ def greedy_continues(model: torch.nn.Module, prompt: list[int], output: list[int
 
 @pytest.mark.slow
 def test_smollm2_greedy_equals_transformers() -> None:
-    from graphrt.models.tokenizer import chat_prompt, load_tokenizer
+    from graphrt.text.tokenizer import chat_prompt, load_tokenizer
 
     prompt = chat_prompt(load_tokenizer("smollm2"), PROMPT)
     engine = Engine("smollm2", device="cpu", dtype=torch.float32, max_batch_size=2, max_context_len=128)
     assert engine.capture_report is not None and engine.capture_report.graphs
     out = engine.generate([prompt], NEW_TOKENS)[0]
     assert sum(engine.stats().replays.values()) == NEW_TOKENS - 1
-    assert out == greedy_continues(transformers_twin(engine.model), prompt, out)
+    assert out == greedy_continues(checkpoint_twin(engine.model), prompt, out)

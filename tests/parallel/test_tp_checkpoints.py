@@ -182,7 +182,10 @@ def test_torchrun_generate_tp2_prints_tp1_reply_once(
     want = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     lines = torchrun(2, *argv, "--tp", "2").stdout.strip().splitlines()
     assert len(lines) == 1, lines  # rank 0 only
-    assert json.loads(lines[0]) == want
+    timed = ("ttft_s", "tokens_per_s")  # NOTE: measured with one rank, not with TP
+    assert {k: v for k, v in json.loads(lines[0]).items() if k not in timed} == {
+        k: v for k, v in want.items() if k not in timed
+    }
 
 
 @pytest.mark.parametrize(

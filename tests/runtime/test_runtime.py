@@ -40,10 +40,10 @@ def assert_unchanged(setup: Setup, before: dict[str, torch.Tensor], skip: tuple[
     assert changed == [], f"modified: {changed}"
 
 
-def uncaptured(device: torch.device, **kwargs: object) -> Setup:
+def uncaptured(device: torch.device, record_kernels: bool = False, **kwargs: object) -> Setup:
     """A runtime configured to capture DECODE that has not captured yet."""
     setup = build_runtime(device, capture=False, **kwargs)  # type: ignore[arg-type]
-    config = dataclasses.replace(setup.runtime.config, capture_modes=(DECODE,))
+    config = dataclasses.replace(setup.runtime.config, capture_modes=(DECODE,), record_kernels=record_kernels)
     runtime = GraphRuntime(
         setup.model, setup.kv, setup.req_to_token, config, vocab_size=setup.model.vocab_size
     )
@@ -218,7 +218,7 @@ def test_host_scalar_mismatch_raises_before_writing(
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_capture_report(device: torch.device, page_size: int) -> None:
-    setup = uncaptured(device, page_size=page_size, max_context_len=CONTEXT)
+    setup = uncaptured(device, record_kernels=True, page_size=page_size, max_context_len=CONTEXT)
     report = setup.runtime.capture()
     assert report.engine == ("cuda" if device.type == "cuda" else "emulated")
     assert report.backend == setup.runtime.backend.name

@@ -108,8 +108,19 @@ def test_default_batch_sizes_per_target(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(bench_model, "run_bench_model", fake("model"))
     monkeypatch.setattr("graphrt.tools.bench.decode.run_bench", fake("decode"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # NOTE: auto means CUDA here
     assert main(["bench", "model"]) == 0 and main(["bench"]) == 0
     assert seen == {"model": (1, 16, 64), "decode": (1, 8, 64)}
+
+
+def test_cpu_defaults_of_the_model_bench_are_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(bench_model, "run_bench_model", lambda args: seen.append(args) or 0)
+    assert main(["bench", "model", "--device", "cpu"]) == 0
+    assert main(["bench", "model", "--device", "cpu", "--context", "64", "--batch-sizes", "2"]) == 0
+    small, given = seen
+    assert (small.batch_sizes, small.context, small.iters) == ((1, 4), 128, 10)
+    assert (given.batch_sizes, given.context, given.iters) == ((2,), 64, 10)
 
 
 def test_compile_budget_skips_what_would_overrun() -> None:

@@ -24,7 +24,16 @@ from graphrt import Batch, ForwardMode, GraphRuntime, RuntimeConfig
 from graphrt.engine.stack import build_stack
 from graphrt.parallel import StepChannel, TPGroup
 from graphrt.runtime import TPRuntime
-from graphrt.tools.bench.record import fmt_us, header, percentiles, time_us, write_result
+from graphrt.tools.bench.record import (
+    NO_CPU_SPEEDUP,
+    cpu_speedups_dropped,
+    fmt_speedup,
+    fmt_us,
+    header,
+    percentiles,
+    time_us,
+    write_result,
+)
 from graphrt.tools.cli.args import under_tp
 from graphrt.tools.cli.console import bench_progress, wide_console
 
@@ -139,7 +148,7 @@ def _bench(args: argparse.Namespace, device: torch.device, backend: str | None, 
             ],
             "static_buffer_bytes": report.buffers.total_bytes,
         },
-        "rows": rows,
+        "rows": cpu_speedups_dropped(rows, report.engine),
     }
     if tp.is_driver:  # NOTE: every rank measured the same steps; rank 0's times are written
         ranks = f"tp{tp.size}_" if tp.size > 1 else ""
@@ -162,12 +171,12 @@ def _print(result: dict, out: Path) -> None:
             fmt_us(r["eager_us"]),
             fmt_us(r["graph_us"]),
             fmt_us(r["graph_host_us"]),
-            f"{r['speedup']:.2f}x",
+            fmt_speedup(r["speedup"]),
             f"{r['max_abs_diff']:.3g}",
         )
     table.caption = "µs: p50 (p10–p90) of each step, " + result["timer"]
     if result["engine"] != "cuda":
-        table.caption += "; graphs are emulated on the CPU: the speedup is not a GPU speed"
+        table.caption += "; " + NO_CPU_SPEEDUP
     console = wide_console()
     console.print(table)
     cap = result["capture"]

@@ -26,7 +26,7 @@ from rich.table import Table
 from graphrt import Batch, ForwardMode, RuntimeConfig
 from graphrt.engine.stack import ModelStack, stack_for
 from graphrt.models.loader import default_dtype, load
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer
+from graphrt.text.tokenizer import chat_prompt, load_tokenizer
 from graphrt.tools.bench.decode import PAGE_SIZE, slots
 from graphrt.tools.bench.record import header, write_result
 from graphrt.tools.cli.args import Parser, positive_int, resolve_device

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -154,21 +155,27 @@ def _ratios(row: dict[str, Any], run: dict[str, Any], bs: int) -> dict[str, Any]
     return row
 
 
-def _setup(args: argparse.Namespace) -> dict[str, Any]:
-    """Model, floor, graphrt stack (captured, prefilled), transformers twin, inputs."""
+def _setup(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    """Model, floor, graphrt stack (captured, prefilled), transformers twin, inputs; ``say``
+    names each phase as it starts."""
     device = resolve_device(args.device)
     name, cfg = resolve_shape(args.shape, device)
     backend = resolve_backend(args.backend, device, name)
     dtype, sizes, context = default_dtype(device), sorted(set(args.batch_sizes)), args.context
+    say(f"random {name} weights")
     model = random_llama(cfg, device, dtype, seed=0)
     read = step_read_bytes(model)
+    say("weight-read floor")
     floor = steps.weight_floor(read, device, args.iters)
+    say(f"capture bs {','.join(map(str, sizes))}")
     stack, report = steps.graphrt_stack(model, sizes, context, backend)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(cfg.vocab_size, (max(sizes), context), generator=gen)
     next_ids = torch.randint(cfg.vocab_size, (max(sizes),), generator=gen)
+    say(f"prefill {max(sizes)} x {context} tokens")
     steps.graphrt_prefill(stack, prompts.numpy())
     skip = compile_skip_reason(args, device)
+    say("transformers twin")
     hf = hf_twin(model, steps.capacity(context))
     return {
         "device": device, "name": name, "cfg": cfg, "dtype": dtype, "itemsize": dtype.itemsize,
@@ -187,20 +194,21 @@ def run_bench_model(args: argparse.Namespace) -> int:
 
         return run_kv_compare(args)
     start = time.perf_counter()
-    with torch.no_grad():
-        run = _setup(args)
+    with torch.no_grad(), bench_progress() as progress:
+        setup = progress.add_task("setup", total=None)
+        run = _setup(args, lambda what: progress.update(setup, description=what))
+        progress.update(setup, description="setup done", total=1, completed=1)
         rows = []
-        with bench_progress() as progress:
-            task = progress.add_task("model", total=len(run["sizes"]))
-            # NOTE: graphrt first at every bs, transformers after: Inductor's CUDA graph trees
-            # clear cuBLAS's workspaces when they record, and a graphrt replay after that died
-            # with an illegal memory access on the H200 (graphs bake the workspace's address).
-            ours = [measure_graphrt(run, bs) for bs in run["sizes"]]
-            for row, logits in ours:
-                progress.update(task, description=f"bs={row['bs']}")
-                rows.append(_measure_theirs(run, row, logits))
-                progress.console.print(_line(rows[-1]))  # NOTE: survives a run cut by a timeout
-                progress.advance(task)
+        task = progress.add_task("model", total=len(run["sizes"]))
+        # NOTE: graphrt first at every bs, transformers after: Inductor's CUDA graph trees
+        # clear cuBLAS's workspaces when they record, and a graphrt replay after that died
+        # with an illegal memory access on the H200 (graphs bake the workspace's address).
+        ours = [measure_graphrt(run, bs) for bs in run["sizes"]]
+        for row, logits in ours:
+            progress.update(task, description=f"bs={row['bs']}")
+            rows.append(_measure_theirs(run, row, logits))
+            progress.console.print(_line(rows[-1]))  # NOTE: survives a run cut by a timeout
+            progress.advance(task)
     result = _result(args, run, rows, time.perf_counter() - start)
     out = write_result(result, args.out, f"model_{run['device'].type}_{run['name']}")
     print_table(result, out)

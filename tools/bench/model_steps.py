@@ -8,6 +8,7 @@ call (untimed), so every call writes the same slot and attends over the same key
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,9 +124,8 @@ class HFStep:
             layer.cumulative_length.fill_(self.context)
 
     def __call__(self) -> torch.Tensor:
-        out = self.forward(
-            input_ids=self.ids, position_ids=self.positions, past_key_values=self.cache, use_cache=True
-        )
+        cache = {cache_kwarg(self.forward): self.cache}
+        out = self.forward(input_ids=self.ids, position_ids=self.positions, use_cache=True, **cache)
         return out.logits
 
     def logits(self) -> torch.Tensor:
@@ -142,8 +142,26 @@ def hf_prefill(hf: Any, prompts: torch.Tensor, max_len: int) -> Any:
     cache = StaticCache(config=hf.config, max_cache_len=max_len)
     bs, context = prompts.shape
     positions = torch.arange(context, device=prompts.device).expand(bs, -1)
-    hf(input_ids=prompts, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    hf(
+        input_ids=prompts,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kwarg(hf): cache},
+    )
     return cache
+
+
+def cache_kwarg(forward: Any) -> str:
+    """The KV-cache argument of a transformers forward: ``cache`` from 5.24 on (which warns
+    about ``past_key_values``), ``past_key_values`` before."""
+    fn = getattr(forward, "forward", forward)
+    fn = getattr(fn, "__wrapped__", fn)  # NOTE: torch.compile keeps the original here
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def hf_step(forward: Callable[..., Any], cache: Any, next_ids: torch.Tensor, context: int) -> HFStep:

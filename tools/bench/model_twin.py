@@ -99,6 +99,24 @@ def hf_config(cfg: Any, max_positions: int, tied: bool = False) -> Any:
     )
 
 
+def checkpoint_twin(model: Any) -> Any:
+    """A transformers ``LlamaForCausalLM`` holding a copy of a loaded checkpoint's weights (a
+    :class:`~graphrt.models.CausalLM`, renamed back to transformers' names: ``checkpoint.slots``)."""
+    import transformers
+
+    from graphrt.models.checkpoint import slots
+
+    cfg = model.cfg
+    config = hf_config(cfg, cfg.max_position_embeddings, tied=cfg.tie_word_embeddings)
+    twin = transformers.LlamaForCausalLM(config).eval()
+    params = dict(model.named_parameters())
+    state = {name: s.view(params[s.param]) for name, s in slots(model).items()}
+    missing, unexpected = twin.load_state_dict(state, strict=False)
+    if unexpected or not set(missing) <= {"lm_head.weight"}:
+        raise RuntimeError(f"the twin's tensors differ: missing {missing}, unexpected {unexpected}")
+    return twin
+
+
 def _share(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
     module._parameters[name] = nn.Parameter(tensor, requires_grad=False)
 

@@ -133,3 +133,23 @@ def write_result(result: dict[str, Any], out_dir: str | Path, stem: str) -> Path
 def fmt_us(stats: dict[str, float]) -> str:
     """``p50 (p10–p90)`` in µs for a table cell."""
     return f"{stats['p50']:.0f} ({stats['p10']:.0f}–{stats['p90']:.0f})"
+
+
+#: What a CPU run's table says instead of its speedups.
+NO_CPU_SPEEDUP = (
+    "speedups are not measured on the CPU: graphs are emulated there (a replay re-runs the recorded "
+    "ops from Python), so an eager/graph ratio says nothing of a GPU"
+)
+
+
+def cpu_speedups_dropped(rows: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
+    """``rows`` with ``speedup`` None unless the graphs were real CUDA graphs."""
+    if engine != "cuda":
+        for r in rows:
+            r["speedup"] = None
+    return rows
+
+
+def fmt_speedup(value: float | None, digits: int = 2) -> str:
+    """``7.90x``, or ``-`` where not measured (the CPU)."""
+    return "-" if value is None else f"{value:.{digits}f}x"

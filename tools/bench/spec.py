@@ -25,7 +25,16 @@ from graphrt.parallel import StepChannel, TPGroup
 from graphrt.runtime import TPRuntime
 from graphrt.step.modes import SpecGeometry
 from graphrt.tools.bench.decode import PAGE_SIZE, slots
-from graphrt.tools.bench.record import fmt_us, header, percentiles, time_us, write_result
+from graphrt.tools.bench.record import (
+    NO_CPU_SPEEDUP,
+    cpu_speedups_dropped,
+    fmt_speedup,
+    fmt_us,
+    header,
+    percentiles,
+    time_us,
+    write_result,
+)
 from graphrt.tools.cli.args import under_tp
 from graphrt.tools.cli.console import bench_progress, wide_console
 
@@ -175,7 +184,7 @@ def _bench_spec(args: argparse.Namespace, device: torch.device, backend_arg: str
         "timer": "cuda events" if device.type == "cuda" else "perf_counter",
         "backend": backend,
         "engine": engine,
-        "rows": rows,
+        "rows": cpu_speedups_dropped(rows, engine),
     }
     if tp.is_driver:  # NOTE: every rank measured the same steps; rank 0's times are written
         ranks = f"tp{tp.size}_" if tp.size > 1 else ""
@@ -199,12 +208,12 @@ def _print(result: dict, out: Path) -> None:
             fmt_us(r["eager_us"]),
             fmt_us(r["graph_us"]),
             fmt_us(r["graph_host_us"]),
-            f"{r['speedup']:.1f}x",
+            fmt_speedup(r["speedup"], 1),
             f"{r['max_abs_diff']:.3g}",
         )
     table.caption = "µs: p50 (p10–p90) of each step, " + result["timer"]
     if result["engine"] != "cuda":
-        table.caption += "; graphs are emulated on the CPU: the speedup is not a GPU speed"
+        table.caption += "; " + NO_CPU_SPEEDUP
     console = wide_console()
     console.print(table)
     console.print(f"written to {out}")

@@ -59,7 +59,11 @@ def _runtime(
     tp: TPGroup, device: torch.device, max_bs: int, context: int, backend: str | None
 ) -> GraphRuntime:
     config = RuntimeConfig(
-        max_batch_size=max_bs, max_context_len=context + 64, page_size=PAGE_SIZE, backend=backend
+        max_batch_size=max_bs,
+        max_context_len=context + 64,
+        page_size=PAGE_SIZE,
+        backend=backend,
+        record_kernels=True,  # NOTE: collectives_per_graph reads each graph's kernel list
     )
     model = random_model(LLAMA3_8B, tp, device)
     pages = max_bs * config.max_pages + 1

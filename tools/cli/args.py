@@ -165,6 +165,34 @@ def configure_logging(level: str) -> None:
     logger.propagate = False
 
 
+#: An optional package → the extra of pyproject.toml that installs it.
+EXTRAS = {
+    "textual": "tui",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "transformers": "models",
+    "gguf": "models",
+    "tokenizers": "models",
+    "safetensors": "models",
+    "accelerate": "models",
+    "sgl_kernel": "gpu",
+}
+
+
+def install_hint(err: ImportError) -> str | None:
+    """The one line naming the missing package and the command installing it, or None when
+    ``err`` is not about a package of an extra."""
+    names = [e.name for e in (err, err.__cause__) if isinstance(e, ImportError) and e.name]
+    name = next((n.split(".")[0] for n in names if n.split(".")[0] in EXTRAS), None)
+    if name is None:
+        return None
+    extra = EXTRAS[name]
+    return (
+        f"this needs {name}, which the {extra} extra installs: pip install 'graphrt[{extra}]' "
+        f"(in a clone: pip install -e '.[{extra}]')"
+    )
+
+
 def fail(prog: str, err: Exception) -> int:
     """Print ``err`` as the one-line error of ``prog``; returns the exit code (2)."""
     print(f"{prog}: error: {err}", file=sys.stderr)

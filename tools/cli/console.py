@@ -11,6 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 PIPE_WIDTH = 160
 
 
+def progress_wanted() -> bool:
+    """Progress bars only on a terminal (stderr): a pipe or a log file gets none."""
+    return sys.stderr.isatty()
+
+
 def wide_console(width: int | None = None) -> Console:
     """A stdout console ``width`` wide; when stdout is not a terminal, :data:`PIPE_WIDTH` wide."""
     if width is None and not sys.stdout.isatty():

@@ -14,9 +14,9 @@ from rich.table import Table
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
 from graphrt.models.loader import packaged_path, resolve
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
+from graphrt.text.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
 from graphrt.tools.cli.args import AUTO, UsageError, resolve_backend, resolve_device
 from graphrt.tools.cli.env import environment
 
@@ -132,7 +132,9 @@ def _demo(args: argparse.Namespace, tp: int) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         tp=tp,
     )
-    graphed = Engine(args.model, use_graphs=True, show_progress=rank0, **kwargs)
+    graphed = Engine(
+        args.model, use_graphs=True, show_progress=rank0, record_kernels=args.snapshot is not None, **kwargs
+    )
     eager = Engine(args.model, use_graphs=False, **kwargs)
     prompts, budgets, tokenizer = text or (
         *demo_prompts(

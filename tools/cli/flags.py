@@ -11,6 +11,7 @@ from graphrt.tools.cli.args import (
     batch_sizes,
     device_name,
     kv_cache_dtypes,
+    model_name,
     positive_int,
 )
 
@@ -23,6 +24,25 @@ BENCH_SIZES = {
     "gemm": "1,16,64",
     "sampler": "1,8,64",
 }
+#: ``graphrt bench TARGET`` defaults on a CPU where the GPU's would run for minutes.
+CPU_BENCH = {"model": {"batch_sizes": "1,4", "context": 128, "iters": 10}}
+#: ``--context`` when not given.
+BENCH_CONTEXT = 512
+
+
+def bench_defaults(args: argparse.Namespace, what: str | None) -> None:
+    """Fill ``--batch-sizes``, ``--context``, ``--iters`` left out: the target's defaults, or
+    on a CPU those that finish in seconds (:data:`CPU_BENCH`)."""
+    import torch
+
+    cpu = args.device == "cpu" or (args.device == AUTO and not torch.cuda.is_available())
+    small = CPU_BENCH.get(what or "", {}) if cpu and args.command == "bench" else {}
+    if args.batch_sizes is None and what != "serve":  # NOTE: serve has --concurrency
+        args.batch_sizes = batch_sizes(small.get("batch_sizes") or BENCH_SIZES[what or "decode"])
+    if args.context is None:
+        args.context = small.get("context", BENCH_CONTEXT)
+    if args.iters is None:
+        args.iters = small.get("iters", args.default_iters)
 
 
 def device_args(p: argparse.ArgumentParser) -> None:
@@ -56,12 +76,12 @@ def tp_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
-def sampling_args(p: argparse.ArgumentParser, seed_help: str) -> None:
+def sampling_args(p: argparse.ArgumentParser, seed_help: str, seed: int | None = 0) -> None:
     """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
-    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--seed", type=int, default=seed, help=seed_help)
 
 
 def _host_args(p: argparse.ArgumentParser) -> None:
@@ -70,12 +90,13 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler"),
+        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler", "serve"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
         "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
         "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
-        "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors",
+        "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
+        "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency",
     )
     p.add_argument("--sweep", action="store_true", help="gemm only: also time candidate tiles (with PDL)")
     p.add_argument(
@@ -134,6 +155,34 @@ def _buckets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="buckets only: seed of a generated trace")
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench serve``: both servers on one model, the same requests at each concurrency."""
+    p.add_argument(
+        "--model", type=model_name, default="smollm2", help="serve only: the model both servers run"
+    )
+    p.add_argument(
+        "--concurrency",
+        type=batch_sizes,
+        default=None,
+        help="serve only: clients in flight (default 1,8,32; CPU 1,8)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="serve only: tokens a reply (default 128; CPU 8)",
+    )
+    p.add_argument(
+        "--waves", type=positive_int, default=None, help="serve only: requests per client (default 4; CPU 1)"
+    )
+    p.add_argument(
+        "--peer",
+        choices=("auto", "serve", "generate", "none"),
+        default="auto",
+        help="serve only: transformers serve (auto: in-process generate when it cannot run), generate, or none",
+    )
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench model``: graphrt vs the weight-read floor vs transformers (eager, compiled)."""
     p.add_argument(
@@ -169,6 +218,7 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
     if name == "bench":
         _host_args(p)
         _model_args(p)
+        _serve_args(p)
     device_args(p)
     p.add_argument(
         "--batch-sizes",
@@ -177,8 +227,18 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
         help="comma-separated batch sizes"
         + (f" (default {sizes}; model: 1,16,64)" if name == "bench" else ""),
     )
-    p.add_argument("--context", type=positive_int, default=512, help="KV length of every request")
-    p.add_argument("--iters", type=positive_int, default=iters, help="timed steps per measurement")
+    cpu = "; model on a CPU: 128" if name == "bench" else ""
+    p.add_argument(
+        "--context",
+        type=positive_int,
+        default=None,
+        help=f"KV length of every request (default {BENCH_CONTEXT}{cpu})",
+    )
+    cpu = "; model on a CPU: 10" if name == "bench" else ""
+    p.add_argument(
+        "--iters", type=positive_int, default=None, help=f"timed steps per measurement (default {iters}{cpu})"
+    )
+    p.set_defaults(default_iters=iters)
     if name == "bench":
         kv_arg(p, "decode and model: ")
     if name == "bench-spec":

@@ -1,101 +1,203 @@
-"""``graphrt generate``: one prompt through a checkpoint with graphs, text streamed as it decodes.
+"""``graphrt generate``: prompts through a checkpoint with graphs; the reply streamed, or JSONL.
 
-With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank holds its shard of the
-model and runs rank 0's steps (sampled ones included); the reply is printed by rank 0 only, in
-the same form as with one rank (all at once instead of streamed).
+One prompt (``--prompt`` text through the chat template, or ``--prompt-ids``) streams its reply
+as it decodes; with ``--json`` it prints one JSON line instead. ``--prompts-file FILE`` (JSONL,
+``-`` for stdin) runs every prompt in the same engine steps (continuous batching) and writes
+one JSON line per prompt, in order. A line of the file is ``{"prompt": text}`` (chat template),
+``{"messages": [...]}``, ``{"prompt_ids": [...]}`` or a JSON string, with an optional
+``"max_new_tokens"``. A record holds ``text`` (null without a tokenizer), ``prompt_ids``,
+``output_ids``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, ``ttft_s`` (from
+the start of the run) and ``tokens_per_s`` (decode rate after the first token). Token ids
+never need a tokenizer. ``--log-level info`` logs one line of phase timings.
+
+With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank holds its shard and runs
+rank 0's steps; rank 0 prints the records (all at once, without timings).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from graphrt.engine import Engine
-from graphrt.models.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids
-from graphrt.parallel import shutdown
+from graphrt.replies import Completion
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli.args import UsageError, resolve_device
+from graphrt.tools.cli.console import progress_wanted
+from graphrt.tools.cli.phases import Phases
+
+log = logging.getLogger("graphrt.generate")
 
 
-def prompt_ids(args: argparse.Namespace, tokenizer: object) -> list[int]:
-    """``--prompt-ids 1,2,3`` as given, else ``--prompt`` through the model's chat template."""
+@dataclass(slots=True)
+class Item:
+    """One prompt as given: exactly one of ``text``, ``messages``, ``ids``."""
+
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    ids: list[int] | None = None
+    max_new_tokens: int | None = None
+
+
+def _item(value: Any, where: str) -> Item:
+    if isinstance(value, str):
+        return Item(text=value)
+    keys = {"prompt", "messages", "prompt_ids"} & set(value if isinstance(value, dict) else ())
+    budget = value.get("max_new_tokens") if isinstance(value, dict) else None
+    ok = len(keys) == 1 and (budget is None or (isinstance(budget, int) and budget > 0))
+    ids = value.get("prompt_ids") if ok else None
+    if not ok or (ids is not None and not all(isinstance(t, int) and t >= 0 for t in ids)):
+        raise UsageError(
+            "--prompts-file",
+            where,
+            'is not a JSON string or an object with one of "prompt", "messages", "prompt_ids" '
+            '(token ids >= 0) and an optional "max_new_tokens" > 0',
+        )
+    return Item(value.get("prompt"), value.get("messages"), ids, budget)
+
+
+def read_items(args: argparse.Namespace) -> list[Item]:
+    """The prompts of ``--prompt``, ``--prompt-ids`` or ``--prompts-file`` (``-``: stdin)."""
+    if args.prompt is not None:
+        return [Item(text=args.prompt)]
     if args.prompt_ids is not None:
-        return list(args.prompt_ids)
-    return chat_prompt(tokenizer, args.prompt)
+        return [Item(ids=list(args.prompt_ids))]
+    name = args.prompts_file
+    try:
+        lines = sys.stdin.readlines() if name == "-" else open(name, encoding="utf-8").readlines()  # noqa: SIM115
+    except OSError as err:
+        raise UsageError("--prompts-file", name, f"cannot be read ({err.strerror})") from err
+    items = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UsageError("--prompts-file", f"{name}:{n}", f"is not JSON ({err.msg})") from err
+            items.append(_item(value, f"{name}:{n}"))
+    if not items:
+        raise UsageError("--prompts-file", name, "holds no prompt")
+    return items
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
     try:
         return SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
     except ValueError as err:  # NOTE: names the field, the value and the allowed range
-        raise UsageError("--temperature/--top-k/--top-p", "", str(err)) from err
+        raise UsageError("--temperature/--top-k/--top-p/--seed", "", str(err)) from err
+
+
+def _prompt_ids(llm: Any, item: Item) -> list[int]:
+    if item.ids is not None:
+        return item.ids
+    if item.messages is not None:
+        return llm.encode_chat(item.messages)
+    from graphrt.text.tokenizer import chat_prompt
+
+    return chat_prompt(llm.tokenizer, item.text or "")
+
+
+def engine_options(args: argparse.Namespace, max_batch_size: int) -> dict[str, Any]:
+    """The engine's options from the flags (the same for one rank and for TP)."""
+    return {
+        "device": resolve_device(args.device),
+        "max_batch_size": max_batch_size,
+        "max_context_len": args.max_context_len,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
+
+
+def check_fit(args: argparse.Namespace, ids: list[list[int]], budgets: list[int]) -> None:
+    """Each prompt and its budget within ``--max-context-len`` (else the flag and numbers)."""
+    for n, (p, b) in enumerate(zip(ids, budgets, strict=True)):
+        if len(p) + b > args.max_context_len:
+            flag = "--max-new-tokens" if len(ids) == 1 else f"--prompts-file (prompt {n + 1})"
+            limit = args.max_context_len
+            raise UsageError(
+                flag, b, f"does not fit: the prompt has {len(p)} tokens and --max-context-len is {limit}"
+            )
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    """``graphrt generate``: stream the reply as text (or print one JSON object with ``--json``)."""
-    tp = getattr(args, "tp", 1)
-    device = resolve_device(args.device)
+    """``graphrt generate``: stream one reply as text, or print one JSON line per prompt."""
+    phases = Phases.since_process_start()
+    items = read_items(args)
     sampling = _sampling(args)
-    tokenizer = load_tokenizer(args.model)
-    ids = prompt_ids(args, tokenizer)
-    if len(ids) + args.max_new_tokens > args.max_context_len:
-        raise UsageError(
-            "--max-new-tokens",
-            args.max_new_tokens,
-            f"does not fit: the prompt has {len(ids)} tokens and --max-context-len is {args.max_context_len}",
-        )
-    options = dict(
-        device=device,
-        max_batch_size=1,
-        max_context_len=args.max_context_len,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
-    if tp == 1:
-        engine = Engine(args.model, **options)
-        _stream(args, engine, tokenizer, ids, sampling)
-        return 0
+    if args.tp != 1:
+        from graphrt.tools.cli.generate_tp import run_tp
+
+        return run_tp(args, items, sampling)
+    from graphrt.llm import LLM
+    from graphrt.text import NoTokenizer
+
+    text = any(i.ids is None for i in items)
+    size = args.max_batch_size or min(len(items), 32)
+    kw = engine_options(args, size)
     try:
-        engine = Engine(args.model, tp=tp, **options)
-        reply = engine.generate([ids], args.max_new_tokens, sampling)[0]
-        out = reply_tokens(reply, stop_ids(tokenizer, args.model))
-        engine.close()
-        if engine.tp.is_driver:  # NOTE: every rank holds the reply; rank 0 prints it
-            _print(args, tokenizer, ids, out, shown="")
-    finally:
-        shutdown()
+        llm = LLM(args.model, tokenizer=True if text else None, show_progress=progress_wanted(), **kw)
+    except NoTokenizer as err:
+        raise UsageError("--prompt", args.model, f"needs a tokenizer: {err} (--prompt-ids)") from err
+    phases.add("tokenizer", llm.timings["tokenizer"])
+    phases.add("load", llm.timings["load"])
+    phases.add("capture", llm.timings["capture"])
+    ids = [_prompt_ids(llm, i) for i in items]
+    budgets = [i.max_new_tokens or args.max_new_tokens for i in items]
+    check_fit(args, ids, budgets)
+    stream = len(items) == 1 and not args.json and not args.prompts_file and llm.tokenizer is not None
+    records = _run(llm, ids, budgets, sampling, phases, stream)
+    if not stream:
+        for r in records:
+            print(json.dumps(r, ensure_ascii=False))
+    log.info("%s", phases.line(sum(r["completion_tokens"] for r in records)))
     return 0
 
 
-def _stream(
-    args: argparse.Namespace, engine: Engine, tokenizer: Any, ids: list[int], sampling: SamplingParams
-) -> None:
-    """One rank: step the engine and write the reply's new text as each token comes."""
-    rid = engine.add_request(ids, args.max_new_tokens, sampling)
-    stop, out = stop_ids(tokenizer, args.model), []
-    shown = ""
-    while engine.waiting or engine.running:
-        tokens = [t for r, t in engine.step() if r == rid]
-        out.extend(tokens)
-        if any(t in stop for t in tokens):
-            out = reply_tokens(out, stop)
-            break
-        if not args.json:  # NOTE: decode the whole reply each time; BPE pieces join across tokens
-            text = tokenizer.decode(out, skip_special_tokens=True)
-            sys.stdout.write(text[len(shown) :])
-            sys.stdout.flush()
-            shown = text
-    _print(args, tokenizer, ids, out, shown)
+def _run(
+    llm: Any, ids: list[list[int]], budgets: list[int], sampling: SamplingParams, phases: Phases, stream: bool
+) -> list[dict[str, Any]]:
+    """Every prompt in the same steps; each one's record (and the one reply's text, streamed)."""
+    replies, start = llm.replies, time.perf_counter()
+    rids = [replies.add(p, b, sampling) for p, b in zip(ids, budgets, strict=True)]
+    first: dict[int, float] = {}
+    done: dict[int, tuple[Completion, float]] = {}
+    while len(done) < len(rids):
+        for u in replies.step():
+            now = time.perf_counter()
+            first.setdefault(u.rid, now)
+            if stream:
+                sys.stdout.write(u.text)
+                sys.stdout.flush()
+            if u.done is not None:
+                done[u.rid] = (u.done, now)
+    if stream:
+        print()
+    end = time.perf_counter()
+    phases.add("first token", min(first.values()) - start)
+    phases.add("decode", end - min(first.values()))
+    return [record(p, *done[r], first[r] - start, first[r]) for p, r in zip(ids, rids, strict=True)]
 
 
-def _print(args: argparse.Namespace, tokenizer: Any, ids: list[int], out: list[int], shown: str) -> None:
-    """The JSON object, or the reply's text not yet ``shown`` and a newline."""
-    text = tokenizer.decode(out, skip_special_tokens=True)
-    if args.json:
-        print(json.dumps({"prompt_ids": ids, "output_ids": out, "text": text}))
-    else:
-        print(text[len(shown) :])
+def record(
+    prompt: list[int], c: Completion, ended: float, ttft: float | None, first: float | None
+) -> dict[str, Any]:
+    """One prompt's JSON record (timings None where not measured)."""
+    rate = None
+    if ttft is not None and first is not None and c.completion_tokens > 1 and ended > first:
+        rate = round((c.completion_tokens - 1) / (ended - first), 2)
+    return {
+        "text": c.text,
+        "prompt_ids": prompt,
+        "output_ids": c.token_ids,
+        "finish_reason": c.finish_reason,
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "ttft_s": None if ttft is None else round(ttft, 4),
+        "tokens_per_s": rate,
+    }
 
 
-__all__ = ["run_generate"]
+__all__ = ["Item", "read_items", "record", "run_generate"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from graphrt.models.tokenizer import declared_stop_ids, stop_ids
+from graphrt.text.tokenizer import declared_stop_ids, stop_ids
 
 
 def test_directory_declares_generation_config_and_config_eos(tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ def test_presets_declare_nothing() -> None:
 
 
 def test_reply_ends_before_the_first_stop_token() -> None:
-    from graphrt.models.tokenizer import reply_tokens
+    from graphrt.text.tokenizer import reply_tokens
 
     assert reply_tokens([5, 9, 2, 7, 2], {2, 3}) == [5, 9]
     assert reply_tokens([5, 9], {2}) == [5, 9]

@@ -1,0 +1,112 @@
+"""Load on an OpenAI-compatible server: streamed chat requests from concurrent clients, timed.
+
+Each request streams (SSE) and is timed on the client: time to first token (the first chunk
+with text), time per output token after it, and its completion tokens (the server's ``usage``
+when it sends one, else its text chunks). A run keeps ``concurrency`` requests in flight until
+every prompt was sent; its throughput is all completion tokens over the run's wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request as its client saw it (seconds)."""
+
+    ttft_s: float
+    total_s: float
+    tokens: int
+    text: str
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first; None for a one-token reply."""
+        return (self.total_s - self.ttft_s) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """The samples of one run (in prompt order) and its wall time."""
+
+    samples: list[Sample]
+    wall_s: float
+
+    def summary(self) -> dict[str, Any]:
+        """p50/p90 TTFT and TPOT in ms, throughput in tokens/s, requests and tokens."""
+        ttft = [s.ttft_s * 1e3 for s in self.samples]
+        tpot = [t * 1e3 for s in self.samples if (t := s.tpot_s) is not None]
+        tokens = sum(s.tokens for s in self.samples)
+        return {
+            "requests": len(self.samples),
+            "completion_tokens": tokens,
+            "wall_s": round(self.wall_s, 4),
+            "ttft_ms": _percentiles(ttft),
+            "tpot_ms": _percentiles(tpot),
+            "throughput_tok_s": round(tokens / self.wall_s, 2) if self.wall_s else None,
+        }
+
+
+def _percentiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    cuts = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+    return {"p50": round(statistics.median(values), 3), "p90": round(cuts[8], 3)}
+
+
+async def _one(client: Any, url: str, body: dict[str, Any]) -> Sample:
+    start = time.perf_counter()
+    first, chunks, usage, text = None, 0, None, []
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    chunks += 1
+                    text.append(piece)
+    end = time.perf_counter()
+    tokens = int(usage["completion_tokens"]) if usage else chunks
+    return Sample((first or end) - start, end - start, tokens, "".join(text))
+
+
+async def _run(url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int) -> Load:
+    import httpx
+
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+
+    async def send(client: Any, prompt: str) -> Sample:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with gate:
+            return await _one(client, url, body)
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        start = time.perf_counter()
+        samples = await asyncio.gather(*(send(client, p) for p in prompts))
+        return Load(list(samples), time.perf_counter() - start)
+
+
+def run_load(url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int) -> Load:
+    """Send ``prompts`` (greedy chat requests of ``max_tokens``), ``concurrency`` at a time."""
+    return asyncio.run(_run(url, model, prompts, concurrency, max_tokens))

@@ -1,0 +1,134 @@
+"""``graphrt serve``: the model behind an OpenAI-compatible HTTP API (``graphrt.serve``).
+
+Builds the tokenizer, the engine and its graphs, then runs uvicorn. Ctrl-C stops taking
+requests, gives the ones in flight ``--drain-timeout`` seconds to finish, then cancels the
+rest and stops the engine thread; a second Ctrl-C quits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from graphrt.serve.loop import EngineLoop
+from graphrt.tools.cli.args import UsageError, resolve_device
+from graphrt.tools.cli.console import progress_wanted
+
+log = logging.getLogger("graphrt.serve")
+
+
+def engine_sizes(args: argparse.Namespace, cuda: bool) -> tuple[int, int]:
+    """``--max-batch-size`` and ``--max-context-len``, or the device's defaults (a CPU's KV
+    cache and capture are kept small: 8 requests of 1024 tokens)."""
+    batch = args.max_batch_size or (32 if cuda else 8)
+    context = args.max_context_len or (2048 if cuda else 1024)
+    return batch, context
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``graphrt serve``: returns when the server stops (Ctrl-C or SIGTERM)."""
+    import uvicorn
+
+    from graphrt.llm import LLM
+    from graphrt.serve.app import build_app
+
+    if args.tp != 1:
+        raise UsageError(
+            "--tp",
+            args.tp,
+            "is not served yet: the other ranks' step wait has the group's timeout, which an idle "
+            "server would run past; serve with --tp 1 (Engine(tp=N).generate runs TP offline)",
+        )
+    start = time.perf_counter()
+    device = resolve_device(args.device)
+    batch, context = engine_sizes(args, device.type == "cuda")
+    llm = LLM(
+        args.model,
+        device=device,
+        max_batch_size=batch,
+        max_context_len=context,
+        show_progress=progress_wanted(),
+    )
+    if llm.tokenizer is None:
+        raise UsageError("--model", args.model, "has no tokenizer: graphrt serve takes and gives text")
+    loop = EngineLoop(llm.replies)
+    app = build_app(llm, loop)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.drain_timeout + 10,  # NOTE: a backstop; see _server
+    )
+    server = _server(config, _ready_line(args, llm, time.perf_counter() - start), loop, args.drain_timeout)
+    try:
+        server.run()
+    finally:
+        loop.stop()
+        llm.engine.close()
+    print("graphrt serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _ready_line(args: argparse.Namespace, llm: Any, seconds: float) -> str:
+    t = llm.timings
+    return (
+        f"graphrt serve: {llm.name} on http://{args.host}:{args.port} (OpenAI API under /v1), ready in "
+        f"{seconds:.1f} s (tokenizer {t['tokenizer']:.1f} s, load {t['load']:.1f} s, "
+        f"capture {t['capture']:.1f} s)"
+    )
+
+
+def _server(config: Any, ready_line: str, loop: EngineLoop, drain_s: float) -> Any:
+    """uvicorn's server, saying on stderr when it listens (tests and scripts wait for that
+    line), and ending the requests still in flight ``drain_s`` after a shutdown begins."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                print(ready_line, file=sys.stderr, flush=True)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            async def cancel_late() -> None:
+                await asyncio.sleep(drain_s)
+                # NOTE: each request left gets an error (a 503, or an error event in its stream)
+                # and ends on its own, before uvicorn would cancel its task with a traceback
+                await asyncio.to_thread(loop.stop)
+
+            late = asyncio.create_task(cancel_late())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                late.cancel()
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """Ctrl-C and SIGTERM start the graceful shutdown (a second Ctrl-C forces it).
+
+            NOTE: uvicorn's own version raises the signal again once shut down, which asyncio
+            turns into a traceback from the lifespan task; the server has stopped by then.
+            """
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            before = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)
+
+
+__all__ = ["engine_sizes", "run_serve"]
