@@ -17,7 +17,9 @@ import torch
 
 from graphrt import Batch, ForwardMode, RuntimeConfig
 from graphrt.engine.stack import stack_for
+from graphrt.models import load
 from graphrt.models.causal_lm import CausalLM
+from graphrt.models.mla import MLACausalLM
 
 PAGE_SIZE, MAX_CONTEXT, BUCKETS = 16, 64, (1, 2, 4)
 PROMPT_LENS, DECODE_STEPS = (5, 17, 9), 4
@@ -67,6 +69,28 @@ def save_checkpoint(
     return model
 
 
+def saved_reference(
+    path: Path, model_cls: str, config_cls: str, kwargs: dict[str, Any], legacy: bool = False
+) -> Any:
+    """Save a random transformers ``model_cls(config_cls(**SMALL, **kwargs))`` at ``path`` and
+    return it reloaded from there in fp32 (the reference); ``legacy``: as :func:`save_checkpoint`."""
+    import transformers
+
+    config = getattr(transformers, config_cls)(**SMALL, **kwargs)
+    save_checkpoint(path, getattr(transformers, model_cls), config, legacy_rope=legacy)
+    # NOTE: the reference reloads the saved files, so legacy rope keys go through transformers too.
+    return getattr(transformers, model_cls).from_pretrained(path, dtype=torch.float32).eval()
+
+
+def check_checkpoint(device: torch.device, path: Path, reference: Any) -> None:
+    """``graphrt.models.load(path)``: prefill and decode logits (graphed and eager) == transformers'."""
+    seqs = sequences(reference.config.vocab_size)
+    model = load(path, device=device)
+    atol = tolerance(device, reference, seqs)
+    rtol = atol if device.type != "cuda" else 0.0
+    assert_parity(run_graphrt(model, seqs), reference_logits(reference, seqs), atol=atol, rtol=rtol)
+
+
 @torch.no_grad()
 def tolerance(device: torch.device, reference: Any, seqs: list[list[int]]) -> float:
     """fp32 (CPU): 1e-4. bf16 (CUDA): three times transformers' own bf16 error.
@@ -105,7 +129,7 @@ def _slots(req: int, positions: range, pages_per_req: int) -> list[int]:
     return [(req * pages_per_req + p // PAGE_SIZE) * PAGE_SIZE + p % PAGE_SIZE for p in positions]
 
 
-def run_graphrt(model: CausalLM, seqs: list[list[int]]) -> ParityRun:
+def run_graphrt(model: CausalLM | MLACausalLM, seqs: list[list[int]]) -> ParityRun:
     """Prefill every prompt (EXTEND), then ``DECODE_STEPS`` steps graphed and eager on the same KV."""
     config = RuntimeConfig(
         max_batch_size=max(BUCKETS),

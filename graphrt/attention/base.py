@@ -49,20 +49,23 @@ class GraphSupport:
 
 
 class AttentionBackend(Protocol):
-    """Paged attention over the KV cache for one layer (MHA/GQA).
+    """Paged attention over the KV cache for one layer (MHA/GQA, and dense MLA with ``qv``).
 
     ``forward`` takes ``q [num_tokens, num_q_heads, head_dim]`` and the layer's caches
-    ``[num_pages, page_size, num_kv_heads, head_dim]`` and returns
-    ``[num_tokens, num_q_heads, head_dim]`` in ``q``'s dtype. Query token ``i`` of request
-    ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally; with
-    ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w, 0)``).
-    ``plan`` is what :meth:`plan` returned for this forward (None where it did not apply).
+    ``k_cache [num_pages, page_size, num_kv_heads, head_dim]``, ``v_cache [..., head_dim_v]``
+    and returns ``[num_tokens, num_q_heads, head_dim_v]`` in ``q``'s dtype. Query token ``i``
+    of request ``b`` sits at position ``cache_seqlens[b] - q_len_b + i`` and attends causally;
+    with ``window`` it sees keys ``position - window … position`` only (FA3 ``window_size=(w,
+    0)``). ``plan`` is what :meth:`plan` returned for this forward (None where it did not
+    apply).
 
     Options a layer may pass: ``kv_scales`` (an FP8 cache's dequantisation scales for this
     layer: keys are ``k_cache * kv_scales.k``, values ``v_cache * kv_scales.v``, and the query is
     rounded to FP8 as the kernel reads it, :mod:`graphrt.kv.quant`); ``sinks [num_q_heads]``
     (learned per-head logits that join each softmax's denominator, ``exp(sink - max)``, with no
-    value: gpt-oss). A token tree's cascade counts the sink once, in its prefix half.
+    value: gpt-oss). A token tree's cascade counts the sink once, in its prefix half. ``qv
+    [num_tokens, num_q_heads, head_dim_v]`` (FA3's ``qv``): a second query scored against the
+    values, ``score = (q . k + qv . v) * scale`` (dense MLA's absorbed form).
     """
 
     name: str
@@ -85,6 +88,7 @@ class AttentionBackend(Protocol):
         plan: Any = None,
         sinks: torch.Tensor | None = None,
         kv_scales: LayerScales | None = None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def host_scalars(self) -> dict[str, Any]:
@@ -111,8 +115,9 @@ class Backend:
         return None
 
     def plan(self, meta: StepMetadata, group: Any, *tensors: torch.Tensor) -> Any:
-        """No plan. (MHA backends receive ``q`` and the first layer's ``k_cache``; sparse-MLA
-        backends nothing beyond their group.)"""
+        """No plan. (MHA backends receive ``q`` and the first layer's ``k_cache``; dense-MLA
+        backends ``q_rope`` and the first layer's RoPE and latent caches; sparse-MLA backends
+        nothing beyond their group.)"""
         return None
 
     def host_scalars(self) -> dict[str, Any]:

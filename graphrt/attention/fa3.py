@@ -7,7 +7,8 @@ plan uses what every layer's call uses, all functions of the graph key: ``max_se
 page table's width (what ``flash_attn_with_kvcache`` derives itself), ``num_splits`` the
 backend's (``GRAPHRT_FA3_NUM_SPLITS``, default 0: FA3's heuristic). Layers with a sliding
 window, token trees (cascade) and chunked-local layers keep FA3's own per-call schedule.
-``GRAPHRT_FA3_PLAN=0`` turns the plan off.
+``GRAPHRT_FA3_PLAN=0`` turns the plan off. ``qv`` (dense MLA's absorbed ``q_nope``, scored
+against the values; :mod:`graphrt.attention.fa3_mla`) passes through to every call.
 
 Options (SGLang's FA3 backend passes the same): an FP8 cache is read with the layer's scales as
 ``k_descale`` / ``v_descale`` (``[batch, num_kv_heads]`` stride-0 views of the cache's per-layer
@@ -87,9 +88,15 @@ class FA3Backend(Backend):
         return BufferGroup(SCHEDULER_SPECS, FA3Buffers) if self.planned else None
 
     def plan(
-        self, meta: StepMetadata, group: FA3Buffers | None, q: torch.Tensor, k_cache: torch.Tensor
+        self,
+        meta: StepMetadata,
+        group: FA3Buffers | None,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        headdim_v: int | None = None,
     ) -> torch.Tensor | None:
-        """The step's tile schedule in ``group.scheduler_metadata`` (a view of its head)."""
+        """The step's tile schedule in ``group.scheduler_metadata`` (a view of its head);
+        ``headdim_v``: the value head dim when it is not ``q``'s (dense MLA)."""
         if group is None or meta.cascade is not None:
             return None
         b = meta.buffers
@@ -100,6 +107,7 @@ class FA3Backend(Backend):
             num_heads=q.shape[1],
             num_heads_k=k_cache.shape[2],
             headdim=q.shape[2],
+            headdim_v=headdim_v,
             cache_seqlens=b.cache_seqlens,
             qkv_dtype=k_cache.dtype,  # NOTE: an FP8 cache's call reads q in FP8 too
             cu_seqlens_q=b.cu_seqlens_q,
@@ -126,11 +134,12 @@ class FA3Backend(Backend):
         plan: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
         kv_scales: LayerScales | None = None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         dtype, q = q.dtype, fa3_query(q, k_cache, kv_scales)
         check_sinks(sinks, q.shape[1])
         if meta.cascade is not None:
-            out = self._cascade(q, k_cache, v_cache, meta, scale, sinks, kv_scales)
+            out = self._cascade(q, k_cache, v_cache, meta, scale, sinks, kv_scales, qv)
             return out if out.dtype == dtype else out.to(dtype)
         b = meta.buffers
         planned = plan is not None and window is None
@@ -141,6 +150,7 @@ class FA3Backend(Backend):
             q=q,
             k_cache=k_cache,
             v_cache=v_cache,
+            qv=qv,
             page_table=b.page_table,
             cache_seqlens=b.cache_seqlens,
             cu_seqlens_q=b.cu_seqlens_q,
@@ -164,6 +174,7 @@ class FA3Backend(Backend):
         scale: float,
         sinks: torch.Tensor | None,
         kv_scales: LayerScales | None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Prefix through the page table (non-causal) + expand lists over single slots, merged.
 
@@ -172,7 +183,13 @@ class FA3Backend(Backend):
         """
         b, c = meta.buffers, meta.cascade
         assert c is not None
-        common = {"softmax_scale": scale, "causal": False, "num_splits": 0, "return_softmax_lse": True}
+        common = {
+            "qv": qv,
+            "softmax_scale": scale,
+            "causal": False,
+            "num_splits": 0,
+            "return_softmax_lse": True,
+        }
         kvh = k_cache.shape[2]
         o_pre, lse_pre, *_ = self._kernel(
             q=q,
@@ -187,11 +204,10 @@ class FA3Backend(Backend):
             **common,
         )
         # NOTE: the expand part sees the cache as pages of one slot, so its table lists slots.
-        slots = (-1, 1, *k_cache.shape[2:])
         o_x, lse_x, *_ = self._kernel(
             q=q,
-            k_cache=k_cache.view(slots),
-            v_cache=v_cache.view(slots),
+            k_cache=k_cache.view(-1, 1, *k_cache.shape[2:]),
+            v_cache=v_cache.view(-1, 1, *v_cache.shape[2:]),
             page_table=c.expand_table,
             cache_seqlens=c.expand_seqlens,
             cu_seqlens_q=c.expand_cu_seqlens_q,

@@ -1,9 +1,10 @@
 """Attention kinds: what the KV-cache type decides — which backends fit, and the ``ctx``.
 
 The runtime asks its kind for a backend and for the context its models receive, and stays the
-same for every kind: MHA/GQA over a :class:`PagedKVCache` (``ctx.attention``), or sparse MLA
-(DSA) over an :class:`MLAKVCache` (``ctx.index_topk`` + ``ctx.sparse_mla``). The backend owns
-its buffer group and plan (:mod:`graphrt.attention.base`).
+same for every kind: MHA/GQA over a :class:`PagedKVCache` (``ctx.attention``), dense MLA
+(DeepSeek-V2/V3) over a :class:`LatentKVCache` (``ctx.mla``), or sparse MLA (DSA) over an
+:class:`MLAKVCache` (``ctx.index_topk`` + ``ctx.sparse_mla``). The backend owns its buffer
+group and plan (:mod:`graphrt.attention.base`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any, Protocol
 import torch
 
 from graphrt.attention.context import ContextInputs, ForwardContext
+from graphrt.attention.mla_context import MLAContext
 from graphrt.attention.registry import select_backend
 from graphrt.attention.sparse_context import SparseMLAContext
-from graphrt.kv import MLAKVCache
+from graphrt.kv import LatentKVCache, MLAKVCache
 
 
 class AttentionKind(Protocol):
@@ -45,6 +47,24 @@ class MHAKind:
         return ForwardContext.from_inputs(inputs)
 
 
+class MLAKind:
+    """Dense MLA over a :class:`LatentKVCache`: backends for its dtype and widths (FA3 takes
+    bf16/fp16 with RoPE 64 + latent 512 on Hopper; anything else runs the reference)."""
+
+    name = "mla"
+
+    def __init__(self, kv: LatentKVCache) -> None:
+        self.kv = kv
+
+    def select_backend(self, name: str | None, device: torch.device) -> Any:
+        shape = self.kv.shape
+        need = {"dtype": self.kv.dtype, "rope_dim": shape.rope_dim, "kv_lora_rank": shape.kv_lora_rank}
+        return select_backend(name, device, self.name, **need)
+
+    def context(self, inputs: ContextInputs) -> MLAContext:
+        return MLAContext.from_inputs(inputs)
+
+
 class SparseMLAKind:
     """DSA over an :class:`MLAKVCache`: backends sized for its layout, heads and ``index_topk``."""
 
@@ -65,5 +85,7 @@ class SparseMLAKind:
 
 
 def attention_kind(kv: Any) -> AttentionKind:
-    """The kind a KV cache implies."""
+    """The kind a KV cache implies (MHA/GQA for a :class:`~graphrt.kv.PagedKVCache`)."""
+    if isinstance(kv, LatentKVCache):
+        return MLAKind(kv)
     return SparseMLAKind(kv) if isinstance(kv, MLAKVCache) else MHAKind(kv.dtype)

@@ -6,7 +6,8 @@ from the graph key), and it is the oracle the kernels are tested against.
 
 An FP8 cache is read dequantised (``float32 × scale``) and the query rounded to FP8 first, as
 FA3 reads them; sinks join each softmax's denominator (a token tree counts them once, in the
-prefix half). The rest is the same float32 math.
+prefix half). ``qv`` (dense MLA's absorbed query, FA3's ``qv``) adds ``qv . v`` to every score.
+The rest is the same float32 math.
 """
 
 from __future__ import annotations
@@ -27,26 +28,31 @@ def masked_attention(
     allowed: torch.Tensor,
     scale: float,
     sinks: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Grouped-query attention of ``q [B, Q, hq, d]`` over ``k``/``v [B, L, kvh, d]``.
+    """Grouped-query attention of ``q [B, Q, hq, d]`` over ``k [B, L, kvh, d]``, ``v [B, L, kvh, dv]``.
 
-    ``allowed [B, Q, L]`` bool; ``sinks [hq]``: a logit per head added to the denominator.
-    Returns ``out [B, Q, hq, d]`` float32 and ``lse [B, Q, hq]`` (natural log-sum-exp of the
-    scaled scores and the sink; ``-inf`` where a row allows no key and has no sink, whose
-    output is then 0).
+    ``allowed [B, Q, L]`` bool; ``sinks [hq]``: a logit per head added to the denominator;
+    ``qv [B, Q, hq, dv]``: a second query scored against the values (FA3's ``qv``), ``scores =
+    (q . k + qv . v) * scale``. Returns ``out [B, Q, hq, dv]`` float32 and ``lse [B, Q, hq]``
+    (natural log-sum-exp of the scaled scores and the sink; ``-inf`` where a row allows no key
+    and has no sink, whose output is then 0).
     """
     bs, nq, hq, d = q.shape
-    kvh = k.shape[2]
+    kvh, dv = k.shape[2], v.shape[-1]
     # NOTE: GQA by grouping query heads (head h reads kv head h // group), no K/V repeat.
     qg = q.float().view(bs, nq, kvh, hq // kvh, d)
-    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k.float()) * scale
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    scores = torch.einsum("bqkgd,blkd->bkgql", qg, k.float())
+    if qv is not None:
+        qvg = qv.float().view(bs, nq, kvh, hq // kvh, dv)
+        scores = scores + torch.einsum("bqkgd,blkd->bkgql", qvg, v.float())
+    scores = (scores * scale).masked_fill(~allowed[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     if sinks is not None:
         # NOTE: exp(sink) joins the denominator only: it has no value to add to the output.
         lse = torch.logaddexp(lse, sinks.float().view(1, kvh, hq // kvh, 1))
     probs = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None])
-    out = torch.einsum("bkgql,blkd->bqkgd", probs, v.float()).reshape(bs, nq, hq, d)
+    out = torch.einsum("bkgql,blkd->bqkgd", probs, v.float()).reshape(bs, nq, hq, dv)
     return out, lse.permute(0, 3, 1, 2).reshape(bs, nq, hq)
 
 
@@ -91,6 +97,7 @@ def paged_attention(
     window: int | None = None,
     sinks: torch.Tensor | None = None,
     kv_scales: LayerScales | None = None,
+    qv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [bs, max_q, hq, d]`` over each request's pages.
 
@@ -98,8 +105,8 @@ def paged_attention(
     query tokens, which are the last ``q_lens[b]`` positions (default: all ``max_q``); query
     rows past ``q_lens[b]`` are padding (their output is meaningless and dropped by callers).
     ``window``: a query at position ``p`` sees keys ``p - window … p`` only; ``sinks``,
-    ``kv_scales``: as :class:`~graphrt.attention.base.AttentionBackend`. Returns
-    ``[bs, max_q, hq, d]`` float32.
+    ``kv_scales``, ``qv [bs, max_q, hq, dv]``: as :class:`~graphrt.attention.base.AttentionBackend`.
+    Returns ``[bs, max_q, hq, dv]`` float32.
     """
     max_q = q.shape[1]
     k, v = paged_keys(k_cache, v_cache, page_table, seq_lens, kv_scales)
@@ -109,7 +116,7 @@ def paged_attention(
     allowed = keys[None, None, :] <= q_pos[:, :, None]  # causal, hence also < seq_len
     if window is not None:
         allowed &= keys[None, None, :] >= q_pos[:, :, None] - window
-    return masked_attention(q, k, v, allowed, scale, sinks)[0]
+    return masked_attention(q, k, v, allowed, scale, sinks, qv)[0]
 
 
 def merge_states(
@@ -131,6 +138,7 @@ def cascade_attention(
     scale: float,
     sinks: torch.Tensor | None = None,
     kv_scales: LayerScales | None = None,
+    qv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Tree attention: the shared prefix (non-causal) merged with each token's expand list.
 
@@ -140,10 +148,11 @@ def cascade_attention(
     b, c = meta.buffers, meta.cascade
     assert c is not None
     padded, _, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
+    padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
     k, v = paged_keys(k_cache, v_cache, b.page_table, c.prefix_seqlens, kv_scales)
     keys = torch.arange(k.shape[1], device=q.device)
     allowed = (keys[None, :] < c.prefix_seqlens.long()[:, None])[:, None, :].expand(-1, padded.shape[1], -1)
-    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale, sinks)
+    o_pre, lse_pre = masked_attention(padded, k, v, allowed, scale, sinks, padded_qv)
     o_pre, lse_pre = unpad_queries(o_pre, index, q.shape[0]), unpad_queries(lse_pre, index, q.shape[0])
     slots = c.expand_table.long()
     width = torch.arange(slots.shape[1], device=q.device)
@@ -151,7 +160,9 @@ def cascade_attention(
     k_x = gather_slots(k_cache, slots, None if kv_scales is None else kv_scales.k)
     v_x = gather_slots(v_cache, slots, None if kv_scales is None else kv_scales.v)
     v_x = v_x.masked_fill(~allowed[:, 0, :, None, None], 0.0)
-    o_x, lse_x = masked_attention(q[:, None], k_x, v_x, allowed, scale)
+    o_x, lse_x = masked_attention(
+        q[:, None], k_x, v_x, allowed, scale, None, None if qv is None else qv[:, None]
+    )
     return merge_states(o_pre, lse_pre, o_x[:, 0], lse_x[:, 0])
 
 
@@ -181,11 +192,15 @@ def unpad_queries(out: torch.Tensor, index: torch.Tensor, num_tokens: int) -> to
 
 
 class ReferenceBackend(Backend):
-    """Gather through the page table, then dense masked attention (float32): the oracle."""
+    """Gather through the page table, then dense masked attention (float32): the oracle.
+
+    It serves MHA/GQA (built with the cache ``dtype``) and dense MLA (``qv``; built with the
+    dense-MLA kind's ``dtype``, ``rope_dim`` and ``kv_lora_rank``, which it does not need).
+    """
 
     name = "reference"
 
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:
         self.dtype = dtype
 
     def forward(
@@ -199,14 +214,26 @@ class ReferenceBackend(Backend):
         plan: Any = None,
         sinks: torch.Tensor | None = None,
         kv_scales: LayerScales | None = None,
+        qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         dtype, q = q.dtype, fp8_query(q, k_cache, kv_scales)
         if meta.cascade is not None:
-            return cascade_attention(q, k_cache, v_cache, meta, scale, sinks, kv_scales).to(dtype)
+            return cascade_attention(q, k_cache, v_cache, meta, scale, sinks, kv_scales, qv).to(dtype)
         b = meta.buffers
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
+        padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
         out = paged_attention(
-            padded, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, q_lens, window, sinks, kv_scales
+            padded,
+            k_cache,
+            v_cache,
+            b.page_table,
+            b.cache_seqlens,
+            scale,
+            q_lens,
+            window,
+            sinks,
+            kv_scales,
+            padded_qv,
         )
         return unpad_queries(out.to(dtype), index, q.shape[0])
 

@@ -3,7 +3,8 @@
 A row maps a backend name to ``"module:Class"``: nothing registers by being imported, and a
 backend's module (with its kernel library) is imported only when the backend is asked about.
 A class offers ``available(device, **need) -> bool`` and is built as ``Class(**need)``, where
-``need`` is what the kind passes: MHA/GQA (``"mha"``) the cache ``dtype``; sparse MLA
+``need`` is what the kind passes: MHA/GQA (``"mha"``) the cache ``dtype``; dense MLA
+(``"mla"``) the cache ``dtype``, ``rope_dim`` and ``kv_lora_rank``; sparse MLA
 (``"sparse_mla"``) the cache ``layout``, ``num_heads`` and ``index_topk``. Selection walks the
 table in order; error messages list what is known or available.
 """
@@ -22,6 +23,11 @@ BACKENDS: dict[str, dict[str, str]] = {
         "fa3": "graphrt.attention.fa3:FA3Backend",
         "reference": "graphrt.attention.reference:ReferenceBackend",
     },
+    # NOTE: dense MLA is FA3 / the reference with ``qv`` (the absorbed q_nope against the latents).
+    "mla": {
+        "fa3": "graphrt.attention.fa3_mla:FA3MLABackend",
+        "reference": "graphrt.attention.reference:ReferenceBackend",
+    },
     "sparse_mla": {
         "flashmla": "graphrt.attention.flashmla:FlashMLABackend",
         "flashmla-schedmeta": "graphrt.attention.flashmla:FlashMLASchedMetaBackend",
@@ -29,7 +35,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     },
 }
 
-LABELS = {"mha": "attention backend", "sparse_mla": "sparse-MLA backend"}
+LABELS = {"mha": "attention backend", "mla": "MLA backend", "sparse_mla": "sparse-MLA backend"}
 
 
 def add_backend(kind: str, name: str, target: str, *, first: bool = False) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kv import KVShape, PagedKVCache, ReqToToken
+from graphrt.kv import KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
 from graphrt.metadata.local import with_model_chunk
@@ -16,8 +16,9 @@ from graphrt.models.dsa import TinyDSA
 from graphrt.models.hf_wrap import HFWrapped
 from graphrt.models.llama import TinyLlama
 from graphrt.models.loader import default_dtype, load, resolve
+from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE
-from graphrt.models.presets import PRESETS, DSAConfig, preset
+from graphrt.models.presets import PRESETS, DSAConfig, MLAConfig, preset
 from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
@@ -25,8 +26,8 @@ from graphrt.step.config import RuntimeConfig
 
 @dataclass(frozen=True, slots=True)
 class ModelStack:
-    model: TinyLlama | TinyDSA | CausalLM | HFWrapped
-    kv: PagedKVCache | MLAKVCache
+    model: TinyLlama | TinyDSA | CausalLM | MLACausalLM | HFWrapped
+    kv: PagedKVCache | LatentKVCache | MLAKVCache
     req_to_token: ReqToToken
     runtime: GraphRuntime
 
@@ -52,8 +53,9 @@ def build_stack(
     dummy page, so request row ``i`` can own pages ``i * max_pages ...``. ``kv_cache_dtype``:
     ``"bf16"`` (default) or ``"fp8"`` (656 bytes/token) for DSA presets; for MHA/GQA models
     ``"auto"`` (default: the model's dtype) or ``"fp8_e4m3"`` (one byte per element, per-layer
-    scales from the checkpoint or 1.0; :mod:`graphrt.kv.quant`). ``tp``: this rank's shards of
-    the same model (a preset's or a checkpoint's); its KV cache holds the rank's KV heads only.
+    scales from the checkpoint or 1.0; :mod:`graphrt.kv.quant`); dense-MLA models keep the
+    model's dtype. ``tp``: this rank's shards of the same model (a preset's or a checkpoint's);
+    its KV cache holds the rank's KV heads only.
     ``progress(done, total)``: called after each checkpoint tensor is read.
     """
     dtype = dtype or default_dtype(device)
@@ -65,7 +67,10 @@ def build_stack(
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
-    if isinstance(cfg, DSAConfig):
+    if isinstance(cfg, MLAConfig):
+        model = MLACausalLM.from_seed(cfg, seed, device, dtype, tp)
+        kv = latent_cache(cfg, config.page_size, num_pages, dtype, device, kv_cache_dtype)
+    elif isinstance(cfg, DSAConfig):
         if tp.size > 1:
             raise ValueError(f"tensor parallelism supports the Llama presets; {name} is a DSA model")
         model = TinyDSA.from_seed(cfg, seed, device, dtype)
@@ -92,26 +97,49 @@ def mha_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
     return MHA_KV_DTYPES[name or "auto"] or model_dtype
 
 
+def latent_cache(
+    cfg: MLAConfig,
+    page_size: int,
+    num_pages: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_cache_dtype: str | None = None,
+) -> LatentKVCache:
+    """The dense-MLA cache of ``cfg`` over ``num_pages``: each layer's latents and RoPE keys in ``dtype``."""
+    if kv_cache_dtype not in (None, "auto"):
+        raise ValueError(
+            f"kv_cache_dtype {kv_cache_dtype!r}: a dense-MLA cache keeps the model's dtype ('auto')"
+        )
+    shape = LatentShape(cfg.num_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim, page_size, num_pages)
+    return LatentKVCache(shape, dtype, device)
+
+
 def stack_for(
-    model: TinyLlama | CausalLM | HFWrapped,
+    model: TinyLlama | CausalLM | MLACausalLM | HFWrapped,
     config: RuntimeConfig,
     *,
     max_reqs: int | None = None,
     kv_cache_dtype: str | None = None,
 ) -> ModelStack:
-    """A paged KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
+    """A KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
 
-    The cache takes the model's device, ``model.cfg``'s geometry (``num_layers``, ``head_dim``,
+    A dense-MLA model gets a :class:`LatentKVCache` (:func:`latent_cache`). Otherwise the paged
+    cache takes the model's device, ``model.cfg``'s geometry (``num_layers``, ``head_dim``,
     ``vocab_size``) and the model's parameter dtype, or FP8 for ``kv_cache_dtype="fp8_e4m3"``
     (with the checkpoint's ``kv_scales`` when it had any, else 1.0); its KV heads are the ones
     this rank stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
     """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
-    heads = getattr(model, "num_kv_heads", cfg.num_kv_heads)
-    shape = KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, max_reqs * config.max_pages + 1)
-    scales: KVScales | None = getattr(model, "kv_scales", None)
-    kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales)
+    num_pages = max_reqs * config.max_pages + 1
+    kv: PagedKVCache | LatentKVCache
+    if isinstance(cfg, MLAConfig):
+        kv = latent_cache(cfg, config.page_size, num_pages, param.dtype, param.device, kv_cache_dtype)
+    else:
+        heads = getattr(model, "num_kv_heads", cfg.num_kv_heads)
+        shape = KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, num_pages)
+        scales: KVScales | None = getattr(model, "kv_scales", None)
+        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
     return ModelStack(
         model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)

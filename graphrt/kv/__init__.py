@@ -1,12 +1,24 @@
-"""Where KV lives: the paged MHA/GQA cache, the MLA cache (BF16 or FP8-656), the request table.
+"""Where KV lives: the paged MHA/GQA cache, the dense-MLA latent cache, the sparse-MLA cache
+(BF16 or FP8-656), the request table.
 
 Every cache reserves its last page as the dummy page (pad rows read it, write its first slot);
 :class:`ReqToToken` maps each request position to its KV slot and has a dummy request row.
 Device tensors, written inside the graph by the step's programs.
 """
 
+from graphrt.kv.latent import LatentKVCache, LatentShape
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.kv.paged import KV_DTYPES, KVShape, PagedKVCache, PagedSlots
 from graphrt.kv.req_to_token import ReqToToken
 
-__all__ = ["KV_DTYPES", "KVShape", "MLAKVCache", "MLAShape", "PagedKVCache", "PagedSlots", "ReqToToken"]
+__all__ = [
+    "KV_DTYPES",
+    "KVShape",
+    "LatentKVCache",
+    "LatentShape",
+    "MLAKVCache",
+    "MLAShape",
+    "PagedKVCache",
+    "PagedSlots",
+    "ReqToToken",
+]

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kv.latent import LatentKVCache
 from graphrt.kv.mla import MLAKVCache
 from graphrt.kv.paged import PagedKVCache
 
 
-def slot_rows(kv: PagedKVCache | MLAKVCache) -> list[torch.Tensor]:
+def slot_rows(kv: PagedKVCache | LatentKVCache | MLAKVCache) -> list[torch.Tensor]:
     """Every per-slot tensor of ``kv`` viewed as ``[num_slots, ...]`` (views, not copies)."""
+    if isinstance(kv, LatentKVCache):
+        return kv.slot_rows()
     if isinstance(kv, PagedKVCache):
         return kv.slot_rows()
     return [kv.rows(layer) for layer in range(len(kv.kv))] + list(kv.index_k)
 
 
-def move_slots(kv: PagedKVCache | MLAKVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+def move_slots(kv: PagedKVCache | LatentKVCache | MLAKVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
     """``kv[dst] = kv[src]`` in every layer (``src``, ``dst`` int64 ``[n]`` on ``kv``'s device).
 
     Every source is read before any destination is written, so overlapping lists are safe.

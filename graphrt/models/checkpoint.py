@@ -1,6 +1,7 @@
 """Where each checkpoint tensor (Hugging Face names) lands in :class:`CausalLM`, and the checks.
 
-Names follow transformers' Llama/Qwen layout; GGUF files are renamed to it first. Expected
+Names follow transformers' Llama/Qwen layout (DeepSeek-V2/V3's attention for dense-MLA models);
+GGUF files are renamed to it first. Expected
 shapes come from the model built on the meta device, so every check (a TP size that does not
 divide the heads included) runs before any memory is allocated on the target device. With
 tensor parallelism each parameter's :class:`~graphrt.models.parallel.Shard` says which rows or
@@ -19,7 +20,9 @@ import torch
 from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.hf_config import ModelConfig
+from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, copy_shard, to_empty, whole
+from graphrt.models.presets import MLAConfig
 from graphrt.parallel import TPGroup
 
 Shape = tuple[int, ...]
@@ -48,6 +51,21 @@ LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
     "mlp.up_proj.weight": ("mlp.gate_up.weight", 1),
     "mlp.down_proj.weight": ("mlp.down.weight", None),
 }
+#: DeepSeek-V2/V3 attention modules: ``self_attn.<m>`` is :class:`MLACausalLM`'s ``attn.<m>``.
+MLA_ATTENTION = (
+    "q_proj",
+    "q_a_proj",
+    "q_a_layernorm",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+    "o_proj",
+)
+#: Per layer for dense-MLA models: the norms and MLP as above, the attention by its own names.
+MLA_LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
+    k: v for k, v in LAYER_TENSORS.items() if not k.startswith("self_attn.")
+} | {f"self_attn.{m}.{w}": (f"attn.{m}.{w}", None) for m in MLA_ATTENTION for w in ("weight", "bias")}
 #: Optional per layer ``model.layers.{i}.<key>``: an FP8 KV cache's dequantisation scales (one
 #: value each; Hugging Face FP8 checkpoints), K's, V's, or one for both (older files).
 KV_SCALE_TENSORS: dict[str, tuple[str, ...]] = {
@@ -66,7 +84,7 @@ class CheckpointError(ValueError):
 class TensorSource(Protocol):
     """A checkpoint's config and tensors under Hugging Face names."""
 
-    config: ModelConfig
+    config: ModelConfig | MLAConfig
     #: GGUF ``rope_freqs`` (llama3 scaling baked into the file), else ``None``.
     freq_factors: torch.Tensor | None
 
@@ -94,14 +112,23 @@ class Slot:
         return param.narrow(self.shard.dim, self.shard.dest, self.shard.length)
 
 
-def slots(model: CausalLM) -> dict[str, Slot]:
+Model = CausalLM | MLACausalLM
+
+
+def build_model(config: ModelConfig | MLAConfig, freq_factors: torch.Tensor | None, tp: TPGroup) -> Model:
+    """The decoder ``config`` describes: dense MLA (DeepSeek-V2/V3) or the Llama-family ``CausalLM``."""
+    if isinstance(config, MLAConfig):
+        return MLACausalLM(config, tp)
+    return CausalLM(config, freq_factors, tp)
+
+
+def slots(model: Model) -> dict[str, Slot]:
     """Every checkpoint tensor ``model`` needs, by checkpoint name (tied heads need none)."""
     params = dict(model.named_parameters())
     names = dict(GLOBAL_TENSORS)
+    layer = MLA_LAYER_TENSORS if isinstance(model, MLACausalLM) else LAYER_TENSORS
     for i in range(model.cfg.num_layers):
-        names |= {
-            f"model.layers.{i}.{k}": (f"layers.{i}.{p}", part) for k, (p, part) in LAYER_TENSORS.items()
-        }
+        names |= {f"model.layers.{i}.{k}": (f"layers.{i}.{p}", part) for k, (p, part) in layer.items()}
     out = {}
     for name, (param, part) in names.items():
         if param in params:
@@ -139,14 +166,14 @@ def materialize(
     dtype: torch.dtype,
     tp: TPGroup = SINGLE,
     progress: Callable[[int, int], None] | None = None,
-) -> CausalLM:
+) -> Model:
     """Check ``source`` on the meta device, then allocate on ``device`` and copy every tensor in.
 
     With ``tp`` the model is this rank's shard and only the shard's slices are read.
     ``progress(done, total)`` is called after each tensor.
     """
     with torch.device("meta"):
-        model = CausalLM(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
+        model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
     expected, found = slots(model), source.shapes()
     check_tensors(expected, found, source.config.tie_word_embeddings)
     scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating

@@ -2,6 +2,8 @@
 
 Only the json is read (transformers is not needed to load a checkpoint). Both rope spellings
 are accepted: legacy ``rope_theta`` + ``rope_scaling`` and transformers-5 ``rope_parameters``.
+DeepSeek-V2/V3 (dense MLA) read into an :class:`~graphrt.models.presets.MLAConfig`; their MoE
+layers are refused (a later issue).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import check_rope_type
 
 Raw = Mapping[str, Any]
@@ -37,6 +40,10 @@ ARCHS: dict[str, Arch] = {
     "Qwen2ForCausalLM": Arch(qkv_bias=True, sliding=_qwen_sliding),
     "Qwen3ForCausalLM": Arch(qk_norm=True, sliding=_qwen_sliding),
 }
+
+
+#: Architectures with dense multi-head latent attention (:class:`MLAConfig`).
+MLA_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +80,10 @@ class ModelConfig:
 def _architecture(raw: Raw) -> str:
     names = list(raw.get("architectures") or [])
     for name in names:
-        if name in ARCHS:
+        if name in ARCHS or name in MLA_ARCHS:
             return name
     found = ", ".join(names) or "none (no 'architectures' in config.json)"
-    raise ValueError(f"unsupported architecture {found}; supported: {', '.join(ARCHS)}")
+    raise ValueError(f"unsupported architecture {found}; supported: {', '.join([*ARCHS, *MLA_ARCHS])}")
 
 
 def _rope(raw: Raw) -> tuple[float, str, dict[str, Any]]:
@@ -117,11 +124,61 @@ def _refuse_unsupported(raw: Raw) -> None:
         raise ValueError("mlp_bias=True is not supported")
 
 
-def parse_config(raw: Raw) -> ModelConfig:
+def _refuse_moe(raw: Raw) -> None:
+    """DeepSeek layers ``>= first_k_dense_replace`` are MoE when ``n_routed_experts`` is set."""
+    experts, layers = int(raw.get("n_routed_experts") or 0), int(raw["num_hidden_layers"])
+    first = int(raw.get("first_k_dense_replace") or 0)
+    if experts and first < layers:
+        raise ValueError(
+            f"MoE layers are not supported: n_routed_experts={experts} makes layers {first}..{layers - 1} "
+            f"MoE (first_k_dense_replace={first} < num_hidden_layers={layers}); only dense layers load "
+            f"(first_k_dense_replace >= num_hidden_layers, or no n_routed_experts)"
+        )
+
+
+def parse_mla_config(raw: Raw, arch_name: str) -> MLAConfig:
+    """A DeepSeek-V2/V3 ``config.json`` whose layers are all dense; ``ValueError`` otherwise."""
+    _refuse_moe(raw)
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {raw['hidden_act']!r} is not supported; supported: silu")
+    theta, rope_type, rope_params = _rope(raw)
+    if rope_type != "default" and rope_params.get("mscale_all_dim"):
+        # NOTE: transformers then rescales the softmax (yarn_apply_mscale); YaRN is not supported.
+        raise ValueError(
+            f"rope_type {rope_type!r} with mscale_all_dim is not supported (YaRN attention scaling)"
+        )
+    q_lora = raw.get("q_lora_rank")
+    return MLAConfig(
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=int(raw["hidden_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=int(raw["num_attention_heads"]),
+        kv_lora_rank=int(raw["kv_lora_rank"]),
+        qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
+        v_head_dim=int(raw["v_head_dim"]),
+        intermediate_size=int(raw["intermediate_size"]),
+        q_lora_rank=None if q_lora is None else int(q_lora),
+        rope_theta=theta,
+        rope_type=rope_type,
+        rope_params=rope_params,
+        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        # NOTE: V2 always rotates interleaved pairs (complex form); V3 unless rope_interleave is off.
+        rope_interleave=arch_name == "DeepseekV2ForCausalLM" or bool(raw.get("rope_interleave", True)),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        architecture=arch_name,
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+    )
+
+
+def parse_config(raw: Raw) -> ModelConfig | MLAConfig:
     """Read a ``config.json`` dict; ``ValueError`` names what graphrt does not support."""
     arch_name = _architecture(raw)
-    arch = ARCHS[arch_name]
     _refuse_unsupported(raw)
+    if arch_name in MLA_ARCHS:
+        return parse_mla_config(raw, arch_name)
+    arch = ARCHS[arch_name]
     theta, rope_type, rope_params = _rope(raw)
     attention_bias = bool(raw.get("attention_bias", False))
     heads, layers = int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.models.causal_lm import CausalLM
-from graphrt.models.checkpoint import TensorSource, materialize
+from graphrt.models.checkpoint import Model, TensorSource, materialize
 from graphrt.models.gguf_file import GGUFFile
 from graphrt.models.parallel import SINGLE
 from graphrt.models.safetensors_dir import SafetensorsDir
@@ -70,8 +69,9 @@ def load(
     dtype: torch.dtype | None = None,
     tp: TPGroup = SINGLE,
     progress: Callable[[int, int], None] | None = None,
-) -> CausalLM:
-    """Build a :class:`CausalLM` from a checkpoint; ``forward(input_ids, positions, ctx)``.
+) -> Model:
+    """Build a :class:`CausalLM` (or, for DeepSeek-V2/V3, an :class:`MLACausalLM`) from a
+    checkpoint; ``forward(input_ids, positions, ctx)``.
 
     Parameters
     ----------
@@ -89,7 +89,7 @@ def load(
 
     Returns
     -------
-    CausalLM
+    CausalLM or MLACausalLM
         ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``
         (the full vocabulary on every rank: the head's shards are all-gathered).
 
@@ -97,9 +97,11 @@ def load(
     ------
     ValueError
         Before anything is allocated on ``device``: an unsupported architecture, rope type or
-        quantisation type; a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
+        quantisation type; DeepSeek MoE layers (``n_routed_experts`` with ``first_k_dense_replace
+        < num_hidden_layers``); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
         a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
-        numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either.
+        numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either; any TP size > 1
+        for an MLA model.
 
     ``progress(done, total)``, when given, is called after each tensor is read.
     """

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,42 @@ class DSAConfig:
     rms_eps: float = 1e-6
 
 
+@dataclass(frozen=True, slots=True)
+class MLAConfig:
+    """A DeepSeek-V2/V3-style dense decoder: multi-head latent attention, SwiGLU MLPs.
+
+    Field names follow transformers' ``DeepseekV3Config``. ``q_lora_rank`` None: one ``q_proj``
+    (DeepSeek-V2-Lite), else ``q_a_proj`` → RMSNorm → ``q_b_proj``. ``rope_interleave``: the
+    RoPE dims of q and k are rotated in interleaved pairs (DeepSeek's layout), else NeoX halves.
+    The cache holds ``kv_lora_rank + qk_rope_head_dim`` values per token and layer.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    intermediate_size: int
+    q_lora_rank: int | None = None
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_params: Mapping[str, Any] = field(default_factory=dict)
+    rms_eps: float = 1e-6
+    rope_interleave: bool = True
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    architecture: str = "DeepseekV3ForCausalLM"
+    max_position_embeddings: int = 2048
+
+    @property
+    def softmax_scale(self) -> float:
+        """``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` (no YaRN ``mscale``)."""
+        return (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+
+
 def _tiny_dsa(index_topk: int, num_heads: int = 4) -> DSAConfig:
     return DSAConfig(
         vocab_size=512,
@@ -98,7 +136,7 @@ _TINY = LlamaConfig(
     intermediate_size=512,
 )
 
-PRESETS: dict[str, LlamaConfig | DSAConfig] = {
+PRESETS: dict[str, LlamaConfig | DSAConfig | MLAConfig] = {
     "tiny-llama": _TINY,
     # NOTE: the tiny target cut to one layer, so a draft can share its weights by name
     "tiny-llama-draft": replace(_TINY, num_layers=1),
@@ -113,6 +151,19 @@ PRESETS: dict[str, LlamaConfig | DSAConfig] = {
         intermediate_size=14336,
         rope_theta=500000.0,
         rms_eps=1e-5,
+    ),
+    # NOTE: DeepSeek's latent and RoPE widths (512 + 64: FA3's MLA shape) on a tiny decoder.
+    "tiny-mla": MLAConfig(
+        vocab_size=512,
+        hidden_size=256,
+        num_layers=2,
+        num_heads=4,
+        q_lora_rank=128,
+        kv_lora_rank=512,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=64,
+        v_head_dim=64,
+        intermediate_size=512,
     ),
     "tiny-dsa": _tiny_dsa(index_topk=64),
     "tiny-dsa-2k": _tiny_dsa(index_topk=2048),
@@ -138,7 +189,7 @@ PRESETS["tiny-llama-local"] = replace(PRESETS["tiny-llama"], attention_chunk_siz
 PRESETS["tiny-sinks"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2, sinks=True)
 
 
-def preset(name: str) -> LlamaConfig | DSAConfig:
+def preset(name: str) -> LlamaConfig | DSAConfig | MLAConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[name]

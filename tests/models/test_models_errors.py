@@ -15,8 +15,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from graphrt.models import CausalLM, load  # noqa: E402
 from graphrt.models import gguf_file as gguf_module  # noqa: E402
-from tests.hf_util import randomize, save_checkpoint  # noqa: E402
-from tests.models.test_models_hf import SMALL  # noqa: E402
+from tests.hf_util import SMALL, randomize, save_checkpoint  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 

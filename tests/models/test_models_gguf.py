@@ -17,8 +17,15 @@ pytest.importorskip("accelerate")  # NOTE: transformers needs it to load a GGUF 
 
 from graphrt.models import load  # noqa: E402
 from tests.gguf_util import write_gguf  # noqa: E402
-from tests.hf_util import assert_parity, randomize, reference_logits, run_graphrt, sequences  # noqa: E402
-from tests.models.test_models_hf import SMALL, tolerance  # noqa: E402
+from tests.hf_util import (  # noqa: E402
+    SMALL,
+    assert_parity,
+    randomize,
+    reference_logits,
+    run_graphrt,
+    sequences,
+    tolerance,
+)
 
 #: GGUF architecture → (model class, config class, config kwargs). transformers' GGUF reader
 #: takes Qwen3's head_dim as 128 whatever the file says, hence 128 there.

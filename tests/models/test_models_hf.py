@@ -15,17 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from graphrt.models import load  # noqa: E402
-from tests.hf_util import (  # noqa: E402
-    LLAMA3,
-    SMALL,
-    assert_parity,
-    reference_logits,
-    run_graphrt,
-    save_checkpoint,
-    sequences,
-    tolerance,
-)
+from tests.hf_util import LLAMA3, check_checkpoint, saved_reference  # noqa: E402
 
 #: id → (model class, config class, config kwargs, rewrite rope keys in the legacy spelling)
 CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {
@@ -72,19 +62,9 @@ CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {
 
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    model_cls, config_cls, kwargs, legacy = CASES[request.param]
     path = tmp_path_factory.mktemp(request.param)
-    config = getattr(transformers, config_cls)(**SMALL, **kwargs)
-    save_checkpoint(path, getattr(transformers, model_cls), config, legacy_rope=legacy)
-    # NOTE: the reference reloads the saved files, so legacy rope keys go through transformers too.
-    reference = getattr(transformers, model_cls).from_pretrained(path, dtype=torch.float32).eval()
-    return path, reference
+    return path, saved_reference(path, *CASES[request.param])
 
 
 def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple[Path, Any]) -> None:
-    path, reference = checkpoint
-    seqs = sequences(reference.config.vocab_size)
-    model = load(path, device=device)
-    atol = tolerance(device, reference, seqs)
-    rtol = atol if device.type != "cuda" else 0.0
-    assert_parity(run_graphrt(model, seqs), reference_logits(reference, seqs), atol=atol, rtol=rtol)
+    check_checkpoint(device, *checkpoint)

@@ -18,12 +18,19 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
-from graphrt.kv.ledger import KVWrites
-from graphrt.kv.move import move_slots
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
+from tests.runtime.spec_checks import (
+    check_chain_draft,
+    check_replay_equals_eager,
+    check_tree_paths,
+    scratch_chain,
+    spec_runtime,
+    tol,
+    tree_paths,
+)
 from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
-from tests.util import Setup, build_runtime, prefill, slot_of, spec_batch
+from tests.util import Setup, prefill, slot_of
 
 M = ForwardMode
 TOPK = 64  # tiny-dsa's index_topk
@@ -38,23 +45,12 @@ def dsa(device: torch.device, layout: str, spec: SpecGeometry) -> Setup:
     """One captured runtime per (device, layout, geometry); every test prefills what it reads."""
     key = (device.type, layout, spec)
     if key not in _CACHE:
-        _CACHE[key] = build_runtime(
-            device,
-            model="tiny-dsa",
-            kv_cache_dtype=layout,
-            backend=None if device.type == "cuda" else "reference",  # type: ignore[arg-type]
-            modes=(M.TARGET_VERIFY, M.DRAFT_EXTEND, M.DRAFT_DECODE),
-            speculative=spec,
-            buckets=(1, 4),
-            max_batch_size=4,
-            max_reqs=ROWS + SCRATCH,
-            max_context_len=CONTEXT,
+        backend = None if device.type == "cuda" else "reference"
+        modes = (M.TARGET_VERIFY, M.DRAFT_EXTEND, M.DRAFT_DECODE)
+        _CACHE[key] = spec_runtime(
+            device, "tiny-dsa", spec, modes, CONTEXT, kv_cache_dtype=layout, backend=backend
         )
     return _CACHE[key]
-
-
-def tol(device: torch.device) -> dict[str, float]:
-    return {"rtol": 2e-2, "atol": 5e-2} if device.type == "cuda" else {"rtol": 1e-4, "atol": 1e-4}
 
 
 def fresh(setup: Setup) -> None:
@@ -74,53 +70,12 @@ def filled(setup: Setup, rng: np.random.Generator, device: torch.device, long: b
     return lens
 
 
-def scratch_chain(setup: Setup, row: int, source: int, prefix: int, pages_of: int | None = None) -> None:
-    """Row ``row`` holds ``source``'s first ``prefix`` positions: whole pages shared (a prefix
-    cache's alias), the partial last page copied into a page of its own (pages have one owner):
-    the page row ``pages_of`` (default ``row``) would hold at that position."""
-    r2t, ps = setup.req_to_token, setup.kv.page_size
-    whole = prefix - prefix % ps
-    r2t.share_prefix(source, row, whole)
-    if whole == prefix:
-        return
-    positions = np.arange(whole, prefix)
-    src = r2t.ledger.table[source, positions].astype(np.int64)
-    owner = row if pages_of is None else pages_of
-    dst = np.array([slot_of(setup, owner, int(p)) for p in positions], dtype=np.int64)
-    writes = KVWrites(np.array([row]), np.array([whole]), np.array([positions.size]), dst, 0 * dst, positions)
-    r2t.ledger.check(writes)
-    device = r2t.table.device
-    move_slots(setup.kv, torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device))
-    r2t.table[row, whole:prefix] = torch.as_tensor(dst, dtype=torch.int32, device=device)
-    r2t.ledger.commit(writes)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
 def test_every_spec_mode_replay_equals_eager(device: torch.device, layout: str, spec: SpecGeometry) -> None:
     setup = dsa(device, layout, spec)
     rng = np.random.default_rng(0)
-    lens = filled(setup, rng, device)
-    n = spec.num_draft_tokens
-    for reqs in ([0, 1, 2, 3], [2, 0, 1], [3]):  # full bucket, shrunk bucket, bucket 1
-        accept = [int(a) for a in rng.integers(1, n + 1, len(reqs))]
-        accept[0], accept[-1] = n, (1 if len(reqs) > 1 else accept[-1])
-        extend_lens = [lens[r] + a for r, a in zip(reqs, accept, strict=True)]
-        for batch in (
-            verify_batch(setup, spec, reqs, lens, rng),
-            spec_batch(setup, M.DRAFT_EXTEND, reqs, extend_lens, accept, rng),
-            draft_batch(setup, spec, reqs, lens, rng),
-        ):
-            graph = setup.runtime.run(batch)
-            eager = setup.runtime.run(batch, eager=True)
-            if batch.mode is M.DRAFT_DECODE:
-                assert graph.shape == (len(reqs) * spec.topk, spec.draft_forwards)
-                assert torch.equal(graph, eager), (reqs, batch.mode)
-            else:
-                torch.testing.assert_close(graph, eager, **tol(device), msg=f"{reqs} {batch.mode}")
-    stats = setup.runtime.stats()
-    assert stats.fallbacks == {}
-    assert all(stats.replays[m] >= 3 for m in ("TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"))
+    check_replay_equals_eager(setup, spec, filled(setup, rng, device), rng, tol(device))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -128,21 +83,7 @@ def test_chain_draft_equals_greedy_decode_steps(device: torch.device, layout: st
     """DRAFT_DECODE (one graph, argmax inside) == eager DECODE steps + argmax, token for token."""
     setup = dsa(device, layout, CHAIN)
     rng = np.random.default_rng(11)
-    lens = filled(setup, rng, device)
-    reqs = [3, 0, 2]
-    batch = draft_batch(setup, CHAIN, reqs, lens, rng)
-    drafted = setup.runtime.run(batch).cpu()
-    tokens = batch.input_ids.tolist()
-    for i in range(CHAIN.draft_forwards):
-        step = Batch.create(
-            M.DECODE,
-            input_ids=tokens,
-            seq_lens=[lens[r] + 1 + i for r in reqs],
-            req_pool_indices=reqs,
-            out_cache_loc=[slot_of(setup, r, lens[r] + i) for r in reqs],
-        )
-        tokens = setup.runtime.run(step, eager=True).argmax(-1).cpu().tolist()
-        assert drafted[:, i].tolist() == tokens, f"step {i}"
+    check_chain_draft(setup, CHAIN, [3, 0, 2], filled(setup, rng, device), rng)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -172,38 +113,13 @@ def test_tree_draft_branch_equals_its_own_chain(device: torch.device, layout: st
                 assert int(drafted[b * k + j, i]) == token, (r, j, i)
 
 
-def tree_paths(mask: np.ndarray) -> list[list[int]]:
-    """Every token's root-to-token path (its ancestors-or-self in order) of an ancestor mask."""
-    return [np.flatnonzero(row).tolist() for row in mask]
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tree_verify_equals_each_path_as_chain(device: torch.device, layout: str) -> None:
     """Each tree token's logits == the last token of its own path, prefilled causally (EXTEND)
     on a scratch row that aliases the prefix: siblings and cousins never reach the indexer."""
     setup = dsa(device, layout, TREE)
     rng = np.random.default_rng(7)
-    lens = filled(setup, rng, device)
-    reqs, n = [0, 3], TREE.num_draft_tokens
-    batch = verify_batch(setup, TREE, reqs, lens, rng)
-    tree = setup.runtime.run(batch)
-    scratch = ROWS + SCRATCH - 1
-    mask = chain_tree_mask(TREE.num_steps, TREE.topk, n)
-    ids = batch.input_ids.reshape(len(reqs), n)
-    for b, r in enumerate(reqs):
-        for t, path in enumerate(tree_paths(mask)):
-            scratch_chain(setup, scratch, r, lens[r])
-            end = lens[r] + len(path)
-            chain = Batch.create(
-                M.EXTEND,
-                input_ids=ids[b, path],
-                seq_lens=[end],
-                req_pool_indices=[scratch],
-                out_cache_loc=[slot_of(setup, scratch, p) for p in range(lens[r], end)],
-                q_lens=[len(path)],
-            )
-            want = setup.runtime.run(chain)[-1]
-            torch.testing.assert_close(tree[b * n + t], want, **tol(device), msg=f"req {r} token {t}")
+    check_tree_paths(setup, TREE, [0, 3], filled(setup, rng, device), rng, tol(device))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

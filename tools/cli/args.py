@@ -90,13 +90,19 @@ def resolve_device(value: str) -> torch.device:
 def resolve_backend(value: str, device: torch.device, model: str = "tiny-llama") -> str | None:
     """``None`` for ``auto``; else ``value`` after checking it can run ``model`` on ``device``."""
     from graphrt.attention import available_backends
-    from graphrt.models.presets import PRESETS, DSAConfig, preset
+    from graphrt.models.loader import default_dtype
+    from graphrt.models.presets import PRESETS, DSAConfig, MLAConfig, preset
 
     if value == AUTO:
         return None
-    dsa = model in PRESETS and isinstance(preset(model), DSAConfig)
-    need = {"layout": "bf16", "num_heads": preset(model).num_heads} if dsa else {}
-    usable = available_backends(device, "sparse_mla" if dsa else "mha", **need)
+    cfg = preset(model) if model in PRESETS else None
+    kind, need = "mha", {}
+    if isinstance(cfg, DSAConfig):
+        kind, need = "sparse_mla", {"layout": "bf16", "num_heads": cfg.num_heads}
+    elif isinstance(cfg, MLAConfig):
+        dims = {"rope_dim": cfg.qk_rope_head_dim, "kv_lora_rank": cfg.kv_lora_rank}
+        kind, need = "mla", {"dtype": default_dtype(device), **dims}
+    usable = available_backends(device, kind, **need)
     if value not in usable:
         why = " (sgl_kernel does not import here; pip install -e '.[gpu]')" if value == "fa3" else ""
         raise UsageError(

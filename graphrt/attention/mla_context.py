@@ -1,0 +1,67 @@
+"""The forward context of a dense-MLA model (DeepSeek-V2/V3 style): ``ctx.mla`` per layer.
+
+The model hands over the absorbed query (``q_rope`` and ``qv = q_nope W_UK``) and the token's
+cache entries (RoPE key and latent); the context stores them, runs the backend's plan once
+per forward (FA3: its tile schedule) and attends with the RoPE cache as keys and the latent
+cache as values, ``qv`` scoring against the latents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphrt.attention.context import ContextInputs
+from graphrt.kv.latent import LatentKVCache
+from graphrt.metadata.base import StepMetadata
+from graphrt.step.modes import ForwardMode
+
+#: The plan of a context whose backend has not planned yet (None is a valid plan).
+_UNPLANNED = object()
+
+
+class MLAContext:
+    """Per-step handle a dense-MLA model's forward receives as ``ctx``.
+
+    ``group``: the backend's own buffer group (its view for this step), if any.
+    """
+
+    def __init__(self, meta: StepMetadata, kv: LatentKVCache, backend: Any, group: Any = None) -> None:
+        self.meta, self.kv, self.backend, self.group = meta, kv, backend, group
+        self._plan: Any = _UNPLANNED
+
+    @classmethod
+    def from_inputs(cls, inputs: ContextInputs) -> MLAContext:
+        # NOTE: dense-MLA models have neither sliding windows nor chunked-local layers.
+        assert inputs.local is None, "chunked-local attention is an MHA feature"
+        return cls(inputs.meta, inputs.kv, inputs.backend, inputs.group)
+
+    @property
+    def mode(self) -> ForwardMode:
+        """The step's :class:`~graphrt.step.ForwardMode`."""
+        return self.meta.mode
+
+    def mla(
+        self,
+        layer_id: int,
+        q_rope: torch.Tensor,
+        qv: torch.Tensor,
+        k_rope: torch.Tensor,
+        latent: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store ``k_rope [T, rope_dim]`` and ``latent [T, kv_lora_rank]`` at ``out_cache_loc``,
+        then attend causally.
+
+        ``q_rope [T, H, rope_dim]`` (rotated) and ``qv [T, H, kv_lora_rank]`` (``q_nope`` times
+        each head's ``W_UK``); key ``j`` scores ``(q_rope . k_rope_j + qv . latent_j) * scale``.
+        Returns ``[T, H, kv_lora_rank]`` in ``q_rope``'s dtype: the probabilities times the
+        latents (apply each head's ``W_UV`` after).
+        """
+        self.kv.store(layer_id, self.meta.buffers.out_cache_loc, k_rope, latent)
+        rope, cache = self.kv.rope[layer_id], self.kv.latent[layer_id]
+        if self._plan is _UNPLANNED:
+            # NOTE: once per forward, before the first layer attends: every layer reads it.
+            self._plan = self.backend.plan(self.meta, self.group, q_rope, rope, cache)
+        return self.backend.forward(q_rope, rope, cache, self.meta, scale, plan=self._plan, qv=qv)

@@ -1,0 +1,113 @@
+"""The dense-MLA decoder: the ``tiny-mla`` preset and DeepSeek-V2/V3 checkpoints (dense layers).
+
+Multi-head latent attention as transformers' ``DeepseekV3Attention`` computes it, in the
+absorbed form SGLang and vLLM decode with: the cache holds each token's normed latent
+``c_kv [kv_lora_rank]`` and its RoPE key ``[qk_rope_head_dim]``; ``kv_b_proj`` splits per head
+into ``W_UK [qk_nope_head_dim, kv_lora_rank]`` and ``W_UV [v_head_dim, kv_lora_rank]``, so
+``q_nope . (W_UK c) == (q_nope W_UK) . c`` (``qv``) and the value ``W_UV c`` is applied after the
+attention sums the latents. Submodules keep transformers' names (``attn.kv_a_proj_with_mqa`` for
+``self_attn.kv_a_proj_with_mqa``), so a checkpoint maps onto them one to one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrt.attention.mla_context import MLAContext
+from graphrt.kv.rope_store import rotate_ref
+from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.parallel import SINGLE
+from graphrt.models.presets import MLAConfig
+from graphrt.models.rope import rope_inv_freq
+from graphrt.parallel import TPGroup
+
+#: NOTE: transformers builds ``q_a_layernorm`` / ``kv_a_layernorm`` with RMSNorm's default eps
+#: (DeepSeek's reference code too), not the config's ``rms_norm_eps``.
+LATENT_NORM_EPS = 1e-6
+
+
+def rotate_interleaved(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's RoPE on ``x [T, heads, d]``: pairs ``(x0, x1), (x2, x3), …`` rotated by one
+    frequency each, returned de-interleaved (even lanes, then odd), as transformers'
+    ``apply_rotary_pos_emb_interleave``. q and k share the layout, so their dot products are
+    those of the interleaved rotation (DeepSeek-V2's complex form included)."""
+    return rotate_ref(torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1), cos_sin)
+
+
+class LatentAttention(nn.Module):
+    """One layer's MLA: projections, RoPE, then ``ctx.mla`` over the latent cache."""
+
+    def __init__(self, cfg: MLAConfig, layer_id: int) -> None:
+        super().__init__()
+        self.cfg, self.layer_id = cfg, layer_id
+        h, c, bias = cfg.num_heads, cfg.kv_lora_rank, cfg.attention_bias
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.hidden_size, h * qk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, c + cfg.qk_rope_head_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(c, LATENT_NORM_EPS)
+        self.kv_b_proj = nn.Linear(c, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=bias)
+        self.rotate = rotate_interleaved if cfg.rope_interleave else rotate_ref
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, H, qk_nope_head_dim + qk_rope_head_dim]``."""
+        cfg = self.cfg
+        q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q.view(x.shape[0], cfg.num_heads, -1)
+
+    def up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W_UK [H, qk_nope_head_dim, kv_lora_rank]`` and ``W_UV [H, v_head_dim, kv_lora_rank]``:
+        views of ``kv_b_proj.weight`` (k_nope rows then v rows per head)."""
+        cfg = self.cfg
+        w = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+        return w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim :]
+
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: MLAContext) -> torch.Tensor:
+        cfg = self.cfg
+        q_nope, q_rope = self.query(x).split((cfg.qk_nope_head_dim, cfg.qk_rope_head_dim), dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split((cfg.kv_lora_rank, cfg.qk_rope_head_dim), dim=-1)
+        w_uk, w_uv = self.up_projections()
+        # NOTE: absorbed form — q_nope . (W_UK c) == (q_nope W_UK) . c: the cache holds only c.
+        qv = torch.einsum("thn,hnc->thc", q_nope, w_uk)
+        out = ctx.mla(
+            self.layer_id,
+            self.rotate(q_rope, cos_sin),
+            qv,
+            self.rotate(k_rope[:, None], cos_sin)[:, 0],
+            self.kv_a_layernorm(latent),
+            cfg.softmax_scale,
+        )
+        out = torch.einsum("thc,hvc->thv", out, w_uv)
+        return self.o_proj(out.reshape(x.shape[0], cfg.num_heads * cfg.v_head_dim))
+
+
+class MLACausalLM(Decoder):
+    """A dense-MLA decoder; ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, vocab] fp32``.
+
+    ``ctx`` is an :class:`~graphrt.attention.MLAContext` (the runtime builds one for a
+    :class:`~graphrt.kv.LatentKVCache`). One rank only: tensor parallelism is refused.
+    """
+
+    def __init__(self, cfg: MLAConfig, tp: TPGroup = SINGLE) -> None:
+        if tp.size > 1:
+            raise ValueError(f"tensor parallelism (tp {tp.size}) is not supported for MLA models")
+        super().__init__(cfg, cfg.qk_rope_head_dim, lambda i: LatentAttention(cfg, i))
+        self.tie()
+
+    def tie(self) -> None:
+        """Share the embedding with the LM head when the checkpoint ties them."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_rope(self, device: torch.device) -> None:
+        """(Re)compute ``inv_freq`` (float32, on ``device``) from the config's rope type."""
+        cfg = self.cfg
+        self.inv_freq = rope_inv_freq(
+            cfg.rope_theta, cfg.qk_rope_head_dim, cfg.rope_type, cfg.rope_params
+        ).to(device)
