@@ -71,7 +71,9 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
             num_key_value_heads=2,
             head_dim=16,
             sliding_window=7,
-            num_local_experts=4,
+            # NOTE: every expert routed, so the MoE is continuous in its inputs: with top-2 of 4,
+            # bf16 rounding flips a router choice at a few positions and moves their logits by ~0.9.
+            num_local_experts=2,
             num_experts_per_tok=2,
             layer_types=["sliding_attention", "full_attention"],
         ),

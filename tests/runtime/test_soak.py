@@ -151,7 +151,9 @@ def host_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot) -> tupl
 
 
 def close(a: torch.Tensor, b: torch.Tensor, where: str) -> None:
-    tol = 1e-4 if a.dtype == torch.float32 else 3e-2
+    # NOTE: on CUDA the model runs in bf16 and only its logits are float32, so one bf16 ulp
+    # (FA3's split order differs between the planned replay and eager) must pass there.
+    tol = 1e-4 if a.dtype == torch.float32 and a.device.type == "cpu" else 3e-2
     torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"{where}: {m}")
 
 
