@@ -111,6 +111,12 @@ def test_tree_counts_the_sink_once(device: torch.device, kv: str | None) -> None
                 batch, tree_mask=np.broadcast_to(np.tril(np.ones((4, 4), dtype=bool)), (2, 4, 4)).copy()
             )
         outs.append(s.runtime.run(batch))
+    if device.type == "cuda" and kv is not None:
+        # NOTE: FA3's FP8 kernels round P to e4m3 per half of the cascade, so a few elements move
+        # by ~5e-2 (seen on an H200: 26 of 4096); a sink counted twice shifts every element.
+        diff = (outs[1].float() - outs[0].float()).abs()
+        assert diff.max() < 1e-1 and diff.mean() < 5e-3, (diff.max(), diff.mean())
+        return
     tol = 3e-2 if device.type == "cuda" else 1e-4
     torch.testing.assert_close(outs[1], outs[0], atol=tol, rtol=tol)
 
