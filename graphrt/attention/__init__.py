@@ -7,7 +7,7 @@ runs the backend's plan once per forward and calls the backend per layer.
 """
 
 from graphrt.attention.base import AttentionBackend, Backend, BufferGroup, GraphSupport
-from graphrt.attention.context import ContextInputs, ForwardContext, LocalStep, ScalarLog
+from graphrt.attention.context import ContextInputs, CrossStep, ForwardContext, LocalStep, ScalarLog
 from graphrt.attention.kinds import AttentionKind, attention_kind
 from graphrt.attention.mla_context import MLAContext
 from graphrt.attention.registry import BACKENDS, add_backend, available_backends, select_backend
@@ -20,6 +20,7 @@ __all__ = [
     "Backend",
     "BufferGroup",
     "ContextInputs",
+    "CrossStep",
     "ForwardContext",
     "GraphSupport",
     "LocalStep",

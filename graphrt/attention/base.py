@@ -9,7 +9,9 @@ A backend owns everything its kernels need beyond the step's shared metadata:
 - ``plan(meta, group, q, k_cache)``: in-graph work run once per forward, before the first
   layer's attention (e.g. FA3's scheduler metadata); its result reaches every layer's
   ``forward`` as ``plan``;
-- ``graph_support``: the forward modes its kernels may be captured for.
+- ``graph_support``: the forward modes its kernels may be captured for;
+- ``cross(q, k_cache, v_cache, meta, encoder, scale)``: non-causal attention over each
+  request's encoder K/V (encoder-decoder models), for the backends that have it.
 
 Selection lives in :mod:`graphrt.attention.registry`.
 """
@@ -95,6 +97,23 @@ class AttentionBackend(Protocol):
         """Python values this backend hands to its kernels beyond the metadata's."""
         ...
 
+    def cross(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: StepMetadata,
+        encoder: Any,
+        scale: float,
+        kv_scales: LayerScales | None = None,
+    ) -> torch.Tensor:
+        """Cross-attention: ``q [num_tokens, num_q_heads, head_dim]`` (packed by
+        ``meta.buffers.cu_seqlens_q``) attends, non-causally, every key of its request's encoder
+        output: ``encoder.encoder_page_table [bs, pages]`` (page ids into ``k_cache`` /
+        ``v_cache``, the encoder cache's layer) and ``encoder.encoder_lens [bs]``. Returns
+        ``[num_tokens, num_q_heads, head_dim]`` in ``q``'s dtype."""
+        ...
+
 
 class Backend:
     """Defaults for the hooks a backend does not need: no buffers, no host write, no plan,
@@ -122,3 +141,10 @@ class Backend:
 
     def host_scalars(self) -> dict[str, Any]:
         return {}
+
+    def cross(self, q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """No cross-attention (see :meth:`AttentionBackend.cross`)."""
+        raise ValueError(
+            f"attention backend {self.name!r} has no cross-attention (encoder-decoder models): "
+            "use 'fa3' or 'reference'"
+        )

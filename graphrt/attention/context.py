@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import AttentionBackend
-from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.encoder import EncoderBuffers
 from graphrt.metadata.local import LocalBuffers
 from graphrt.step.modes import ForwardMode
 
@@ -78,11 +79,21 @@ def local_metadata(local: LocalStep | None, layer_id: int, chunk: int) -> StepMe
 
 
 @dataclass(frozen=True, slots=True)
+class CrossStep:
+    """What cross-attention layers read in one step: the encoder cache and this step's
+    encoder page table and lengths (:mod:`graphrt.metadata.encoder`)."""
+
+    kv: EncoderKV
+    buffers: EncoderBuffers
+
+
+@dataclass(frozen=True, slots=True)
 class ContextInputs:
     """One step's attention inputs; an attention kind builds its ``ctx`` from these.
 
     ``kv``: the kind's cache; ``backend``: the kind's backend; ``group``: the view of the
-    backend's own buffer group, if it has one; ``local``: the chunked-local virtual batch.
+    backend's own buffer group, if it has one; ``local``: the chunked-local virtual batch;
+    ``cross``: an encoder-decoder model's encoder cache and buffers.
     """
 
     meta: StepMetadata
@@ -92,6 +103,7 @@ class ContextInputs:
     scalars: ScalarLog
     group: Any = None
     local: LocalStep | None = None
+    cross: CrossStep | None = None
 
 
 class ForwardContext:
@@ -100,7 +112,8 @@ class ForwardContext:
     ``local``: the step's chunked-local virtual batch, when the runtime has one.
     ``scalars``: where per-layer kernel scalars (window, chunk) are recorded.
     ``group``: the backend's own buffer group (its view for this step), if any; the backend's
-    ``plan`` runs on it at the first :meth:`attention` call, once per forward.
+    ``plan`` runs on it at the first :meth:`attention` call, once per forward. ``cross``: the
+    encoder cache and buffers :meth:`cross_attention` reads (encoder-decoder models).
     """
 
     def __init__(
@@ -111,15 +124,18 @@ class ForwardContext:
         local: LocalStep | None = None,
         scalars: ScalarLog | None = None,
         group: Any = None,
+        cross: CrossStep | None = None,
     ) -> None:
         self.meta, self.kv, self.backend, self.local, self.group = meta, kv, backend, local, group
+        self.cross = cross
         self.scalars = ScalarLog() if scalars is None else scalars
         self._plan: Any = _UNPLANNED
 
     @classmethod
     def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
         """The MHA/GQA context of one step's :class:`ContextInputs`."""
-        return cls(inputs.meta, inputs.kv, inputs.backend, inputs.local, inputs.scalars, inputs.group)
+        i = inputs
+        return cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross)
 
     @property
     def mode(self) -> ForwardMode:
@@ -175,3 +191,21 @@ class ForwardContext:
         return self.backend.forward(
             q, k_cache, v_cache, meta, scale, window=window, plan=plan, sinks=sinks, kv_scales=kv_scales
         )
+
+    def cross_attention(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
+        """Attend ``q [num_tokens, num_q_heads, head_dim]`` to its request's encoder K/V.
+
+        ``layer_id``: the cross layer's index in the encoder cache. Non-causal over the
+        request's encoder output (written once per request, :class:`~graphrt.kv.EncoderKV`);
+        returns ``[num_tokens, num_q_heads, head_dim]``.
+        """
+        cross = self.cross
+        if cross is None:
+            raise ValueError(
+                f"cross layer {layer_id} reads an encoder cache, but the runtime has none: "
+                "build it with GraphRuntime(..., encoder=EncoderKV(...)) (build_stack does)"
+            )
+        kv = cross.kv.kv
+        k_cache, v_cache, kv_scales = kv.k[layer_id], kv.v[layer_id], kv.scales(layer_id)
+        scale = q.shape[-1] ** -0.5
+        return self.backend.cross(q, k_cache, v_cache, self.meta, cross.buffers, scale, kv_scales)

@@ -15,6 +15,11 @@ Options (SGLang's FA3 backend passes the same): an FP8 cache is read with the la
 scale, so graphs read them in place) and the query rounded to FP8 unscaled (FA3 takes q, k and
 v in one dtype and returns bf16); ``sinks`` (bf16 ``[num_q_heads]``, what the kernel reads)
 go to the prefix half of a token tree only: merging adds the halves' denominators.
+
+Cross-attention (encoder-decoder models, SGLang's ``is_cross_attention`` layers): one call per
+layer with ``causal=False`` over the encoder cache, ``page_table`` = the encoder page table and
+``cache_seqlens`` = the encoder lengths, on FA3's own per-call schedule (the plan is the
+self-attention's).
 """
 
 from __future__ import annotations
@@ -218,6 +223,34 @@ class FA3Backend(Backend):
         # NOTE: varlen FA3 returns lse as [heads, tokens]; merge_state wants [tokens, heads].
         out, _ = self._merge(o_pre, lse_pre.t().contiguous(), o_x, lse_x.t().contiguous())
         return out
+
+    def cross(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: StepMetadata,
+        encoder: Any,
+        scale: float,
+        kv_scales: LayerScales | None = None,
+    ) -> torch.Tensor:
+        """Every query token over all of its request's encoder K/V (non-causal)."""
+        dtype, q = q.dtype, fa3_query(q, k_cache, kv_scales)
+        lens = encoder.encoder_lens
+        out = self._kernel(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            page_table=encoder.encoder_page_table,
+            cache_seqlens=lens,
+            cu_seqlens_q=meta.buffers.cu_seqlens_q,
+            max_seqlen_q=meta.max_seqlen_q,
+            softmax_scale=scale,
+            causal=False,
+            num_splits=0,  # NOTE: FA3's own schedule from shapes: the same at every replay
+            **descale(kv_scales, lens.shape[0], k_cache.shape[2]),
+        )
+        return out if out.dtype == dtype else out.to(dtype)
 
     def host_scalars(self) -> dict[str, Any]:
         return {"fa3.causal": True, "fa3.num_splits": self.num_splits, "fa3.plan": self.planned}

@@ -7,7 +7,8 @@ from the graph key), and it is the oracle the kernels are tested against.
 An FP8 cache is read dequantised (``float32 × scale``) and the query rounded to FP8 first, as
 FA3 reads them; sinks join each softmax's denominator (a token tree counts them once, in the
 prefix half). ``qv`` (dense MLA's absorbed query, FA3's ``qv``) adds ``qv . v`` to every score.
-The rest is the same float32 math.
+Cross-attention (encoder-decoder models) gathers each request's encoder K/V through the encoder
+page table and lets every query token see all of it. The rest is the same float32 math.
 """
 
 from __future__ import annotations
@@ -236,6 +237,39 @@ class ReferenceBackend(Backend):
             padded_qv,
         )
         return unpad_queries(out.to(dtype), index, q.shape[0])
+
+    def cross(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: StepMetadata,
+        encoder: Any,
+        scale: float,
+        kv_scales: LayerScales | None = None,
+    ) -> torch.Tensor:
+        """:func:`cross_attention` in ``q``'s dtype (the query rounded to FP8 beside an FP8 cache)."""
+        dtype, q = q.dtype, fp8_query(q, k_cache, kv_scales)
+        return cross_attention(q, k_cache, v_cache, meta, encoder, scale, kv_scales).to(dtype)
+
+
+def cross_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: StepMetadata,
+    encoder: Any,
+    scale: float,
+    kv_scales: LayerScales | None = None,
+) -> torch.Tensor:
+    """Non-causal attention of packed ``q [T, hq, d]`` over each request's encoder keys
+    (``encoder.encoder_page_table``, ``encoder.encoder_lens``); float32 ``[T, hq, d]``."""
+    padded, _, index = pad_queries(q, meta.buffers.cu_seqlens_q, meta.max_seqlen_q)
+    lens = encoder.encoder_lens
+    k, v = paged_keys(k_cache, v_cache, encoder.encoder_page_table, lens, kv_scales)
+    keys = torch.arange(k.shape[1], device=q.device)
+    allowed = (keys[None, :] < lens.long()[:, None])[:, None, :].expand(-1, padded.shape[1], -1)
+    return unpad_queries(masked_attention(padded, k, v, allowed, scale)[0], index, q.shape[0])
 
 
 def fp8_query(q: torch.Tensor, k_cache: torch.Tensor, kv_scales: LayerScales | None) -> torch.Tensor:

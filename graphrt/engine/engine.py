@@ -16,7 +16,15 @@ from graphrt.engine.config import EngineConfig
 from graphrt.engine.draft import build_draft
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
-from graphrt.engine.request import EngineStats, Request, budgets, check_prompt, check_prompts, engine_stats
+from graphrt.engine.request import (
+    EngineStats,
+    Request,
+    budgets,
+    check_encoder_ids,
+    check_prompt,
+    check_prompts,
+    engine_stats,
+)
 from graphrt.engine.sampling import admit_params
 from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
@@ -76,6 +84,7 @@ class Engine:
                 progress=advance,
             )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
+        self.encoder = stack.encoder
         self.use_graphs, self.max_context_len, self.page_size = (
             cfg.use_graphs,
             cfg.max_context_len,
@@ -92,6 +101,7 @@ class Engine:
             rows = self.runtime.req_to_token.max_reqs
             overlap = Overlap(rows + 1, rows, self.device)
         tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())
+        tables += (self.encoder,) if self.encoder is not None else ()
         pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables)
         self.scheduler = Scheduler(
             self.runtime,
@@ -100,6 +110,7 @@ class Engine:
             overlap=overlap,
             use_graphs=cfg.use_graphs,
             record_logits=cfg.record_logits,
+            encode=self._encode if self.encoder is not None else None,
         )
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
@@ -168,19 +179,30 @@ class Engine:
         """With TP, a runtime whose steps every rank runs with rank 0's batch."""
         return runtime if self.channel is None else TPRuntime(runtime, self.channel, target)
 
+    def _encode(self, req: Request) -> None:
+        """Write an admitted request's encoder output into its row of the encoder cache."""
+        assert self.encoder is not None and req.encoder_ids is not None
+        self.model.encode_into(self.encoder, req.req_idx, req.encoder_ids)
+
     # ---- requests ------------------------------------------------------------------------
     def add_request(
-        self, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingParams | None = None,
+        encoder_ids: Sequence[int] | None = None,
     ) -> int:
         """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input.
 
         ``sampling``: None decodes greedily; a sampled request (``temperature > 0``) on a
-        speculative engine is refused (``ValueError``).
+        speculative engine is refused (``ValueError``). ``encoder_ids``: an encoder-decoder
+        model's encoder input (required there, refused elsewhere), encoded once at admission.
         """
         vocab = self.model.vocab_size
         tokens = check_prompt(prompt, max_new_tokens, vocab, self.scheduler.lookahead, self.max_context_len)
+        enc = check_encoder_ids(self.model, self.encoder, encoder_ids)
         params = admit_params(sampling, speculative=self.spec is not None, vocab_size=vocab, rng=self._seeds)
-        req = Request(next(self._ids), tokens, max_new_tokens, sampling=params)
+        req = Request(next(self._ids), tokens, max_new_tokens, sampling=params, encoder_ids=enc)
         self.waiting.append(req)
         return req.rid
 
@@ -203,6 +225,7 @@ class Engine:
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        encoder_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[list[int]]:
         """Completions of ``prompts`` (continuous batching; order preserved).
 
@@ -215,6 +238,8 @@ class Engine:
         sampling : SamplingParams, sequence of SamplingParams, optional
             None: greedy. One value for every prompt, or one per prompt. A request ends at its
             budget or at a stop token (included in its output).
+        encoder_ids : sequence of sequence of int, optional
+            An encoder-decoder model's encoder input, one per prompt (required there).
 
         Returns
         -------
@@ -225,23 +250,29 @@ class Engine:
         """
         with self._lock:
             if self.channel is not None:
+                if encoder_ids is not None:
+                    raise ValueError("encoder_ids: encoder-decoder models run on one rank (tp 1)")
                 runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
                 return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
-            return self._generate(prompts, max_new_tokens, sampling)
+            return self._generate(prompts, max_new_tokens, sampling, encoder_ids)
 
     def _generate(
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        encoder_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[list[int]]:
         prompts = check_prompts(prompts)
         limits = budgets(max_new_tokens, len(prompts))
         params = per_request(sampling, len(prompts))
+        encoded = [None] * len(prompts) if encoder_ids is None else list(encoder_ids)
+        if len(encoded) != len(prompts):
+            raise ValueError(f"{len(encoded)} encoder_ids for {len(prompts)} prompts")
         ids: list[int] = []
         try:
-            for p, n, s in zip(prompts, limits, params, strict=True):
-                ids.append(self.add_request(p, n, s))
+            for p, n, s, e in zip(prompts, limits, params, encoded, strict=True):
+                ids.append(self.add_request(p, n, s, e))
             while self.waiting or self.running:
                 self.step()
         except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,8 @@ class Request:
     sampling: SamplingParams | None = None  # None: greedy
     #: Tokens launched but not read yet (an overlapped engine reads each step one step late).
     inflight: int = 0
+    #: An encoder-decoder model's encoder input, encoded into its row when it is admitted.
+    encoder_ids: list[int] | None = None
 
     @property
     def launched_all(self) -> bool:
@@ -134,6 +137,26 @@ def check_prompt(
             f"prompt of {len(tokens)} tokens + max_new_tokens {max_new_tokens}{drafts} "
             f"exceeds max_context_len {max_context_len}"
         )
+    return tokens
+
+
+def check_encoder_ids(model: Any, encoder: Any, encoder_ids: object) -> list[int] | None:
+    """A request's encoder input as token ids, or None for a decoder-only model.
+
+    ``ValueError`` when an encoder-decoder model (``encoder``: its cache) gets none, a
+    decoder-only model gets one, or the ids are empty, too long or outside the encoder's
+    vocabulary (the model's ``encoder_ids`` check names the value and the limit).
+    """
+    if encoder is None:
+        if encoder_ids is not None:
+            raise ValueError(
+                "encoder_ids is for encoder-decoder models (tiny-cross); this model has no encoder"
+            )
+        return None
+    if encoder_ids is None:
+        raise ValueError("an encoder-decoder model needs each request's encoder input: pass encoder_ids")
+    tokens = token_ids(encoder_ids, "encoder_ids")
+    model.encoder_ids(tokens)
     return tokens
 
 

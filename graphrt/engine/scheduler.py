@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,10 @@ class Scheduler:
         overlap: Overlap | None = None,
         use_graphs: bool = True,
         record_logits: bool = False,
+        encode: Callable[[Request], None] | None = None,
     ) -> None:
         self.runtime, self.pool, self.spec, self.overlap = runtime, pool, spec, overlap
+        self.encode = encode  # NOTE: an encoder-decoder model's: a request's encoder, at admission
         self.use_graphs, self.record_logits = use_graphs, record_logits
         self.page_size = pool.page_size
         self.waiting: deque[Request] = deque()
@@ -87,6 +90,9 @@ class Scheduler:
 
     def _admit(self) -> list[Request]:
         admitted = self.pool.admit(self.waiting, self.lookahead)
+        if admitted and self.encode is not None:
+            for r in admitted:
+                self.encode(r)
         if admitted:
             self.running.extend(admitted)
             self._rows = None

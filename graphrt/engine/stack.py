@@ -7,18 +7,19 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kv import KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
+from graphrt.kv import EncoderKV, KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
 from graphrt.metadata.local import with_model_chunk
 from graphrt.models.causal_lm import CausalLM
+from graphrt.models.cross import CrossDecoder
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.hf_wrap import HFWrapped
 from graphrt.models.llama import TinyLlama
 from graphrt.models.loader import default_dtype, load, resolve
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE
-from graphrt.models.presets import PRESETS, DSAConfig, MLAConfig, preset
+from graphrt.models.presets import PRESETS, CrossConfig, DSAConfig, MLAConfig, preset
 from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
@@ -26,10 +27,14 @@ from graphrt.step.config import RuntimeConfig
 
 @dataclass(frozen=True, slots=True)
 class ModelStack:
-    model: TinyLlama | TinyDSA | CausalLM | MLACausalLM | HFWrapped
+    """A model, its KV cache, request table and runtime; ``encoder``: an encoder-decoder
+    model's encoder cache (``model.encode_into(encoder, row, encoder_ids)`` fills a row)."""
+
+    model: TinyLlama | TinyDSA | CausalLM | MLACausalLM | HFWrapped | CrossDecoder
     kv: PagedKVCache | LatentKVCache | MLAKVCache
     req_to_token: ReqToToken
     runtime: GraphRuntime
+    encoder: EncoderKV | None = None
 
 
 def build_stack(
@@ -64,6 +69,10 @@ def build_stack(
         model = load(checkpoint, device=device, dtype=dtype, tp=tp, progress=progress)
         return stack_for(model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype)
     cfg = preset(name)
+    if isinstance(cfg, CrossConfig):
+        return cross_stack(
+            cfg, device, config, max_reqs or config.max_batch_size, seed, dtype, kv_cache_dtype, tp
+        )
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
@@ -85,6 +94,32 @@ def build_stack(
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
+
+
+def cross_stack(
+    cfg: CrossConfig,
+    device: torch.device,
+    config: RuntimeConfig,
+    max_reqs: int,
+    seed: int,
+    dtype: torch.dtype,
+    kv_cache_dtype: str | None = None,
+    tp: TPGroup = SINGLE,
+) -> ModelStack:
+    """An encoder-decoder preset: the decoder's KV cache (self-attention layers), the encoder
+    cache (cross layers; ``max_reqs`` rows of ``max_encoder_len`` tokens) and the runtime."""
+    model = CrossDecoder.from_seed(cfg, seed, device, dtype, tp)
+    kv_dtype, ps = mha_kv_dtype(kv_cache_dtype, dtype), config.page_size
+    shape = KVShape(cfg.self_layers, cfg.num_kv_heads, cfg.head_dim, ps, max_reqs * config.max_pages + 1)
+    kv = PagedKVCache(shape, kv_dtype, device)
+    enc_pages = max_reqs * -(-cfg.max_encoder_len // ps) + 1
+    enc_kv = PagedKVCache(
+        KVShape(cfg.cross_layers, cfg.num_kv_heads, cfg.head_dim, ps, enc_pages), kv_dtype, device
+    )
+    encoder = EncoderKV(enc_kv, max_reqs, cfg.max_encoder_len)
+    req_to_token = ReqToToken(max_reqs, config.max_context_len, ps, kv.dummy_slot, device)
+    runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size, encoder=encoder)
+    return ModelStack(model, kv, req_to_token, runtime, encoder)
 
 
 def mha_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:

@@ -4,7 +4,8 @@
 serves every mode; ``cascade`` (expand lists and prefix lengths) exists for token trees;
 ``draft`` (every draft step's KV slots) serves DRAFT_DECODE; ``local`` holds the chunked-local
 virtual batch; ``sampling`` (per-request sampling parameters) serves the modes that sample;
-``attention`` is the attention backend's own group. The eager path builds the same groups at
+``attention`` is the attention backend's own group; ``encoder`` (encoder page table and
+lengths) exists for encoder-decoder models. The eager path builds the same groups at
 the step's exact size, so both paths share every write and derive function.
 """
 
@@ -21,6 +22,7 @@ from graphrt.buffers import Dims, MemoryReport, StaticBuffers
 from graphrt.metadata.base import CascadeBuffers, StepBuffers
 from graphrt.metadata.cascade import CASCADE_GROUP
 from graphrt.metadata.draft import DRAFT_GROUP, DraftBuffers
+from graphrt.metadata.encoder import ENCODER_GROUP, EncoderBuffers
 from graphrt.metadata.groups import ATTENTION_GROUP, Geometry, GroupRow, Writer
 from graphrt.metadata.local import LOCAL_GROUP, LocalBuffers
 from graphrt.metadata.sampling import SAMPLING_GROUP, SamplingBuffers
@@ -36,16 +38,19 @@ GROUPS: tuple[GroupRow, ...] = (
     LOCAL_GROUP,
     SAMPLING_GROUP,
     ATTENTION_GROUP,
+    ENCODER_GROUP,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Dummies:
-    """The reserved places pad rows use: never a live slot, page or request row."""
+    """The reserved places pad rows use: never a live slot, page or request row
+    (``encoder_page``: the encoder cache's dummy page, for encoder-decoder models)."""
 
     slot: int
     page: int
     req: int
+    encoder_page: int | None = None
 
 
 @dataclass(slots=True)
@@ -59,6 +64,7 @@ class StepInputs:
     local: LocalBuffers | None = None
     sampling: SamplingBuffers | None = None
     attention: Any = None  # the attention backend's own group (FA3: scheduler metadata)
+    encoder: EncoderBuffers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +143,8 @@ class Families:
                 "pad_seq_len": 1 + prefix if spec.draft_steps else pad_q + prefix,
                 "pad_prefix_len": 1,
             }
+            if self.dummies.encoder_page is not None:
+                pads["encoder_dummy_page"] = self.dummies.encoder_page
         return pads
 
     def draft_keys(self, mode: ForwardMode) -> int:

@@ -56,7 +56,8 @@ class Geometry:
     """What decides which groups exist and how large they are; fixed for a runtime.
 
     ``spec``: speculative geometry; ``local``: chunked-local attention; ``sample``: in-graph
-    sampling; ``attention``: the attention backend's own group, if it has one.
+    sampling; ``attention``: the attention backend's own group, if it has one; ``encoder``:
+    an encoder-decoder model's encoder page table and lengths.
     """
 
     spec: SpecGeometry | None = None
@@ -64,11 +65,18 @@ class Geometry:
     sample: bool = False
     page_size: int = 1
     attention: BufferGroup | None = None
+    encoder: EncoderGeometry | None = None
 
     @property
     def tree(self) -> bool:
         """Token trees (``topk > 1``): the cascade group exists."""
         return self.spec is not None and self.spec.topk > 1
+
+
+class EncoderGeometry(Protocol):
+    """What the encoder group needs of :class:`~graphrt.metadata.encoder.EncoderShape`."""
+
+    max_pages: int
 
 
 class Writer(Protocol):

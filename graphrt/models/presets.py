@@ -111,6 +111,51 @@ class MLAConfig:
         return (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
 
 
+@dataclass(frozen=True, slots=True)
+class CrossConfig:
+    """An encoder-decoder model: a small non-causal encoder over encoder token ids, and a Llama-style
+    decoder whose layers alternate self-attention (odd ``layer_id``: cross-attention instead).
+
+    The encoder embeds ``encoder_ids`` (``encoder_vocab_size``) with learned absolute positions
+    (up to ``max_encoder_len``), runs ``encoder_layers`` bidirectional pre-norm blocks and a final
+    norm; each cross layer projects that output to its own K/V once per request. Every layer
+    has a SwiGLU MLP; attention shapes (heads, KV heads, head dim) are shared by both kinds.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    encoder_layers: int = 2
+    encoder_vocab_size: int = 512
+    max_encoder_len: int = 64
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+
+    def is_cross(self, layer_id: int) -> bool:
+        """Whether decoder layer ``layer_id`` is a cross-attention layer (odd ids)."""
+        return layer_id % 2 == 1
+
+    @property
+    def self_layers(self) -> int:
+        """Decoder layers with self-attention: the decoder KV cache's layers."""
+        return sum(not self.is_cross(i) for i in range(self.num_layers))
+
+    @property
+    def cross_layers(self) -> int:
+        """Decoder layers with cross-attention: the encoder KV cache's layers."""
+        return self.num_layers - self.self_layers
+
+    def window(self, layer_id: int) -> None:
+        return None  # NOTE: the self-attention layers (llama.Attention) ask; all are global
+
+    def chunk(self, layer_id: int) -> None:
+        return None
+
+
 def _tiny_dsa(index_topk: int, num_heads: int = 4) -> DSAConfig:
     return DSAConfig(
         vocab_size=512,
@@ -136,7 +181,7 @@ _TINY = LlamaConfig(
     intermediate_size=512,
 )
 
-PRESETS: dict[str, LlamaConfig | DSAConfig | MLAConfig] = {
+PRESETS: dict[str, LlamaConfig | DSAConfig | MLAConfig | CrossConfig] = {
     "tiny-llama": _TINY,
     # NOTE: the tiny target cut to one layer, so a draft can share its weights by name
     "tiny-llama-draft": replace(_TINY, num_layers=1),
@@ -189,7 +234,19 @@ PRESETS["tiny-llama-local"] = replace(PRESETS["tiny-llama"], attention_chunk_siz
 PRESETS["tiny-sinks"] = replace(PRESETS["tiny-llama"], sliding_window=24, global_every=2, sinks=True)
 
 
-def preset(name: str) -> LlamaConfig | DSAConfig | MLAConfig:
+# NOTE: tiny-llama's decoder shapes; layers 0, 2 self-attention, 1, 3 cross-attention.
+PRESETS["tiny-cross"] = CrossConfig(
+    vocab_size=512,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+)
+
+
+def preset(name: str) -> LlamaConfig | DSAConfig | MLAConfig | CrossConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[name]

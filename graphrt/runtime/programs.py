@@ -16,10 +16,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from graphrt.attention import ContextInputs, LocalStep, ScalarLog
-from graphrt.kv import ReqToToken
+from graphrt.attention import ContextInputs, CrossStep, LocalStep, ScalarLog
+from graphrt.kv import EncoderKV, ReqToToken
 from graphrt.metadata.base import StepBuffers, StepMetadata
 from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
+from graphrt.metadata.encoder import derive_encoder
 from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
@@ -43,19 +44,26 @@ class StepEnv:
     local: LocalGeometry | None = None
     #: Per-layer scalars (window, chunk) the model passed; model constants, kept per graph.
     scalars: ScalarLog = field(default_factory=ScalarLog)
+    #: An encoder-decoder model's encoder cache (its cross layers' K/V per request row).
+    encoder: EncoderKV | None = None
 
     def call(
         self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, inputs: StepInputs
     ) -> torch.Tensor:
-        """Run the model; with ``local`` buffers, first derive this step's virtual batch."""
-        bound = None
+        """Run the model; with ``local`` buffers, first derive this step's virtual batch, with
+        ``encoder`` buffers each request's encoder page table and length."""
+        bound, cross = None, None
         if inputs.local is not None:
             assert self.local is not None, "local buffers without a local geometry"
             derive_local(buffers, inputs.local, self.req_to_token, self.local, self.kv.dummy_page)
             bound = LocalStep.bind(meta, inputs.local, self.local.chunk_size)
+        if inputs.encoder is not None:
+            assert self.encoder is not None, "encoder buffers without an encoder cache"
+            derive_encoder(buffers, inputs.encoder, self.encoder)
+            cross = CrossStep(self.encoder, inputs.encoder)
         ctx = self.context(
             ContextInputs(
-                meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound
+                meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound, cross
             )
         )
         return self.forward(input_ids, buffers.positions, ctx)

@@ -17,13 +17,14 @@ import torch
 from graphrt.attention import attention_kind
 from graphrt.buffers import Dims
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
-from graphrt.kv import PagedKVCache, ReqToToken
+from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import local_geometry
 from graphrt.runtime.capturer import Capturer
 from graphrt.runtime.eager import run_eager
+from graphrt.runtime.encoder import encoder_geometry
 from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route
 from graphrt.runtime.feed import StepFeed
@@ -51,6 +52,10 @@ class GraphRuntime:
         Token ids are checked against it; default: the model's ``vocab_size`` attribute or its
         first ``nn.Embedding`` (:func:`graphrt.batch.model_vocab_size`). Negative ids are
         always refused.
+    encoder : EncoderKV, optional
+        An encoder-decoder model's encoder cache: every step then derives each request's
+        encoder page table and length (``ctx.cross_attention``), and refuses a request row
+        that holds no encoder output. DECODE is the only mode graphed with it.
     """
 
     def __init__(
@@ -61,6 +66,7 @@ class GraphRuntime:
         config: RuntimeConfig,
         *,
         vocab_size: int | None = None,
+        encoder: EncoderKV | None = None,
     ) -> None:
         if kv.page_size != config.page_size:
             raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
@@ -73,15 +79,24 @@ class GraphRuntime:
         if refusal is not None:
             raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
-        local = local_geometry(config)
+        local, self.encoder = local_geometry(config), encoder
+        cross = encoder_geometry(encoder, kv, req_to_token, config)
         geometry = Geometry(
-            config.speculative, local, config.sample, config.page_size, self.backend.buffers()
+            config.speculative, local, config.sample, config.page_size, self.backend.buffers(), cross
         )
-        dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req)
+        enc_page = None if encoder is None else encoder.kv.dummy_page
+        dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
         self.families = Families(dims, self.device, geometry, dummies)
         self.buffers = self.families.step
         self.env = StepEnv(
-            forward, kv, req_to_token, self.backend, config.page_size, self.kind.context, local
+            forward,
+            kv,
+            req_to_token,
+            self.backend,
+            config.page_size,
+            self.kind.context,
+            local,
+            encoder=encoder,
         )
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
         self.limits = Limits(
@@ -126,6 +141,8 @@ class GraphRuntime:
             raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
         with self._lock:
             batch.check(self.limits)
+            if self.encoder is not None:
+                self.encoder.check_rows(batch.req_pool_indices)
             plan = self.plan(batch.mode)
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
