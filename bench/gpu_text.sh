@@ -32,4 +32,6 @@ curl -s http://127.0.0.1:8123/v1/chat/completions -H 'Content-Type: application/
 kill -INT $pid; wait $pid
 tail -3 "$OUT/serve_stderr.log" | tee -a "$log"
 echo "== bench serve" | tee -a "$log"
-timeout "${SERVE_LIMIT:-330}" graphrt bench serve --model "$gguf" --concurrency 1,8,32 --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
+# NOTE: the servers' logs go to a temp dir: under $OUT they come back with the results.
+mkdir -p "$OUT/tmp"
+TMPDIR="$OUT/tmp" timeout "${SERVE_LIMIT:-330}" graphrt bench serve --model "$gguf" --concurrency 1,8,32 --out "$OUT" 2>&1 | tail -30 | tee -a "$log"

@@ -101,7 +101,7 @@ async def _run(url: str, model: str, prompts: Sequence[str], concurrency: int, m
         async with gate:
             return await _one(client, url, body)
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(180.0), limits=limits) as client:
         start = time.perf_counter()
         samples = await asyncio.gather(*(send(client, p) for p in prompts))
         return Load(list(samples), time.perf_counter() - start)

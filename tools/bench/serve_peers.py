@@ -26,7 +26,7 @@ import torch
 from graphrt.tools.bench.serve_load import Load, Sample
 
 #: Seconds a server may take to answer ``GET /v1/models`` after it was started.
-START_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 180.0
 
 
 class PeerUnavailable(RuntimeError):
