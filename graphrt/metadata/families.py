@@ -4,7 +4,8 @@
 serves every mode; ``cascade`` (expand lists and prefix lengths) exists for token trees;
 ``draft`` (every draft step's KV slots) serves DRAFT_DECODE; ``local`` holds the chunked-local
 virtual batch; ``sampling`` (per-request sampling parameters) serves the modes that sample;
-``attention`` is the attention backend's own group. The eager path builds the same groups at
+``attention`` is the attention backend's own group; ``window`` the window-layer pool's slots
+and page table. The eager path builds the same groups at
 the step's exact size, so both paths share every write and derive function.
 """
 
@@ -25,6 +26,7 @@ from graphrt.metadata.groups import ATTENTION_GROUP, Geometry, GroupRow, Writer
 from graphrt.metadata.local import LOCAL_GROUP, LocalBuffers
 from graphrt.metadata.sampling import SAMPLING_GROUP, SamplingBuffers
 from graphrt.metadata.step import STEP_GROUP, draft_keys
+from graphrt.metadata.window import WINDOW_GROUP, WindowBuffers
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
@@ -36,6 +38,7 @@ GROUPS: tuple[GroupRow, ...] = (
     LOCAL_GROUP,
     SAMPLING_GROUP,
     ATTENTION_GROUP,
+    WINDOW_GROUP,
 )
 
 
@@ -59,6 +62,7 @@ class StepInputs:
     local: LocalBuffers | None = None
     sampling: SamplingBuffers | None = None
     attention: Any = None  # the attention backend's own group (FA3: scheduler metadata)
+    window: WindowBuffers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,9 @@ class Families:
                 "pad_seq_len": 1 + prefix if spec.draft_steps else pad_q + prefix,
                 "pad_prefix_len": 1,
             }
+            window = self.geometry.window
+            if window is not None:
+                pads |= {"window_dummy_slot": window.dummy_slot, "window_dummy_page": window.dummy_page}
         return pads
 
     def draft_keys(self, mode: ForwardMode) -> int:

@@ -17,12 +17,15 @@ from typing import Any, NamedTuple
 import torch
 
 from graphrt.attention import ContextInputs, LocalStep, ScalarLog
+from graphrt.attention.context import WindowStep
 from graphrt.kv import ReqToToken
+from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
 from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
+from graphrt.metadata.window import derive_window
 from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
 
@@ -41,24 +44,40 @@ class StepEnv:
     page_size: int
     context: Callable[[ContextInputs], Any]  # the attention kind's ctx builder
     local: LocalGeometry | None = None
+    #: The window-layer KV pool (its ``mapping`` is recorded inside the graph), if any.
+    window: WindowPool | None = None
     #: Per-layer scalars (window, chunk) the model passed; model constants, kept per graph.
     scalars: ScalarLog = field(default_factory=ScalarLog)
 
     def call(
-        self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, inputs: StepInputs
+        self,
+        buffers: StepBuffers,
+        meta: StepMetadata,
+        input_ids: torch.Tensor,
+        inputs: StepInputs,
+        draft_step: int = 0,
     ) -> torch.Tensor:
-        """Run the model; with ``local`` buffers, first derive this step's virtual batch."""
-        bound = None
+        """Run the model; with ``local`` buffers, first derive this step's virtual batch.
+        ``draft_step``: which of a DRAFT_DECODE chain's steps (its column of window slots)."""
+        bound: LocalStep | None = None
+        window: WindowStep | None = None
         if inputs.local is not None:
             assert self.local is not None, "local buffers without a local geometry"
             derive_local(buffers, inputs.local, self.req_to_token, self.local, self.kv.dummy_page)
             bound = LocalStep.bind(meta, inputs.local, self.local.chunk_size)
-        ctx = self.context(
-            ContextInputs(
-                meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound
-            )
+        if inputs.window is not None:
+            assert self.window is not None, "window buffers without a window pool"
+            window = WindowStep.bind(meta, inputs.window, self.window.window, draft_step)
+        inp = ContextInputs(
+            meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound, window
         )
-        return self.forward(input_ids, buffers.positions, ctx)
+        return self.forward(input_ids, buffers.positions, self.context(inp))
+
+    def derive_window(self, buffers: StepBuffers, full_loc: torch.Tensor, inputs: StepInputs) -> None:
+        """Record the step's window slots and gather the window page table (with a window pool)."""
+        if inputs.window is not None:
+            assert self.window is not None, "window buffers without a window pool"
+            derive_window(buffers, full_loc, inputs.window, self.window.mapping, self.window)
 
 
 def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
@@ -68,6 +87,7 @@ def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int
     """
     b = inputs.step
     derive(b, env.req_to_token, env.page_size)
+    env.derive_window(b, b.out_cache_loc[:, None], inputs)
     if inputs.cascade is not None:
         # NOTE: a verify tree is the last max_q (= num_draft_tokens) positions of each request.
         derive_prefix(inputs.cascade, b.cache_seqlens, max_q)
@@ -93,13 +113,14 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     ]
     tree = inputs.cascade is not None
     derive_draft(b, loc, env.req_to_token, env.page_size, tree)
+    env.derive_window(b, loc, inputs)
     if tree:
         derive_prefix(inputs.cascade, b.cache_seqlens, 1)
     tokens, out = b.input_ids, []
     for i, step in enumerate(steps):
         cascade = draft_step_cascade(inputs.cascade, loc, i) if tree else None
         meta = StepMetadata(mode, step, max_q, env.page_size, cascade)
-        logits = env.call(step, meta, tokens, inputs)
+        logits = env.call(step, meta, tokens, inputs, i)
         tokens = logits.argmax(dim=-1)
         out.append(tokens)
     return torch.stack(out, dim=1)

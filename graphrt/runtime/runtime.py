@@ -19,6 +19,7 @@ from graphrt.buffers import Dims
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
 from graphrt.kv import PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
+from graphrt.kv.window import window_pool
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import local_geometry
@@ -74,14 +75,15 @@ class GraphRuntime:
             raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local = local_geometry(config)
+        self.window = window_pool(kv, req_to_token, config)
         geometry = Geometry(
-            config.speculative, local, config.sample, config.page_size, self.backend.buffers()
+            config.speculative, local, config.sample, config.page_size, self.backend.buffers(), self.window
         )
         dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req)
         self.families = Families(dims, self.device, geometry, dummies)
         self.buffers = self.families.step
         self.env = StepEnv(
-            forward, kv, req_to_token, self.backend, config.page_size, self.kind.context, local
+            forward, kv, req_to_token, self.backend, config.page_size, self.kind.context, local, self.window
         )
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
         self.limits = Limits(
@@ -121,6 +123,9 @@ class GraphRuntime:
         tokens recorded there, so the host need not read them before the next step. A graphed
         step then returns a view of the graph's output (no copy), valid until the next step:
         read it with a stream-ordered copy, as the overlapped engine does.
+        With a window pool (:mod:`graphrt.kv.window`) the step's window slots are assigned after
+        the KV checks (refused, with nothing written, when the step would read released window
+        pages or the pool has too few), and pages no later step reads are released after it.
         """
         if feed is not None and batch.sampling is None:
             raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
@@ -130,6 +135,8 @@ class GraphRuntime:
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
             ledger.check(writes)
+            if self.window is not None:
+                self.window.assign(batch, writes)
             route = None if eager or not plan.graphed else self._route(batch, plan)
             try:
                 out = (
@@ -142,6 +149,8 @@ class GraphRuntime:
                 ledger.truncate(writes.rows, writes.starts)
                 raise
             ledger.commit(writes)
+            if self.window is not None:
+                self.window.commit(writes)
             return out
 
     def plan(self, mode: ForwardMode) -> ModePlan:
