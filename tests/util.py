@@ -54,6 +54,7 @@ def build_runtime(
     kv_cache_dtype: str | None = None,
     sample: bool = False,
     tp: TPGroup | None = None,
+    window_pool: bool = False,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -70,7 +71,14 @@ def build_runtime(
         sample=sample,
     )
     stack = build_stack(
-        model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype, tp=tp or TPGroup()
+        model,
+        device,
+        config,
+        max_reqs=max_reqs,
+        seed=seed,
+        kv_cache_dtype=kv_cache_dtype,
+        tp=tp or TPGroup(),
+        window_pool=window_pool,
     )
     runtime = stack.runtime if tp is None else TPRuntime(stack.runtime, StepChannel(tp))
     if capture:

@@ -20,6 +20,7 @@ from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.encoder import EncoderBuffers
 from graphrt.metadata.local import LocalBuffers
+from graphrt.metadata.window import WindowBuffers
 from graphrt.step.modes import ForwardMode
 
 #: The plan of a context whose backend has not planned yet (None is a valid plan).
@@ -68,6 +69,40 @@ class LocalStep:
         return self.meta
 
 
+@dataclass(frozen=True, slots=True)
+class WindowStep:
+    """What window-pool layers attend with: the step's metadata with the window slots and page
+    table (:mod:`graphrt.metadata.window`); ``size``: the pool's window."""
+
+    size: int
+    meta: StepMetadata
+
+    @classmethod
+    def bind(cls, meta: StepMetadata, window: WindowBuffers, size: int, column: int = 0) -> WindowStep:
+        """``meta`` with ``window``'s page table and its slots of column ``column`` (draft step)."""
+        buffers = dataclasses.replace(
+            meta.buffers, out_cache_loc=window.out_cache_loc[:, column], page_table=window.page_table
+        )
+        return cls(size, dataclasses.replace(meta, buffers=buffers))
+
+    def metadata(self, layer_id: int, window: int | None) -> StepMetadata:
+        if window is None or window > self.size:
+            raise ValueError(
+                f"layer {layer_id} keeps its KV in the window pool (window {self.size}) but attends "
+                f"with window {window}: a pooled layer needs a window of at most {self.size}"
+            )
+        return self.meta
+
+
+def window_metadata(step: WindowStep | None, layer_id: int, window: int | None) -> StepMetadata:
+    """The metadata a window-pool layer stores and attends with; a clear error without one."""
+    if step is None:
+        raise ValueError(
+            f"layer {layer_id} keeps its KV in a window pool, but the step has no window buffers"
+        )
+    return step.metadata(layer_id, window)
+
+
 def local_metadata(local: LocalStep | None, layer_id: int, chunk: int) -> StepMetadata:
     """The virtual batch a chunked layer attends with; a clear error without local buffers."""
     if local is None:
@@ -104,12 +139,14 @@ class ContextInputs:
     group: Any = None
     local: LocalStep | None = None
     cross: CrossStep | None = None
+    window: WindowStep | None = None
 
 
 class ForwardContext:
     """Per-step handle passed as ``ctx`` to ``forward(input_ids, positions, ctx)`` (MHA/GQA).
 
     ``local``: the step's chunked-local virtual batch, when the runtime has one.
+    ``window``: what the cache's window-pool layers store and attend with, when it has any.
     ``scalars``: where per-layer kernel scalars (window, chunk) are recorded.
     ``group``: the backend's own buffer group (its view for this step), if any; the backend's
     ``plan`` runs on it at the first :meth:`attention` call, once per forward. ``cross``: the
@@ -125,9 +162,10 @@ class ForwardContext:
         scalars: ScalarLog | None = None,
         group: Any = None,
         cross: CrossStep | None = None,
+        window: WindowStep | None = None,
     ) -> None:
         self.meta, self.kv, self.backend, self.local, self.group = meta, kv, backend, local, group
-        self.cross = cross
+        self.cross, self.window = cross, window
         self.scalars = ScalarLog() if scalars is None else scalars
         self._plan: Any = _UNPLANNED
 
@@ -135,7 +173,7 @@ class ForwardContext:
     def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
         """The MHA/GQA context of one step's :class:`ContextInputs`."""
         i = inputs
-        return cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross)
+        return cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross, i.window)
 
     @property
     def mode(self) -> ForwardMode:
@@ -165,9 +203,13 @@ class ForwardContext:
         kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`). ``q``/``k``/``v`` may be
         views of the qkv projection either way. ``sinks [num_q_heads]``: the layer's learned
         sink logits (a weight), added to each softmax's denominator. An FP8 cache quantises
-        ``k``/``v`` as it stores them and the backend reads it with the layer's scales.
+        ``k``/``v`` as it stores them and the backend reads it with the layer's scales. A layer
+        of the cache's window pool stores at its window slots and reads its window page table.
         """
-        loc, kv_scales = self.meta.buffers.out_cache_loc, self.kv.scales(layer_id)
+        meta = self.meta
+        if layer_id in getattr(self.kv, "window_layers", ()):
+            meta = window_metadata(self.window, layer_id, window)
+        loc, kv_scales = meta.buffers.out_cache_loc, self.kv.scales(layer_id)
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
@@ -177,7 +219,7 @@ class ForwardContext:
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
             self._plan = self.backend.plan(self.meta, self.group, q, k_cache)
-        meta, plan = self.meta, self._plan
+        plan = self._plan
         if window is not None:
             if self.meta.cascade is not None:
                 raise ValueError(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from graphrt.kv import EncoderKV, KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
+from graphrt.kv.window import WindowLayers, window_pool_pages, window_step
 from graphrt.metadata.local import with_model_chunk
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.cross import CrossDecoder
@@ -48,6 +50,7 @@ def build_stack(
     dtype: torch.dtype | None = None,
     tp: TPGroup = SINGLE,
     progress: Callable[[int, int], None] | None = None,
+    window_pool: bool = False,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.models.load``).
 
@@ -61,13 +64,17 @@ def build_stack(
     scales from the checkpoint or 1.0; :mod:`graphrt.kv.quant`); dense-MLA models keep the
     model's dtype. ``tp``: this rank's shards of the same model (a preset's or a checkpoint's);
     its KV cache holds the rank's KV heads only.
-    ``progress(done, total)``: called after each checkpoint tensor is read.
+    ``progress(done, total)``: called after each checkpoint tensor is read. ``window_pool``:
+    sliding-window layers keep their KV in a pool of ``window + step`` positions per request
+    (:mod:`graphrt.kv.window`, :func:`window_layers`) instead of the full context.
     """
     dtype = dtype or default_dtype(device)
     checkpoint = None if name in PRESETS else resolve(name)
     if checkpoint is not None:
         model = load(checkpoint, device=device, dtype=dtype, tp=tp, progress=progress)
-        return stack_for(model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype)
+        return stack_for(
+            model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype, window_pool=window_pool
+        )
     cfg = preset(name)
     if isinstance(cfg, CrossConfig):
         return cross_stack(
@@ -90,7 +97,8 @@ def build_stack(
     else:
         model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
         shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
-        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, dtype), device)
+        window = window_layers(cfg, config, max_reqs) if window_pool else None
+        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, dtype), device, window=window)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
@@ -155,6 +163,7 @@ def stack_for(
     *,
     max_reqs: int | None = None,
     kv_cache_dtype: str | None = None,
+    window_pool: bool = False,
 ) -> ModelStack:
     """A KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
 
@@ -163,6 +172,7 @@ def stack_for(
     ``vocab_size``) and the model's parameter dtype, or FP8 for ``kv_cache_dtype="fp8_e4m3"``
     (with the checkpoint's ``kv_scales`` when it had any, else 1.0); its KV heads are the ones
     this rank stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
+    ``window_pool``: as :func:`build_stack`.
     """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
@@ -174,8 +184,28 @@ def stack_for(
         heads = getattr(model, "num_kv_heads", cfg.num_kv_heads)
         shape = KVShape(cfg.num_layers, heads, cfg.head_dim, config.page_size, num_pages)
         scales: KVScales | None = getattr(model, "kv_scales", None)
-        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales)
+        window = window_layers(cfg, config, max_reqs) if window_pool else None
+        kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales, window)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
     return ModelStack(
         model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     )
+
+
+def window_layers(
+    cfg: Any, config: RuntimeConfig, max_reqs: int, prefill_tokens: int | None = None
+) -> WindowLayers:
+    """The window pool of a model whose ``cfg.window(layer)`` names its sliding windows: its
+    window layers, their largest window, ``window_step(config)`` positions per step, and room
+    for ``prefill_tokens`` (default ``max_context_len``) prefilled at once.
+
+    Raises ``ValueError`` when the model has no sliding-window layer.
+    """
+    windows = {i: cfg.window(i) for i in range(cfg.num_layers)} if hasattr(cfg, "window") else {}
+    layers = frozenset(i for i, w in windows.items() if w is not None)
+    if not layers:
+        raise ValueError(f"window_pool: the model has no sliding-window layers ({type(cfg).__name__})")
+    window, step = max(windows[i] for i in layers), window_step(config)
+    prefill = config.max_context_len if prefill_tokens is None else prefill_tokens
+    pages = window_pool_pages(window, step, config.page_size, max_reqs, prefill)
+    return WindowLayers(window, layers, pages, step)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from graphrt.kv.quant import FP8, KVScales, LayerScales, is_fp8, storage, store_slots
+from graphrt.kv.window import WindowLayers
 
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8)
 
@@ -59,23 +60,42 @@ class PagedKVCache(PagedSlots):
     An FP8 cache (``torch.float8_e4m3fn``, one byte per element) also holds each layer's K and
     V dequantisation scales (``k_scale``, ``v_scale``: ``[num_layers]`` float32, from
     ``scales`` or 1.0); every store quantises (:func:`graphrt.kv.quant.quantize`).
+
+    ``window``: the layers that keep their K and V in the window pool instead
+    (:mod:`graphrt.kv.window`): ``[window.num_pages, page_size, num_kv_heads, head_dim]`` each,
+    addressed by window slots, with that pool's last page as their dummy page.
     """
 
     def __init__(
-        self, shape: KVShape, dtype: torch.dtype, device: torch.device, scales: KVScales | None = None
+        self,
+        shape: KVShape,
+        dtype: torch.dtype,
+        device: torch.device,
+        scales: KVScales | None = None,
+        window: WindowLayers | None = None,
     ) -> None:
         if dtype not in KV_DTYPES:
             raise TypeError(f"KV dtype must be one of {KV_DTYPES}, got {dtype}")
         if shape.num_pages < 2:
             raise ValueError(f"num_pages must be >= 2 (one is the dummy), got {shape.num_pages}")
-        self.shape, self.dtype, self.device = shape, dtype, device
-        size = (shape.num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
-        self.k = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
-        self.v = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
+        self.shape, self.dtype, self.device, self.window = shape, dtype, device, window
+        if window is not None and not window.layers <= set(range(shape.num_layers)):
+            raise ValueError(f"window layers {sorted(window.layers)} outside 0..{shape.num_layers - 1}")
+        self.window_layers = frozenset() if window is None else window.layers
+        sizes = [self._layer_size(i) for i in range(shape.num_layers)]
+        self.k = [torch.zeros(size, dtype=dtype, device=device) for size in sizes]
+        self.v = [torch.zeros(size, dtype=dtype, device=device) for size in sizes]
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
         if is_fp8(dtype):
             self.set_scales(scales or KVScales.ones(shape.num_layers))
+
+    def _layer_size(self, layer: int) -> tuple[int, int, int, int]:
+        s = self.shape
+        pages = (
+            self.window.num_pages if self.window is not None and layer in self.window.layers else s.num_pages
+        )
+        return (pages, s.page_size, s.num_kv_heads, s.head_dim)
 
     def set_scales(self, scales: KVScales) -> None:
         """Per-layer dequantisation scales of an FP8 cache, written in place (graphs read them
@@ -107,6 +127,10 @@ class PagedKVCache(PagedSlots):
     def slot_rows(self) -> list[torch.Tensor]:
         """Every layer's K then V as ``[num_slots, num_kv_heads, head_dim]`` storage views
         (bytes for FP8), for copies of whole slots."""
+        if self.window is not None:
+            raise ValueError(
+                "KV slots cannot be moved in a cache with a window pool (its layers hold window slots)"
+            )
         kvh, d = self.shape.num_kv_heads, self.shape.head_dim
         return [storage(t).view(-1, kvh, d) for t in (*self.k, *self.v)]
 
@@ -117,8 +141,9 @@ class PagedKVCache(PagedSlots):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every page (the dummy page included) of every layer's K and V."""
-        return self.bytes_per_token * self.shape.num_pages * self.shape.page_size
+        """Bytes of every page (the dummy pages included) of every layer's K and V (window
+        layers: their pool's pages)."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
 
 def token_bytes(shape: KVShape, dtype: torch.dtype) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphrt.kv.ledger import KVLedger
+from graphrt.kv.ledger import KVIsolationError, KVLedger
+from graphrt.kv.window import WindowPool
 
 
 class ReqToToken:
@@ -38,6 +39,8 @@ class ReqToToken:
         # NOTE: one read-only view, made once: callers read it every step.
         self._valid_view = self.ledger.valid_lens.view()
         self._valid_view.flags.writeable = False
+        #: The window-layer pool whose pages each row also holds, if the runtime has one.
+        self.window: WindowPool | None = None
 
     @property
     def dummy_req(self) -> int:
@@ -53,6 +56,8 @@ class ReqToToken:
         """Release ``row`` and its slots: it reads nothing until a step writes it from 0."""
         self._check_row("row", row)
         self.ledger.free(row)
+        if self.window is not None:
+            self.window.free(row)
 
     def share_prefix(self, src: int, dst: int, length: int) -> None:
         """Let row ``dst`` hold row ``src``'s positions ``0..length-1`` (a prefix-cache hit).
@@ -62,6 +67,11 @@ class ReqToToken:
         """
         self._check_row("src", src)
         self._check_row("dst", dst)
+        if self.window is not None:
+            # NOTE: a window page has one owner; a shared prefix would give its last pages two.
+            raise KVIsolationError(
+                f"share_prefix({src}, {dst}, {length}): prefixes are not shared with a window KV pool"
+            )
         self.ledger.share_prefix(src, dst, length)
         self.table[dst, :length] = self.table[src, :length]
 

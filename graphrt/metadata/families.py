@@ -5,7 +5,8 @@ serves every mode; ``cascade`` (expand lists and prefix lengths) exists for toke
 ``draft`` (every draft step's KV slots) serves DRAFT_DECODE; ``local`` holds the chunked-local
 virtual batch; ``sampling`` (per-request sampling parameters) serves the modes that sample;
 ``attention`` is the attention backend's own group; ``encoder`` (encoder page table and
-lengths) exists for encoder-decoder models. The eager path builds the same groups at
+lengths) exists for encoder-decoder models; ``window`` the window-layer pool's slots and page
+table. The eager path builds the same groups at
 the step's exact size, so both paths share every write and derive function.
 """
 
@@ -27,6 +28,7 @@ from graphrt.metadata.groups import ATTENTION_GROUP, Geometry, GroupRow, Writer
 from graphrt.metadata.local import LOCAL_GROUP, LocalBuffers
 from graphrt.metadata.sampling import SAMPLING_GROUP, SamplingBuffers
 from graphrt.metadata.step import STEP_GROUP, draft_keys
+from graphrt.metadata.window import WINDOW_GROUP, WindowBuffers
 from graphrt.step.batch import Batch
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
@@ -39,6 +41,7 @@ GROUPS: tuple[GroupRow, ...] = (
     SAMPLING_GROUP,
     ATTENTION_GROUP,
     ENCODER_GROUP,
+    WINDOW_GROUP,
 )
 
 
@@ -65,6 +68,7 @@ class StepInputs:
     sampling: SamplingBuffers | None = None
     attention: Any = None  # the attention backend's own group (FA3: scheduler metadata)
     encoder: EncoderBuffers | None = None
+    window: WindowBuffers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,9 @@ class Families:
             }
             if self.dummies.encoder_page is not None:
                 pads["encoder_dummy_page"] = self.dummies.encoder_page
+            window = self.geometry.window
+            if window is not None:
+                pads |= {"window_dummy_slot": window.dummy_slot, "window_dummy_page": window.dummy_page}
         return pads
 
     def draft_keys(self, mode: ForwardMode) -> int:

@@ -51,13 +51,27 @@ class LocalShape(Protocol):
     def chunk_pages(self, max_pages: int) -> int: ...
 
 
+class WindowShape(Protocol):
+    """What the window group needs of :class:`~graphrt.kv.window.WindowPool`."""
+
+    window: int
+    page_size: int
+    dummy_slot: int
+    dummy_page: int
+
+    def slots(self, batch: Batch) -> np.ndarray:
+        """The window slot of each ``batch.out_cache_loc`` entry (assigned by the runtime)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Geometry:
     """What decides which groups exist and how large they are; fixed for a runtime.
 
     ``spec``: speculative geometry; ``local``: chunked-local attention; ``sample``: in-graph
     sampling; ``attention``: the attention backend's own group, if it has one; ``encoder``:
-    an encoder-decoder model's encoder page table and lengths.
+    an encoder-decoder model's encoder page table and lengths; ``window``: the window-layer KV
+    pool, if window layers keep their own pages.
     """
 
     spec: SpecGeometry | None = None
@@ -66,6 +80,7 @@ class Geometry:
     page_size: int = 1
     attention: BufferGroup | None = None
     encoder: EncoderGeometry | None = None
+    window: WindowShape | None = None
 
     @property
     def tree(self) -> bool:

@@ -17,13 +17,16 @@ from typing import Any, NamedTuple
 import torch
 
 from graphrt.attention import ContextInputs, CrossStep, LocalStep, ScalarLog
+from graphrt.attention.context import WindowStep
 from graphrt.kv import EncoderKV, ReqToToken
+from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
 from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.encoder import derive_encoder
 from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
+from graphrt.metadata.window import derive_window
 from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
 
@@ -42,17 +45,27 @@ class StepEnv:
     page_size: int
     context: Callable[[ContextInputs], Any]  # the attention kind's ctx builder
     local: LocalGeometry | None = None
+    #: The window-layer KV pool (its ``mapping`` is recorded inside the graph), if any.
+    window: WindowPool | None = None
     #: Per-layer scalars (window, chunk) the model passed; model constants, kept per graph.
     scalars: ScalarLog = field(default_factory=ScalarLog)
     #: An encoder-decoder model's encoder cache (its cross layers' K/V per request row).
     encoder: EncoderKV | None = None
 
     def call(
-        self, buffers: StepBuffers, meta: StepMetadata, input_ids: torch.Tensor, inputs: StepInputs
+        self,
+        buffers: StepBuffers,
+        meta: StepMetadata,
+        input_ids: torch.Tensor,
+        inputs: StepInputs,
+        draft_step: int = 0,
     ) -> torch.Tensor:
         """Run the model; with ``local`` buffers, first derive this step's virtual batch, with
-        ``encoder`` buffers each request's encoder page table and length."""
-        bound, cross = None, None
+        ``encoder`` buffers each request's encoder page table and length.
+        ``draft_step``: which of a DRAFT_DECODE chain's steps (its column of window slots)."""
+        bound: LocalStep | None = None
+        window: WindowStep | None = None
+        cross: CrossStep | None = None
         if inputs.local is not None:
             assert self.local is not None, "local buffers without a local geometry"
             derive_local(buffers, inputs.local, self.req_to_token, self.local, self.kv.dummy_page)
@@ -61,12 +74,19 @@ class StepEnv:
             assert self.encoder is not None, "encoder buffers without an encoder cache"
             derive_encoder(buffers, inputs.encoder, self.encoder)
             cross = CrossStep(self.encoder, inputs.encoder)
-        ctx = self.context(
-            ContextInputs(
-                meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound, cross
-            )
+        if inputs.window is not None:
+            assert self.window is not None, "window buffers without a window pool"
+            window = WindowStep.bind(meta, inputs.window, self.window.window, draft_step)
+        inp = ContextInputs(
+            meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound, cross, window
         )
-        return self.forward(input_ids, buffers.positions, ctx)
+        return self.forward(input_ids, buffers.positions, self.context(inp))
+
+    def derive_window(self, buffers: StepBuffers, full_loc: torch.Tensor, inputs: StepInputs) -> None:
+        """Record the step's window slots and gather the window page table (with a window pool)."""
+        if inputs.window is not None:
+            assert self.window is not None, "window buffers without a window pool"
+            derive_window(buffers, full_loc, inputs.window, self.window.mapping, self.window)
 
 
 def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
@@ -76,6 +96,7 @@ def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int
     """
     b = inputs.step
     derive(b, env.req_to_token, env.page_size)
+    env.derive_window(b, b.out_cache_loc[:, None], inputs)
     if inputs.cascade is not None:
         # NOTE: a verify tree is the last max_q (= num_draft_tokens) positions of each request.
         derive_prefix(inputs.cascade, b.cache_seqlens, max_q)
@@ -101,13 +122,14 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     ]
     tree = inputs.cascade is not None
     derive_draft(b, loc, env.req_to_token, env.page_size, tree)
+    env.derive_window(b, loc, inputs)
     if tree:
         derive_prefix(inputs.cascade, b.cache_seqlens, 1)
     tokens, out = b.input_ids, []
     for i, step in enumerate(steps):
         cascade = draft_step_cascade(inputs.cascade, loc, i) if tree else None
         meta = StepMetadata(mode, step, max_q, env.page_size, cascade)
-        logits = env.call(step, meta, tokens, inputs)
+        logits = env.call(step, meta, tokens, inputs, i)
         tokens = logits.argmax(dim=-1)
         out.append(tokens)
     return torch.stack(out, dim=1)

@@ -19,6 +19,7 @@ from graphrt.buffers import Dims
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
+from graphrt.kv.window import window_pool
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import local_geometry
@@ -81,8 +82,15 @@ class GraphRuntime:
         dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
         local, self.encoder = local_geometry(config), encoder
         cross = encoder_geometry(encoder, kv, req_to_token, config)
+        self.window = window_pool(kv, req_to_token, config)
         geometry = Geometry(
-            config.speculative, local, config.sample, config.page_size, self.backend.buffers(), cross
+            config.speculative,
+            local,
+            config.sample,
+            config.page_size,
+            self.backend.buffers(),
+            encoder=cross,
+            window=self.window,
         )
         enc_page = None if encoder is None else encoder.kv.dummy_page
         dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
@@ -96,6 +104,7 @@ class GraphRuntime:
             config.page_size,
             self.kind.context,
             local,
+            self.window,
             encoder=encoder,
         )
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
@@ -136,6 +145,9 @@ class GraphRuntime:
         tokens recorded there, so the host need not read them before the next step. A graphed
         step then returns a view of the graph's output (no copy), valid until the next step:
         read it with a stream-ordered copy, as the overlapped engine does.
+        With a window pool (:mod:`graphrt.kv.window`) the step's window slots are assigned after
+        the KV checks (refused, with nothing written, when the step would read released window
+        pages or the pool has too few), and pages no later step reads are released after it.
         """
         if feed is not None and batch.sampling is None:
             raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
@@ -147,6 +159,8 @@ class GraphRuntime:
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
             ledger.check(writes)
+            if self.window is not None:
+                self.window.assign(batch, writes)
             route = None if eager or not plan.graphed else self._route(batch, plan)
             try:
                 out = (
@@ -159,6 +173,8 @@ class GraphRuntime:
                 ledger.truncate(writes.rows, writes.starts)
                 raise
             ledger.commit(writes)
+            if self.window is not None:
+                self.window.commit(writes)
             return out
 
     def plan(self, mode: ForwardMode) -> ModePlan:
