@@ -82,6 +82,32 @@ def build_stack(
         )
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
+    model, kv = preset_model_kv(
+        name, cfg, config, max_reqs, PresetOptions(seed, device, dtype, kv_cache_dtype, tp, window_pool)
+    )
+    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
+    runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
+    return ModelStack(model, kv, req_to_token, runtime)
+
+
+@dataclass(frozen=True)
+class PresetOptions:
+    """How :func:`build_stack` builds a preset: its seed, device, dtypes, TP group and KV layout."""
+
+    seed: int
+    device: torch.device
+    dtype: torch.dtype
+    kv_cache_dtype: str | None
+    tp: TPGroup
+    window_pool: bool
+
+
+def preset_model_kv(
+    name: str, cfg: Any, config: RuntimeConfig, max_reqs: int, o: PresetOptions
+) -> tuple[Any, Any]:
+    """A decoder-only preset's model (random weights from ``o.seed``) and its KV cache of
+    ``max_reqs`` full-context requests plus the dummy page."""
+    seed, device, dtype, kv_cache_dtype, tp = o.seed, o.device, o.dtype, o.kv_cache_dtype, o.tp
     num_pages = max_reqs * config.max_pages + 1
     if isinstance(cfg, MLAConfig):
         model = MLACausalLM.from_seed(cfg, seed, device, dtype, tp)
@@ -97,11 +123,9 @@ def build_stack(
     else:
         model = TinyLlama.from_seed(cfg, seed, device, dtype, tp)
         shape = KVShape(cfg.num_layers, model.num_kv_heads, cfg.head_dim, config.page_size, num_pages)
-        window = window_layers(cfg, config, max_reqs) if window_pool else None
+        window = window_layers(cfg, config, max_reqs) if o.window_pool else None
         kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, dtype), device, window=window)
-    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
-    runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
-    return ModelStack(model, kv, req_to_token, runtime)
+    return model, kv
 
 
 def cross_stack(

@@ -78,7 +78,15 @@ class StepEnv:
             assert self.window is not None, "window buffers without a window pool"
             window = WindowStep.bind(meta, inputs.window, self.window.window, draft_step)
         inp = ContextInputs(
-            meta, self.kv, self.backend, self.req_to_token, self.scalars, inputs.attention, bound, cross, window
+            meta,
+            self.kv,
+            self.backend,
+            self.req_to_token,
+            self.scalars,
+            inputs.attention,
+            bound,
+            cross,
+            window,
         )
         return self.forward(input_ids, buffers.positions, self.context(inp))
 

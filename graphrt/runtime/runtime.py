@@ -15,20 +15,15 @@ from collections.abc import Sequence
 import torch
 
 from graphrt.attention import attention_kind
-from graphrt.buffers import Dims
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
-from graphrt.kv.window import window_pool
-from graphrt.metadata.families import Dummies, Families
-from graphrt.metadata.groups import Geometry
-from graphrt.metadata.local import local_geometry
 from graphrt.runtime.capturer import Capturer
 from graphrt.runtime.eager import run_eager
-from graphrt.runtime.encoder import encoder_geometry
 from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route
 from graphrt.runtime.feed import StepFeed
+from graphrt.runtime.layout import build_layout
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry, step_weights
@@ -79,32 +74,19 @@ class GraphRuntime:
         refusal = self.backend.graph_support.refusal(self.backend.name, config.capture_modes, max_bs)
         if refusal is not None:
             raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
-        dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
-        local, self.encoder = local_geometry(config), encoder
-        cross = encoder_geometry(encoder, kv, req_to_token, config)
-        self.window = window_pool(kv, req_to_token, config)
-        geometry = Geometry(
-            config.speculative,
-            local,
-            config.sample,
-            config.page_size,
-            self.backend.buffers(),
-            encoder=cross,
-            window=self.window,
-        )
-        enc_page = None if encoder is None else encoder.kv.dummy_page
-        dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
-        self.families = Families(dims, self.device, geometry, dummies)
+        layout = build_layout(config, kv, req_to_token, self.backend, max_bs, encoder)
+        self.encoder, self.window, self.families = encoder, layout.window, layout.families
         self.buffers = self.families.step
+        context = self.kind.context
         self.env = StepEnv(
             forward,
             kv,
             req_to_token,
             self.backend,
             config.page_size,
-            self.kind.context,
-            local,
-            self.window,
+            context,
+            layout.local,
+            layout.window,
             encoder=encoder,
         )
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
@@ -115,7 +97,7 @@ class GraphRuntime:
             kv.num_live_slots,
             vocab_size if vocab_size is not None else model_vocab_size(forward),
             config.speculative,
-            tree=geometry.tree,
+            tree=layout.geometry.tree,
             sample=config.sample,
         )
         self._plans: dict[ForwardMode, ModePlan] = {}

@@ -1,0 +1,51 @@
+"""A runtime's static buffer layout: which groups exist (the geometry), how large they are and
+what their pad rows hold (the dummies)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphrt.buffers import Dims
+from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
+from graphrt.kv.window import WindowPool, window_pool
+from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.groups import Geometry
+from graphrt.metadata.local import LocalGeometry, local_geometry
+from graphrt.runtime.encoder import encoder_geometry
+from graphrt.step.config import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The allocated groups (``families``) and what decided them."""
+
+    families: Families
+    geometry: Geometry
+    local: LocalGeometry | None
+    window: WindowPool | None
+
+
+def build_layout(
+    config: RuntimeConfig,
+    kv: PagedKVCache,
+    req_to_token: ReqToToken,
+    backend: Any,
+    max_bs: int,
+    encoder: EncoderKV | None,
+) -> Layout:
+    """Allocate every buffer group the runtime's steps use, for batches up to ``max_bs``."""
+    dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
+    local, window = local_geometry(config), window_pool(kv, req_to_token, config)
+    geometry = Geometry(
+        config.speculative,
+        local,
+        config.sample,
+        config.page_size,
+        backend.buffers(),
+        encoder=encoder_geometry(encoder, kv, req_to_token, config),
+        window=window,
+    )
+    enc_page = None if encoder is None else encoder.kv.dummy_page
+    dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
+    return Layout(Families(dims, kv.device, geometry, dummies), geometry, local, window)
