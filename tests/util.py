@@ -54,8 +54,10 @@ def build_runtime(
     kv_cache_dtype: str | None = None,
     sample: bool = False,
     tp: TPGroup | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Setup:
-    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
+    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous);
+    ``dtype`` as :func:`build_stack` (default bf16 on CUDA, fp32 elsewhere)."""
     config = RuntimeConfig(
         max_batch_size=max_batch_size,
         max_context_len=max_context_len,
@@ -70,8 +72,9 @@ def build_runtime(
         sample=sample,
     )
     stack = build_stack(
-        model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype, tp=tp or TPGroup()
-    )
+        model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype,
+        tp=tp or TPGroup(), dtype=dtype,
+    )  # fmt: skip
     runtime = stack.runtime if tp is None else TPRuntime(stack.runtime, StepChannel(tp))
     if capture:
         runtime.capture()
