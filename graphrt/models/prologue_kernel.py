@@ -20,8 +20,10 @@ if triton is not None:
         if BF16:  # NOTE: by hand: Triton's interpreter truncates a cast to bf16
             bits = v.to(tl.uint32, bitcast=True)
             bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            return tl.where(v == v, bits.to(tl.float32, bitcast=True), v)  # NOTE: NaN stays NaN
-        return v.to(tl.float16).to(tl.float32)
+            out = tl.where(v == v, bits.to(tl.float32, bitcast=True), v)  # NOTE: NaN stays NaN
+        else:
+            out = v.to(tl.float16).to(tl.float32)
+        return out
 
     @triton.jit
     def _stream(x, res, cols, K, ADD: tl.constexpr, BF16: tl.constexpr):
@@ -33,28 +35,47 @@ if triton is not None:
         return h
 
     @triton.jit
+    def _keep(new, h, cols, K):
+        """Program 0 writes ``h`` at ``cols`` to ``new``: no program of this launch reads it, so
+        the others need no barrier."""
+        stored = tl.where(tl.program_id(0) == 0, K, 0)
+        tl.store(new + cols, h.to(new.dtype.element_ty), mask=cols < stored)
+
+    @triton.jit
+    def _normed(h, inv_rms, nw, cols, K, BF16: tl.constexpr):
+        """``h * inv_rms * norm weight``, rounded as ``ops.rms_norm_ref`` rounds it."""
+        return _rne(h * inv_rms * tl.load(nw + cols, mask=cols < K, other=0.0).to(tl.float32), BF16)
+
+    @triton.jit
+    def _gated(gate_up, cols, K, BF16: tl.constexpr):
+        """``silu(g) * u`` at ``cols``, rounded as ``ops.silu_and_mul_ref`` rounds it."""
+        g = tl.load(gate_up + cols, mask=cols < K, other=0.0).to(tl.float32)
+        u = tl.load(gate_up + K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        return _rne(g / (1.0 + tl.exp(-g)) * u, BF16)
+
+    @triton.jit
     def _inv_rms(x, res, new, K, eps, BLOCK_K: tl.constexpr, ADD: tl.constexpr, BF16: tl.constexpr):
-        """``rsqrt(mean(h^2) + eps)`` over all of ``h``; program 0 writes ``h`` to ``new``."""
+        """``rsqrt(mean(h^2) + eps)`` over all of ``h`` (a first pass); program 0 keeps ``h``."""
         rk = tl.arange(0, BLOCK_K)
-        stored = tl.where(tl.program_id(0) == 0, K, 0)  # NOTE: program 0 alone writes ``new``
         squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             h = _stream(x, res, k0 + rk, K, ADD, BF16)
-            # NOTE: no program of this launch reads ``new``: the others need no barrier
-            tl.store(new + k0 + rk, h.to(new.dtype.element_ty), mask=k0 + rk < stored)
+            _keep(new, h, k0 + rk, K)
             squares += h * h
         return tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
 
     @triton.jit
-    def _input(x, res, nw, cols, K, inv_rms, SILU_MUL: tl.constexpr, ADD: tl.constexpr, BF16: tl.constexpr):
-        """The GEMM's input at ``cols`` in fp32, rounded where the torch ops round it (zero past ``K``)."""
+    def _whole_input(
+        x, res, nw, new, rk, K, eps, SILU_MUL: tl.constexpr, ADD: tl.constexpr, BF16: tl.constexpr
+    ):
+        """The GEMM's whole input when ``K <= BLOCK_K``: ``x`` (and ``res``) read once."""
         if SILU_MUL:
-            g = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
-            u = tl.load(x + K + cols, mask=cols < K, other=0.0).to(tl.float32)
-            return _rne(g / (1.0 + tl.exp(-g)) * u, BF16)
-        h = _stream(x, res, cols, K, ADD, BF16)
-        weight = tl.load(nw + cols, mask=cols < K, other=0.0).to(tl.float32)
-        return _rne(h * inv_rms * weight, BF16)
+            a = _gated(x, rk, K, BF16)
+        else:
+            h = _stream(x, res, rk, K, ADD, BF16)
+            _keep(new, h, rk, K)
+            a = _normed(h, tl.math.rsqrt(tl.sum(h * h, axis=0) / K + eps), nw, rk, K, BF16)
+        return a
 
     @triton.jit
     def _prologue_gemm(
@@ -71,17 +92,18 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: x and the residual are earlier kernels' outputs
             tl.extra.cuda.gdc_launch_dependents()
-        if SILU_MUL:  # noqa: SIM108 - a compile-time branch: only one side is ever built
-            inv_rms = 1.0
-        else:
-            inv_rms = _inv_rms(x, res, new, K, eps, BLOCK_K, ADD, BF16)
-        if ONE_TILE:  # NOTE: no tile ahead to hold: K <= BLOCK_K (every hidden size up to 2048)
-            a = _input(x, res, nw, rk, K, inv_rms, SILU_MUL, ADD, BF16)
+        if ONE_TILE:  # NOTE: K <= BLOCK_K (every hidden size up to 2048): the tile is all of W's rows
+            a = _whole_input(x, res, nw, new, rk, K, eps, SILU_MUL, ADD, BF16)
             acc = tl.sum(tile.to(tl.float32) * a[None, :], axis=1)
-        else:
+        else:  # NOTE: the norm needs all of h first: a pass for it, then one per K tile
             acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            if not SILU_MUL:
+                inv_rms = _inv_rms(x, res, new, K, eps, BLOCK_K, ADD, BF16)
             for k0 in range(0, K, BLOCK_K):
-                a = _input(x, res, nw, k0 + rk, K, inv_rms, SILU_MUL, ADD, BF16)
+                if SILU_MUL:
+                    a = _gated(x, k0 + rk, K, BF16)
+                else:
+                    a = _normed(_stream(x, res, k0 + rk, K, ADD, BF16), inv_rms, nw, k0 + rk, K, BF16)
                 ahead = w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
                 acc += tl.sum(tile.to(tl.float32) * a[None, :], axis=1)
                 tile = ahead
