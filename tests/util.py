@@ -54,10 +54,8 @@ def build_runtime(
     kv_cache_dtype: str | None = None,
     sample: bool = False,
     tp: TPGroup | None = None,
-    dtype: torch.dtype | None = None,
 ) -> Setup:
-    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous);
-    ``dtype`` as :func:`build_stack` (default bf16 on CUDA, fp32 elsewhere)."""
+    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
         max_batch_size=max_batch_size,
         max_context_len=max_context_len,
@@ -72,9 +70,8 @@ def build_runtime(
         sample=sample,
     )
     stack = build_stack(
-        model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype,
-        tp=tp or TPGroup(), dtype=dtype,
-    )  # fmt: skip
+        model, device, config, max_reqs=max_reqs, seed=seed, kv_cache_dtype=kv_cache_dtype, tp=tp or TPGroup()
+    )
     runtime = stack.runtime if tp is None else TPRuntime(stack.runtime, StepChannel(tp))
     if capture:
         runtime.capture()
