@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decode at the floor, on the GPU machine (after .gpu/install.sh): the step-floor levers measured
 # in one call, each with its switch off and on in the same process tree.
-#   bash bench/gpu_floor.sh tests|sampler|host|fp8|agreement|gemm|model|smollm2|all
+#   bash bench/gpu_floor.sh tests|sampler|host|fp8|agreement|gemm|model|smollm2|prologue|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
 # sampler: the fused sampler's GPU tests, `graphrt bench sampler`, a PDL graph's DOT;
 # host: `graphrt bench host` DECODE at 4k and 128k max context;
@@ -9,7 +9,9 @@
 # agreement: SmolLM2's top-1 agreement with an FP8 KV cache (needs /tmp/models);
 # gemm: the skinny GEMM's GPU tests, `graphrt bench gemm` and its tile sweep;
 # model: `graphrt bench model` (SHAPES) with the lever SWITCH off and on;
-# smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models).
+# smollm2: `graphrt bench overlap` on SmolLM2: tokens/s and wall/busy, greedy and top-p (needs /tmp/models);
+# prologue: the fused-prologue GPU tests (kernels, models, skinny, decode parity), then bench model
+# (Llama-3.2-1B shape, bs 1) and bench overlap (SmolLM2, if present) with GRAPHRT_FUSED_PROLOGUE off and on.
 # Logs and JSON go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -77,6 +79,20 @@ run_smollm2() {
   done
 }
 
+run_prologue() {
+  timeout 420 python3 -m pytest -q -x -m gpu -p no:cacheprovider -s tests/models/test_prologue.py \
+    tests/models/test_prologue_model.py tests/models/test_skinny.py tests/runtime/test_decode_parity.py 2>&1 \
+    | grep -E "kernels|passed|failed|Error" | tail -20 | tee -a "$log"
+  SWITCH=GRAPHRT_FUSED_PROLOGUE SHAPES=llama-3.2-1b BATCH_SIZES=1 run_model
+  gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$gguf" ] || return 0
+  for on in 0 1; do
+    echo "== smollm2 GRAPHRT_FUSED_PROLOGUE=$on" | tee -a "$log"
+    GRAPHRT_FUSED_PROLOGUE=$on timeout 200 graphrt bench overlap --engine-model "$gguf" --batch-sizes 1 \
+      --context 64 --iters 200 --out "$OUT" 2>&1 | tail -14 | tee -a "$log"
+  done
+}
+
 case "$what" in
 tests) run_tests ;;
 sampler) run_sampler ;;
@@ -86,6 +102,7 @@ agreement) run_agreement ;;
 gemm) run_gemm ;;
 model) run_model ;;
 smollm2) run_smollm2 ;;
+prologue) run_prologue ;;
 all) run_tests; run_model; run_smollm2 ;;
-*) echo "tests|sampler|host|fp8|agreement|gemm|model|smollm2|all, got $what" >&2; exit 2 ;;
+*) echo "tests|sampler|host|fp8|agreement|gemm|model|smollm2|prologue|all, got $what" >&2; exit 2 ;;
 esac

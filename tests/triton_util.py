@@ -1,11 +1,13 @@
 """Devices a Triton kernel test runs on: CUDA (marked ``gpu``), and the CPU when Triton's
-interpreter is on (``TRITON_INTERPRET=1``, set before triton is first imported)."""
+interpreter is on (``TRITON_INTERPRET=1``, set before triton is first imported); a PDL chain's
+graph replay against eager launches."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -46,3 +48,26 @@ def rerun_under_interpreter(path: str, passed: int) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     assert f"{passed} passed" in last, last
+
+
+def replay_matches_eager(
+    run: Callable[[bool], torch.Tensor | tuple[torch.Tensor, ...]], x: torch.Tensor
+) -> None:
+    """Capture ``run(True)`` (launches with PDL, reading ``x``) in a CUDA graph; for three new
+    values of ``x`` its replay must equal ``run(False)`` (eager, no PDL) bit for bit."""
+    device = x.device
+    gen = torch.Generator(device)
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        run(True)  # NOTE: compiles outside the capture
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = run(True)
+    for seed in range(3):
+        x.copy_(torch.randn(x.shape, device=device, generator=gen.manual_seed(100 + seed)))
+        graph.replay()
+        want = run(False)
+        torch.cuda.synchronize(device)
+        pairs = zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (out, want)), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs), f"replay {seed} differs from eager"

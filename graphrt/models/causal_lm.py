@@ -34,13 +34,13 @@ class CausalLMAttention(Attention):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
 
-    def project(self, x: torch.Tensor, rope: RopeInputs) -> Projected:
+    def heads(self, qkv: torch.Tensor, rope: RopeInputs) -> Projected:
         cfg = self.cfg
         if not cfg.qk_norm:
-            return super().project(x, rope.cos_sin)
+            return super().heads(qkv, rope.cos_sin)
         weights = (self.q_norm.weight, self.k_norm.weight)
         heads = (self.num_heads, self.num_kv_heads)
-        return (*qk_norm_rope(self.qkv(x), heads, cfg.head_dim, weights, cfg.rms_eps, rope), None)
+        return (*qk_norm_rope(qkv, heads, cfg.head_dim, weights, cfg.rms_eps, rope), None)
 
 
 class CausalLM(Decoder):

@@ -41,8 +41,20 @@ class RMSNorm(nn.Module):
         """``residual + x`` and its norm: ``(normed, new residual)`` (one fused kernel on GPU)."""
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
+    def stream(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`add`, or for the first block (``residual`` None, ``x`` the stream) the norm of ``x``."""
+        return (self(x), x) if residual is None else self.add(x, residual)
 
-#: What :meth:`Attention.project` returns: q, k, v and the ``cos_sin`` still to apply to q and
+    def linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, proj: ColumnParallelLinear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(proj(norm(residual + x)), residual + x)`` of ``x, residual [T, H]`` (``residual``
+        None: ``x`` is the stream); one launch for a single-row step (:func:`ops.add_norm_linear`).
+        ``proj`` is called as a plain GEMM: no collective (one TP rank)."""
+        return ops.add_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias)
+
+
+#: What :meth:`Attention.heads` returns: q, k, v and the ``cos_sin`` still to apply to q and
 #: k (None when they are rotated already).
 Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -52,8 +64,8 @@ class Attention(nn.Module):
 
     ``qkv_bias`` / ``o_bias``: biases on the projections (Qwen2's q/k/v, some checkpoints' o).
     ``sinks``: learned attention sinks, one logit per query head (``self.sinks``, this rank's
-    heads; gpt-oss). Subclasses change how q, k and v are made (:meth:`project`), e.g. with
-    per-head q/k norms.
+    heads; gpt-oss). Subclasses change how q, k and v are made from the qkv projection
+    (:meth:`heads`), e.g. with per-head q/k norms.
     """
 
     def __init__(
@@ -77,23 +89,28 @@ class Attention(nn.Module):
         self.o = RowParallelLinear(q_part, cfg.hidden_size, tp, bias=o_bias)
         self.sinks = head_param(heads) if sinks else None
 
-    def project(self, x: torch.Tensor, rope: Any) -> Projected:
-        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cos_sin [T, D])`` of ``x``: views of
-        the qkv projection, q and k still to be rotated by ``rope`` (this step's ``cos_sin``),
-        which the attention context does as it stores k (one fused kernel on GPU)."""
+    def heads(self, qkv: torch.Tensor, rope: Any) -> Projected:
+        """``(q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], cos_sin [T, D])`` of the projection
+        ``qkv [T, (Hq + 2 Hk) D]``: views of it, q and k still to be rotated by ``rope`` (this
+        step's ``cos_sin``), which the attention context does as it stores k (one fused kernel
+        on GPU)."""
         d = self.cfg.head_dim
-        q, k, v = self.qkv(x).split(self.splits, dim=-1)
+        q, k, v = qkv.split(self.splits, dim=-1)
         heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
         q, k, v = (t.view(-1, h, d) for t, h in zip((q, k, v), heads, strict=True))
         return q, k, v, rope
 
-    def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
+    def attend(self, projected: Projected, ctx: ForwardContext) -> torch.Tensor:
+        """Attention over ``projected`` (:meth:`heads`), then the output projection: ``[T, hidden]``."""
         cfg, layer = self.cfg, self.layer_id
-        q, k, v, pending = self.project(x, rope)
+        q, k, v, pending = projected
         out = ctx.attention(
             layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending, sinks=self.sinks
         )
         return self.o(out.reshape(-1, self.splits[0]))
+
+    def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
+        return self.attend(self.heads(self.qkv(x), rope), ctx)
 
 
 class MLP(nn.Module):
@@ -108,20 +125,34 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(ops.silu_and_mul(self.gate_up(x)))
 
+    def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``down(silu(gate) * up)`` of ``gate_up [T, 2 I]`` as one rank's plain GEMM (no
+        all-reduce); one launch for a single-row step (:func:`ops.silu_mul_linear`)."""
+        return ops.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
+
 
 class Block(nn.Module):
     """Pre-norm residual block around any attention module with ``forward(x, cos_sin, ctx)``.
 
     The residual stream travels beside the block's output: each norm adds the previous
-    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU).
+    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU). With one TP rank
+    each norm goes with the projection after it (``RMSNorm.linear``: qkv of an
+    :class:`Attention`, the MLP's gate_up) and SiLU-and-mul with ``down`` (``MLP.gated_down``):
+    a single-row step computes them in the GEMMs' prologues (:mod:`graphrt.models.prologue`),
+    any other step runs the same ops as the unfused path.
     """
 
-    def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(
+        self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(hidden_size, eps)
         self.attn = attn
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
+        # NOTE: one TP rank only: under TP the norms' inputs are all-reduced sums and the MLP's
+        # down projection is followed by one; the ranks keep the unfused ops their tests cover.
+        self.norms_in_projections = tp.size == 1 and isinstance(mlp, MLP)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
@@ -129,12 +160,23 @@ class Block(nn.Module):
         """``x``: the previous sublayer's output (the embedding for the first block, with
         ``residual`` None). ``cos_sin``: the decoder's ``rope_inputs`` (passed to the attention).
         Returns this block's MLP output and the residual stream before it."""
-        if residual is None:
-            h, residual = self.attn_norm(x), x
-        else:
-            h, residual = self.attn_norm.add(x, residual)
+        if self.norms_in_projections:
+            return self._fused(x, residual, cos_sin, ctx)
+        h, residual = self.attn_norm.stream(x, residual)
         h, residual = self.mlp_norm.add(self.attn(h, cos_sin, ctx), residual)
         return self.mlp(h), residual
+
+    def _fused(
+        self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.attn, Attention):
+            qkv, residual = self.attn_norm.linear(x, residual, self.attn.qkv)
+            out = self.attn.attend(self.attn.heads(qkv, cos_sin), ctx)
+        else:  # NOTE: MLA / DSA make several projections of the normed input
+            h, residual = self.attn_norm.stream(x, residual)
+            out = self.attn(h, cos_sin, ctx)
+        gate_up, residual = self.mlp_norm.linear(out, residual, self.mlp.gate_up)
+        return self.mlp.gated_down(gate_up), residual
 
 
 def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> Any:
@@ -177,7 +219,7 @@ class Decoder(nn.Module):
         self.cfg, self.tp = cfg, tp
         self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp)) for i in range(cfg.num_layers)
+            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp), tp) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
@@ -219,6 +261,8 @@ class Decoder(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos_sin, ctx)
+        if self.tp.size == 1:  # NOTE: the final norm in the head's prologue (one rank: no all-gather)
+            return self.norm.linear(x, residual, self.lm_head)[0].float()
         return self.lm_head(self.norm.add(x, residual)[0]).float()
 
 

@@ -1,10 +1,12 @@
 """Model ops with one torch definition (CPU path and oracle) and fused kernels on GPU.
 
 Each op picks the fused kernel when the tensor is on CUDA in bf16/fp16 and ``sgl_kernel``
-imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.models.skinny`); otherwise the
-torch code below runs. Both compute in float32 and round once to the
-input dtype, so they agree to bf16 rounding (tested per op on the GPU). None of them syncs
-the host or allocates outside the graph pool, so all of them capture.
+imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.models.skinny`; for single-row
+steps :func:`add_norm_linear` and :func:`silu_mul_linear` fold the norm or the activation into
+it, :mod:`graphrt.models.prologue`); otherwise the torch code below runs. Both compute in
+float32 and round once to the input dtype, so they agree to bf16 rounding (tested per op on
+the GPU). None of them syncs the host or allocates outside the graph pool, so all of them
+capture.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
-from graphrt.models import skinny
+from graphrt.models import prologue, skinny
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
@@ -101,6 +103,43 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if sgl is None or gate_up.shape[-1] * gate_up.element_size() % 16:
         return silu_and_mul_ref(gate_up)
     return sgl.silu_and_mul(gate_up)
+
+
+def add_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``linear(rms_norm(h), weight, bias)`` and the residual stream ``h = residual + x``.
+
+    ``x, residual [T, K]`` (``residual`` None: ``h = x``, the first block's input), ``norm_weight
+    [K]``, ``weight [N, K]``, ``bias [N]``; returns ``([T, N], h [T, K])``. One row of 16-bit
+    ``x`` where the fused prologue runs: one launch (:func:`graphrt.models.prologue.norm_linear`,
+    ``h`` a new tensor); else :func:`add_rms_norm` (or :func:`rms_norm`) then :func:`linear`,
+    which may write ``x`` and ``residual`` in place. Callers use the returned pair either way.
+    """
+    if (
+        x.shape[0] == 1
+        and prologue.enabled(x.device)
+        and prologue.norm_problem(x, residual, norm_weight, weight, bias) is None
+    ):
+        return prologue.norm_linear(x, residual, norm_weight, eps, weight, bias)
+    if residual is None:
+        h, residual = rms_norm(x, norm_weight, eps), x
+    else:
+        h, residual = add_rms_norm(x, residual, norm_weight, eps)
+    return linear(h, weight, bias), residual
+
+
+def silu_mul_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``linear(silu_and_mul(gate_up), weight, bias)``: ``gate_up [T, 2 K]`` (gate first), ``weight
+    [N, K]``; returns ``[T, N]``. One row of 16-bit ``gate_up`` where the fused prologue runs: one
+    launch (:func:`graphrt.models.prologue.silu_mul_linear`); else the two ops."""
+    one_row = gate_up.dim() == 2 and gate_up.shape[0] == 1
+    if one_row and prologue.enabled(gate_up.device) and prologue.silu_problem(gate_up, weight, bias) is None:
+        return prologue.silu_mul_linear(gate_up, weight, bias)
+    return linear(silu_and_mul(gate_up), weight, bias)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -26,7 +26,7 @@ that regime:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -123,17 +123,18 @@ def pdl_default(device: torch.device) -> bool:
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether :func:`skinny_linear` takes these tensors (else :func:`check` says why)."""
-    return _problem(x, weight, bias) is None
+    return problem(x, weight, bias) is None
 
 
 def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Raise ``ValueError`` naming the value and the limit when the kernel cannot take them."""
-    problem = _problem(x, weight, bias)
-    if problem is not None:
-        raise ValueError(f"skinny GEMM: {problem}")
+    why = problem(x, weight, bias)
+    if why is not None:
+        raise ValueError(f"skinny GEMM: {why}")
 
 
-def _problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+def problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+    """What the kernel cannot take in these tensors (naming the value and the limit), or None."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
     if not 0 < x.shape[0] <= MAX_M:
@@ -176,20 +177,36 @@ def skinny_linear(
     (m, k), n = x.shape, weight.shape[0]
     tile = tile_for(m, n, k) if tile is None else tile.fit(m, n, k)
     pdl = pdl_default(x.device) if pdl is None else pdl
+    return torch.ops.graphrt.skinny_gemm(x, weight, bias, list(astuple(tile)), pdl)
+
+
+def _skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool
+) -> torch.Tensor:
+    assert triton is not None, "the skinny GEMM needs Triton"
+    (m, k), n = x.shape, weight.shape[0]
+    block_n, block_k, warps, stages = tile
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = 1 if m == 1 else max(16, _pow2(m))
-    _skinny[(triton.cdiv(n, tile.block_n),)](
+    _skinny[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
-        BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, HAS_BIAS=bias is not None,
-        PDL=pdl, F32_DOT=not x.is_cuda, num_warps=tile.warps, num_stages=tile.stages, launch_pdl=pdl,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+        PDL=pdl, F32_DOT=not x.is_cuda, num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )  # fmt: skip
     return out
+
+
+# NOTE: one ``torch.ops.graphrt`` op per launch, so the emulated capture engine records and replays
+# it like an aten op (a bare Triton launch is invisible to it). ``tile``: ``Tile``'s fields in order.
+_LIB = torch.library.Library("graphrt", "FRAGMENT")
+_LIB.define("skinny_gemm(Tensor x, Tensor weight, Tensor? bias, int[] tile, bool pdl) -> Tensor")
+_LIB.impl("skinny_gemm", _skinny_gemm, "CompositeExplicitAutograd")
 
 
 if triton is not None:
 
     @triton.jit
-    def _w_tile(w_rows, rn, k0, rk, N, K):
+    def w_tile(w_rows, rn, k0, rk, N, K):
         """``W[rn, k0 : k0 + BLOCK_K]`` (zeros past ``N`` and ``K``), ``w_rows`` = row starts."""
         cols = k0 + rk
         mask = (rn[:, None] < N) & (cols[None, :] < K)
@@ -205,7 +222,7 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         rm = tl.arange(0, BLOCK_M)
         w_rows = w + rn.to(tl.int64) * w_stride
-        tile = _w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
+        tile = w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
         if HAS_BIAS:
             b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)
         if PDL:
@@ -219,7 +236,7 @@ if triton is not None:
                 mask=(rm[:, None] < M) & (cols[None, :] < K),
                 other=0.0,
             )
-            ahead = _w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
+            ahead = w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
             if BLOCK_M == 1:
                 acc += tl.sum(tile.to(tl.float32) * xt.to(tl.float32), axis=1)
             elif F32_DOT:  # NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits
