@@ -83,6 +83,9 @@ class BufferSpec:
     host : bool
         Written on the host and copied to the device in one transfer per step; otherwise
         derived on the device (inside the captured graph) from host-written buffers.
+    head_only : bool
+        Written inside the graph from its start up to a length the writer decides (FA3's tile
+        schedule); the tail is never read, so debug mode's poison check looks at the head only.
     """
 
     name: str
@@ -90,6 +93,7 @@ class BufferSpec:
     dtype: torch.dtype
     pad: PadRule
     host: bool = False
+    head_only: bool = False
 
     def size(self, dims: Dims) -> tuple[int, ...]:
         return tuple(dims.resolve(d) for d in self.shape)

@@ -191,7 +191,8 @@ class StaticBuffers(Generic[T]):
         view = self.view(bucket, rows_per_req)
         found = []
         for spec in self.specs:
-            if bool(poisoned_mask(getattr(view, spec.name)).any()):
+            tensor = getattr(view, spec.name)
+            if bool(poisoned_mask(tensor.flatten()[:1] if spec.head_only else tensor).any()):
                 found.append(spec.name)
         return found
 

@@ -44,7 +44,9 @@ FP8_MAX_HEAD_DIM, FP8_HEAD_ALIGN = 256, 16
 MAX_SINK_HEADS = 64
 #: FA3's schedule for ``b`` requests holds at most ``4 * round_up(b, 4) + 1`` int32 (split
 #: counts, m-blocks, batch order, heads in L2, tile semaphore); ``4 * b + 16`` covers it.
-SCHEDULER_SPECS = (BufferSpec("scheduler_metadata", ("4*max_bs+16",), torch.int32, PadRule("free")),)
+SCHEDULER_SPECS = (
+    BufferSpec("scheduler_metadata", ("4*max_bs+16",), torch.int32, PadRule("free"), head_only=True),
+)
 
 
 @dataclass(slots=True)

@@ -153,7 +153,7 @@ def greedy_chain(setup: Setup, monkeypatch: pytest.MonkeyPatch, on: str) -> None
 @pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("case", list(CASES))
 def test_fused_steps_match_unfused(device, kernels_on, case, monkeypatch) -> None:
-    setup = build(device, case)
+    setup = build(device, case, record_kernels=True)  # NOTE: CUDA graphs list kernels only then
     layers = setup.model.cfg.num_layers
     norms = layers + 1 if case == "tiny-mla" else 2 * layers + 1
     assert fused_counts(setup) == Counter(prologue_norm_gemm=norms, prologue_silu_gemm=layers)
