@@ -157,17 +157,33 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
             )
 
 
-def check_layers(num_layers: int, found: Mapping[str, Shape]) -> None:
+#: Config sizes that are each at most some dimension of a checkpoint tensor.
+TENSOR_SIZES = (
+    *("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"),
+    *("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"),
+)
+
+
+def check_config(config: ModelConfig | MLAConfig, found: Mapping[str, Shape]) -> None:
     """Raise :class:`CheckpointError` when the config names more layers than the checkpoint
-    holds tensors for, before a model of that many layers is built (even on the meta device:
-    a damaged ``num_hidden_layers`` of ``2**40`` would build for ever)."""
+    holds tensors for, or a size larger than every tensor dimension in it: before a model is
+    built, even on the meta device (a damaged ``num_hidden_layers`` or ``head_dim`` of ``2**40``
+    would build for ever, or allocate its RoPE frequencies)."""
     held = [n.split(".", 3)[2] for n in found if n.startswith("model.layers.")]
     layers = max((int(i) + 1 for i in held if i.isdigit()), default=0)
-    if num_layers > layers:
+    if config.num_layers > layers:
         raise CheckpointError(
-            f"the config has {num_layers} hidden layers, the checkpoint tensors of {layers} "
+            f"the config has {config.num_layers} hidden layers, the checkpoint tensors of {layers} "
             f"(missing tensor 'model.layers.{layers}.…')"
         )
+    largest = max((int(d) for shape in found.values() for d in shape), default=0)
+    for name in TENSOR_SIZES:
+        value = getattr(config, name, None)
+        if value is not None and value > largest:
+            raise CheckpointError(
+                f"config {name} = {value} is larger than every tensor dimension in the checkpoint "
+                f"(at most {largest})"
+            )
 
 
 def materialize(
@@ -183,7 +199,7 @@ def materialize(
     ``progress(done, total)`` is called after each tensor.
     """
     found = source.shapes()
-    check_layers(source.config.num_layers, found)
+    check_config(source.config, found)
     with torch.device("meta"):
         model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
     expected = slots(model)

@@ -94,6 +94,8 @@ def _rope(raw: Raw) -> tuple[float, str, dict[str, Any]]:
     modern = dict(raw.get("rope_parameters") or {})
     params = dict(raw.get("rope_scaling") or modern)
     theta = float(params.get("rope_theta", raw.get("rope_theta", modern.get("rope_theta", 10000.0))))
+    if not 0 < theta < math.inf:
+        raise CheckpointError(f"config rope_theta = {theta}: must be a finite number > 0")
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     check_rope_type(rope_type)
     params.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
@@ -138,6 +140,9 @@ def _refuse_moe(raw: Raw) -> None:
         )
 
 
+#: Most decoder layers a config may name (the largest models have ~130): the config is read per
+#: layer (windows, layer types) before any tensor is, so a damaged ``2**40`` would loop for ever.
+MAX_LAYERS = 4096
 #: Integer sizes of a config: name → (required, least value); ``None`` or absent skips an optional one.
 SIZES: dict[str, tuple[bool, int]] = {
     "vocab_size": (True, 1),
@@ -179,6 +184,8 @@ def check_sizes(raw: Raw, mla: bool) -> None:
             raise CheckpointError(f"config {name} must be an integer, got {value!r}")
         if value < least:
             raise CheckpointError(f"config {name} = {value}: must be >= {least}")
+    if raw["num_hidden_layers"] > MAX_LAYERS:
+        raise CheckpointError(f"config num_hidden_layers = {raw['num_hidden_layers']}: at most {MAX_LAYERS}")
     heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
     if not mla and heads % kv:
         raise CheckpointError(
