@@ -155,11 +155,6 @@ CASES: dict[str, tuple[Callable[[Setup], Kwargs], type[Exception], str]] = {
         TypeError,
         r"Batch.input_ids\[1\] is 4.0 \(float\): must be an int",
     ),
-    "string_in_list": (
-        _with(out_cache_loc=["4", 20]),
-        TypeError,
-        r"Batch.out_cache_loc\[0\] is '4' \(str\): must be an int",
-    ),
     "meta_tensor": (
         _with(input_ids=torch.tensor([3, 4], device="meta")),
         ValueError,
