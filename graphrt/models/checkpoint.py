@@ -157,18 +157,17 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
             )
 
 
-#: Config sizes that are each at most some dimension of a checkpoint tensor.
-TENSOR_SIZES = (
-    *("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"),
-    *("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"),
-)
+#: Head sizes, each at most some dimension of a checkpoint tensor, checked before the model is
+#: built: its RoPE frequencies are computed on the host from them. NOTE: the other sizes only
+#: shape meta tensors, and the per-tensor check names the tensor and both shapes.
+TENSOR_SIZES = ("num_heads", "num_kv_heads", "head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def check_config(config: ModelConfig | MLAConfig, found: Mapping[str, Shape]) -> None:
     """Raise :class:`CheckpointError` when the config names more layers than the checkpoint
-    holds tensors for, or a size larger than every tensor dimension in it: before a model is
-    built, even on the meta device (a damaged ``num_hidden_layers`` or ``head_dim`` of ``2**40``
-    would build for ever, or allocate its RoPE frequencies)."""
+    holds tensors for, or a head size (:data:`TENSOR_SIZES`) larger than every tensor dimension
+    in it: before a model is built, even on the meta device (a damaged ``num_hidden_layers`` or
+    ``head_dim`` of ``2**40`` would build for ever, or allocate its RoPE frequencies)."""
     held = [n.split(".", 3)[2] for n in found if n.startswith("model.layers.")]
     layers = max((int(i) + 1 for i in held if i.isdigit()), default=0)
     if config.num_layers > layers:

@@ -130,9 +130,9 @@ CASES: dict[str, tuple[Make, str]] = {
     "mla zero latent": (config("mla", kv_lora_rank=0), r"config kv_lora_rank = 0: must be >= 1"),
     "mla no rope dim": (config("mla", qk_rope_head_dim=None), r"config has no 'qk_rope_head_dim'"),
     "mla negative v": (config("mla", v_head_dim=-16), r"config v_head_dim = -16: must be >= 1"),
-    "mla huge q_lora": (
-        config("mla", q_lora_rank=2**40),
-        r"q_lora_rank = 1099511627776 is larger than every",
+    "mla huge rope dim": (
+        config("mla", qk_rope_head_dim=2**40),
+        r"qk_rope_head_dim = 1099511627776 is larger than every",
     ),
 }
 
