@@ -17,6 +17,7 @@ from typing import Any
 
 from graphrt.engine import Engine
 from graphrt.replies import Completion, Replies
+from graphrt.step.ints import is_int
 from graphrt.step.sampling import SamplingParams
 from graphrt.text.template import Messages
 from graphrt.text.tokenizer import NoTokenizer, Tokenizer, declared_stop_ids, load_tokenizer
@@ -26,11 +27,7 @@ Prompt = str | Sequence[int]
 
 
 def _is_ids(prompt: object) -> bool:
-    return (
-        isinstance(prompt, Sequence)
-        and not isinstance(prompt, str)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    )
+    return isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(is_int(t) for t in prompt)
 
 
 def _is_chat(messages: object) -> bool:

@@ -1,8 +1,9 @@
 """Reading snapshots back: JSON facts checked against the schema, arrays from the ``.npz``.
 
-Whatever is wrong with a file (unreadable, truncated JSON, a missing field, a field of the
-wrong type, a damaged ``.npz``) raises one :class:`SnapshotError` naming the file and the
-field; a snapshot of another schema version raises :class:`SnapshotVersionError`.
+Whatever is wrong with a file (unreadable, truncated, oversized or too deeply nested JSON, a
+missing field, a field of the wrong type, a damaged ``.npz``) raises one :class:`SnapshotError`
+naming the file and the field; a snapshot of another schema version raises
+:class:`SnapshotVersionError`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import dataclasses
 import json
 import types
 import typing
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ from graphrt.debug.schema import Snapshot
 
 #: Bumped on any change a version-1 reader would misread (renamed, retyped or removed fields).
 SNAPSHOT_VERSION = 1
+#: Largest snapshot JSON read: its facts (graphs, kernels, buffer metadata), not buffer contents.
+MAX_JSON_BYTES = 256 << 20
 
 
 class SnapshotError(ValueError):
@@ -68,16 +69,27 @@ def load_snapshot(path: str | Path) -> Snapshot:
         snapshot = _build(Snapshot, facts, "snapshot")
     except _Mismatch as exc:
         raise SnapshotError(f"{path}: {exc}") from None
+    except RecursionError:  # NOTE: a value nested almost as deep as json allows, shown in a message
+        raise SnapshotError(f"{path}: JSON nested too deeply to be a snapshot") from None
     return dataclasses.replace(snapshot, arrays=_read_npz(npz_path(path)))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise SnapshotError(
+                f"{path}: {size} bytes is larger than a snapshot's facts can be "
+                f"(limit {MAX_JSON_BYTES} bytes; buffer contents live in the .npz)"
+            )
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"{path}: cannot read the snapshot: {exc}") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        # NOTE: the schema nests a few levels; json recurses once per level of the input
+        raise SnapshotError(f"{path}: JSON nested too deeply to be a snapshot") from None
     except json.JSONDecodeError as exc:
         end = " (near the end of the file: truncated?)" if len(text.rstrip()) - exc.pos < 40 else ""
         raise SnapshotError(
@@ -94,7 +106,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
-    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, KeyError) as exc:
+    except Exception as exc:  # NOTE: zipfile, zlib and numpy raise a dozen kinds for damage
         raise SnapshotError(f"{path}: damaged .npz (buffer contents): {type(exc).__name__}: {exc}") from None
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from graphrt.engine.speculative import SpecRunner, SpecState
 from graphrt.runtime.report import RuntimeStats
+from graphrt.step.ints import count, is_int, token_ids
 from graphrt.step.sampling import SamplingParams
 
 
@@ -74,25 +75,6 @@ class EngineStats:
     accepted_per_position: tuple[int, ...] = ()
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def token_ids(prompt: object, name: str = "prompt") -> list[int]:
-    """``prompt`` as a list of ints: integers or a 1-D integer array, never a string, a float
-    or a bool (``TypeError`` naming the argument and the index)."""
-    if isinstance(prompt, (str, bytes)):
-        raise TypeError(f"{name} is a {type(prompt).__name__}; token ids are a sequence of integers")
-    if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
-        prompt = prompt.tolist()  # NOTE: numpy arrays and tensors
-    if not isinstance(prompt, Sequence):
-        raise TypeError(f"{name} must be a sequence of integer token ids, got {type(prompt).__name__}")
-    for i, t in enumerate(prompt):
-        if not _is_int(t):
-            raise TypeError(f"{name}[{i}] is {t!r} ({type(t).__name__}): token ids must be integers")
-    return [int(t) for t in prompt]
-
-
 def check_prompts(prompts: object) -> list[list[int]]:
     """Every prompt of a ``generate`` call as token ids (``TypeError`` names ``prompts[i][j]``)."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
@@ -102,11 +84,11 @@ def check_prompts(prompts: object) -> list[list[int]]:
 
 def budgets(max_new_tokens: object, n: int) -> list[int]:
     """One ``max_new_tokens`` per prompt: an int for all, or a sequence of ``n`` ints."""
-    limits = [max_new_tokens] * n if _is_int(max_new_tokens) else max_new_tokens
+    limits = [max_new_tokens] * n if is_int(max_new_tokens) else max_new_tokens
     if not isinstance(limits, Sequence) or isinstance(limits, (str, bytes)):
         raise TypeError(f"max_new_tokens must be an int or a sequence of ints, got {max_new_tokens!r}")
     for i, v in enumerate(limits):
-        if not _is_int(v):
+        if not is_int(v):
             raise TypeError(f"max_new_tokens[{i}] is {v!r} ({type(v).__name__}): budgets must be integers")
     if len(limits) != n:
         raise ValueError(f"{len(limits)} max_new_tokens for {n} prompts")
@@ -120,10 +102,7 @@ def check_prompt(
     ``ValueError`` for an empty prompt, an id outside ``[0, vocab)``, a budget below 1 or a
     request that cannot fit ``max_context_len`` (with ``lookahead`` draft positions)."""
     tokens = token_ids(prompt)
-    if not _is_int(max_new_tokens):
-        raise TypeError(
-            f"max_new_tokens is {max_new_tokens!r} ({type(max_new_tokens).__name__}): must be an int"
-        )
+    max_new_tokens = count("max_new_tokens", max_new_tokens)
     if not tokens:
         raise ValueError("prompt is empty")
     bad = [t for t in tokens if not 0 <= t < vocab]

@@ -7,7 +7,7 @@ random weights, and :func:`load` builds one from a Hugging Face directory or a G
 """
 
 from graphrt.models.causal_lm import CausalLM
-from graphrt.models.checkpoint import CheckpointError
+from graphrt.models.errors import CheckpointError
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.llama import TinyLlama
 from graphrt.models.loader import load

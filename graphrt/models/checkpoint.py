@@ -19,6 +19,7 @@ import torch
 
 from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
+from graphrt.models.errors import CheckpointError
 from graphrt.models.hf_config import ModelConfig
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, copy_shard, to_empty, whole
@@ -75,10 +76,6 @@ KV_SCALE_TENSORS: dict[str, tuple[str, ...]] = {
 }
 #: Checkpoint names that may be present and are not loaded (RoPE tables are recomputed).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match its config (names the tensor and the shapes)."""
 
 
 class TensorSource(Protocol):
@@ -160,6 +157,34 @@ def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied
             )
 
 
+#: Head sizes, each at most some dimension of a checkpoint tensor, checked before the model is
+#: built: its RoPE frequencies are computed on the host from them. NOTE: the other sizes only
+#: shape meta tensors, and the per-tensor check names the tensor and both shapes.
+TENSOR_SIZES = ("num_heads", "num_kv_heads", "head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def check_config(config: ModelConfig | MLAConfig, found: Mapping[str, Shape]) -> None:
+    """Raise :class:`CheckpointError` when the config names more layers than the checkpoint
+    holds tensors for, or a head size (:data:`TENSOR_SIZES`) larger than every tensor dimension
+    in it: before a model is built, even on the meta device (a damaged ``num_hidden_layers`` or
+    ``head_dim`` of ``2**40`` would build for ever, or allocate its RoPE frequencies)."""
+    held = [n.split(".", 3)[2] for n in found if n.startswith("model.layers.")]
+    layers = max((int(i) + 1 for i in held if i.isdigit()), default=0)
+    if config.num_layers > layers:
+        raise CheckpointError(
+            f"the config has {config.num_layers} hidden layers, the checkpoint tensors of {layers} "
+            f"(missing tensor 'model.layers.{layers}.…')"
+        )
+    largest = max((int(d) for shape in found.values() for d in shape), default=0)
+    for name in TENSOR_SIZES:
+        value = getattr(config, name, None)
+        if value is not None and value > largest:
+            raise CheckpointError(
+                f"config {name} = {value} is larger than every tensor dimension in the checkpoint "
+                f"(at most {largest})"
+            )
+
+
 def materialize(
     source: TensorSource,
     device: torch.device,
@@ -172,9 +197,11 @@ def materialize(
     With ``tp`` the model is this rank's shard and only the shard's slices are read.
     ``progress(done, total)`` is called after each tensor.
     """
+    found = source.shapes()
+    check_config(source.config, found)
     with torch.device("meta"):
         model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
-    expected, found = slots(model), source.shapes()
+    expected = slots(model)
     check_tensors(expected, found, source.config.tie_word_embeddings)
     scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
     model = to_empty(model, device)

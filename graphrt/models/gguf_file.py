@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.models.checkpoint import CheckpointError, Shape
+from graphrt.models.checkpoint import Shape
+from graphrt.models.errors import CheckpointError
+from graphrt.models.gguf_header import check_gguf
 from graphrt.models.hf_config import ModelConfig, parse_config
 from graphrt.models.parallel import Shard, cut
 
@@ -78,7 +80,11 @@ def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def read_gguf(path: str | Path) -> Any:
     """The ``gguf.GGUFReader`` of ``path``, parsed once per process (the file's size and mtime
-    key the cache): the model loader, the tokenizer and the stop ids read the same one."""
+    key the cache): the model loader, the tokenizer and the stop ids read the same one.
+
+    :class:`CheckpointError` naming the file and the fault for a file cut short, garbage, or
+    with absurd counts: :func:`check_gguf` walks the header first (``gguf`` trusts it).
+    """
     path = Path(path).resolve()
     stat = path.stat()
     return _read(str(path), stat.st_size, stat.st_mtime_ns)
@@ -86,7 +92,13 @@ def read_gguf(path: str | Path) -> Any:
 
 @functools.lru_cache(maxsize=2)
 def _read(path: str, size: int, mtime_ns: int) -> Any:
-    return _reader_class()(path)
+    reader_class = _reader_class()
+    check_gguf(Path(path))
+    try:
+        return reader_class(path)
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError) as err:
+        # NOTE: check_gguf walked the layout; what is left is a duplicate key or tensor name
+        raise CheckpointError(f"{path}: not a readable GGUF file: {err}") from None
 
 
 @functools.cache
@@ -147,8 +159,12 @@ class GGUFFile:
         self.path = Path(path)
         self.reader = read_gguf(self.path)
         by_gguf = {t.name: t for t in self.reader.tensors}
-        self.arch = _field(self.reader, "general.architecture")
-        self.config: ModelConfig = parse_config(_raw_config(self.reader, by_gguf))
+        try:
+            self.arch = _field(self.reader, "general.architecture")
+            self.config: ModelConfig = parse_config(_raw_config(self.reader, by_gguf))
+        except (ValueError, KeyError, TypeError) as err:
+            what = f"no tensor {err}" if isinstance(err, KeyError) else str(err)
+            raise CheckpointError(f"{self.path}: {what}") from None
         rope_freqs = by_gguf.pop("rope_freqs.weight", None)
         self.freq_factors = None if rope_freqs is None else torch.from_numpy(np.array(rope_freqs.data))
         self.tensors = {hf_name(name): t for name, t in by_gguf.items()}
@@ -158,7 +174,7 @@ class GGUFFile:
         for name, t in self.tensors.items():
             if t.tensor_type.name not in SUPPORTED_TYPES:
                 raise CheckpointError(
-                    f"tensor {name!r} is {t.tensor_type.name}: quantisation type not supported "
+                    f"{self.path}: tensor {name!r} is {t.tensor_type.name}: quantisation type not supported "
                     f"(supported: {', '.join(SUPPORTED_TYPES)})"
                 )
         return {name: tuple(int(d) for d in reversed(t.shape)) for name, t in self.tensors.items()}

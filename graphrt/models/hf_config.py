@@ -8,10 +8,12 @@ layers are refused (a later issue).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphrt.models.errors import CheckpointError
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import check_rope_type
 
@@ -92,6 +94,8 @@ def _rope(raw: Raw) -> tuple[float, str, dict[str, Any]]:
     modern = dict(raw.get("rope_parameters") or {})
     params = dict(raw.get("rope_scaling") or modern)
     theta = float(params.get("rope_theta", raw.get("rope_theta", modern.get("rope_theta", 10000.0))))
+    if not 0 < theta < math.inf:
+        raise CheckpointError(f"config rope_theta = {theta}: must be a finite number > 0")
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     check_rope_type(rope_type)
     params.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
@@ -136,6 +140,70 @@ def _refuse_moe(raw: Raw) -> None:
         )
 
 
+#: Most decoder layers a config may name (the largest models have ~130): the config is read per
+#: layer (windows, layer types) before any tensor is, so a damaged ``2**40`` would loop for ever.
+MAX_LAYERS = 4096
+#: Integer sizes of a config: name → (required, least value); ``None`` or absent skips an optional one.
+SIZES: dict[str, tuple[bool, int]] = {
+    "vocab_size": (True, 1),
+    "hidden_size": (True, 1),
+    "num_hidden_layers": (True, 1),
+    "num_attention_heads": (True, 1),
+    "intermediate_size": (True, 1),
+    "num_key_value_heads": (False, 1),
+    "head_dim": (False, 1),
+    "max_position_embeddings": (False, 1),
+    "sliding_window": (False, 1),
+}
+#: DeepSeek-V2/V3 (dense MLA) sizes on top of :data:`SIZES`.
+MLA_SIZES: dict[str, tuple[bool, int]] = {
+    "kv_lora_rank": (True, 1),
+    "qk_nope_head_dim": (True, 1),
+    "qk_rope_head_dim": (True, 1),
+    "v_head_dim": (True, 1),
+    "q_lora_rank": (False, 1),
+    "n_routed_experts": (False, 0),
+    "first_k_dense_replace": (False, 0),
+}
+#: Numbers a config may give, which must be finite and > 0.
+POSITIVE = ("rms_norm_eps", "rope_theta")
+
+
+def check_sizes(raw: Raw, mla: bool) -> None:
+    """Raise :class:`CheckpointError` on a config whose sizes no model can have: a size that
+    is missing, not an int, or below its least value; KV heads that do not divide the heads, or
+    heads that do not divide the hidden size without ``head_dim`` (MHA/GQA); a norm epsilon or
+    rope base that is not a finite number > 0."""
+    for name, (required, least) in (SIZES | (MLA_SIZES if mla else {})).items():
+        value = raw.get(name)
+        if value is None:
+            if required:
+                raise CheckpointError(f"config has no {name!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CheckpointError(f"config {name} must be an integer, got {value!r}")
+        if value < least:
+            raise CheckpointError(f"config {name} = {value}: must be >= {least}")
+    if raw["num_hidden_layers"] > MAX_LAYERS:
+        raise CheckpointError(f"config num_hidden_layers = {raw['num_hidden_layers']}: at most {MAX_LAYERS}")
+    heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    if not mla and heads % kv:
+        raise CheckpointError(
+            f"config num_key_value_heads = {kv} does not divide num_attention_heads = {heads}"
+        )
+    if not mla and not raw.get("head_dim") and raw["hidden_size"] % heads:
+        raise CheckpointError(
+            f"config num_attention_heads = {heads} does not divide hidden_size = {raw['hidden_size']} "
+            "(and there is no head_dim)"
+        )
+    for name in POSITIVE:
+        value = raw.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+        ):
+            raise CheckpointError(f"config {name} = {value!r}: must be a finite number > 0")
+
+
 def parse_mla_config(raw: Raw, arch_name: str) -> MLAConfig:
     """A DeepSeek-V2/V3 ``config.json`` whose layers are all dense; ``ValueError`` otherwise."""
     _refuse_moe(raw)
@@ -173,8 +241,12 @@ def parse_mla_config(raw: Raw, arch_name: str) -> MLAConfig:
 
 
 def parse_config(raw: Raw) -> ModelConfig | MLAConfig:
-    """Read a ``config.json`` dict; ``ValueError`` names what graphrt does not support."""
+    """Read a ``config.json`` dict; ``ValueError`` names what graphrt does not support,
+    :class:`CheckpointError` (a ``ValueError``) a config no model can have."""
+    if not isinstance(raw, Mapping):
+        raise CheckpointError(f"config must be a JSON object, got {type(raw).__name__}")
     arch_name = _architecture(raw)
+    check_sizes(raw, mla=arch_name in MLA_ARCHS)
     _refuse_unsupported(raw)
     if arch_name in MLA_ARCHS:
         return parse_mla_config(raw, arch_name)

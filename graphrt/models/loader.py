@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from graphrt.models.checkpoint import Model, TensorSource, materialize
+from graphrt.models.errors import CheckpointError
 from graphrt.models.gguf_file import GGUFFile
 from graphrt.models.parallel import SINGLE
 from graphrt.models.safetensors_dir import SafetensorsDir
@@ -96,7 +97,10 @@ def load(
     Raises
     ------
     ValueError
-        Before anything is allocated on ``device``: an unsupported architecture, rope type or
+        Before anything is allocated on ``device``: a damaged or inconsistent checkpoint
+        (:class:`CheckpointError`, naming the file and the fault: a GGUF or safetensors file cut
+        short or with an absurd header, a ``config.json`` that does not parse or holds impossible
+        sizes); an unsupported architecture, rope type or
         quantisation type; DeepSeek MoE layers (``n_routed_experts`` with ``first_k_dense_replace
         < num_hidden_layers``); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
         a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
@@ -110,4 +114,9 @@ def load(
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
-    return materialize(source, dev, dtype or default_dtype(dev), tp, progress)
+    try:
+        return materialize(source, dev, dtype or default_dtype(dev), tp, progress)
+    except CheckpointError as err:
+        if str(resolved) in str(err):
+            raise
+        raise CheckpointError(f"{resolved}: {err}") from None  # NOTE: name the checkpoint

@@ -7,33 +7,62 @@ rank keeps (``get_slice``: the rest of the tensor is never read).
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from graphrt.models.checkpoint import CheckpointError, Shape
+from graphrt.models.checkpoint import Shape
+from graphrt.models.errors import CheckpointError, read_json
 from graphrt.models.hf_config import ModelConfig, parse_config
 from graphrt.models.parallel import Shard
+from graphrt.models.presets import MLAConfig
 
 #: safetensors dtypes a checkpoint may hold; anything else is a quantised format.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
-def _safe_open(file: Path, device: str) -> Any:
+@contextmanager
+def _safe_open(file: Path, device: str) -> Iterator[Any]:
+    """``safe_open`` whose every failure (a header cut short or garbage, data past the end, a
+    read that fails) is a :class:`CheckpointError` naming the file."""
     try:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
     except ImportError as err:  # pragma: no cover - dev extra installs it
         raise ImportError(f"loading safetensors needs the safetensors package ({err})") from err
-    return safe_open(str(file), framework="pt", device=device)
+    try:
+        with safe_open(str(file), framework="pt", device=device) as f:
+            yield f
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{file}: not a readable safetensors file: {err}") from None
+
+
+def read_config(path: Path) -> ModelConfig | MLAConfig:
+    """The ``config.json`` of checkpoint directory ``path``; :class:`CheckpointError` naming it
+    when it is missing, does not parse, or holds sizes no model can have."""
+    config = path / "config.json"
+    if not config.exists():
+        raise CheckpointError(f"{path}: no config.json")
+    raw = read_json(config)
+    try:
+        return parse_config(raw)
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{config}: {err}") from None
 
 
 def _files(path: Path) -> dict[str, Path]:
     """Tensor name → shard file, from ``model.safetensors.index.json`` or every ``*.safetensors``."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index}: no 'weight_map' of tensor name -> file name")
+        missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
+        if missing:
+            raise CheckpointError(f"{index}: names {missing[0]!r}, which is not in {path}")
         return {name: path / file for name, file in weight_map.items()}
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -52,10 +81,7 @@ class SafetensorsDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        config = self.path / "config.json"
-        if not config.exists():
-            raise CheckpointError(f"{self.path}: no config.json")
-        self.config: ModelConfig = parse_config(json.loads(config.read_text()))
+        self.config: ModelConfig | MLAConfig = read_config(self.path)
         self.files = _files(self.path)
 
     def shapes(self) -> dict[str, Shape]:
@@ -67,7 +93,7 @@ class SafetensorsDir:
                     part = f.get_slice(name)
                     if part.get_dtype() not in FLOAT_DTYPES and not name.endswith("inv_freq"):
                         raise CheckpointError(
-                            f"tensor {name!r} has dtype {part.get_dtype()}: quantised safetensors are not "
+                            f"{file}: tensor {name!r} has dtype {part.get_dtype()}: quantised safetensors are not "
                             f"supported (supported: {', '.join(FLOAT_DTYPES)})"
                         )
                     out[name] = tuple(part.get_shape())

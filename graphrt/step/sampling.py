@@ -7,6 +7,8 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from graphrt.step.ints import is_int, token_ids
+
 #: Seeds are non-negative int64 (the sampling family stores them as int64).
 MAX_SEED = 2**63 - 1
 
@@ -39,6 +41,8 @@ class SamplingParams:
         ``None``: the engine draws a fresh seed per request (not reproducible).
     stop_token_ids : sequence of int
         Generating any of these ends the request; the stop token is the last output token.
+        A list, tuple, set or 1-D integer array of ints (``TypeError`` names the index of
+        anything else: a float, a bool, a string).
     """
 
     temperature: float = 0.0
@@ -55,10 +59,14 @@ class SamplingParams:
         _check_real("min_p", self.min_p, 0.0, 1.0, "[0, 1]")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED, f"[0, {MAX_SEED}]")
-        stops = tuple(self.stop_token_ids)
+        unordered = isinstance(self.stop_token_ids, (set, frozenset))
+        given = list(self.stop_token_ids) if unordered else self.stop_token_ids
+        stops = token_ids(given, "SamplingParams.stop_token_ids")
+        if unordered:
+            stops.sort()  # NOTE: equal params for equal sets
         for t in stops:
             _check_int("stop_token_ids", t, 0, None, "token ids >= 0")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        object.__setattr__(self, "stop_token_ids", tuple(stops))
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
 
@@ -82,12 +90,16 @@ def per_request(
     """One entry per request: ``None`` (plain greedy), a shared value, or a list of ``n``."""
     if sampling is None or isinstance(sampling, SamplingParams):
         return [sampling] * n
+    if not isinstance(sampling, Sequence) or isinstance(sampling, str):
+        raise TypeError(
+            f"sampling must be a SamplingParams, a sequence of them or None, got {type(sampling).__name__}"
+        )
     params = list(sampling)
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"sampling[{i}] must be a SamplingParams, got {type(p).__name__}")
     if len(params) != n:
         raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-    for p in params:
-        if not isinstance(p, SamplingParams):
-            raise TypeError(f"sampling must hold SamplingParams, got {type(p).__name__}")
     return params
 
 
@@ -100,7 +112,7 @@ def _check_real(name: str, value: float, lo: float, hi: float, allowed: str, ope
 
 
 def _check_int(name: str, value: int, lo: int, hi: int | None, allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise TypeError(f"SamplingParams.{name} must be an int, got {value!r}")
     if value < lo or (hi is not None and value > hi):
         raise ValueError(f"SamplingParams.{name} = {value} is out of range: allowed {allowed}")

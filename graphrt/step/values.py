@@ -8,12 +8,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.step.ints import first_non_int
+
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 def host_ints(name: str, value: Any) -> np.ndarray:
+    """``Batch.<name>`` as a 1-D int64 array: integers (a list or tuple of ints, an integer
+    numpy array or CPU tensor); ``TypeError`` names the index of a float, string or bool."""
     if type(value) is np.ndarray and value.dtype == np.int64 and value.ndim == 1:
         return value  # NOTE: the fast path: already what a batch holds, no conversion
+    bad = first_non_int(value)
+    if bad >= 0 and not isinstance(value[bad], (list, tuple, np.ndarray)):  # NOTE: nested: the 1-D check
+        # NOTE: np.asarray turns [1, True] into ints and [1, 2.0] into floats: checked as given
+        v = value[bad]
+        raise TypeError(f"Batch.{name}[{bad}] is {v!r} ({type(v).__name__}): must be an int")
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
             raise ValueError(

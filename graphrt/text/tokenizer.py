@@ -14,12 +14,12 @@ such a model takes token ids.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphrt.models.errors import CheckpointError, read_json
 from graphrt.models.gguf_file import read_gguf
 from graphrt.models.loader import resolve
 from graphrt.text.gguf_vocab import gguf_tokenizer
@@ -76,16 +76,23 @@ class Tokenizer:
 def load_tokenizer(model: str | Path) -> Tokenizer:
     """The tokenizer of checkpoint ``model`` (a directory, a ``.gguf`` or a packaged name).
 
-    Raises :class:`NoTokenizer` for a preset or a directory without tokenizer files, and
-    ``ImportError`` naming the install command when the checkpoint needs a package not here.
+    Raises :class:`NoTokenizer` for a preset or a directory without tokenizer files,
+    ``ImportError`` naming the install command when the checkpoint needs a package not here,
+    and :class:`~graphrt.models.CheckpointError` naming the file when its tokenizer files are
+    damaged (a ``tokenizer.json`` cut short, a GGUF vocabulary of the wrong types, …).
     """
     path = resolve(model)
     if path is None:
         raise NoTokenizer(f"{model!r} is a preset with random weights: it has no tokenizer; give token ids")
-    built = _from_gguf(path) if path.suffix == ".gguf" else _from_json(path)
-    if built is None:
-        built = _from_transformers(path)
-    built.stop_ids = frozenset(stop_ids(built, path))
+    try:
+        built = _from_gguf(path) if path.suffix == ".gguf" else _from_json(path)
+        if built is None:
+            built = _from_transformers(path)
+        built.stop_ids = frozenset(stop_ids(built, path))
+    except (NoTokenizer, ImportError, CheckpointError):
+        raise
+    except Exception as err:  # NOTE: tokenizers, jinja2 and transformers raise many kinds for a bad file
+        raise CheckpointError(f"{path}: cannot build the tokenizer: {type(err).__name__}: {err}") from None
     return built
 
 
@@ -113,7 +120,11 @@ def _from_json(path: Path) -> Tokenizer | None:
     from tokenizers import Tokenizer as Backend
 
     config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = read_json(config_file) if config_file.is_file() else {}
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{config_file}: a tokenizer config is a JSON object, got {type(config).__name__}"
+        )
     template = config.get("chat_template")
     if isinstance(template, list):  # NOTE: named templates; "default" is the chat one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -169,11 +180,20 @@ def declared_stop_ids(model: str | Path) -> set[int]:
         return set()
     if path.suffix == ".gguf":
         fields = read_gguf(path).fields
-        return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
+        try:
+            return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{path}: end-of-generation token ids are not ints: {err}") from None
     found: set[int] = set()
     for name in ("generation_config.json", "config.json"):
         if (path / name).is_file():
-            found |= _ids(json.loads((path / name).read_text()).get("eos_token_id"))
+            raw = read_json(path / name)
+            try:
+                found |= _ids(raw.get("eos_token_id") if isinstance(raw, dict) else None)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(
+                    f"{path / name}: eos_token_id is not an int or a list of ints: {err}"
+                ) from None
     return found
 
 

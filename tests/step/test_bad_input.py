@@ -145,6 +145,16 @@ CASES: dict[str, tuple[Callable[[Setup], Kwargs], type[Exception], str]] = {
         TypeError,
         r"Batch.seq_lens must hold integers, got dtype float32",
     ),
+    "bool_in_list": (
+        _with(req_pool_indices=[0, True]),
+        TypeError,
+        r"Batch.req_pool_indices\[1\] is True \(bool\): must be an int",
+    ),
+    "float_in_list": (
+        _with(input_ids=[3, 4.0]),
+        TypeError,
+        r"Batch.input_ids\[1\] is 4.0 \(float\): must be an int",
+    ),
     "meta_tensor": (
         _with(input_ids=torch.tensor([3, 4], device="meta")),
         ValueError,

@@ -39,3 +39,22 @@ def test_two_branches_merged_into_one_token_are_refused() -> None:
         match=r"token 3 of request 0 lists \[0, 1, 2, 3\], but its parent 2 with its own path gives \[0, 2, 3\]",
     ):
         tree_mask(mask, np.array([4]))
+
+
+def test_batch_create_refuses_a_mask_that_is_not_a_tree() -> None:
+    """The issue's attack at the public door: token 4 lists token 2 without 2's parent 1."""
+    from graphrt import Batch, ForwardMode
+
+    args = dict(
+        input_ids=[1] * 5, seq_lens=[12], req_pool_indices=[0], out_cache_loc=range(20, 25), q_lens=[5]
+    )
+    good = _mask([[], [0], [0, 1], [0], [0, 3]])
+    assert Batch.create(ForwardMode.TARGET_VERIFY, tree_mask=good, **args).positions.tolist() == [
+        7,
+        8,
+        9,
+        8,
+        9,
+    ]
+    with pytest.raises(ValueError, match=r"not a tree: token 4 of request 0 lists \[0, 2, 4\]"):
+        Batch.create(ForwardMode.TARGET_VERIFY, tree_mask=_mask([[], [0], [0, 1], [0], [0, 2]]), **args)

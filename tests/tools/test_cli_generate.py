@@ -109,6 +109,13 @@ def test_seed_is_random_unless_given() -> None:
     [
         ("{not json\n", "prompts.jsonl:1"),
         ('"ok"\n{"prompt_ids": [-1]}\n', "prompts.jsonl:2"),
+        ('{"prompt_ids": [1, 2.5]}\n', "prompt_ids[1] is 2.5 (float)"),
+        ('{"prompt_ids": [1, true]}\n', "prompt_ids[1] is True (bool)"),
+        ('{"prompt_ids": "12"}\n', "prompt_ids is a str"),
+        ('{"prompt_ids": 5}\n', "prompt_ids must be a sequence of integer token ids, got int"),
+        ('{"prompt_ids": [1], "max_new_tokens": true}\n', "prompts.jsonl:1"),
+        ('{"prompt_ids": [1], "max_new_tokens": 2.0}\n', "prompts.jsonl:1"),
+        ('{"prompt": 5}\n', "prompts.jsonl:1"),
         ("\n", "no prompt"),
     ],
 )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphrt.replies import Completion
+from graphrt.step.ints import is_int, token_ids
 from graphrt.step.sampling import SamplingParams
 from graphrt.tools.cli.args import UsageError, resolve_device
 from graphrt.tools.cli.console import progress_wanted
@@ -43,21 +44,33 @@ class Item:
     max_new_tokens: int | None = None
 
 
+#: What a line of ``--prompts-file`` may be.
+ITEM_SHAPE = (
+    'is not a JSON string or an object with one of "prompt" (a string), "messages" (a list of '
+    'objects), "prompt_ids" (token ids >= 0) and an optional "max_new_tokens" (an int > 0)'
+)
+
+
 def _item(value: Any, where: str) -> Item:
+    """One line of ``--prompts-file``; ids and budgets are ints as given (graphrt.step.ints)."""
     if isinstance(value, str):
         return Item(text=value)
     keys = {"prompt", "messages", "prompt_ids"} & set(value if isinstance(value, dict) else ())
     budget = value.get("max_new_tokens") if isinstance(value, dict) else None
-    ok = len(keys) == 1 and (budget is None or (isinstance(budget, int) and budget > 0))
-    ids = value.get("prompt_ids") if ok else None
-    if not ok or (ids is not None and not all(isinstance(t, int) and t >= 0 for t in ids)):
-        raise UsageError(
-            "--prompts-file",
-            where,
-            'is not a JSON string or an object with one of "prompt", "messages", "prompt_ids" '
-            '(token ids >= 0) and an optional "max_new_tokens" > 0',
-        )
-    return Item(value.get("prompt"), value.get("messages"), ids, budget)
+    if len(keys) != 1 or not (budget is None or (is_int(budget) and budget > 0)):
+        raise UsageError("--prompts-file", where, ITEM_SHAPE)
+    prompt, messages, ids = (value.get(k) for k in ("prompt", "messages", "prompt_ids"))
+    if "prompt_ids" in keys:
+        try:
+            ids = token_ids(ids, "prompt_ids")
+        except TypeError as err:
+            raise UsageError("--prompts-file", where, f"{ITEM_SHAPE}: {err}") from err
+        if not ids or min(ids) < 0:
+            raise UsageError("--prompts-file", where, ITEM_SHAPE)
+    chat = isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+    if ("prompt" in keys and not isinstance(prompt, str)) or ("messages" in keys and not chat):
+        raise UsageError("--prompts-file", where, ITEM_SHAPE)
+    return Item(prompt, messages, ids, budget)
 
 
 def read_items(args: argparse.Namespace) -> list[Item]:
