@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from graphrt.models.checkpoint import Model, TensorSource, materialize
-from graphrt.models.gguf_file import GGUFFile
+from graphrt.models.gguf_cache import gguf_source
 from graphrt.models.parallel import SINGLE
 from graphrt.models.safetensors_dir import SafetensorsDir
 from graphrt.parallel import TPGroup
@@ -53,8 +53,13 @@ def resolve(model: str | Path) -> Path | None:
     return None
 
 
-#: Checkpoint file suffix → source; anything else is a Hugging Face directory.
-SOURCES: dict[str, Callable[[Path], TensorSource]] = {".gguf": GGUFFile}
+#: Checkpoint file suffix → source for a model of a dtype; anything else is a Hugging Face
+#: directory. A GGUF goes through the conversion cache (:mod:`graphrt.models.gguf_cache`).
+SOURCES: dict[str, Callable[[Path, torch.dtype], TensorSource]] = {".gguf": gguf_source}
+
+
+def _directory(path: Path, dtype: torch.dtype) -> TensorSource:
+    return SafetensorsDir(path)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -109,5 +114,6 @@ def load(
     if resolved is None:
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
-    return materialize(source, dev, dtype or default_dtype(dev), tp, progress)
+    dtype = dtype or default_dtype(dev)
+    source = SOURCES.get(resolved.suffix, _directory)(resolved, dtype)
+    return materialize(source, dev, dtype, tp, progress)

@@ -22,6 +22,7 @@ from typing import Any
 
 from graphrt.models.gguf_file import read_gguf
 from graphrt.models.loader import resolve
+from graphrt.text import tokenizer_cache
 from graphrt.text.gguf_vocab import gguf_tokenizer
 from graphrt.text.template import Messages, render_chat
 
@@ -82,10 +83,14 @@ def load_tokenizer(model: str | Path) -> Tokenizer:
     path = resolve(model)
     if path is None:
         raise NoTokenizer(f"{model!r} is a preset with random weights: it has no tokenizer; give token ids")
+    if path.suffix == ".gguf" and (hit := tokenizer_cache.load(path)) is not None:
+        return Tokenizer(hit.backend, hit.chat_template, hit.special, hit.stop_ids, hit.source)
     built = _from_gguf(path) if path.suffix == ".gguf" else _from_json(path)
     if built is None:
         built = _from_transformers(path)
     built.stop_ids = frozenset(stop_ids(built, path))
+    if path.suffix == ".gguf":  # NOTE: a directory's tokenizer.json loads fast as it is
+        tokenizer_cache.save(path, built, declared_stop_ids(path))
     return built
 
 
@@ -168,6 +173,8 @@ def declared_stop_ids(model: str | Path) -> set[int]:
     if path is None:
         return set()
     if path.suffix == ".gguf":
+        if (hit := tokenizer_cache.load(path)) is not None:
+            return set(hit.declared_stop_ids)
         fields = read_gguf(path).fields
         return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))
     found: set[int] = set()
