@@ -84,7 +84,9 @@ def test_hit_loads_the_bits_of_a_miss_and_of_the_gguf(
     assert hit.cfg == direct.cfg
 
 
-def test_hit_generates_the_tokens_of_a_miss(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hit_generates_the_tokens_of_a_miss(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = small_gguf(tmp_path / "m")
     options = dict(device="cpu", max_batch_size=1, max_context_len=32)
     miss = Engine(path, **options).generate([PROMPT], 8)[0]
@@ -112,9 +114,8 @@ def test_damaged_weights_are_converted_again(
 
 
 def test_cache_off_writes_nothing(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.text.test_tokenizer import write_gguf as write_tokenizer_gguf
-
     from graphrt.text import load_tokenizer
+    from tests.text.test_tokenizer import write_gguf as write_tokenizer_gguf
 
     monkeypatch.setenv("GRAPHRT_CACHE", "0")
     load(small_gguf(tmp_path / "m"), device="cpu")
@@ -136,7 +137,9 @@ def test_size_bound_skips_and_evicts(cache: Path, tmp_path: Path, monkeypatch: p
     assert now.parent == entry_dir(second) and not kept.exists()
 
 
-def test_bad_size_bound_names_the_variable(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_size_bound_names_the_variable(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GRAPHRT_CACHE_MAX_GB", "lots")
     with pytest.raises(ValueError, match=r"GRAPHRT_CACHE_MAX_GB='lots' is not a number of GiB >= 0"):
         load(small_gguf(tmp_path / "m"), device="cpu")
@@ -161,4 +164,6 @@ def test_shards_read_from_the_cache(cache: Path, tmp_path: Path) -> None:
     name = "model.layers.1.self_attn.q_proj.weight"  # NOTE: a permuted tensor
     rows, cols = Shard(0, 16, 48, 0, 32, (64, 64)), Shard(1, 8, 40, 0, 32, (64, 64))
     for shard in (rows, cols):
-        assert torch.equal(hit.read(name, torch.device("cpu"), shard), direct.read(name, torch.device("cpu"), shard))
+        assert torch.equal(
+            hit.read(name, torch.device("cpu"), shard), direct.read(name, torch.device("cpu"), shard)
+        )

@@ -69,7 +69,9 @@ def test_damaged_entry_is_rebuilt(
     assert file.read_bytes() == whole
 
 
-def test_cache_off_builds_and_writes_nothing(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_off_builds_and_writes_nothing(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GRAPHRT_CACHE", "0")
     path = write_gguf(tmp_path / "tok.gguf", "default")
     assert load_tokenizer(path).source == "gguf"
