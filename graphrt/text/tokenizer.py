@@ -8,6 +8,8 @@ Built once, the fast way that fits the checkpoint:
 | directory with ``tokenizer.json`` | ``tokenizers.Tokenizer.from_file`` + ``tokenizer_config.json`` | no |
 | anything else with tokenizer files (sentencepiece, tiktoken) | ``AutoTokenizer`` | yes |
 
+A ``.gguf``'s tokenizer (however built) is kept in the conversion cache
+(:mod:`graphrt.text.tokenizer_cache`): a later start reads it without parsing the file.
 A preset (random weights) or a directory without tokenizer files raises :class:`NoTokenizer`:
 such a model takes token ids.
 """
