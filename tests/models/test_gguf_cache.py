@@ -65,19 +65,20 @@ def no_gguf_parse(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hit_loads_the_bits_of_a_miss_and_of_the_gguf(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: torch.device, dtype: torch.dtype
 ) -> None:
     path = small_gguf(tmp_path / "m")
     monkeypatch.setenv("GRAPHRT_CACHE", "0")
-    direct = load(path, device="cpu", dtype=dtype)
+    direct = load(path, device=device, dtype=dtype)
     monkeypatch.delenv("GRAPHRT_CACHE")
     assert isinstance(gguf_source(path, dtype), ConvertingGGUF)
-    miss = load(path, device="cpu", dtype=dtype)
+    miss = load(path, device=device, dtype=dtype)
     code = "F32" if dtype == torch.float32 else "BF16"
     assert sorted(p.name for p in cache.glob("gguf/*/*")) == [f"weights-{code}.safetensors"]
     no_gguf_parse(monkeypatch)
     assert isinstance(gguf_source(path, dtype), CachedWeights)
-    hit = load(path, device="cpu", dtype=dtype)
+    hit = load(path, device=device, dtype=dtype)
+    assert next(hit.parameters()).device.type == device.type
     assert_same_bits(state(direct), state(miss))
     assert_same_bits(state(miss), state(hit))
     assert direct.freq_factors is not None and torch.equal(direct.freq_factors, hit.freq_factors)
