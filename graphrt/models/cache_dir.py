@@ -38,7 +38,12 @@ def cache_root() -> Path | None:
     """``$XDG_CACHE_HOME/graphrt`` (or ``~/.cache/graphrt``); None when ``GRAPHRT_CACHE=0``."""
     if os.environ.get("GRAPHRT_CACHE", "1").strip() == "0":
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):  # NOTE: no HOME and no passwd entry: no cache
+            return None
     return Path(base) / "graphrt"
 
 
@@ -83,12 +88,14 @@ def write_atomic(dest: Path, write: Callable[[Path], None]) -> bool:
         tmp = Path(name)
         write(tmp)
         os.replace(tmp, dest)
+        tmp = None
         return True
     except OSError as err:
         log.warning("graphrt cache: cannot write %s (%s); continuing without it", dest, err)
+        return False
+    finally:  # NOTE: also on an error of ``write`` itself, or Ctrl-C: no half file stays
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-        return False
 
 
 def make_room(need: int, keep: Path) -> bool:

@@ -168,3 +168,38 @@ def test_shards_read_from_the_cache(cache: Path, tmp_path: Path) -> None:
         assert torch.equal(
             hit.read(name, torch.device("cpu"), shard), direct.read(name, torch.device("cpu"), shard)
         )
+
+
+def test_unwritable_cache_loads_from_the_gguf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-dir"))
+    path = small_gguf(tmp_path / "m")
+    with caplog.at_level("WARNING", logger="graphrt.cache"):
+        got = state(load(path, device="cpu"))
+    assert "cannot write" in caplog.text
+    monkeypatch.setenv("GRAPHRT_CACHE", "0")
+    assert_same_bits(state(load(path, device="cpu")), got)
+
+
+def test_a_failed_conversion_leaves_no_file(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = small_gguf(tmp_path / "m")
+    calls = []
+
+    def failing(self: gguf_file.GGUFFile, name: str) -> torch.Tensor:
+        calls.append(name)
+        if len(calls) == 3:
+            raise RuntimeError("disk vanished mid-conversion")
+        return original(self, name)
+
+    original = gguf_file.GGUFFile.dequantized
+    monkeypatch.setattr(gguf_file.GGUFFile, "dequantized", failing)
+    with pytest.raises(RuntimeError, match="mid-conversion"):
+        load(path, device="cpu")
+    assert [p.name for p in cache.glob("gguf/*/*")] == []
+    monkeypatch.setattr(gguf_file.GGUFFile, "dequantized", original)
+    load(path, device="cpu")
+    assert isinstance(gguf_source(path, torch.float32), CachedWeights)
