@@ -38,7 +38,9 @@ DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 ROPE_FREQS = "graphrt.rope_freqs"
 
 
-def _header(shapes: dict[str, Shape], code: str, itemsize: int, extra: dict[str, torch.Tensor]) -> dict:
+def _header(
+    shapes: dict[str, Shape], code: str, itemsize: int, extra: dict[str, torch.Tensor]
+) -> dict[str, Any]:
     """safetensors' JSON header: each tensor's dtype, shape and byte range, in order."""
     header: dict[str, Any] = {}
     offset = 0
@@ -88,7 +90,7 @@ class CachedWeights:
     """:class:`~graphrt.models.checkpoint.TensorSource` over a converted file (see :meth:`open`)."""
 
     def __init__(
-        self, file: Path, config: ModelConfig, freq_factors: torch.Tensor | None, shapes: dict
+        self, file: Path, config: ModelConfig, freq_factors: torch.Tensor | None, shapes: dict[str, Shape]
     ) -> None:
         self.file, self.config, self.freq_factors, self._shapes = file, config, freq_factors, shapes
         self._handles: dict[str, Any] = {}
