@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # From text to text on the GPU machine (after .gpu/install.sh and .gpu/install-model.sh):
 #   bash bench/gpu_text.sh
-# 1. `graphrt generate` phase timings, cold process: first run (tokenizer cache empty) and second;
+# 1. `graphrt generate` phase timings, cold process: without the conversion cache, then a first
+#    run (converts the GGUF into an emptied cache) and two more (cache hits);
 # 2. `graphrt serve` time to ready (polls /health);
 # 3. `graphrt bench serve` against `transformers serve` at concurrency 1, 8 and 32.
 # Logs and JSON go to $OUT.
@@ -12,10 +13,12 @@ log="$OUT/text.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$log"
-for run in first second third; do
-  echo "== generate ($run cold process)" | tee -a "$log"
-  TIMEFORMAT="wall %R s"; { time graphrt generate --model "$gguf" --prompt "What is the capital of France?" \
-    --max-new-tokens 10 --log-level info 2>&1 | tail -6; } 2>&1 | tee -a "$log"
+XDG_CACHE_HOME=$(mktemp -d) && export XDG_CACHE_HOME  # NOTE: an empty cache: the first run converts
+for run in "cache off" first second third; do
+  echo "== generate ($run, cold process)" | tee -a "$log"
+  cache=1; [ "$run" = "cache off" ] && cache=0
+  TIMEFORMAT="wall %R s"; { time GRAPHRT_CACHE=$cache graphrt generate --model "$gguf" \
+    --prompt "What is the capital of France?" --max-new-tokens 10 --log-level info 2>&1 | tail -6; } 2>&1 | tee -a "$log"
 done
 echo "== serve: time to ready" | tee -a "$log"
 start=$(date +%s%N)

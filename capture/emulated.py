@@ -139,6 +139,13 @@ def _mutates(func: Any) -> bool:
 
 
 class _Recorder(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # NOTE: by default torch wraps ``__torch_dispatch__`` in ``torch._dynamo.disable``,
+        # which imports dynamo (1 s of the first capture) and adds a frame to every op;
+        # nothing here is ever compiled.
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[_Op] = []

@@ -30,8 +30,11 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, model: torch.nn.Module, arch: str, qtype: str) -> Path:
-    """Save ``model`` (Llama/Qwen2/Qwen3 from transformers) as ``path``; 2-D weights in ``qtype``."""
+def write_gguf(
+    path: Path, model: torch.nn.Module, arch: str, qtype: str, rope_freqs: np.ndarray | None = None
+) -> Path:
+    """Save ``model`` (Llama/Qwen2/Qwen3 from transformers) as ``path``; 2-D weights in ``qtype``;
+    ``rope_freqs`` (``[head_dim / 2]`` float32, llama.cpp's RoPE frequency factors) if given."""
     import gguf
     from gguf.quants import quantize
 
@@ -62,6 +65,8 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, qtype: str) -> Pat
             writer.add_tensor(gguf_name(name), quantize(w, qt), raw_dtype=qt)
         else:
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

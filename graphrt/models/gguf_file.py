@@ -161,7 +161,9 @@ class GGUFFile:
         by_gguf = {t.name: t for t in self.reader.tensors}
         try:
             self.arch = _field(self.reader, "general.architecture")
-            self.config: ModelConfig = parse_config(_raw_config(self.reader, by_gguf))
+            #: The ``config.json``-style dict the metadata gives (what the conversion cache stores).
+            self.raw_config = _raw_config(self.reader, by_gguf)
+            self.config: ModelConfig = parse_config(self.raw_config)
         except (ValueError, KeyError, TypeError) as err:
             what = f"no tensor {err}" if isinstance(err, KeyError) else str(err)
             raise CheckpointError(f"{self.path}: {what}") from None
@@ -179,6 +181,17 @@ class GGUFFile:
                 )
         return {name: tuple(int(d) for d in reversed(t.shape)) for name, t in self.tensors.items()}
 
+    def dequantized(self, name: str) -> torch.Tensor:
+        """All of tensor ``name`` on the host: dequantised (float32 for quantised blocks, the
+        file's own float dtype otherwise), q/k rows back in NeoX order."""
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape))
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(shape))  # a writable copy
+        heads = PERMUTED.get(self.arch, {}).get(name.split(".", 3)[-1])
+        return w if heads is None else unpermute(w, getattr(self.config, heads))
+
     def read(self, name: str, device: torch.device, shard: Shard) -> torch.Tensor:
         """``shard``'s slice of ``name``, dequantised.
 
@@ -187,12 +200,4 @@ class GGUFFile:
         so a column shard does not start on a block boundary in general, and a row-permuted q/k
         is put back in order over whole heads first.
         """
-        from gguf.quants import dequantize
-
-        t = self.tensors[name]
-        shape = tuple(int(d) for d in reversed(t.shape))
-        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(shape))  # a writable copy
-        heads = PERMUTED.get(self.arch, {}).get(name.split(".", 3)[-1])
-        if heads is not None:
-            w = unpermute(w, getattr(self.config, heads))
-        return cut(w, shard).to(device)
+        return cut(self.dequantized(name), shard).to(device)

@@ -10,7 +10,7 @@ import torch
 
 from graphrt.models.checkpoint import Model, TensorSource, materialize
 from graphrt.models.errors import CheckpointError
-from graphrt.models.gguf_file import GGUFFile
+from graphrt.models.gguf_cache import gguf_source
 from graphrt.models.parallel import SINGLE
 from graphrt.models.safetensors_dir import SafetensorsDir
 from graphrt.parallel import TPGroup
@@ -54,8 +54,13 @@ def resolve(model: str | Path) -> Path | None:
     return None
 
 
-#: Checkpoint file suffix → source; anything else is a Hugging Face directory.
-SOURCES: dict[str, Callable[[Path], TensorSource]] = {".gguf": GGUFFile}
+#: Checkpoint file suffix → source for a model of a dtype; anything else is a Hugging Face
+#: directory. A GGUF goes through the conversion cache (:mod:`graphrt.models.gguf_cache`).
+SOURCES: dict[str, Callable[[Path, torch.dtype], TensorSource]] = {".gguf": gguf_source}
+
+
+def _directory(path: Path, dtype: torch.dtype) -> TensorSource:
+    return SafetensorsDir(path)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -113,9 +118,10 @@ def load(
     if resolved is None:
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    source = SOURCES.get(resolved.suffix, SafetensorsDir)(resolved)
+    dtype = dtype or default_dtype(dev)
+    source = SOURCES.get(resolved.suffix, _directory)(resolved, dtype)
     try:
-        return materialize(source, dev, dtype or default_dtype(dev), tp, progress)
+        return materialize(source, dev, dtype, tp, progress)
     except CheckpointError as err:
         if str(resolved) in str(err):
             raise

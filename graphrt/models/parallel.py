@@ -126,7 +126,9 @@ def to_empty(module: nn.Module, device: torch.device) -> nn.Module:
     NOTE: moving off the meta device makes new ``Parameter`` objects, which drops them.
     """
     kept = {n: {a: getattr(p, a) for a in ATTRS if hasattr(p, a)} for n, p in module.named_parameters()}
-    module = module.to_empty(device=device)
+    # NOTE: not ``module.to_empty``: its ``empty_like`` of a meta tensor runs torch's Python
+    # reference, which imports sympy (0.7 s of a cold start); parameters are contiguous.
+    module = module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     for name, p in module.named_parameters():
         for attr, value in kept.get(name, {}).items():
             setattr(p, attr, value)

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+
+def _bar(*labels: str) -> Progress:
+    """A rich bar on stderr (so that a command's stdout pipes cleanly): ``labels``, the bar,
+    done / total, the elapsed time. rich is imported here, when a bar is shown, not with graphrt."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    head: list[Any] = [TextColumn(labels[0]), BarColumn(), MofNCompleteColumn()]
+    tail: list[Any] = [TextColumn(t) for t in labels[1:]]
+    return Progress(*head, *tail, TimeElapsedColumn(), console=Console(stderr=True))
 
 
 @contextmanager
@@ -15,15 +27,7 @@ def capture_progress(total: int, show: bool) -> Iterator[Callable[[str], None]]:
     if not show:
         yield lambda label: None
         return
-    columns = (
-        TextColumn("[bold]capturing[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-    )
-    # NOTE: stderr, so that a command's stdout (tables, JSON) pipes cleanly
-    with Progress(*columns, transient=False, console=Console(stderr=True)) as progress:
+    with _bar("[bold]capturing[/]", "{task.description}") as progress:
         task = progress.add_task("", total=total)
         yield lambda label: progress.update(task, advance=1, description=label)
 
@@ -40,8 +44,7 @@ def load_progress(show: bool) -> Iterator[Callable[[int, int], None]]:
         if not show:
             return
         if bar is None:
-            columns = (TextColumn("[bold]loading[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            bar = Progress(*columns, console=Console(stderr=True))
+            bar = _bar("[bold]loading[/]")
             bar.start()
             task = bar.add_task("", total=total)
         bar.update(task, completed=done, total=total)  # type: ignore[arg-type]

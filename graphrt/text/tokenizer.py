@@ -8,6 +8,8 @@ Built once, the fast way that fits the checkpoint:
 | directory with ``tokenizer.json`` | ``tokenizers.Tokenizer.from_file`` + ``tokenizer_config.json`` | no |
 | anything else with tokenizer files (sentencepiece, tiktoken) | ``AutoTokenizer`` | yes |
 
+A ``.gguf``'s tokenizer (however built) is kept in the conversion cache
+(:mod:`graphrt.text.tokenizer_cache`): a later start reads it without parsing the file.
 A preset (random weights) or a directory without tokenizer files raises :class:`NoTokenizer`:
 such a model takes token ids.
 """
@@ -22,6 +24,7 @@ from typing import Any
 from graphrt.models.errors import CheckpointError, read_json
 from graphrt.models.gguf_file import read_gguf
 from graphrt.models.loader import resolve
+from graphrt.text import tokenizer_cache
 from graphrt.text.gguf_vocab import gguf_tokenizer
 from graphrt.text.template import Messages, render_chat
 
@@ -84,6 +87,8 @@ def load_tokenizer(model: str | Path) -> Tokenizer:
     path = resolve(model)
     if path is None:
         raise NoTokenizer(f"{model!r} is a preset with random weights: it has no tokenizer; give token ids")
+    if path.suffix == ".gguf" and (hit := tokenizer_cache.load(path)) is not None:
+        return Tokenizer(hit.backend, hit.chat_template, hit.special, hit.stop_ids, hit.source)
     try:
         built = _from_gguf(path) if path.suffix == ".gguf" else _from_json(path)
         if built is None:
@@ -93,6 +98,8 @@ def load_tokenizer(model: str | Path) -> Tokenizer:
         raise
     except Exception as err:  # NOTE: tokenizers, jinja2 and transformers raise many kinds for a bad file
         raise CheckpointError(f"{path}: cannot build the tokenizer: {type(err).__name__}: {err}") from None
+    if path.suffix == ".gguf":  # NOTE: a directory's tokenizer.json loads fast as it is
+        tokenizer_cache.save(path, built, declared_stop_ids(path))
     return built
 
 
@@ -179,6 +186,8 @@ def declared_stop_ids(model: str | Path) -> set[int]:
     if path is None:
         return set()
     if path.suffix == ".gguf":
+        if (hit := tokenizer_cache.load(path)) is not None:
+            return set(hit.declared_stop_ids)
         fields = read_gguf(path).fields
         try:
             return set().union(*(_ids(fields[k].contents()) for k in GGUF_STOP_KEYS if k in fields))

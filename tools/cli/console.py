@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:  # NOTE: rich is imported when a console is made: ``generate`` needs none
+    from rich.console import Console
+    from rich.progress import Progress
 
 #: Width of tables written to a pipe or file (rich would otherwise assume 80 columns).
 PIPE_WIDTH = 160
@@ -18,6 +20,8 @@ def progress_wanted() -> bool:
 
 def wide_console(width: int | None = None) -> Console:
     """A stdout console ``width`` wide; when stdout is not a terminal, :data:`PIPE_WIDTH` wide."""
+    from rich.console import Console
+
     if width is None and not sys.stdout.isatty():
         width = PIPE_WIDTH
     return Console(width=width) if width else Console()
@@ -25,6 +29,9 @@ def wide_console(width: int | None = None) -> Console:
 
 def bench_progress(show: bool = True) -> Progress:
     """A progress bar on stderr: what runs now, done / total, elapsed time (``show``: else silent)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("[bold]measuring[/]"),
         BarColumn(),

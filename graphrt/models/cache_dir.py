@@ -1,0 +1,130 @@
+"""graphrt's conversion cache on disk: where it lives, how big it may grow, how it is written.
+
+A GGUF file is converted once (its tokenizer into ``tokenizers`` JSON, its blocks dequantised
+into safetensors) under ``$XDG_CACHE_HOME/graphrt/gguf/<key>/`` (``~/.cache`` without
+``XDG_CACHE_HOME``); the key hashes the file's resolved path, size and modification time with
+:data:`FORMAT`, so an edited or replaced file gets a new entry. Environment:
+
+| variable | meaning | default |
+| --- | --- | --- |
+| ``GRAPHRT_CACHE`` | ``0`` turns the cache off (nothing read or written) | on |
+| ``GRAPHRT_CACHE_MAX_GB`` | GiB of converted weights kept; the least recently used go first | 4 |
+
+Every file is written under a temporary name and renamed into place, so a reader sees a whole
+file or none; a file that cannot be read back is ignored and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("graphrt.cache")
+
+#: Bumped whenever what a cache entry holds changes: older entries are then never read.
+FORMAT = 1
+#: Default bound on the converted weights kept (``GRAPHRT_CACHE_MAX_GB``), in GiB.
+DEFAULT_MAX_GB = 4.0
+#: Suffix of the converted weight files (what the size bound counts and evicts).
+WEIGHTS_SUFFIX = ".safetensors"
+
+
+def cache_root() -> Path | None:
+    """``$XDG_CACHE_HOME/graphrt`` (or ``~/.cache/graphrt``); None when ``GRAPHRT_CACHE=0``."""
+    if os.environ.get("GRAPHRT_CACHE", "1").strip() == "0":
+        return None
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):  # NOTE: no HOME and no passwd entry: no cache
+            return None
+    return Path(base) / "graphrt"
+
+
+def max_bytes() -> int:
+    """The bound on converted weights, from ``GRAPHRT_CACHE_MAX_GB`` (GiB, >= 0)."""
+    raw = os.environ.get("GRAPHRT_CACHE_MAX_GB", str(DEFAULT_MAX_GB))
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = -1.0
+    if not gb >= 0:  # NOTE: also refuses nan
+        raise ValueError(f"GRAPHRT_CACHE_MAX_GB={raw!r} is not a number of GiB >= 0")
+    return int(gb * 2**30)
+
+
+def entry_dir(source: Path) -> Path | None:
+    """The cache folder of checkpoint file ``source`` (None when the cache is off).
+
+    NOTE: keyed by the file's identity, not a hash of its content: hashing a multi-GB GGUF
+    would cost seconds on every start, which is what the cache is there to save.
+    """
+    root = cache_root()
+    if root is None:
+        return None
+    path = source.resolve()
+    stat = path.stat()
+    identity = f"{FORMAT}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return root / "gguf" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def write_atomic(dest: Path, write: Callable[[Path], None]) -> bool:
+    """``write(tmp)`` a temporary file beside ``dest``, then rename it to ``dest``.
+
+    Returns False (logged, the temporary file removed) when the disk refuses: a cache that
+    cannot be written only costs the next start its conversion.
+    """
+    tmp: Path | None = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        os.close(fd)
+        tmp = Path(name)
+        write(tmp)
+        os.replace(tmp, dest)
+        tmp = None
+        return True
+    except OSError as err:
+        log.warning("graphrt cache: cannot write %s (%s); continuing without it", dest, err)
+        return False
+    finally:  # NOTE: also on an error of ``write`` itself, or Ctrl-C: no half file stays
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def make_room(need: int, keep: Path) -> bool:
+    """Delete the least recently used weight files until ``need`` more bytes fit the bound.
+
+    Returns False, deleting nothing, when ``need`` alone is over the bound. ``keep`` (the
+    file about to be written) is never deleted.
+    """
+    limit, root = max_bytes(), cache_root()
+    if root is None or need > limit:
+        return False
+    files = []
+    for f in root.glob(f"gguf/*/*{WEIGHTS_SUFFIX}"):
+        try:
+            files.append((f.stat().st_mtime_ns, f.stat().st_size, f))
+        except OSError:  # NOTE: deleted meanwhile by another process
+            continue
+    total = sum(size for _, size, _ in files) + need
+    for _, size, f in sorted(files):
+        if total <= limit:
+            break
+        if f != keep:
+            f.unlink(missing_ok=True)
+            total -= size
+            log.info("graphrt cache: evicted %s (%.2f GiB) for room", f, size / 2**30)
+    return True
+
+
+def touch(path: Path) -> None:
+    """Mark ``path`` as just used (its mtime orders eviction)."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
