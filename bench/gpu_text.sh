@@ -37,4 +37,4 @@ tail -3 "$OUT/serve_stderr.log" | tee -a "$log"
 echo "== bench serve" | tee -a "$log"
 # NOTE: the servers' logs go to a temp dir: under $OUT they come back with the results.
 mkdir -p "$OUT/tmp"
-TMPDIR="$OUT/tmp" timeout "${SERVE_LIMIT:-330}" graphrt bench serve --model "$gguf" --concurrency 1,8,32 --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
+TMPDIR="$OUT/tmp" timeout "${SERVE_LIMIT:-330}" graphrt bench serve --model "$gguf" --concurrency 1,8,32 ${SERVE_ARGS:-} --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
