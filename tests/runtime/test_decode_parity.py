@@ -32,10 +32,12 @@ def tolerance(device: torch.device) -> dict[str, float]:
     ~30x headroom and is still far below any real padding bug (those shift logits by O(1)).
     (On another x86 host the same test measured 0.) CUDA runs bf16 weights and KV, where one
     rounding step of a logit is ~1e-2; on an H100 (reference backend, CUDA graphs) the measured
-    diff was 0, FA3 was not available there.
+    diff was 0, FA3 was not available there. Since the fused single-row prologue GEMMs, a lone
+    row run eagerly takes them while its padded bucket takes the unfused ops: another rounding of
+    each norm and projection (seen on an H200: just over 2e-2 on one logit), so 3e-2.
     """
     if device.type == "cuda":
-        return {"atol": 2e-2, "rtol": 2e-2}
+        return {"atol": 3e-2, "rtol": 3e-2}
     return {"atol": 1e-4, "rtol": 0.0}
 
 
