@@ -88,15 +88,16 @@ def test_tp2_reads_only_its_slices(checkpoint: Path, monkeypatch: pytest.MonkeyP
     real = st_dir._safe_open
 
     class Spy:
-        def __init__(self, handle: Any) -> None:
-            self.handle = handle
+        def __init__(self, opened: Any) -> None:
+            self.opened, self.handle = opened, None
 
         def __enter__(self) -> Spy:
-            self.handle.__enter__()
+            # NOTE: _safe_open is a context manager: the handle is what entering it gives
+            self.handle = self.opened.__enter__()
             return self
 
         def __exit__(self, *exc: object) -> None:
-            self.handle.__exit__(*exc)
+            self.opened.__exit__(*exc)
 
         def keys(self) -> Any:
             return self.handle.keys()

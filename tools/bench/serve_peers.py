@@ -56,9 +56,20 @@ class Server:
 
 
 def _start(name: str, cmd: list[str], port: int, model: str, log: Path) -> Server:
-    """Run ``cmd`` and wait until ``GET /v1/models`` answers (or the process dies)."""
+    """Run ``cmd`` and wait until ``GET /health`` answers (or the process dies).
+
+    NOTE: not ``/v1/models``: transformers serve lists models by scanning the Hugging Face cache
+    and answers 500 where that directory does not exist (seen on the GPU machine), so the hub
+    cache is also pointed at a directory that exists.
+    """
     url, start = f"http://127.0.0.1:{port}", time.perf_counter()
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    hub = log.parent / "hf-hub"
+    hub.mkdir(exist_ok=True)
+    env = os.environ | {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(hub),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     while time.perf_counter() - start < START_TIMEOUT_S:
@@ -66,7 +77,7 @@ def _start(name: str, cmd: list[str], port: int, model: str, log: Path) -> Serve
             tail = log.read_text(errors="replace")[-1500:]
             raise PeerUnavailable(f"{name} exited with code {proc.returncode}: {tail}")
         try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2):
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
                 return Server(name, url, model, proc, log, time.perf_counter() - start)
         except OSError:
             time.sleep(0.5)
