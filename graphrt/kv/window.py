@@ -19,17 +19,12 @@ position 0 starts afresh. A window page has one owner (a row) at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from graphrt.kv.ledger import KVIsolationError, KVWrites
-from graphrt.step.config import RuntimeConfig
-
-if TYPE_CHECKING:
-    from graphrt.kv.paged import PagedKVCache
-    from graphrt.kv.req_to_token import ReqToToken
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,29 +197,6 @@ def _spans(rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, 
     r = np.repeat(rows, n)
     first = np.repeat(a - np.cumsum(n) + n, n)
     return r, first + np.arange(total)
-
-
-def window_pool(kv: PagedKVCache, req_to_token: ReqToToken, config: RuntimeConfig) -> WindowPool | None:
-    """The window-layer pool of ``kv`` (None without one), attached to ``req_to_token``.
-
-    Raises ``ValueError`` for token trees (window layers refuse them) and for a pool sized for
-    fewer positions per step than the captured modes write.
-    """
-    layers = getattr(kv, "window", None)
-    if layers is None:
-        return None
-    spec = config.speculative
-    if spec is not None and spec.topk > 1:
-        raise ValueError(f"a window KV pool supports chains only: speculative topk {spec.topk} > 1")
-    if layers.step < window_step(config):
-        raise ValueError(
-            f"the window pool was sized for {layers.step} position(s) per step, the captured modes "
-            f"write up to {window_step(config)}: size it with window_step(config)"
-        )
-    full_slots = kv.shape.num_pages * kv.page_size
-    pool = WindowPool(layers, full_slots, req_to_token.max_reqs, config.max_pages, kv.page_size, kv.device)
-    req_to_token.window = pool
-    return pool
 
 
 def window_step(config: Any) -> int:

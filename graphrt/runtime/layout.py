@@ -8,7 +8,7 @@ from typing import Any
 
 from graphrt.buffers import Dims
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
-from graphrt.kv.window import WindowPool, window_pool
+from graphrt.kv.window import WindowPool, window_step
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import LocalGeometry, local_geometry
@@ -49,3 +49,26 @@ def build_layout(
     enc_page = None if encoder is None else encoder.kv.dummy_page
     dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
     return Layout(Families(dims, kv.device, geometry, dummies), geometry, local, window)
+
+
+def window_pool(kv: PagedKVCache, req_to_token: ReqToToken, config: RuntimeConfig) -> WindowPool | None:
+    """The window-layer pool of ``kv`` (None without one), attached to ``req_to_token``.
+
+    Raises ``ValueError`` for token trees (window layers refuse them) and for a pool sized for
+    fewer positions per step than the captured modes write.
+    """
+    layers = getattr(kv, "window", None)
+    if layers is None:
+        return None
+    spec = config.speculative
+    if spec is not None and spec.topk > 1:
+        raise ValueError(f"a window KV pool supports chains only: speculative topk {spec.topk} > 1")
+    if layers.step < window_step(config):
+        raise ValueError(
+            f"the window pool was sized for {layers.step} position(s) per step, the captured modes "
+            f"write up to {window_step(config)}: size it with window_step(config)"
+        )
+    full_slots = kv.shape.num_pages * kv.page_size
+    pool = WindowPool(layers, full_slots, req_to_token.max_reqs, config.max_pages, kv.page_size, kv.device)
+    req_to_token.window = pool
+    return pool
