@@ -71,6 +71,7 @@ def graphrt_stack(
         page_size=PAGE_SIZE,
         buckets=tuple(sorted(set(sizes))),
         backend=backend,
+        record_kernels=True,  # NOTE: the table reports each graph's nodes and kernels per step
     )
     stack = stack_for(model, config, kv_cache_dtype=kv_cache_dtype)
     return stack, stack.runtime.capture()
