@@ -34,6 +34,19 @@ def _is_chat(messages: object) -> bool:
     return isinstance(messages, Sequence) and all(isinstance(m, Mapping) for m in messages)
 
 
+#: Engine sizes on a CPU unless given (what ``graphrt serve`` uses there): the KV cache and the
+#: emulated graphs of the engine's defaults (32 requests of 2048 tokens) outgrow a small host.
+CPU_SIZES = {"max_batch_size": 8, "max_context_len": 1024}
+
+
+def cpu_sizes(options: Mapping[str, Any]) -> dict[str, int]:
+    """:data:`CPU_SIZES` when the engine will run on a CPU, else nothing."""
+    import torch
+
+    device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    return dict(CPU_SIZES) if torch.device(device).type == "cpu" else {}
+
+
 class LLM:
     """A model with its tokenizer on an :class:`~graphrt.Engine`.
 
@@ -85,7 +98,7 @@ class LLM:
                 self.no_text = f"{err}"
         stop = self.tokenizer.stop_ids if self.tokenizer is not None else frozenset(declared_stop_ids(model))
         loaded = time.perf_counter()
-        self.engine = Engine(model, **engine_options)
+        self.engine = Engine(model, **(cpu_sizes(engine_options) | engine_options))
         capture = self.engine.capture_report.seconds if self.engine.capture_report else 0.0
         built = time.perf_counter() - loaded
         self.timings = {"tokenizer": loaded - start, "load": built - capture, "capture": capture}

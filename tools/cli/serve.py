@@ -28,8 +28,10 @@ log = logging.getLogger("graphrt.serve")
 def engine_sizes(args: argparse.Namespace, cuda: bool) -> tuple[int, int]:
     """``--max-batch-size`` and ``--max-context-len``, or the device's defaults (a CPU's KV
     cache and capture are kept small: 8 requests of 1024 tokens)."""
-    batch = args.max_batch_size or (32 if cuda else 8)
-    context = args.max_context_len or (2048 if cuda else 1024)
+    from graphrt.llm import CPU_SIZES
+
+    batch = args.max_batch_size or (32 if cuda else CPU_SIZES["max_batch_size"])
+    context = args.max_context_len or (2048 if cuda else CPU_SIZES["max_context_len"])
     return batch, context
 
 
