@@ -176,8 +176,17 @@ def test_malformed_requests_get_a_400_naming_the_field(server: str) -> None:
 
 @needs_smollm2
 def test_a_client_leaving_mid_stream_frees_its_request(server: str) -> None:
-    body = {"model": "smollm2", "prompt": "Tell me a long story.", "max_tokens": 200, "stream": True}
-    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as response:
+    # NOTE: a reply that runs its whole budget (200 tokens, greedy, measured); "Tell me a long
+    # story." as a plain completion ends at EOS after one token, so the reply could finish
+    # before the server saw the client leave (seen once in CI).
+    ask = "Write a very long story about a dragon, in many paragraphs."
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": ask}],
+        "max_tokens": 200,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
     deadline = time.monotonic() + 30
