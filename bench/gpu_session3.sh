@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# GPU checks of the 2026-11-27 (second) session, after .gpu/install.sh:
+#   bash bench/gpu_session3.sh explore|final
+# explore: FA3 num_splits 0/1/2/4/8 on the Llama-3.2-1B shape at bs 1; the 8B shape with the
+#          fused prologue off and on; run() host profiles with real replays; a PDL graph's DOT.
+set -uo pipefail
+export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+what=${1:?explore|final}
+log="$OUT/s3_$what.log"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
+for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
+python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sgl_kernel', sgl_kernel.__version__)" 2>&1 | tee -a "$log"
+
+bench_model() {  # shape batch-sizes context extra-args...
+  local shape=$1 bs=$2 ctx=$3
+  shift 3
+  timeout 200 graphrt bench model --shape "$shape" --batch-sizes "$bs" --context "$ctx" --iters 30 --no-compile \
+    --out "$OUT/json" "$@" 2>&1 | grep -vi "warn" | grep -v "━" | tail -${TAIL:-5} | tee -a "$log"
+}
+
+explore() {
+  mkdir -p "$OUT/json"
+  timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -2 | tee -a "$log"
+  for s in 0 1 2 4 8; do
+    echo "== 1b bs1 ctx512 GRAPHRT_FA3_NUM_SPLITS=$s" | tee -a "$log"
+    GRAPHRT_FA3_NUM_SPLITS=$s bench_model llama-3.2-1b 1 512
+  done
+  for p in 0 1; do
+    echo "== 8b GRAPHRT_FUSED_PROLOGUE=$p" | tee -a "$log"
+    TAIL=7 GRAPHRT_FUSED_PROLOGUE=$p bench_model llama-3-8b 1,16 512
+  done
+  echo "== 8b bs1,16 FA3 splits 4 prologue 0" | tee -a "$log"
+  TAIL=7 GRAPHRT_FUSED_PROLOGUE=0 GRAPHRT_FA3_NUM_SPLITS=4 bench_model llama-3-8b 1,16 512
+  for args in "1 4096" "64 4096" "1 131072"; do
+    echo "== host profile $args" | tee -a "$log"
+    timeout 120 python3 bench/gpu_host_profile.py $args 2>&1 | head -45 | tee -a "$log"
+  done
+  echo "== bench host --profile (stubbed)" | tee -a "$log"
+  timeout 120 graphrt bench host --profile --device cuda --modes decode --batch-sizes 1,64 --page-sizes 16 \
+    --context-lens 4096 --iters 200 --profile-top 0 2>&1 | tail -20 | tee -a "$log"
+}
+
+case "$what" in
+explore) explore ;;
+*) echo "explore|final, got $what" >&2; exit 2 ;;
+esac
