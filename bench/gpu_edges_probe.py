@@ -2,6 +2,7 @@ import torch, sys
 from graphrt.models import ops
 from graphrt.models.skinny import skinny_linear
 from cuda.bindings import runtime as rt
+
 x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
 norm = torch.ones(2048, device="cuda", dtype=torch.bfloat16)
@@ -10,7 +11,8 @@ for _ in range(2):
 try:
     g = torch.cuda.CUDAGraph(keep_graph=True)
 except TypeError as e:
-    print("no keep_graph", e); g = torch.cuda.CUDAGraph()
+    print("no keep_graph", e)
+    g = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g):
     y = ops.rms_norm(skinny_linear(skinny_linear(x, w), w), norm, 1e-6)
 h = g.raw_cuda_graph()
@@ -18,7 +20,9 @@ print("raw", h)
 graph = rt.cudaGraph_t(init_value=h)
 for fn in ("cudaGraphGetEdges_v2", "cudaGraphGetEdges"):
     f = getattr(rt, fn, None)
-    if f is None: print("missing", fn); continue
+    if f is None:
+        print("missing", fn)
+        continue
     try:
         r = f(graph, 0) if fn.endswith("v2") else f(graph, 0)
         print(fn, "count", r)
@@ -31,6 +35,7 @@ for fn in ("cudaGraphGetEdges_v2", "cudaGraphGetEdges"):
     except Exception as e:
         print(fn, "err", repr(e))
 from cuda.bindings import driver as drv
+
 err, nodes, n = rt.cudaGraphGetNodes(graph, 0)
 err, nodes, n = rt.cudaGraphGetNodes(graph, n)
 for node in nodes:

@@ -37,7 +37,9 @@ def main(bs: int, ctx: int) -> None:
             rt.run(batch)
             times.append((time.perf_counter_ns() - start) / 1e3)
         sync()
-        print(f"bs {bs} ctx {ctx} synced={synced}: run() p50 {np.percentile(times, 50):.1f} us, p10 {np.percentile(times, 10):.1f}")
+        print(
+            f"bs {bs} ctx {ctx} synced={synced}: run() p50 {np.percentile(times, 50):.1f} us, p10 {np.percentile(times, 10):.1f}"
+        )
     steady.reset()
     profile = cProfile.Profile()
     batches = [steady.next() for _ in range(CYCLE - 1)]

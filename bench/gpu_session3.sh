@@ -41,7 +41,19 @@ explore() {
     --context-lens 4096 --iters 200 --profile-top 0 2>&1 | tail -20 | tee -a "$log"
 }
 
+sweep() {  # tiles of the fused prologue and the skinny GEMM; FA3 splits auto vs FA3's heuristic
+  mkdir -p "$OUT/json"
+  timeout 240 graphrt bench gemm --sweep --batch-sizes 1 --iters 30 --out "$OUT/json" 2>&1 | grep -v "━" | tail -20 | tee -a "$log"
+  for s in auto 0; do
+    echo "== GRAPHRT_FA3_NUM_SPLITS=$s" | tee -a "$log"
+    TAIL=6 GRAPHRT_FA3_NUM_SPLITS=$s bench_model llama-3-8b 1,16,64 512
+    TAIL=6 GRAPHRT_FA3_NUM_SPLITS=$s bench_model llama-3.2-1b 1,16,64 512
+  done
+  timeout 120 graphrt bench sampler --out "$OUT/json" 2>&1 | grep -v "━" | tail -24 | tee -a "$log"
+}
+
 case "$what" in
 explore) explore ;;
+sweep) sweep ;;
 *) echo "explore|final, got $what" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ once per forward (inside the graph) by ``get_scheduler_metadata`` and read by ev
 place of the ``prepare_varlen_num_blocks`` kernel FA3 otherwise runs before each layer. The
 plan uses what every layer's call uses, all functions of the graph key: ``max_seqlen_k`` is the
 page table's width (what ``flash_attn_with_kvcache`` derives itself), ``num_splits`` the
-backend's (``GRAPHRT_FA3_NUM_SPLITS``, default 0: FA3's heuristic). Layers with a sliding
+bucket's (:meth:`FA3Backend.splits_for`; ``GRAPHRT_FA3_NUM_SPLITS=N`` fixes it for every bucket). Layers with a sliding
 window, token trees (cascade) and chunked-local layers keep FA3's own per-call schedule.
 ``GRAPHRT_FA3_PLAN=0`` turns the plan off. ``qv`` (dense MLA's absorbed ``q_nope``, scored
 against the values; :mod:`graphrt.attention.fa3_mla`) passes through to every call.
@@ -24,6 +24,7 @@ self-attention's).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -47,6 +48,30 @@ MAX_SINK_HEADS = 64
 SCHEDULER_SPECS = (
     BufferSpec("scheduler_metadata", ("4*max_bs+16",), torch.int32, PadRule("free"), head_only=True),
 )
+
+
+#: ``GRAPHRT_FA3_NUM_SPLITS``: ``auto`` (default: :meth:`FA3Backend.splits_for`) or a fixed count
+#: for every bucket (0: FA3's own heuristic).
+SPLITS_ENV = "GRAPHRT_FA3_NUM_SPLITS"
+#: A bucket whose ``requests x KV heads`` tiles cover this share of the SMs runs unsplit: FA3's
+#: own rule, which its planned (dynamic-split) path applies as if the batch held one request,
+#: and so splits, and adds a combine kernel, even where the tiles already fill the GPU.
+FULL_SHARE = 0.8
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def planned_splits(batch: int, heads_k: int, sms: int, fixed: int | None = None) -> int:
+    """FA3's ``num_splits`` for a planned step of ``batch`` requests (the bucket, a graph key) with
+    ``heads_k`` KV heads on ``sms`` SMs: 1 (unsplit, no combine kernel) where the ``batch *
+    heads_k`` tiles fill :data:`FULL_SHARE` of the SMs, else 0 (FA3's heuristic splits the keys);
+    ``fixed`` (``GRAPHRT_FA3_NUM_SPLITS=N``) wins."""
+    if fixed is not None:
+        return fixed
+    return 1 if batch * heads_k >= FULL_SHARE * sms else 0
 
 
 @dataclass(slots=True)
@@ -85,7 +110,12 @@ class FA3Backend(Backend):
             get_scheduler_metadata,
         )
         self.planned = os.environ.get("GRAPHRT_FA3_PLAN", "1") != "0"
-        self.num_splits = int(os.environ.get("GRAPHRT_FA3_NUM_SPLITS", "0"))
+        fixed = os.environ.get(SPLITS_ENV, "auto")
+        self.num_splits: int | None = None if fixed == "auto" else int(fixed)
+
+    def splits_for(self, batch: int, heads_k: int, device: torch.device) -> int:
+        """:func:`planned_splits` on ``device`` (plan and calls pass the same)."""
+        return planned_splits(batch, heads_k, _sm_count(device), self.num_splits)
 
     @classmethod
     def available(cls, device: torch.device, dtype: torch.dtype | None = None, **_: Any) -> bool:
@@ -120,7 +150,7 @@ class FA3Backend(Backend):
             cu_seqlens_q=b.cu_seqlens_q,
             page_size=meta.page_size,
             causal=True,
-            num_splits=self.num_splits,
+            num_splits=self.splits_for(b.cache_seqlens.shape[0], k_cache.shape[2], q.device),
         )
         n, out = schedule.shape[0], group.scheduler_metadata
         if n > out.shape[0]:
@@ -166,7 +196,9 @@ class FA3Backend(Backend):
             causal=True,
             window_size=(-1, -1) if window is None else (window, 0),
             scheduler_metadata=plan if planned else None,
-            num_splits=self.num_splits if planned else 0,
+            num_splits=self.splits_for(b.cache_seqlens.shape[0], k_cache.shape[2], q.device)
+            if planned
+            else 0,
             **descale(kv_scales, b.cache_seqlens.shape[0], k_cache.shape[2]),
             **({} if sinks is None else {"sinks": sinks}),
         )
@@ -255,7 +287,8 @@ class FA3Backend(Backend):
         return out if out.dtype == dtype else out.to(dtype)
 
     def host_scalars(self) -> dict[str, Any]:
-        return {"fa3.causal": True, "fa3.num_splits": self.num_splits, "fa3.plan": self.planned}
+        splits = "auto" if self.num_splits is None else self.num_splits
+        return {"fa3.causal": True, "fa3.num_splits": splits, "fa3.plan": self.planned}
 
 
 def fa3_query(q: torch.Tensor, k_cache: torch.Tensor, kv_scales: LayerScales | None) -> torch.Tensor:

@@ -34,6 +34,14 @@ from graphrt.models import skinny
 from graphrt.step.switches import triton, triton_enabled
 
 ENV = "GRAPHRT_FUSED_PROLOGUE"
+#: The norm kernel's tile (None: the skinny GEMM's single-row rule). Every program recomputes
+#: ``rsqrt(mean(h^2))`` over all of ``h``, so 8 rows of ``W`` a program halve that repeated work
+#: against the skinny GEMM's 4; 4 warps beat 8 on every Llama-3.2-1B and 8B shape (H100, ``graphrt
+#: bench gemm --sweep``, bench/results/h100/session-1127b: 8B qkv 23.9 -> 19.8 us). The SiLU kernel
+#: takes the skinny rule (8 x 2048 on 8 warps; 1B down 17.5 -> 13.2 us).
+NORM_TILE: skinny.Tile | None = skinny.Tile(block_n=8, block_k=2048, warps=4)
+#: Tiles for one weight shape ``(N, K)``, replacing the rules (the sweep's ``prologue_best_tile``).
+TILES: dict[tuple[int, int], skinny.Tile] = {}
 
 
 def enabled(device: torch.device) -> bool:
@@ -98,7 +106,7 @@ def norm_linear(
     problem = norm_problem(x, residual, norm_weight, weight, bias)
     if problem is not None:
         raise ValueError(f"fused norm + GEMM: {problem}")
-    args = _tile_args(x, weight, tile, pdl)
+    args = _tile_args(x, weight, tile, pdl, norm=True)
     y, h = torch.ops.graphrt.prologue_norm_gemm(x, residual, norm_weight, float(eps), weight, bias, *args)
     return y, h
 
@@ -120,10 +128,19 @@ def silu_mul_linear(
     )
 
 
-def _tile_args(x: torch.Tensor, weight: torch.Tensor, tile: skinny.Tile | None, pdl: bool | None) -> tuple:
+def tile_for(n: int, k: int, norm: bool) -> skinny.Tile:
+    """The tile of a fused kernel (``norm``: the norm kernel, else SiLU's) for a ``[N, K]`` weight:
+    :data:`TILES`, else :data:`NORM_TILE` for the norm kernel, else the skinny GEMM's rule."""
+    tile = TILES.get((n, k)) or (NORM_TILE if norm else None)
+    return skinny.tile_for(1, n, k) if tile is None else tile.fit(1, n, k)
+
+
+def _tile_args(
+    x: torch.Tensor, weight: torch.Tensor, tile: skinny.Tile | None, pdl: bool | None, norm: bool = False
+) -> tuple:
     """``([block_n, block_k, warps, stages], pdl)``: the op's launch arguments, fixed per shape."""
     n, k = weight.shape
-    tile = skinny.tile_for(1, n, k) if tile is None else tile.fit(1, n, k)
+    tile = tile_for(n, k, norm) if tile is None else tile.fit(1, n, k)
     pdl = skinny.pdl_default(x.device) if pdl is None else pdl
     return list(astuple(tile)), pdl
 

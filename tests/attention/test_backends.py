@@ -54,3 +54,26 @@ def test_fa3_is_not_offered_for_fp32_kv() -> None:
     with pytest.raises(ValueError, match=r"'fa3' is not available on cuda with a float32 KV cache"):
         select_backend("fa3", cuda, dtype=torch.float32)
     assert select_backend(None, cuda, dtype=torch.float32).name == "reference"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("requests", [1, 64])
+def test_fa3_planned_step_matches_the_oracle_split_or_not(requests: int) -> None:
+    """The step's plan (``get_scheduler_metadata``) with the bucket's split count: FA3's heuristic
+    at 1 request, unsplit at 64 (64 x 2 KV heads fill the GPU), the same as the oracle."""
+    from graphrt.attention.fa3 import FA3Buffers, _sm_count, planned_splits
+
+    device = torch.device("cuda")
+    if "fa3" not in available_backends(device):
+        pytest.skip("FA3 is not available here")
+    seq_lens = [1 + (37 * i) % CONTEXT for i in range(requests)]
+    case = paged_case(device, 16, CONTEXT, seq_lens, [1] * requests)
+    backend = select_backend("fa3", device)
+    assert backend.splits_for(requests, 2, device) == planned_splits(requests, 2, _sm_count(device))
+    group = FA3Buffers(torch.zeros(4 * requests + 16, dtype=torch.int32, device=device))
+    plan = backend.plan(case.meta, group, case.q, case.k_cache)
+    assert plan is not None
+    out = backend.forward(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5, plan=plan)
+    atol = tolerance(device)
+    torch.testing.assert_close(out.double().cpu(), oracle(case, lambda p: 0), atol=atol, rtol=atol)

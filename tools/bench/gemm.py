@@ -30,6 +30,7 @@ from rich.table import Table
 
 from graphrt.models import skinny
 from graphrt.models.presets import LlamaConfig, preset
+from graphrt.tools.bench.gemm_prologue import sweep_prologue
 from graphrt.tools.bench.model_steps import weight_floor
 from graphrt.tools.bench.model_twin import ParityError
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
@@ -128,6 +129,7 @@ def measure(run: dict[str, Any], model: str, name: str, k: int, n: int, m: int) 
         row["sweep"] = _sweep(x, weights, ref, iters, nbytes, f"{model} {name} M={m}")
         best = min(row["sweep"], key=lambda c: c["us"]["p50"])
         row["best_tile"] = best["tile"]
+        sweep_prologue(row, weights, iters, _graph_us, _agreement, _path_cell)
     floor = run["floor"]
     row["floor_us"] = w_bytes / (floor["bandwidth_gb_s"] * 1e3) if floor else None
     timed = [c["us"]["p50"] for c in row["paths"].values() if c and c["us"]]
@@ -210,12 +212,24 @@ def _cell(cell: dict[str, Any] | None) -> str:
     return f"{cell['us']['p50']:.1f} ({cell['tb_s']:.2f})"
 
 
+def _tile(t: dict[str, int] | None) -> str:
+    return f"{t['block_n']}x{t['block_k']} w{t['warps']}" if t else "—"
+
+
+def _fused_cell(row: dict[str, Any]) -> str:
+    """The fused prologue kernel's µs with the model's tile, and the best candidate's."""
+    if "prologue" not in row:
+        return "—"
+    best = min(row["prologue_sweep"], key=lambda c: c["us"]["p50"])
+    return f"{row['prologue']['us']['p50']:.1f} → {best['us']['p50']:.1f} {_tile(best['tile'])}"
+
+
 def print_table(result: dict[str, Any], out: str) -> None:
     """The rows as a rich table: µs per GEMM (TB/s) per path, the floor and the best's ratio to it."""
     table = Table(title=f"GEMM in a CUDA graph, bf16 — {result['env']['device']}")
     cols = ("model", "proj", "M", "MB", "cuBLAS", "skinny", "skinny+PDL", "floor µs", "best × floor")
     sweep = any("best_tile" in r for r in result["rows"])
-    for col in (*cols, "best tile") if sweep else cols:
+    for col in (*cols, "best tile", "fused: model tile → best") if sweep else cols:
         table.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
         p = r["paths"]
@@ -224,8 +238,7 @@ def print_table(result: dict[str, Any], out: str) -> None:
         cells += [f"{r['floor_us']:.1f}" if r["floor_us"] else "—"]
         cells += [f"{r['best_over_floor']:.2f}x" if r["best_over_floor"] else "—"]
         if sweep:
-            t = r.get("best_tile")
-            cells.append(f"{t['block_n']}x{t['block_k']} w{t['warps']}" if t else "—")
+            cells += [_tile(r.get("best_tile")), _fused_cell(r)]
         table.add_row(*cells)
     floor, agree = result["floor"], f"outputs agree with torch.matmul's (rel L2 ≤ {result['agree_rel_l2']:g})"
     if floor is None:
