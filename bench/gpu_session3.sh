@@ -52,8 +52,23 @@ sweep() {  # tiles of the fused prologue and the skinny GEMM; FA3 splits auto vs
   timeout 120 graphrt bench sampler --out "$OUT/json" 2>&1 | grep -v "━" | tail -24 | tee -a "$log"
 }
 
+tiles() {  # the new tiles and FA3 splits: tests, then the model bench with the levers on and off
+  mkdir -p "$OUT/json"
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_skinny.py tests/models/test_prologue.py \
+    tests/models/test_prologue_model.py tests/attention/test_backends.py tests/attention/test_backend_hooks.py 2>&1 | tail -4 | tee -a "$log"
+  echo "== levers on (default)" | tee -a "$log"
+  TAIL=6 bench_model llama-3.2-1b 1,16,64 512
+  TAIL=6 bench_model llama-3-8b 1,16,64 512
+  echo "== GRAPHRT_FUSED_PROLOGUE=0" | tee -a "$log"
+  TAIL=3 GRAPHRT_FUSED_PROLOGUE=0 bench_model llama-3.2-1b 1 512
+  TAIL=3 GRAPHRT_FUSED_PROLOGUE=0 bench_model llama-3-8b 1 512
+  echo "== PDL off (GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0)" | tee -a "$log"
+  TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3.2-1b 1 512
+}
+
 case "$what" in
 explore) explore ;;
+tiles) tiles ;;
 sweep) sweep ;;
 *) echo "explore|final, got $what" >&2; exit 2 ;;
 esac
