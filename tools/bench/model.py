@@ -36,6 +36,7 @@ import torch
 from graphrt import ForwardMode
 from graphrt.models.loader import default_dtype
 from graphrt.models.presets import LlamaConfig, preset
+from graphrt.tools.bench import anchors
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps
 from graphrt.tools.bench.model_table import PROFILE_STEPS, print_table
@@ -149,6 +150,9 @@ def _ratios(row: dict[str, Any], run: dict[str, Any], bs: int) -> dict[str, Any]
     # NOTE: the device's own step time (replays back to back): what an engine that overlaps
     # its host work (``Engine(overlap=True)``) pays per step; ``graphrt_us`` also holds run()'s host path.
     row["device_over_floor"] = span / floor["floor_us"] if span else None
+    device = run["device"]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    row |= anchors.compare(run["name"], bs, name, ours, row["over_floor"])
     row["hf_eager_over_graphrt"] = row["hf_eager_us"]["p50"] / ours
     compiled = row["hf_compiled_us"]
     row["hf_compiled_over_graphrt"] = compiled["p50"] / ours if compiled else None

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
+from graphrt.tools.bench import anchors
 from graphrt.tools.bench.record import fmt_us
 from graphrt.tools.cli.console import wide_console
 
@@ -35,6 +36,7 @@ def print_table(result: dict[str, Any], out: Path) -> None:
         "compiled µs",
         "compiled / graphrt",
         "rel err",
+        "vs anchors (H100, bs 1) and target",
     )
     for col in cols:
         table.add_column(col, justify="right", no_wrap=True)
@@ -51,6 +53,7 @@ def print_table(result: dict[str, Any], out: Path) -> None:
             _cell(r["hf_compiled_us"]) if r["hf_compiled_us"] else "skipped",
             f"{ratio:.2f}x" if ratio else "—",
             f"{max(errs):.2g}",
+            anchors.summary(r),
         )
     table.caption = (
         f"µs: p50 (p10–p90), {result['timer']}, run() to logits; device µs: one step of "
