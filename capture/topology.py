@@ -10,6 +10,7 @@ Nothing of models is known here: an op asks for PDL through a ``bool pdl`` schem
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -88,14 +89,23 @@ def with_pdl(kernels: Sequence[KernelCount], topology: GraphTopology | None) -> 
 
 
 # ---- the emulated engine: recorded ops ------------------------------------------------------
+@functools.cache
+def _pdl_argument(func: Any) -> tuple[int, Any] | None:
+    """``(position, default)`` of the op's ``bool pdl`` schema argument, or None."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "pdl" and str(arg.type) == "bool":
+            return i, arg.default_value
+    return None
+
+
 def requests_pdl(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether an op call asks for programmatic dependent launch: its schema has a ``bool pdl``
     argument (graphrt's skinny GEMM and fused prologues) and this call passes True."""
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.name == "pdl" and str(arg.type) == "bool":
-            value = args[i] if i < len(args) else kwargs.get("pdl", arg.default_value)
-            return bool(value)
-    return False
+    found = _pdl_argument(func)
+    if found is None:
+        return False
+    i, default = found
+    return bool(args[i] if i < len(args) else kwargs.get("pdl", default))
 
 
 def ops_topology(calls: Sequence[tuple[str, bool]]) -> GraphTopology:
@@ -169,11 +179,14 @@ def _node(node: Any, names: bool) -> tuple[str, bool]:
 
     (kind,) = _check(rt.cudaGraphNodeGetType(node))
     if kind != rt.cudaGraphNodeType.cudaGraphNodeTypeKernel:
-        return kind.name.removeprefix("cudaGraphNodeType").lower(), False
+        return str(getattr(kind, "name", kind)).removeprefix("cudaGraphNodeType").lower(), False
     if not names:
         return "", True
     (params,) = _check(drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(init_value=int(node))))
-    (name,) = _check(drv.cuFuncGetName(params.func))
+    try:
+        (name,) = _check(drv.cuFuncGetName(params.func))
+    except RuntimeError:  # NOTE: a library kernel may be given as ``kern`` with no ``func``
+        (name,) = _check(drv.cuKernelGetName(params.kern))
     return demangle(name.decode() if isinstance(name, bytes) else str(name)), True
 
 
