@@ -8,6 +8,7 @@ from graphrt.capture.buckets import BucketPolicy, default_buckets, optimal_bucke
 from graphrt.capture.dispatch import Dispatcher, Fallback
 from graphrt.capture.emulated import CaptureSyncError, EmulatedEngine
 from graphrt.capture.graph import CaptureEngine, Graph, GraphInfo, KernelCount
+from graphrt.capture.topology import GraphTopology, TopologyNode
 
 __all__ = [
     "BucketPolicy",
@@ -18,7 +19,9 @@ __all__ = [
     "Fallback",
     "Graph",
     "GraphInfo",
+    "GraphTopology",
     "KernelCount",
+    "TopologyNode",
     "default_buckets",
     "optimal_buckets",
     "padded_tokens",

@@ -15,6 +15,7 @@ import torch
 
 from graphrt.capture.graph import GraphInfo, frozen_gc
 from graphrt.capture.kernels import parse_dot, with_times
+from graphrt.capture.topology import cuda_topology, with_pdl
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ class CudaEngine:
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int) -> tuple[CudaGraph, Any]:
         """Run ``fn`` ``warmup`` times, then capture it; kernels, launch dims and (one profiled
-        replay) kernel times are recorded when ``record_kernels``."""
+        replay) kernel times are recorded when ``record_kernels``. The node count and the
+        programmatic (PDL) edges are read always, where ``cuda.bindings`` is installed."""
         torch.cuda.synchronize(self.device)
         start = time.perf_counter()
         with torch.cuda.stream(self.stream):
@@ -82,10 +84,14 @@ class CudaEngine:
         graph.instantiate()
         done = time.perf_counter()
         pool_bytes = max(pool_reserved(self.device) - before, 0)
+        # NOTE: node types and edges are a few driver calls; kernel names one more per kernel
+        # node, so they are read only when the kernels are recorded anyway.
+        topology = cuda_topology(graph, names=self.record_kernels)
         nodes, kernels = self._kernels(graph) if self.record_kernels else (0, ())
         if self.record_kernels and kernels:
-            kernels = with_times(kernels, self._kernel_times(graph))
-        info = GraphInfo(key, done - recording, pool_bytes, nodes, kernels)
+            kernels = with_pdl(with_times(kernels, self._kernel_times(graph)), topology)
+        nodes = topology.num_nodes if topology is not None else nodes
+        info = GraphInfo(key, done - recording, pool_bytes, nodes, kernels, topology=topology)
         info.warmup_seconds, info.instantiate_seconds = warmed - start, done - recorded
         return CudaGraph(graph, info), out
 

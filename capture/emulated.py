@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from graphrt.capture.graph import GraphInfo, KernelCount, frozen_gc
+from graphrt.capture.topology import ops_topology, requests_pdl, with_pdl
 
 aten = torch.ops.aten
 
@@ -201,10 +202,14 @@ class EmulatedEngine:
         with torch.no_grad(), _HostReads(), recorder:
             out = fn()
         ops = recorder.ops
-        counts = Counter(str(op.func.overloadpacket.__name__) for op in ops)
-        kernels = tuple(KernelCount(name, n) for name, n in counts.items())
+        calls = [
+            (str(op.func.overloadpacket.__name__), requests_pdl(op.func, op.args, op.kwargs)) for op in ops
+        ]
+        topology = ops_topology(calls)
+        counts = Counter(name for name, _ in calls)
+        kernels = with_pdl([KernelCount(name, n) for name, n in counts.items()], topology)
         nbytes = _owned_bytes(ops)
-        info = GraphInfo(key, time.perf_counter() - start, nbytes, len(ops), kernels)
+        info = GraphInfo(key, time.perf_counter() - start, nbytes, len(ops), kernels, topology=topology)
         info.warmup_seconds = start - warm  # NOTE: nothing to instantiate: the op list is the graph
         out = tree_map(lambda x: x, out)
         return EmulatedGraph(ops, info), out

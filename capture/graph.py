@@ -6,7 +6,10 @@ import gc
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from graphrt.capture.topology import GraphTopology
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,13 +18,15 @@ class KernelCount:
 
     ``launch`` is ``"grid,block,smem"`` on CUDA (distinct values of a grouped kernel joined by
     ``" | "``), empty on the emulated engine. ``time_us`` is the GPU time of all ``count``
-    launches in one profiled replay, when recorded.
+    launches in one profiled replay, when recorded. ``pdl``: how many of the ``count`` launches
+    have a programmatic (PDL) in-edge, when the graph's topology was read.
     """
 
     name: str
     count: int
     launch: str = ""
     time_us: float | None = None
+    pdl: int = 0
 
 
 @dataclass(slots=True)
@@ -31,7 +36,8 @@ class GraphInfo:
     ``capture_seconds`` is recording plus instantiation (``instantiate_seconds`` of it);
     ``warmup_seconds`` the eager runs before it. ``pool_bytes``: what the graph added to the
     memory pool, from the allocator's own counters (never negative; over a whole capture the
-    sum is the pool's growth).
+    sum is the pool's growth). ``topology``: the nodes and their programmatic (PDL) edges, or
+    None where it cannot be read (a CUDA graph without ``cuda.bindings``).
     """
 
     key: Hashable
@@ -43,6 +49,12 @@ class GraphInfo:
     replays: int = 0
     warmup_seconds: float = 0.0
     instantiate_seconds: float = 0.0
+    topology: GraphTopology | None = None
+
+    @property
+    def programmatic_edges(self) -> int | None:
+        """Programmatic (PDL) dependency edges of the graph; None when its topology is unknown."""
+        return None if self.topology is None else self.topology.programmatic_edges
 
 
 class Graph(Protocol):

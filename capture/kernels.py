@@ -11,6 +11,7 @@ import functools
 import logging
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from graphrt.capture.graph import KernelCount
 
@@ -166,4 +167,4 @@ def with_times(kernels: tuple[KernelCount, ...], times_us: Mapping[str, float]) 
         key = demangle(raw) if raw.startswith("_Z") else kernel_name(raw)
         key = next((n for n in ("memset", "memcpy") if raw.lower().startswith(n)), key)
         by_name[key] = by_name.get(key, 0.0) + us
-    return tuple(KernelCount(k.name, k.count, k.launch, by_name.get(k.name, k.time_us)) for k in kernels)
+    return tuple(replace(k, time_us=by_name.get(k.name, k.time_us)) for k in kernels)

@@ -5,8 +5,9 @@ once per forward (inside the graph) by ``get_scheduler_metadata`` and read by ev
 place of the ``prepare_varlen_num_blocks`` kernel FA3 otherwise runs before each layer. The
 plan uses what every layer's call uses, all functions of the graph key: ``max_seqlen_k`` is the
 page table's width (what ``flash_attn_with_kvcache`` derives itself), ``num_splits`` the
-bucket's (:meth:`FA3Backend.splits_for`; ``GRAPHRT_FA3_NUM_SPLITS=N`` fixes it for every bucket). Layers with a sliding
-window, token trees (cascade) and chunked-local layers keep FA3's own per-call schedule.
+bucket's (:mod:`graphrt.attention.fa3_plan`; ``GRAPHRT_FA3_NUM_SPLITS=N`` fixes it for every
+bucket). Layers with a sliding window, token trees (cascade) and chunked-local layers keep
+FA3's own per-call schedule.
 ``GRAPHRT_FA3_PLAN=0`` turns the plan off. ``qv`` (dense MLA's absorbed ``q_nope``, scored
 against the values; :mod:`graphrt.attention.fa3_mla`) passes through to every call.
 
@@ -24,16 +25,14 @@ self-attention's).
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from graphrt.attention.base import Backend, BufferGroup
-from graphrt.buffers import BufferSpec, PadRule
+from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
 from graphrt.kv.quant import FP8, LayerScales, is_fp8, quantize
 from graphrt.metadata.base import StepMetadata
 
@@ -43,42 +42,6 @@ FA3_DTYPES = (torch.bfloat16, torch.float16, FP8)
 FP8_MAX_HEAD_DIM, FP8_HEAD_ALIGN = 256, 16
 #: The kernel holds the sinks in shared memory of 64 bfloat16 (``SmemLayoutSink``).
 MAX_SINK_HEADS = 64
-#: FA3's schedule for ``b`` requests holds at most ``4 * round_up(b, 4) + 1`` int32 (split
-#: counts, m-blocks, batch order, heads in L2, tile semaphore); ``4 * b + 16`` covers it.
-SCHEDULER_SPECS = (
-    BufferSpec("scheduler_metadata", ("4*max_bs+16",), torch.int32, PadRule("free"), head_only=True),
-)
-
-
-#: ``GRAPHRT_FA3_NUM_SPLITS``: ``auto`` (default: :meth:`FA3Backend.splits_for`) or a fixed count
-#: for every bucket (0: FA3's own heuristic).
-SPLITS_ENV = "GRAPHRT_FA3_NUM_SPLITS"
-#: A bucket whose ``requests x KV heads`` tiles cover this share of the SMs runs unsplit: FA3's
-#: own rule, which its planned (dynamic-split) path applies as if the batch held one request,
-#: and so splits, and adds a combine kernel, even where the tiles already fill the GPU.
-FULL_SHARE = 0.8
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def planned_splits(batch: int, heads_k: int, sms: int, fixed: int | None = None) -> int:
-    """FA3's ``num_splits`` for a planned step of ``batch`` requests (the bucket, a graph key) with
-    ``heads_k`` KV heads on ``sms`` SMs: 1 (unsplit, no combine kernel) where the ``batch *
-    heads_k`` tiles fill :data:`FULL_SHARE` of the SMs, else 0 (FA3's heuristic splits the keys);
-    ``fixed`` (``GRAPHRT_FA3_NUM_SPLITS=N``) wins."""
-    if fixed is not None:
-        return fixed
-    return 1 if batch * heads_k >= FULL_SHARE * sms else 0
-
-
-@dataclass(slots=True)
-class FA3Buffers:
-    """``scheduler_metadata [4 * bs + 16]`` int32: FA3's tile schedule of the step (its head)."""
-
-    scheduler_metadata: torch.Tensor
 
 
 def fa3_available(device: torch.device, dtype: torch.dtype | None = None) -> bool:
@@ -115,7 +78,7 @@ class FA3Backend(Backend):
 
     def splits_for(self, batch: int, heads_k: int, device: torch.device) -> int:
         """:func:`planned_splits` on ``device`` (plan and calls pass the same)."""
-        return planned_splits(batch, heads_k, _sm_count(device), self.num_splits)
+        return planned_splits(batch, heads_k, sm_count(device), self.num_splits)
 
     @classmethod
     def available(cls, device: torch.device, dtype: torch.dtype | None = None, **_: Any) -> bool:

@@ -37,7 +37,8 @@ class KernelFacts:
 
     ``name`` is demangled with its template arguments; a kernel launched with several dims
     lists the distinct values joined by ``" | "``. ``time_us``: GPU µs of all ``count``
-    launches in one profiled replay (CUDA, when recorded), else None.
+    launches in one profiled replay (CUDA, when recorded), else None. ``pdl``: a launch of it
+    has a programmatic (PDL) in-edge: it may start while the kernel before it finishes.
     """
 
     name: str
@@ -46,6 +47,7 @@ class KernelFacts:
     block: str = ""
     smem: str = ""
     time_us: float | None = None
+    pdl: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,10 @@ class BufferRead:
 
 @dataclass(frozen=True, slots=True)
 class GraphFacts:
+    """One captured graph. ``edges`` / ``programmatic_edges``: its dependency edges and how many
+    are programmatic (PDL); None where the topology was not read (a CUDA graph without
+    ``cuda.bindings``, files written before these fields)."""
+
     mode: str
     bucket: int
     tokens_per_req: int
@@ -70,6 +76,8 @@ class GraphFacts:
     kernels: tuple[KernelFacts, ...]
     host_scalars: dict[str, Any]
     reads: tuple[BufferRead, ...]
+    edges: int | None = None
+    programmatic_edges: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,11 +178,12 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
         for t in [getattr(view, s.name)]
     )
     kernels = tuple(
-        KernelFacts(k.name, k.count, *split_launch(k.launch), time_us=k.time_us)
+        KernelFacts(k.name, k.count, *split_launch(k.launch), time_us=k.time_us, pdl=k.pdl > 0)
         if k.launch
-        else KernelFacts(k.name, k.count, time_us=k.time_us)
+        else KernelFacts(k.name, k.count, time_us=k.time_us, pdl=k.pdl > 0)
         for k in info.kernels
     )
+    topology = info.topology
     return GraphFacts(
         _name(mode),
         bucket,
@@ -194,6 +195,8 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
         kernels,
         dict(info.host_scalars),
         reads,
+        edges=None if topology is None else topology.edges,
+        programmatic_edges=info.programmatic_edges,
     )
 
 

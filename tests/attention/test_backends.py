@@ -62,7 +62,7 @@ def test_fa3_is_not_offered_for_fp32_kv() -> None:
 def test_fa3_planned_step_matches_the_oracle_split_or_not(requests: int) -> None:
     """The step's plan (``get_scheduler_metadata``) with the bucket's split count: FA3's heuristic
     at 1 request, unsplit at 64 (64 x 2 KV heads fill the GPU), the same as the oracle."""
-    from graphrt.attention.fa3 import FA3Buffers, _sm_count, planned_splits
+    from graphrt.attention.fa3_plan import FA3Buffers, planned_splits, sm_count
 
     device = torch.device("cuda")
     if "fa3" not in available_backends(device):
@@ -70,7 +70,7 @@ def test_fa3_planned_step_matches_the_oracle_split_or_not(requests: int) -> None
     seq_lens = [1 + (37 * i) % CONTEXT for i in range(requests)]
     case = paged_case(device, 16, CONTEXT, seq_lens, [1] * requests)
     backend = select_backend("fa3", device)
-    assert backend.splits_for(requests, 2, device) == planned_splits(requests, 2, _sm_count(device))
+    assert backend.splits_for(requests, 2, device) == planned_splits(requests, 2, sm_count(device))
     group = FA3Buffers(torch.zeros(4 * requests + 16, dtype=torch.int32, device=device))
     plan = backend.plan(case.meta, group, case.q, case.k_cache)
     assert plan is not None

@@ -38,6 +38,9 @@ def test_facts(taken: tuple[Setup, Snapshot, Path]) -> None:
     g4 = snap.graph("DECODE", 4)
     assert g4 is not None and g4.host_scalars == {"max_seqlen_q": 1, "page_size": 16, "cascade": False}
     assert {k.name for k in g4.kernels} >= {"index_put_", "mm", "embedding"}
+    # emulated: a chain of the recorded ops, none asking for PDL on the CPU
+    assert (g4.edges, g4.programmatic_edges) == (g4.num_nodes - 1, 0)
+    assert not any(k.pdl for k in g4.kernels)
     view = setup.runtime.buffers.view(4, 1)
     assert {r.name: r.address for r in g4.reads} == {
         r.name: getattr(view, r.name).data_ptr() for r in g4.reads
@@ -103,3 +106,11 @@ def test_launch_dims_split() -> None:
 
     assert split_launch("6,{32,16},0") == ("6", "{32,16}", "0")
     assert split_launch("") == ("", "", "")
+
+
+def test_files_from_before_programmatic_edges_still_load() -> None:
+    """The H100 snapshot in docs/ predates ``pdl`` and ``edges``: they read as unknown."""
+    snap = load_snapshot(Path(__file__).parents[2] / "docs" / "snapshot-h100-fa3.json")
+    assert snap.graphs and all(g.edges is None and g.programmatic_edges is None for g in snap.graphs)
+    assert not any(k.pdl for g in snap.graphs for k in g.kernels)
+    assert report.pdl_summary(snap.graphs[0]).startswith("programmatic edges not read")

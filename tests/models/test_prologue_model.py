@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from graphrt import Batch, ForwardMode, RuntimeConfig
+from graphrt.capture.topology import cuda_bindings_missing
 from graphrt.debug.snapshot import take_snapshot
 from graphrt.engine.stack import stack_for
 from graphrt.models import PRESETS, CausalLM, MLACausalLM, ModelConfig, TinyLlama, ops
@@ -171,6 +172,25 @@ def test_kernel_table_names_the_fused_kernels(device, kernels_on, tmp_path) -> N
     rows = {row[-1]: row[0] for row in report.kernel_rows(graph)}
     layers = setup.model.cfg.num_layers
     assert (rows["prologue_norm_gemm"], rows["prologue_silu_gemm"]) == (str(2 * layers + 1), str(layers))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.skipif(cuda_bindings_missing() is not None, reason="no cuda.bindings")
+@pytest.mark.parametrize("device", [torch.device("cuda")])
+def test_decode_graph_carries_programmatic_edges(device, kernels_on, monkeypatch) -> None:
+    """The bucket-1 DECODE graph's fused launches (PDL on SM90+) have programmatic in-edges,
+    read from the CUDA graph; with ``GRAPHRT_SKINNY_PDL=0`` the same graph has none."""
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        pytest.skip("PDL needs SM90+")
+    monkeypatch.setenv(sk.PDL_ENV, "1")
+    on = build(device, "tiny-llama", record_kernels=True).runtime.dispatcher.graphs
+    info = on[(ForwardMode.DECODE, 1)].info
+    assert info.programmatic_edges is not None and info.programmatic_edges > 0
+    assert {"prologue_norm_gemm", "prologue_silu_gemm"} <= {k.name for k in info.kernels if k.pdl}
+    monkeypatch.setenv(sk.PDL_ENV, "0")
+    off = build(device, "tiny-llama").runtime.dispatcher.graphs[(ForwardMode.DECODE, 1)].info
+    assert off.programmatic_edges == 0 and off.num_nodes == info.num_nodes
 
 
 def test_unfused_where_the_prologue_does_not_apply(monkeypatch: pytest.MonkeyPatch) -> None:

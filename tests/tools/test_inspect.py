@@ -28,6 +28,12 @@ def test_inspect_prints_every_view(snap_path: Path, capsys: pytest.CaptureFixtur
     assert [ln.split("│")[2].strip() for ln in grid[:4]] == ["1", "2", "4", ">4"]
     assert "ok " in grid[0] and "yes" in grid[0] and grid[3].split("│")[8].strip() == "1"
     assert "DECODE bucket 4: " in out and "host scalars: cascade=False, max_seqlen_q=1" in out
+    # the emulated graph is a chain of its recorded ops, none launched with PDL on the CPU
+    title = next(ln for ln in lines if ln.startswith("DECODE bucket 4: "))
+    nodes = int(title.split(" nodes, ")[0].rsplit(" ", 1)[1])
+    assert f"{nodes} nodes, 0 programmatic edges of {nodes - 1}" in title
+    header = next(ln for ln in lines if "┃ count ┃" in ln)
+    assert [c.strip() for c in header.split("┃")[1:5]] == ["count", "time", "share", "PDL"]
     assert "index_put_" in out and "[max_bs+1]" in out and "const dummy_slot" in out
     assert "pad violations: ['cache_seqlens']" in out
     contents = next(ln for ln in lines if ln.startswith("│ cache_seqlens ") and "│ 3 " in ln)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -38,23 +39,31 @@ def test_kernel_rows_group_by_name_with_time_and_share() -> None:
     g = graph(
         KernelFacts("at::native::add<float>", 3, "6", "128", "0", 3.0),
         KernelFacts(FA3, 1, "132", "256", "109568", 9.0),
-        KernelFacts("at::native::add<float>", 2, "12", "128", "0", 3.0),
+        KernelFacts("at::native::add<float>", 2, "12", "128", "0", 3.0, pdl=True),
     )
     rows = report.kernel_rows(g)
-    assert report.KERNEL_COLUMNS[-1] == "kernel / op"
+    assert report.KERNEL_COLUMNS[-1] == "kernel / op" and report.KERNEL_COLUMNS[3] == "PDL"
     assert rows == [
         (
             "1",
             "9 µs",
             "60.0%",
+            "",
             "132",
             "256",
             "109568",
             "cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<…> > >",
         ),
-        ("5", "6 µs", "40.0%", "6 | 12", "128", "0", "at::native::add<float>"),
+        ("5", "6 µs", "40.0%", "✓", "6 | 12", "128", "0", "at::native::add<float>"),
     ]
     assert report.kernel_rows(g, full_names=True)[0][-1] == FA3
+
+
+def test_pdl_summary_counts_programmatic_edges_or_says_unread() -> None:
+    g = graph(KernelFacts("_skinny", 2, pdl=True))
+    assert report.pdl_summary(g).startswith("programmatic edges not read")  # older files, no bindings
+    read = dataclasses.replace(g, edges=9, programmatic_edges=1)
+    assert report.pdl_summary(read) == "1 programmatic edges of 9"
 
 
 def test_kernel_rows_without_times_sort_by_count() -> None:

@@ -46,7 +46,12 @@ async def walk(app: GraphDebugApp) -> None:
         assert "DECODE bucket 1" in text(app, "detail-title")
         await pilot.press("right_square_bracket")
         assert "DECODE bucket 2" in text(app, "detail-title")
-        assert "index_put_" in [r[-1] for r in rows(app, "detail-kernels")]
+        kernels = rows(app, "detail-kernels")
+        assert "index_put_" in [r[-1] for r in kernels]
+        # the PDL column: blank for every op on the CPU, and the graph's programmatic-edge count
+        columns = [str(c.label) for c in app.query_one("#detail-kernels", DataTable).columns.values()]
+        assert columns[3] == "PDL" and {r[3] for r in kernels} == {""}
+        assert "0 programmatic edges of " in text(app, "detail-title")
         assert "max_seqlen_q=1" in text(app, "detail-scalars")
         reads = {r[0]: r for r in rows(app, "detail-reads")}
         assert reads["cu_seqlens_q"][1] == "3" and reads["page_table"][3].startswith("0x")

@@ -13,7 +13,10 @@ request holds ``--context`` tokens) and the same next token:
 
 On CUDA, five graphrt replays per batch size also run under ``torch.profiler`` (CUDA activity
 only): the row's ``device`` holds the busy and idle µs per step, the launches per step and the
-top kernels by time; ``graph_nodes`` counts the nodes of the batch size's captured graph.
+top kernels by time; ``graph_nodes`` counts the nodes of the batch size's captured graph and
+``pdl_edges`` its programmatic (PDL) edges (read through ``cuda.bindings``; null without it).
+``GRAPHRT_SKINNY_PDL=0`` / ``GRAPHRT_SAMPLER_PDL=0`` measure the same with PDL off
+(``pdl_switches`` records them).
 
 Before timing a batch size the bench checks that graphrt's logits match transformers' (and the
 compiled model's) within ``model_twin.PARITY_TOLERANCE``, and raises ``ParityError`` if not.
@@ -26,6 +29,7 @@ Each run writes ``<out>/model_<device>_<shape>_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,8 +38,10 @@ from typing import Any
 import torch
 
 from graphrt import ForwardMode
+from graphrt.models import skinny
 from graphrt.models.loader import default_dtype
 from graphrt.models.presets import LlamaConfig, preset
+from graphrt.runtime import sampler_launch
 from graphrt.tools.bench import anchors
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps
@@ -106,7 +112,9 @@ def measure_graphrt(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch
     ours = stack.runtime.run(batch).float().clone()
     row = {"bs": bs, "graphrt_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))}
     row["device"] = profile_steps(lambda: stack.runtime.run(batch), device, PROFILE_STEPS)
-    row["graph_nodes"] = next(g.num_nodes for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
+    info = next(g for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
+    # NOTE: from the graph's topology (cuda.bindings), kernel recording off; None: not read
+    row["graph_nodes"], row["pdl_edges"] = info.num_nodes, info.programmatic_edges
     return row, ours
 
 
@@ -254,10 +262,13 @@ def _result(args: argparse.Namespace, run: dict[str, Any], rows: list, seconds: 
                     "instantiate_s": g.instantiate_seconds,
                     "pool_bytes": g.pool_bytes,
                     "nodes": g.num_nodes,
+                    "pdl_edges": g.programmatic_edges,
                 }
                 for g in report.graphs
             ],
         },
+        # NOTE: what tells a PDL-on run from a PDL-off one (the switches' values, "1" = on)
+        "pdl_switches": {env: os.environ.get(env, "1") for env in (skinny.PDL_ENV, sampler_launch.PDL_ENV)},
         "graph_replays": stats.replays.get("DECODE", 0),
         "eager_fallbacks": stats.fallbacks.get("DECODE", {}),
         "weight_bytes": weight_bytes(run["model"]),

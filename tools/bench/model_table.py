@@ -80,8 +80,10 @@ def _kernels_line(row: dict[str, Any]) -> str:
     """Where one graphrt step spends its device time: busy, idle between kernels, top kernels."""
     d = row["device"]
     top = ", ".join(f"{k['kernel']} {k['us']:.0f} µs x{k['launches']:.0f}" for k in d["kernels"][:6])
+    edges = row.get("pdl_edges")  # NOTE: absent in files written before it
+    pdl = "" if edges is None else f" ({edges} programmatic edges)"
     return (
         f"bs {row['bs']} device: {d['busy_us']:.0f} µs busy of {d['span_us']:.0f} µs "
         f"({d['idle_share']:.1%} idle), {d['launches']:.0f} launches, graph of "
-        f"{row['graph_nodes']} nodes; top: {top}"
+        f"{row['graph_nodes']} nodes{pdl}; top: {top}"
     )

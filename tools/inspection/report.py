@@ -5,16 +5,19 @@ Nothing here imports Textual: the GPU box runs ``inspect`` without it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from graphrt.capture.kernels import short_name
-from graphrt.debug.snapshot import GraphFacts, KernelFacts, KVFacts, MemoryFacts, Snapshot
+from graphrt.debug.snapshot import GraphFacts, KVFacts, MemoryFacts, Snapshot
 
 # NOTE: re-exported: inspect and the TUI read every kind of row from this module
 from graphrt.tools.inspection.buffer_contents import BufferRows as BufferRows
 from graphrt.tools.inspection.buffer_contents import buffer_contents as buffer_contents
+from graphrt.tools.inspection.kernel_table import KERNEL_COLUMNS as KERNEL_COLUMNS
+from graphrt.tools.inspection.kernel_table import fmt_time as fmt_time
+from graphrt.tools.inspection.kernel_table import kernel_rows as kernel_rows
+from graphrt.tools.inspection.kernel_table import pdl_summary as pdl_summary
 
 Row = tuple[str, ...]
 
@@ -29,8 +32,6 @@ GRAPH_COLUMNS = (
     "fallbacks",
     "parity",
 )
-# NOTE: the name goes last: template names are long, and the numbers must stay on screen.
-KERNEL_COLUMNS = ("count", "time", "share", "grid", "block", "smem", "kernel / op")
 READ_COLUMNS = ("buffer", "shape", "dtype", "address")
 BUFFER_COLUMNS = ("buffer", "declared", "size", "dtype", "pad rule", "written", "bytes", "offset", "address")
 PARITY_COLUMNS = (
@@ -49,19 +50,6 @@ RECENT_COLUMNS = ("#", "mode", "bs", "bucket", "update", "launch", "replay", "fa
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}"
-
-
-def fmt_time(us: float | None) -> str:
-    """Microseconds in the unit that reads best: ``850 ns``, ``12.3 µs``, ``4.20 ms``, ``1.50 s``."""
-    if us is None:
-        return "-"
-    if us < 1:
-        return f"{us * 1e3:.0f} ns"
-    if us < 1e3:
-        return f"{us:.3g} µs" if us < 100 else f"{us:.0f} µs"
-    if us < 1e6:
-        return f"{us / 1e3:.3g} ms" if us < 1e5 else f"{us / 1e3:.0f} ms"
-    return f"{us / 1e6:.3g} s"
 
 
 def parity_status(snap: Snapshot, mode: str, bucket: int) -> str:
@@ -115,54 +103,6 @@ def graph_rows(snap: Snapshot) -> list[Row]:
             big = f">{buckets[-1]}" if buckets else "any"
             rows.append((mode, big, "no", "-", "-", "-", "-", str(fallbacks[(mode, None)]), "-"))
     return rows
-
-
-def _grouped(kernels: Sequence[KernelFacts]) -> list[KernelFacts]:
-    """One entry per name (snapshots taken before grouping list a kernel once per launch dims)."""
-    by_name: dict[str, list[KernelFacts]] = {}
-    for k in kernels:
-        by_name.setdefault(k.name, []).append(k)
-
-    def joined(values: Iterable[str]) -> str:
-        return " | ".join(dict.fromkeys(p for v in values for p in v.split(" | ") if p))
-
-    out = []
-    for name, ks in by_name.items():
-        times = [k.time_us for k in ks if k.time_us is not None]
-        out.append(
-            KernelFacts(
-                name,
-                sum(k.count for k in ks),
-                joined(k.grid for k in ks),
-                joined(k.block for k in ks),
-                joined(k.smem for k in ks),
-                sum(times) if times else None,
-            )
-        )
-    return out
-
-
-def kernel_rows(graph: GraphFacts, full_names: bool = False) -> list[Row]:
-    """One row per kernel name: count, time, share of the graph's time, grid, block, smem, name.
-
-    Sorted by time when recorded, else by count. Names keep two levels of template
-    arguments unless ``full_names``.
-    """
-    kernels = _grouped(graph.kernels)
-    total = sum(k.time_us or 0.0 for k in kernels)
-    kernels.sort(key=lambda k: (-(k.time_us or 0.0), -k.count, k.name))
-    return [
-        (
-            str(k.count),
-            fmt_time(k.time_us),
-            f"{100 * k.time_us / total:.1f}%" if k.time_us is not None and total else "-",
-            k.grid or "-",
-            k.block or "-",
-            k.smem or "-",
-            k.name if full_names else short_name(k.name),
-        )
-        for k in kernels
-    ]
 
 
 def host_scalar_rows(graph: GraphFacts) -> list[Row]:

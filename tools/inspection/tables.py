@@ -29,7 +29,7 @@ def _graph_detail(graph: GraphFacts, console: Console, full_names: bool = False)
     timed = sum(k.time_us or 0.0 for k in graph.kernels)
     title = (
         f"{graph.mode} bucket {graph.bucket}: {len({k.name for k in graph.kernels})} kernels, "
-        f"{graph.num_nodes} nodes"
+        f"{graph.num_nodes} nodes, {report.pdl_summary(graph)}"
         + (f", {report.fmt_time(timed)} of kernel time per replay" if timed else "")
     )
     table = _table(title, report.KERNEL_COLUMNS, report.kernel_rows(graph, full_names))

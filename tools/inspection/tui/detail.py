@@ -55,7 +55,8 @@ class DetailView(View):
         timed = sum(k.time_us or 0.0 for k in g.kernels)
         source = "CUDA graph debug dump" if self.snap.engine == "cuda" else "emulated engine's recorded ops"
         title.update(
-            f"[b]Graph detail[/b] │ {g.mode} bucket {g.bucket}: {g.num_nodes} nodes, "
+            f"[b]Graph detail[/b] │ {g.mode} bucket {g.bucket}: {g.num_nodes} nodes "
+            f"({report.pdl_summary(g)}), "
             f"{len({k.name for k in g.kernels})} distinct kernels ({source}), "
             f"captured in {report.fmt_time(g.capture_ms * 1e3)}, {g.replays} replays"
             + (f", kernels {report.fmt_time(timed)} per replay" if timed else "")
