@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 (second) session, after .gpu/install.sh:
-#   bash bench/gpu_session3.sh explore|final
+#   bash bench/gpu_session3.sh explore|sweep|tiles|floor
 # explore: FA3 num_splits 0/1/2/4/8 on the Llama-3.2-1B shape at bs 1; the 8B shape with the
 #          fused prologue off and on; run() host profiles with real replays; a PDL graph's DOT.
+# sweep:   `bench gemm --sweep` at M = 1 (skinny and fused prologue tiles), FA3 splits auto vs 0,
+#          `bench sampler`.
+# tiles:   GPU tests of the GEMM kernels and FA3's plan, then the model bench with the new tiles,
+#          the fused prologue off, PDL off.
+# floor:   the final step-floor benches (JSON tarred into floor_json.tgz), SmolLM2's overlap bench
+#          when /tmp/models holds it, `bench host`.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?explore|final}
+what=${1:?explore|sweep|tiles|floor}
 log="$OUT/s3_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -66,9 +72,31 @@ tiles() {  # the new tiles and FA3 splits: tests, then the model bench with the 
   TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3.2-1b 1 512
 }
 
+floor() {  # the step-floor benches, levers on (JSON with PDL edges, anchors, targets); PDL off; SmolLM2
+  mkdir -p "$OUT/json"
+  echo "== levers on" | tee -a "$log"
+  TAIL=8 bench_model llama-3.2-1b 1,16,64 512
+  TAIL=8 bench_model llama-3-8b 1,16,64 512
+  echo "== PDL off (GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0)" | tee -a "$log"
+  TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3.2-1b 1 512
+  TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3-8b 1 512
+  gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ -f "$gguf" ]; then
+    for sampled in "" --sampled; do
+      echo "== smollm2 overlap $sampled" | tee -a "$log"
+      timeout 200 graphrt bench overlap --engine-model "$gguf" $sampled --batch-sizes 1 --context 64 --iters 200 \
+        --out "$OUT/json" 2>&1 | grep -v "━" | tail -12 | tee -a "$log"
+    done
+  fi
+  timeout 120 graphrt bench host --modes decode --batch-sizes 1,16,64 --page-sizes 16 \
+    --context-lens 4096,131072 --iters 200 --out "$OUT/json" 2>&1 | grep -v "━" | tail -16 | tee -a "$log"
+  tar -C "$OUT" -czf "$OUT/floor_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
 explore) explore ;;
+floor) floor ;;
 tiles) tiles ;;
 sweep) sweep ;;
-*) echo "explore|final, got $what" >&2; exit 2 ;;
+*) echo "explore|sweep|tiles|floor, got $what" >&2; exit 2 ;;
 esac
