@@ -3,7 +3,7 @@
 # in one call, each with its switch off and on in the same process tree.
 #   bash bench/gpu_floor.sh tests|sampler|host|fp8|agreement|gemm|model|smollm2|prologue|all
 # tests: the FA3 plan (backend hooks) against eager and the reference in every graphed mode;
-# sampler: the fused sampler's GPU tests, `graphrt bench sampler`, a PDL graph's DOT;
+# sampler: the fused sampler's GPU tests, `graphrt bench sampler`;
 # host: `graphrt bench host` DECODE at 4k and 128k max context;
 # fp8: FP8 KV / sinks / page-ownership GPU tests and the 8B FP8-vs-bf16 KV step at 8k;
 # agreement: SmolLM2's top-1 agreement with an FP8 KV cache (needs /tmp/models);
@@ -45,7 +45,6 @@ run_sampler() {
   timeout 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime/test_sampler_kernel.py tests/runtime/test_sampler.py \
     tests/tools/test_bench_sampler.py 2>&1 | tail -5 | tee -a "$log"
   timeout 150 graphrt bench sampler --out "$OUT" 2>&1 | tail -30 | tee -a "$log"
-  timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -3 | tee -a "$log"
 }
 
 run_host() {

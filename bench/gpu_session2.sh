@@ -5,7 +5,7 @@
 #        ownership and damaged files, FP8/sinks and capture accounting;
 # floor: `graphrt bench model` on the Llama-3.2-1B shape with GRAPHRT_FUSED_PROLOGUE 0 and 1, the
 #        8B shape at bs 1/16/64 with it on, FP8 vs bf16 KV at bs 64 and 8k context (needs an H200's
-#        memory), `graphrt bench host` at 4k and 128k, a PDL graph's DOT;
+#        memory), `graphrt bench host` at 4k and 128k;
 # text:  bench/gpu_text.sh (generate phases, serve ready, bench serve).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -47,7 +47,6 @@ run_floor() {
   echo "== bench host" | tee -a "$log"
   timeout 120 graphrt bench host --modes decode --batch-sizes 1,16,64 --page-sizes 16 \
     --context-lens 4096,131072 --iters 200 --out "$OUT" 2>&1 | tail -16 | tee -a "$log"
-  timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -2 | tee -a "$log"
 }
 
 case "$what" in

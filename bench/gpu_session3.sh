@@ -2,7 +2,7 @@
 # GPU checks of the 2026-11-27 (second) session, after .gpu/install.sh:
 #   bash bench/gpu_session3.sh explore|sweep|tiles|floor
 # explore: FA3 num_splits 0/1/2/4/8 on the Llama-3.2-1B shape at bs 1; the 8B shape with the
-#          fused prologue off and on; run() host profiles with real replays; a PDL graph's DOT.
+#          fused prologue off and on; run() host profiles with real replays.
 # sweep:   `bench gemm --sweep` at M = 1 (skinny and fused prologue tiles), FA3 splits auto vs 0,
 #          `bench sampler`.
 # tiles:   GPU tests of the GEMM kernels and FA3's plan, then the model bench with the new tiles,
@@ -27,7 +27,6 @@ bench_model() {  # shape batch-sizes context extra-args...
 
 explore() {
   mkdir -p "$OUT/json"
-  timeout 60 python3 bench/gpu_pdl_dot.py "$OUT" 2>&1 | tail -2 | tee -a "$log"
   for s in 0 1 2 4 8; do
     echo "== 1b bs1 ctx512 GRAPHRT_FA3_NUM_SPLITS=$s" | tee -a "$log"
     GRAPHRT_FA3_NUM_SPLITS=$s bench_model llama-3.2-1b 1 512
