@@ -80,7 +80,7 @@ class TPRuntime:
 def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Message, list[Exception]]:
     """A non-zero rank's loop: run each step rank 0 broadcasts until it sends STOP or ABORT.
 
-    A step that raises here raised on rank 0 too (same batch, same checks); the error is kept
+    IDLE messages (an idle server's heartbeat) only restart the wait for the next step. A step that raises here raised on rank 0 too (same batch, same checks); the error is kept
     and the loop goes on, since rank 0 decides whether to continue. Returns the final message
     and the errors seen.
     """
@@ -89,6 +89,8 @@ def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Mess
     errors: list[Exception] = []
     while True:
         msg = channel.exchange(None)
+        if msg.op is Op.IDLE:
+            continue
         if msg.op is not Op.RUN:
             return msg, errors
         runtime = runtimes.get(msg.target)
