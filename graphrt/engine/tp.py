@@ -99,8 +99,9 @@ def tp_end(channel: StepChannel, error: BaseException | None = None) -> None:
 
 class Heartbeat:
     """Rank 0 of a server: an IDLE message every ``interval_s`` (default a quarter of the
-    group's timeout) from its own thread, so the other ranks' wait for the next step never
-    times out while the server has no request. Steps and beats share the channel's lock.
+    group's timeout) from its own thread, requests or not, so the other ranks' wait for the
+    next step never times out while the server has no request. A beat takes the channel's
+    lock, so it goes between two steps.
 
     A failed beat (a rank died: :class:`CollectiveError`) goes to ``on_failure`` and ends the
     beats.
