@@ -11,16 +11,17 @@ from graphrt.engine.tp import Heartbeat, tp_end, tp_follow
 from graphrt.parallel import CollectiveError, StepChannel, init_tp
 from tests.tp_util import outcome, run_ranks
 
-TIMEOUT_S = 1.0  # NOTE: run_ranks gives the group this timeout
+TIMEOUT_S = 1.0  # NOTE: the group's timeout (the heartbeat comes every 0.25 s)
 
 
 def follow_idle(rank: int, world: int, beat: bool, end: str) -> tuple[str, str]:
     """Rank 0 idles 2.5 timeouts (beating or not), then ends the follow with ``end``."""
-    channel = StepChannel(init_tp(world, torch.device("cpu")))
+    channel = StepChannel(init_tp(world, torch.device("cpu"), TIMEOUT_S))
     if rank != 0:
         return outcome(lambda: tp_follow(channel, {}))
     failures: list[Exception] = []
     heartbeat = Heartbeat(channel, failures.append)
+    assert heartbeat.interval_s == TIMEOUT_S / 4
     if beat:
         heartbeat.start()
     time.sleep(2.5 * TIMEOUT_S)
