@@ -82,7 +82,27 @@ class LLM:
         if engine_options.get("tp", 1) != 1:
             raise ValueError(
                 "LLM runs on one rank: use Engine(tp=N).generate on every rank for tensor parallelism"
+                " (or LLM.tp_driver on rank 0 while the others follow it, as graphrt serve --tp does)"
             )
+        self._build(model, tokenizer, engine_options)
+
+    @classmethod
+    def tp_driver(
+        cls, model: str | os.PathLike[str], tp: int, *, tokenizer: bool | None = None, **engine_options: Any
+    ) -> LLM:
+        """Rank 0 of a TP group of ``tp`` ranks (``graphrt serve --tp``): every other rank builds
+        ``Engine(model, tp=tp, **engine_options)`` at the same time, then runs
+        :func:`graphrt.engine.tp.tp_follow` until rank 0 calls :func:`~graphrt.engine.tp.tp_end`.
+        Raises ``ValueError`` on any other rank."""
+        llm = cls.__new__(cls)
+        llm._build(model, tokenizer, engine_options | {"tp": tp})
+        if not llm.engine.tp.is_driver:
+            raise ValueError(f"LLM.tp_driver runs on rank 0; this is rank {llm.engine.tp.rank}")
+        return llm
+
+    def _build(
+        self, model: str | os.PathLike[str], tokenizer: bool | None, engine_options: dict[str, Any]
+    ) -> None:
         start = time.perf_counter()
         #: The model as named (what the server reports as its model id).
         self.name = str(model)

@@ -29,7 +29,7 @@ from graphrt.engine.sampling import admit_params
 from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
-from graphrt.engine.tp import tp_generate
+from graphrt.engine.tp import tp_generate, tp_runtimes
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
 from graphrt.runtime.progress import load_progress
@@ -252,7 +252,7 @@ class Engine:
             if self.channel is not None:
                 if encoder_ids is not None:
                     raise ValueError("encoder_ids: encoder-decoder models run on one rank (tp 1)")
-                runtimes = {0: self.runtime} | ({1: self.draft_runtime} if self.spec is not None else {})
+                runtimes = tp_runtimes(self)
                 return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
             return self._generate(prompts, max_new_tokens, sampling, encoder_ids)
 

@@ -43,6 +43,7 @@ class Op(IntEnum):
     RUN = 1  # run ``batch`` on runtime ``target``
     STOP = 2  # the driver's call ended normally
     ABORT = 3  # the driver's call raised; an object broadcast with the error follows
+    IDLE = 4  # no step: rank 0 is alive (a server's heartbeat, within the group's timeout)
 
 
 class Feed(IntEnum):

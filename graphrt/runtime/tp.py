@@ -77,18 +77,25 @@ class TPRuntime:
         self.inner.release()
 
 
+#: Step errors :func:`serve` returns (the latest).
+KEPT_ERRORS = 16
+
+
 def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Message, list[Exception]]:
     """A non-zero rank's loop: run each step rank 0 broadcasts until it sends STOP or ABORT.
 
-    A step that raises here raised on rank 0 too (same batch, same checks); the error is kept
-    and the loop goes on, since rank 0 decides whether to continue. Returns the final message
-    and the errors seen.
+    IDLE messages (an idle server's heartbeat) only restart the wait for the next step. A step
+    that raises here raised on rank 0 too (same batch, same checks); the error is kept and the
+    loop goes on, since rank 0 decides whether to continue. Returns the final message and the
+    last :data:`KEPT_ERRORS` errors seen (without their tracebacks: a server runs for days).
     """
     if channel.group.is_driver:
         raise RuntimeError("rank 0 drives the steps; serve() runs on the other ranks")
     errors: list[Exception] = []
     while True:
         msg = channel.exchange(None)
+        if msg.op is Op.IDLE:
+            continue
         if msg.op is not Op.RUN:
             return msg, errors
         runtime = runtimes.get(msg.target)
@@ -101,4 +108,5 @@ def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Mess
         except CollectiveError:
             raise
         except (ValueError, RuntimeError) as err:
-            errors.append(err)
+            errors[: max(len(errors) + 1 - KEPT_ERRORS, 0)] = []
+            errors.append(err.with_traceback(None))

@@ -5,6 +5,8 @@ thread-safe queue — and get its updates back through the job's ``deliver`` cal
 server wraps an asyncio queue with ``loop.call_soon_threadsafe``). The thread drains the queue
 between steps: new jobs join the running batch at the next step (continuous batching, graphs
 replayed as in ``Engine.step``), cancelled ones leave it with their row and KV pages freed.
+A failed step ends the requests in flight and the thread serves on, unless the TP group broke
+(:class:`~graphrt.parallel.CollectiveError`): then the thread stops and says so.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from graphrt.parallel import CollectiveError
 from graphrt.replies import Replies, Update
 from graphrt.step.sampling import SamplingParams
 
@@ -64,10 +67,15 @@ class _Counts:
 
 class EngineLoop:
     """The thread that owns ``replies.engine``: :meth:`start`, :meth:`submit`, :meth:`cancel`,
-    :meth:`stop`. Nothing else may touch the engine while it runs."""
+    :meth:`stop`. Nothing else may touch the engine while it runs.
 
-    def __init__(self, replies: Replies) -> None:
-        self.replies = replies
+    ``on_failure`` is called (from the thread) with the error that broke the TP group, after
+    which the thread has ended every request and stops; :attr:`failure` keeps the error.
+    """
+
+    def __init__(self, replies: Replies, on_failure: Callable[[Exception], None] | None = None) -> None:
+        self.replies, self.on_failure = replies, on_failure
+        self.failure: Exception | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="graphrt-engine", daemon=True)
         self._counts = _Counts()
@@ -79,6 +87,9 @@ class EngineLoop:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; a refusal (``ValueError``: too long, bad ids) comes to ``deliver``."""
+        if self.failure is not None:  # NOTE: the thread has stopped; nothing would answer
+            job.deliver(RuntimeError(f"the engine stopped: {self.failure}"))
+            return
         self._inbox.put(("add", job))
 
     def cancel(self, job: Job) -> None:
@@ -94,7 +105,7 @@ class EngineLoop:
 
     # ---- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
-        while self._drain():
+        while self.failure is None and self._drain():
             if self.replies.active:
                 self._step()
             self._publish()
@@ -138,6 +149,10 @@ class EngineLoop:
             self._counts.errors += 1
             for job in list(self._counts.jobs.values()):
                 self._end(job, RuntimeError(f"engine step failed: {err}"))
+            if isinstance(err, CollectiveError):  # NOTE: no later step can run on a broken group
+                self.failure = err
+                if self.on_failure is not None:
+                    self.on_failure(err)
             return
         for update in updates:
             job = self._counts.jobs.get(update.rid)

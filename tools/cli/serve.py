@@ -2,7 +2,8 @@
 
 Builds the tokenizer, the engine and its graphs, then runs uvicorn. Ctrl-C stops taking
 requests, gives the ones in flight ``--drain-timeout`` seconds to finish, then cancels the
-rest and stops the engine thread; a second Ctrl-C quits at once.
+rest and stops the engine thread; a second Ctrl-C quits at once. ``--tp N`` under
+``torchrun``: :mod:`.serve_tp`.
 """
 
 from __future__ import annotations
@@ -37,31 +38,46 @@ def engine_sizes(args: argparse.Namespace, cuda: bool) -> tuple[int, int]:
 
 def run_serve(args: argparse.Namespace) -> int:
     """``graphrt serve``: returns when the server stops (Ctrl-C or SIGTERM)."""
-    import uvicorn
-
-    from graphrt.llm import LLM
-    from graphrt.serve.app import build_app
-
     if args.tp != 1:
-        raise UsageError(
-            "--tp",
-            args.tp,
-            "is not served yet: the other ranks' step wait has the group's timeout, which an idle "
-            "server would run past; serve with --tp 1 (Engine(tp=N).generate runs TP offline)",
-        )
+        from graphrt.tools.cli.serve_tp import run_serve_tp
+
+        return run_serve_tp(args)
+    from graphrt.llm import LLM
+
     start = time.perf_counter()
+    llm = LLM(args.model, **llm_options(args))
+    loop = EngineLoop(llm.replies)
+    server = build_server(args, llm, loop, start)
+    try:
+        server.run()
+    finally:
+        loop.stop()
+        llm.engine.close()
+    print("graphrt serve: stopped", file=sys.stderr)
+    return 0
+
+
+def llm_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's options from the command line (every rank of ``--tp`` builds the same)."""
     device = resolve_device(args.device)
     batch, context = engine_sizes(args, device.type == "cuda")
-    llm = LLM(
-        args.model,
-        device=device,
-        max_batch_size=batch,
-        max_context_len=context,
-        show_progress=progress_wanted(),
-    )
+    return {
+        "device": device,
+        "max_batch_size": batch,
+        "max_context_len": context,
+        "show_progress": progress_wanted(),
+    }
+
+
+def build_server(args: argparse.Namespace, llm: Any, loop: EngineLoop, start: float) -> Any:
+    """uvicorn's server of ``llm`` through ``loop`` (``start``: when building began, for the
+    ready line). Raises ``UsageError`` when the model has no tokenizer."""
+    import uvicorn
+
+    from graphrt.serve.app import build_app
+
     if llm.tokenizer is None:
         raise UsageError("--model", args.model, "has no tokenizer: graphrt serve takes and gives text")
-    loop = EngineLoop(llm.replies)
     app = build_app(llm, loop)
     config = uvicorn.Config(
         app,
@@ -70,14 +86,7 @@ def run_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=args.drain_timeout + 10,  # NOTE: a backstop; see _server
     )
-    server = _server(config, _ready_line(args, llm, time.perf_counter() - start), loop, args.drain_timeout)
-    try:
-        server.run()
-    finally:
-        loop.stop()
-        llm.engine.close()
-    print("graphrt serve: stopped", file=sys.stderr)
-    return 0
+    return _server(config, _ready_line(args, llm, time.perf_counter() - start), loop, args.drain_timeout)
 
 
 def _ready_line(args: argparse.Namespace, llm: Any, seconds: float) -> str:
@@ -133,4 +142,4 @@ def _server(config: Any, ready_line: str, loop: EngineLoop, drain_s: float) -> A
     return Server(config)
 
 
-__all__ = ["engine_sizes", "run_serve"]
+__all__ = ["build_server", "engine_sizes", "llm_options", "run_serve"]
