@@ -26,8 +26,13 @@ def test_links_point_into_the_repository() -> None:
     assert links
     for link in links:
         assert not link.startswith(("http://", "https://")), link
+        path, _, anchor = link.partition("#")
         if link not in PENDING:
-            assert (ROOT / link).exists(), f"README links to {link}, which is not in the repository"
+            assert (ROOT / path).exists(), f"README links to {link}, which is not in the repository"
+        if anchor:  # NOTE: a section link names a heading of that markdown file
+            headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.M)
+            slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, f"README links to {link}: {path} has no heading #{anchor}"
     assert "DESIGN.md" not in README
 
 
