@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from graphrt.attention import decode_kernel
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
 from graphrt.kv.quant import FP8, LayerScales, is_fp8, quantize
@@ -136,6 +137,8 @@ class FA3Backend(Backend):
         kv_scales: LayerScales | None = None,
         qv: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if decode_kernel.takes(q, k_cache, meta, window, sinks, kv_scales, qv):
+            return decode_kernel.attend(q, k_cache, v_cache, meta, scale)
         dtype, q = q.dtype, fa3_query(q, k_cache, kv_scales)
         check_sinks(sinks, q.shape[1])
         if meta.cascade is not None:
