@@ -50,10 +50,11 @@ def enabled(device: torch.device) -> bool:
 def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:
     """Whether the kernel takes one query token per request of ``q [B, Hq, D]`` over a cache
     ``[pages, page_size, Hk, D]`` in ``q``'s dtype (16-bit), ``D`` in :data:`HEAD_DIMS`."""
+    if q.dim() != 3 or k_cache.dim() != 4:
+        return False
     heads, d = q.shape[1], q.shape[2]
     return (
-        q.dim() == 3
-        and q.shape[0] == page_table.shape[0]
+        q.shape[0] == page_table.shape[0]
         and q.dtype in DTYPES
         and k_cache.dtype == q.dtype
         and d in HEAD_DIMS
