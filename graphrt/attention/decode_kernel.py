@@ -24,17 +24,17 @@ output; the order of the sums differs from FA3's, so the two agree to bf16 round
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
 from graphrt.metadata.base import StepMetadata
-from graphrt.step.switches import tl, triton, triton_enabled
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
 #: where it applies, ``0`` keeps FA3's call.
 ENV = "GRAPHRT_DECODE_ATTENTION"
+#: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
+PDL_ENV = KERNELS_PDL_ENV
 DTYPES = (torch.bfloat16, torch.float16)
 BLOCK_N = 64
 #: Head dims the kernel takes (powers of two: ``tl.arange`` over the head).
@@ -99,7 +99,7 @@ def attend(
     b = meta.buffers
     keys = b.page_table.shape[1] * meta.page_size
     splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
-    pdl = pdl_default(q.device)
+    pdl = pdl_enabled(PDL_ENV, q.device)
     return decode_attention(q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl)
 
 
@@ -157,13 +157,6 @@ _LIB.define(
     "float scale, int splits, bool pdl) -> Tensor"
 )
 _LIB.impl("decode_attention", _decode_attention, "CompositeExplicitAutograd")
-
-
-def pdl_default(device: torch.device) -> bool:
-    """PDL on SM90+ unless ``GRAPHRT_SKINNY_PDL=0`` (the one switch of graphrt's PDL kernels)."""
-    if device.type != "cuda" or os.environ.get("GRAPHRT_SKINNY_PDL", "1") == "0":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 if triton is not None:

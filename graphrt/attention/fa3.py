@@ -34,7 +34,7 @@ import torch
 from graphrt.attention import decode_kernel
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
-from graphrt.kv.quant import FP8, LayerScales, is_fp8, quantize
+from graphrt.kv.quant import FP8, LayerScales, is_fp8, query_for
 from graphrt.metadata.base import StepMetadata
 
 #: KV cache dtypes the FA3 kernel takes (it refuses fp32 at launch; FP8 with a 16-bit model).
@@ -258,19 +258,15 @@ class FA3Backend(Backend):
 
 
 def fa3_query(q: torch.Tensor, k_cache: torch.Tensor, kv_scales: LayerScales | None) -> torch.Tensor:
-    """``q`` in the cache's dtype: rounded to FP8 (unscaled) beside an FP8 cache, as SGLang does;
-    raises for what FA3's FP8 kernels do not take."""
-    if not is_fp8(k_cache.dtype):
-        return q
+    """``q`` in the cache's dtype (:func:`graphrt.kv.quant.query_for`); raises for what FA3's FP8
+    kernels do not take."""
     d = q.shape[-1]
-    if kv_scales is None:
-        raise ValueError("an FP8 KV cache is read with its layer's scales (kv_scales); none were given")
-    if d > FP8_MAX_HEAD_DIM or d % FP8_HEAD_ALIGN:
+    if is_fp8(k_cache.dtype) and (d > FP8_MAX_HEAD_DIM or d % FP8_HEAD_ALIGN):
         raise ValueError(
             f"FA3 reads an FP8 KV cache for head_dim <= {FP8_MAX_HEAD_DIM} and a multiple of "
             f"{FP8_HEAD_ALIGN}, not {d}: use kv_cache_dtype='auto' or the reference backend"
         )
-    return quantize(q)
+    return query_for(q, k_cache, kv_scales)
 
 
 def descale(kv_scales: LayerScales | None, batch: int, kv_heads: int) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import Backend
-from graphrt.kv.quant import LayerScales, dequantize, is_fp8, quantize, storage
+from graphrt.kv.quant import LayerScales, dequantize, query_for, storage
 from graphrt.metadata.base import StepMetadata
 
 
@@ -273,10 +273,7 @@ def cross_attention(
 
 
 def fp8_query(q: torch.Tensor, k_cache: torch.Tensor, kv_scales: LayerScales | None) -> torch.Tensor:
-    """``q`` as FA3 reads it next to an FP8 cache: rounded to FP8 (unscaled; float32 here),
-    else ``q`` itself. Raises when an FP8 cache comes without its scales."""
-    if not is_fp8(k_cache.dtype):
-        return q
-    if kv_scales is None:
-        raise ValueError("an FP8 KV cache is read with its layer's scales (kv_scales); none were given")
-    return quantize(q).float()
+    """``q`` as FA3 reads it next to an FP8 cache (:func:`graphrt.kv.quant.query_for`; float32
+    here), else ``q`` itself."""
+    read = query_for(q, k_cache, kv_scales)
+    return read if read is q else read.float()

@@ -36,6 +36,17 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor
     return y.clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+def query_for(q: torch.Tensor, cache: torch.Tensor, scales: object | None) -> torch.Tensor:
+    """``q`` as a kernel reads it beside ``cache``: rounded to FP8 (unscaled, as FA3 and SGLang
+    read it) beside an FP8 cache, else ``q`` itself. An FP8 cache is read with its layer's
+    ``scales``: ``ValueError`` when none are given."""
+    if not is_fp8(cache.dtype):
+        return q
+    if scales is None:
+        raise ValueError("an FP8 KV cache is read with its layer's scales (kv_scales); none were given")
+    return quantize(q)
+
+
 def dequantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x.float() * scale``: what a stored FP8 value means (float32)."""
     return x.float() * scale

@@ -25,17 +25,16 @@ that regime:
 
 from __future__ import annotations
 
-import os
 from dataclasses import astuple, dataclass
 
 import torch
 
-from graphrt.step.switches import tl, triton, triton_enabled
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the kernel (:mod:`graphrt.step.switches`); ``GRAPHRT_SKINNY_PDL=0`` launches
 #: it without programmatic dependent launch.
 ENV = "GRAPHRT_SKINNY_GEMM"
-PDL_ENV = "GRAPHRT_SKINNY_PDL"
+PDL_ENV = KERNELS_PDL_ENV
 DTYPES = (torch.bfloat16, torch.float16)
 #: Rows of ``x`` the kernel takes (``ops.linear`` sends it at most ``ops.SKINNY_MAX_M``).
 MAX_M = 64
@@ -118,9 +117,7 @@ def enabled(device: torch.device) -> bool:
 
 def pdl_default(device: torch.device) -> bool:
     """PDL on SM90+ CUDA devices unless ``GRAPHRT_SKINNY_PDL=0`` (never under the interpreter)."""
-    if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return pdl_enabled(PDL_ENV, device)
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:

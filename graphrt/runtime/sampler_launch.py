@@ -16,14 +16,13 @@ launches it plainly (A/B timing); never under the interpreter.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
 from graphrt.runtime import sampler_kernel
-from graphrt.step.switches import triton
+from graphrt.step.switches import pdl_enabled, triton
 
 #: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
 MAX_VOCAB = 2**21
@@ -94,9 +93,7 @@ def workspace(rows: int, chunks: int, device: torch.device) -> Workspace:
 
 def pdl_default(device: torch.device) -> bool:
     """PDL on SM90+ CUDA devices unless ``GRAPHRT_SAMPLER_PDL=0``."""
-    if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return pdl_enabled(PDL_ENV, device)
 
 
 def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None = None) -> torch.Tensor:

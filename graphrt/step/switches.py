@@ -28,3 +28,16 @@ def triton_enabled(env: str, device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return flag == "interpret" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+#: The PDL switch of the skinny GEMM, the fused prologues and the split decode attention
+#: (``GRAPHRT_SKINNY_PDL=0``: launched without PDL); the sampler has its own.
+KERNELS_PDL_ENV = "GRAPHRT_SKINNY_PDL"
+
+
+def pdl_enabled(env: str, device: torch.device) -> bool:
+    """Whether a Triton kernel launches with programmatic dependent launch on ``device``: SM90+
+    CUDA devices (never the interpreter) unless its switch ``env`` is ``0``."""
+    if device.type != "cuda" or os.environ.get(env, "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
