@@ -8,6 +8,7 @@ same reason and raises the same error — no rank waits in a collective another 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,13 +92,13 @@ def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Mess
     """
     if channel.group.is_driver:
         raise RuntimeError("rank 0 drives the steps; serve() runs on the other ranks")
-    errors: list[Exception] = []
+    errors: deque[Exception] = deque(maxlen=KEPT_ERRORS)
     while True:
         msg = channel.exchange(None)
         if msg.op is Op.IDLE:
             continue
         if msg.op is not Op.RUN:
-            return msg, errors
+            return msg, list(errors)
         runtime = runtimes.get(msg.target)
         if runtime is None:
             raise RuntimeError(
@@ -108,5 +109,4 @@ def serve(channel: StepChannel, runtimes: Mapping[int, TPRuntime]) -> tuple[Mess
         except CollectiveError:
             raise
         except (ValueError, RuntimeError) as err:
-            errors[: max(len(errors) + 1 - KEPT_ERRORS, 0)] = []
             errors.append(err.with_traceback(None))
