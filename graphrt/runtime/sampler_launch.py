@@ -16,7 +16,7 @@ launches it plainly (A/B timing); never under the interpreter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,12 +26,44 @@ from graphrt.step.switches import pdl_enabled, triton
 
 #: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
 MAX_VOCAB = 2**21
-#: Vocabulary entries per program (at most 4096: see ``_count``).
+#: Vocabulary entries per program (at most 4096: see ``_count``), the default layout's.
 CHUNK = 4096
 #: Records a chunk keeps, and a row (see the kernel module: more is exact, but slow).
 RECORDS = 32
 FRONTIER = 64
 WARPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the kernels cut a row: ``chunk`` entries per program (a power of two, 128..4096),
+    ``warps`` per program, ``records`` a chunk keeps. Any layout draws the same tokens (the
+    tests force small ones); it changes only the speed (``graphrt bench sampler --sweep``)."""
+
+    chunk: int = field(default_factory=lambda: CHUNK)
+    warps: int = field(default_factory=lambda: WARPS)
+    records: int = field(default_factory=lambda: RECORDS)
+
+    def __post_init__(self) -> None:
+        if not (128 <= self.chunk <= 4096 and self.chunk & (self.chunk - 1) == 0):
+            raise ValueError(f"sampler layout: chunk {self.chunk} is not a power of two in 128..4096")
+        if not 1 <= self.records < 256:
+            raise ValueError(f"sampler layout: {self.records} records a chunk; 1..255")
+
+
+#: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
+#: :class:`Layout`'s defaults. From ``graphrt bench sampler --sweep`` on the H100.
+LAYOUTS: tuple[tuple[int, Layout], ...] = ()
+
+
+def layout_for(vocab: int) -> Layout:
+    """The layout :data:`LAYOUTS` gives ``vocab`` (the defaults above them all)."""
+    for limit, layout in LAYOUTS:
+        if vocab <= limit:
+            return layout
+    return Layout()
+
+
 #: ``0`` launches ``_count`` without programmatic dependent launch.
 PDL_ENV = "GRAPHRT_SAMPLER_PDL"
 
@@ -51,13 +83,13 @@ class Workspace:
     arrivals: torch.Tensor  # [rows, 2] int32, zero between launches
 
     @classmethod
-    def allocate(cls, rows: int, chunks: int, device: torch.device) -> Workspace:
+    def allocate(cls, rows: int, chunks: int, records: int, device: torch.device) -> Workspace:
         def empty(*shape: int) -> torch.Tensor:
             return torch.empty(rows, *shape, dtype=torch.int64, device=device)
 
         return cls(
             tops=empty(chunks),
-            records=empty(chunks, RECORDS, 2),
+            records=empty(chunks, records, 2),
             counts=empty(chunks),
             frontier=empty(FRONTIER),
             state=empty(3),
@@ -77,15 +109,17 @@ def check_vocab(vocab: int) -> None:
 _WORKSPACES: dict[tuple, Workspace] = {}
 
 
-def workspace(rows: int, chunks: int, device: torch.device) -> Workspace:
-    """The shared workspace for ``rows`` rows on the current stream (see the module docstring)."""
+def workspace(rows: int, chunks: int, device: torch.device, records: int | None = None) -> Workspace:
+    """The shared workspace for ``rows`` rows on the current stream (see the module docstring);
+    ``records`` a chunk keeps (default :data:`RECORDS`)."""
+    records = RECORDS if records is None else records
     capacity = max(8, 1 << (rows - 1).bit_length())
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, capacity, chunks, RECORDS, FRONTIER)
+    key = (str(device), stream, capacity, chunks, records, FRONTIER)
     found = _WORKSPACES.get(key)
     if found is None:
-        found = Workspace.allocate(capacity, chunks, device)
+        found = Workspace.allocate(capacity, chunks, records, device)
         if not capturing:  # NOTE: a capture's zeroing only happens on replay: never shared
             _WORKSPACES[key] = found
     return found
@@ -96,10 +130,13 @@ def pdl_default(device: torch.device) -> bool:
     return pdl_enabled(PDL_ENV, device)
 
 
-def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None = None) -> torch.Tensor:
+def fused_sample(
+    logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None = None, layout: Layout | None = None
+) -> torch.Tensor:
     """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
 
-    ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`).
+    ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`);
+    ``layout``: how rows are cut (default :func:`layout_for` the vocabulary).
     """
     rows, vocab = logits.shape
     check_vocab(vocab)
@@ -111,17 +148,18 @@ def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return tokens
-    chunks = triton.cdiv(vocab, CHUNK)
-    ws = workspace(rows, chunks, logits.device)
+    layout = layout_for(vocab) if layout is None else layout
+    chunks = triton.cdiv(vocab, layout.chunk)
+    ws = workspace(rows, chunks, logits.device, layout.records)
     p = params
     rowwise = (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.position, tokens)
     shape = {
         "S": chunks,
         "S_PAD": triton.next_power_of_2(chunks),
-        "C": CHUNK,
+        "C": layout.chunk,
         "GF": FRONTIER,
         "ACCURATE": logits.device.type == "cuda",
-        "num_warps": WARPS,
+        "num_warps": layout.warps,
         # NOTE: no a*b+c contracted into an FMA: every float32 step rounds as torch's does
         "enable_fp_fusion": False,
     }
@@ -129,7 +167,7 @@ def fused_sample(logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None
     grid = (rows, chunks)
     sampler_kernel._scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
-        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=RECORDS, PDL=pdl, **shape,
+        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=layout.records, PDL=pdl, **shape,
     )  # fmt: skip
     sampler_kernel._count[grid](
         logits, logits.stride(0), vocab, *rowwise,

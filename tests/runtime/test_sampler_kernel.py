@@ -43,6 +43,7 @@ def _small_chunks_when_interpreted(request: pytest.FixtureRequest, monkeypatch: 
     if device is not None and device.type == "cpu":
         monkeypatch.setenv(ENV, "interpret")
         monkeypatch.setattr(launch, "CHUNK", 128)
+        monkeypatch.setattr(launch, "LAYOUTS", ())
 
 
 def _vocab(device: torch.device) -> int:
@@ -86,6 +87,39 @@ def test_kernel_draws_the_torch_tokens(device: torch.device, kind: str) -> None:
     assert torch.equal(got[:1], logits[:1].float().argmax(dim=-1)), "row 0 is greedy"
     ws = launch.workspace(len(PARAMS), -(-_vocab(device) // launch.CHUNK), device)
     assert not ws.arrivals.any(), "every launch leaves its arrival counters at 0"
+
+
+def _layouts(device: torch.device) -> list[launch.Layout]:
+    if device.type == "cpu":
+        return [launch.Layout(256, 4, 8), launch.Layout(128, 2, 4), launch.Layout(512, 4, 32)]
+    return [launch.Layout(c, w, r) for c, w, r in [(512, 2, 8), (1024, 4, 16), (2048, 8, 16), (4096, 8, 32)]]
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+def test_every_layout_draws_the_same_tokens(device: torch.device, kind: str) -> None:
+    """A layout (chunk, warps, records) changes only the speed: every one draws torch's tokens,
+    and the default :func:`launch.layout_for` gives is one of them."""
+    logits = _logits(kind, len(PARAMS), _vocab(device), device, seed=3)
+    _, params = _params(device)
+    expected = sample_torch(logits, params)
+    for layout in _layouts(device):
+        assert torch.equal(launch.fused_sample(logits, params, layout=layout), expected), layout
+    assert torch.equal(launch.fused_sample(logits, params), expected)
+
+
+def test_layouts_are_checked(monkeypatch) -> None:
+    with pytest.raises(ValueError, match=r"chunk 3000 is not a power of two in 128\.\.4096"):
+        launch.Layout(3000, 4, 8)
+    with pytest.raises(ValueError, match=r"chunk 8192 is not"):
+        launch.Layout(8192, 4, 8)
+    with pytest.raises(ValueError, match=r"300 records a chunk; 1\.\.255"):
+        launch.Layout(1024, 4, 300)
+    rules = ((50000, launch.Layout(1024, 4, 16)), (140000, launch.Layout(2048, 8, 16)))
+    monkeypatch.setattr(launch, "LAYOUTS", rules)
+    assert launch.layout_for(49152) == launch.Layout(1024, 4, 16)
+    assert launch.layout_for(128256) == launch.Layout(2048, 8, 16)
+    assert launch.layout_for(150000) == launch.Layout(launch.CHUNK, launch.WARPS, launch.RECORDS)
 
 
 def _cut_short_case(device: torch.device, rows: int) -> tuple[torch.Tensor, SamplingBuffers]:
@@ -200,4 +234,4 @@ def test_kernels_compile_for_hopper() -> None:
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=8)
+    rerun_under_interpreter(__file__, passed=12)

@@ -10,7 +10,9 @@ least a greedy step does) and ``launch`` (a one-element fill: one kernel node). 
 torch tokens are compared; a difference fails the run (exit 1). Target: fused ≤ 15 µs at bs 1.
 On the CPU the torch sampler runs once per case (tokens only): speeds are not measured.
 
-Usage: ``graphrt bench sampler [--batch-sizes 1,8,64] [--vocabs 49152,128256] [--device cuda]``
+``--sweep`` (CUDA) also times the fused kernels' layouts at bs 1 (:mod:`.sampler_sweep`).
+
+Usage: ``graphrt bench sampler [--batch-sizes 1,8,64] [--vocabs 49152,128256] [--sweep] [--device cuda]``
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
 from graphrt.runtime.sampler import sample_torch
 from graphrt.runtime.sampler_launch import fused_sample
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
+from graphrt.tools.bench.sampler_sweep import best_layouts, sweep_layouts, sweep_table
 from graphrt.tools.cli.args import resolve_device
 from graphrt.tools.cli.console import bench_progress, wide_console
 
@@ -108,6 +111,13 @@ def run_bench_sampler(args: argparse.Namespace) -> int:
             progress.update(task, description=f"vocab {vocab} bs={bs} {kind}")
             rows.append(measure(bs, vocab, kind, args.iters, device))
             progress.advance(task)
+    sweep = None
+    if args.sweep and device.type == "cuda":
+        stream = torch.cuda.Stream(device)
+        sweep = sweep_layouts(
+            args.vocabs, KINDS, lambda bs, v: zipf_logits(bs, v, device, seed=bs * 7 + v),
+            lambda fn: _graph_us(fn, args.iters, stream),
+        )  # fmt: skip
     result = {
         **header("sampler", args, device),
         "logits": f"bf16, -{ZIPF} * log(rank) + N(0, 0.05), ranks in random order",
@@ -115,10 +125,15 @@ def run_bench_sampler(args: argparse.Namespace) -> int:
         "target_us_bs1": TARGET_US,
         "speeds_measured": device.type == "cuda",
         "rows": rows,
+        "sweep": sweep,
+        "best_layouts": None if sweep is None else best_layouts(sweep),
     }
     out = write_result(result, args.out, f"sampler_{device.type}")
+    if sweep is not None:
+        wide_console().print(sweep_table(sweep, list(KINDS)))
     _print(result, out)
-    return 0 if all(r["tokens_equal"] is not False for r in rows) else 1
+    same = all(r["tokens_equal"] is not False for r in rows + (sweep or []))
+    return 0 if same else 1
 
 
 def _cell(row: dict[str, Any], name: str) -> str:

@@ -98,7 +98,11 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
         "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency",
     )
-    p.add_argument("--sweep", action="store_true", help="gemm only: also time candidate tiles (with PDL)")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="gemm: also time candidate tiles (with PDL); sampler: the fused kernels' layouts",
+    )
     p.add_argument(
         "--modes", default=None, help="host: decode,verify-chain,verify-tree,draft-decode,draft-extend (all)"
     )
