@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
-from graphrt.models import prologue, skinny
+from graphrt.models import cos_sin, prologue, skinny
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
@@ -145,8 +145,16 @@ def silu_mul_linear(
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[T, rotary_dim]``: the cos half then the sin half of each token's angles, in ``dtype``.
 
-    Computed in float32 from ``inv_freq [rotary_dim / 2]`` and rounded once, as transformers does.
+    Computed in float32 from ``inv_freq [rotary_dim / 2]`` and rounded once, as transformers does;
+    on CUDA in one launch (:mod:`graphrt.models.cos_sin`, the same bits).
     """
+    if cos_sin.takes(positions, inv_freq, dtype):
+        return cos_sin.cos_sin(positions, inv_freq, dtype)
+    return rope_cos_sin_ref(positions, inv_freq, dtype)
+
+
+def rope_cos_sin_ref(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`rope_cos_sin` by torch ops (the oracle of the fused kernel)."""
     freqs = positions.float()[:, None] * inv_freq.float()[None, :]
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
 
