@@ -50,7 +50,7 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(proj(norm(residual + x)), residual + x)`` of ``x, residual [T, H]`` (``residual``
         None: ``x`` is the stream); one launch for a single-row step (:func:`ops.add_norm_linear`).
-        ``proj`` is called as a plain GEMM: no collective (one TP rank)."""
+        ``proj`` is column-parallel: a plain GEMM of this rank's columns, no collective."""
         return ops.add_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias)
 
 
@@ -126,33 +126,33 @@ class MLP(nn.Module):
         return self.down(ops.silu_and_mul(self.gate_up(x)))
 
     def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``down(silu(gate) * up)`` of ``gate_up [T, 2 I]`` as one rank's plain GEMM (no
-        all-reduce); one launch for a single-row step (:func:`ops.silu_mul_linear`)."""
-        return ops.silu_mul_linear(gate_up, self.down.weight, self.down.bias)
+        """``down(silu(gate) * up)`` of ``gate_up [T, 2 I]``: one launch for a single-row step
+        (:func:`ops.silu_mul_linear`), then under TP the down projection's all-reduce."""
+        down = self.down
+        if down.tp.size == 1:
+            return ops.silu_mul_linear(gate_up, down.weight, down.bias)
+        return down.reduce(ops.silu_mul_linear(gate_up, down.weight))
 
 
 class Block(nn.Module):
     """Pre-norm residual block around any attention module with ``forward(x, cos_sin, ctx)``.
 
     The residual stream travels beside the block's output: each norm adds the previous
-    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU). With one TP rank
-    each norm goes with the projection after it (``RMSNorm.linear``: qkv of an
-    :class:`Attention`, the MLP's gate_up) and SiLU-and-mul with ``down`` (``MLP.gated_down``):
-    a single-row step computes them in the GEMMs' prologues (:mod:`graphrt.models.prologue`),
-    any other step runs the same ops as the unfused path.
+    sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU). Each norm goes
+    with the projection after it (``RMSNorm.linear``: qkv of an :class:`Attention`, the MLP's
+    gate_up) and SiLU-and-mul with ``down`` (``MLP.gated_down``): a single-row step computes
+    them in the GEMMs' prologues (:mod:`graphrt.models.prologue`), any other step runs the same
+    ops as the unfused path. Under TP those projections are column-parallel (no collective
+    between the norm and the GEMM) and ``down`` is all-reduced after its GEMM, as unfused.
     """
 
-    def __init__(
-        self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module, tp: TPGroup = SINGLE
-    ) -> None:
+    def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(hidden_size, eps)
         self.attn = attn
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
-        # NOTE: one TP rank only: under TP the norms' inputs are all-reduced sums and the MLP's
-        # down projection is followed by one; the ranks keep the unfused ops their tests cover.
-        self.norms_in_projections = tp.size == 1 and isinstance(mlp, MLP)
+        self.norms_in_projections = isinstance(mlp, MLP)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
@@ -219,7 +219,7 @@ class Decoder(nn.Module):
         self.cfg, self.tp = cfg, tp
         self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp), tp) for i in range(cfg.num_layers)
+            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp)) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)

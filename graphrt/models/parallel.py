@@ -218,7 +218,11 @@ class RowParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce_(linear(x, self.weight), self.tp)
+        return self.reduce(linear(x, self.weight))
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's ``x_r W_r^T`` summed over the ranks, plus the bias (once)."""
+        out = all_reduce_(partial, self.tp)
         return out if self.bias is None else out + self.bias
 
 
