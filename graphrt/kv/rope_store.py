@@ -13,6 +13,12 @@ Both rotate NeoX halves in float32 from the ``cos_sin`` the model rounded to its
 once to the output dtype, so they agree to that rounding. An FP8 cache (:mod:`graphrt.kv.quant`)
 is written quantised: the rotated k (and v) divided by the layer's scale, saturated at ±448 and
 rounded to float8_e4m3fn, the same float32 math in both (correctly rounded division in Triton).
+
+PDL (SM90+, :data:`PDL_ENV`): the kernel loads its ``cos_sin`` row, slot and FP8 scales (written
+before the layer) before ``gdc_wait()``, and q, k, v (the projection's output) after it. Its
+successors read its outputs only once it has finished: the split decode kernel calls
+``gdc_wait()`` before it reads ``q`` and the cache; FA3, the reference backend and torch ops
+are plain launches, which wait for it whole.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import torch
 
 from graphrt.kv.quant import FP8, FP8_MAX, LayerScales
 from graphrt.kv.quant import store_slots as store_ref
-from graphrt.step.switches import tl, triton, triton_enabled
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the fused kernel (:mod:`graphrt.step.switches`).
 ENV = "GRAPHRT_FUSED_ROPE_STORE"
+#: Its PDL switch, the GEMMs' and the decode kernel's (``GRAPHRT_SKINNY_PDL=0``: no PDL).
+PDL_ENV = KERNELS_PDL_ENV
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -68,12 +76,14 @@ def rope_store(
     v_cache: torch.Tensor,
     loc: torch.Tensor,
     scales: LayerScales | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Rotate ``q`` and ``k`` by ``cos_sin``, store the rotated ``k`` and ``v`` at slots ``loc``.
 
     ``q [T, Hq, D]``, ``k``/``v [T, Hk, D]`` (views of a projection are fine: any token
     stride), ``cos_sin [T, D]``, caches ``[pages, page_size, Hk, D]``, ``loc [T]`` int64;
-    ``scales``: the layer's dequantisation scales when the caches are FP8. Returns the rotated
+    ``scales``: the layer's dequantisation scales when the caches are FP8; ``pdl``: launch the
+    kernel with programmatic dependent launch (default: :func:`pdl_enabled` of :data:`PDL_ENV`). Returns the rotated
     ``q`` ``[T, Hq, D]``, contiguous, in ``q``'s dtype. Inputs are not modified.
     """
     fp8 = k_cache.dtype == FP8
@@ -90,12 +100,13 @@ def rope_store(
         hk = k.shape[1]
         # NOTE: a 16-bit cache passes its own (unread) pointers as the scales
         k_scale, v_scale = (scales.k, scales.v) if scales is not None else (k_cache, v_cache)
+        pdl = pdl_enabled(PDL_ENV, q.device) if pdl is None else pdl
         _rope_store[(tokens,)](
             q, k, v, cos_sin, out, k_cache, v_cache, loc, k_scale, v_scale,
             q.stride(0), k.stride(0), v.stride(0), cos_sin.stride(0), loc.stride(0),
             HQ=hq, HK=hk, HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), QUANT=fp8, FP8_MAX=FP8_MAX,
+            BLOCK_D=triton.next_power_of_2(d // 2), QUANT=fp8, FP8_MAX=FP8_MAX, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out
 
@@ -136,7 +147,7 @@ if triton is not None:
         q_stride, k_stride, v_stride, cs_stride, loc_stride,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
-        QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+        QUANT: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
@@ -147,6 +158,9 @@ if triton is not None:
         ks, vs = 1.0, 1.0
         if QUANT:
             ks, vs = tl.load(k_scale).to(tl.float32), tl.load(v_scale).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: q, k and v are the previous kernel's output
+            tl.extra.cuda.gdc_launch_dependents()
         hq = tl.arange(0, BLOCK_HQ)
         _rotate_heads(
             q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, 1.0, HQ, HALF, False, FP8_MAX
