@@ -46,7 +46,7 @@ def rotate_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def _fits(
+def fits(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor
 ) -> bool:
     """Whether the kernel handles these tensors: one 16-bit dtype for q, k, v and ``cos_sin``,
@@ -89,7 +89,7 @@ def rope_store(
     fp8 = k_cache.dtype == FP8
     if fp8 and scales is None:
         raise ValueError("an FP8 KV cache is written with its layer's scales; none were given")
-    fused = triton_enabled(ENV, q.device) and _fits(q, k, v, cos_sin, k_cache)
+    fused = triton_enabled(ENV, q.device) and fits(q, k, v, cos_sin, k_cache)
     if not (fused and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()):
         store_ref(k_cache, loc, rotate_ref(k, cos_sin), None if scales is None else scales.k)
         store_ref(v_cache, loc, v, None if scales is None else scales.v)
