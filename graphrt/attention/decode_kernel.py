@@ -31,6 +31,8 @@ output; the order of the sums differs from FA3's, so the two agree to bf16 round
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from graphrt.attention import decode_triton as kernels
@@ -57,6 +59,11 @@ MAX_GROUP = 16
 def enabled(device: torch.device) -> bool:
     """Whether the kernel runs on ``device`` (:data:`ENV`, CUDA with Triton)."""
     return device.type == "cuda" and triton_enabled(ENV, device)
+
+
+def rope_enabled() -> bool:
+    """Whether RoPE and the KV store fold into the kernel where it runs (:data:`ROPE_ENV` not 0)."""
+    return os.environ.get(ROPE_ENV, "1") != "0"
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:
@@ -129,8 +136,8 @@ def rope_takes(
     tensors ``rope_store``'s kernel takes (16-bit caches: an FP8 cache keeps ``rope_store``),
     one token per request in ``cos_sin``, K and V caches alike."""
     return (
-        takes(q, k_cache, meta, *options)
-        and triton_enabled(ROPE_ENV, q.device)
+        rope_enabled()
+        and takes(q, k_cache, meta, *options)
         and rope_store.fits(q, k, v, cos_sin, k_cache)
         and cos_sin.shape[0] == q.shape[0]
         and k.shape[1] == v.shape[1] == k_cache.shape[2]
