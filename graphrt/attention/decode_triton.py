@@ -16,17 +16,19 @@ from __future__ import annotations
 from graphrt.step.switches import tl, triton
 
 if triton is not None:
+    from graphrt.kv.rope_store import rotate_halves
 
     @triton.jit
-    def _rotated(ptrs, rd, cos, sin, mask, HALF: tl.constexpr):
-        """The NeoX rotation of the rows at ``ptrs`` (element ``d`` of a row at ``ptrs[.., d]``,
-        ``rd`` its ``d``), rounded to their dtype. ``cos`` / ``sin`` ``[2 HALF]``: each half's
-        angles repeated. NOTE: the expressions are rope_store's (same fp32 roundings)."""
-        lo = rd < HALF
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(ptrs + tl.where(lo, HALF, -HALF), mask=mask, other=0.0).to(tl.float32)
-        out = tl.where(lo, x * cos - y * sin, x * cos + y * sin)
-        return out.to(ptrs.dtype.element_ty)
+    def _rotated(rows, rh, cos, sin, mask, R: tl.constexpr, HALF: tl.constexpr):
+        """``[R, 2 HALF]``: the NeoX rotation of the rows starting at ``rows [R, 1]`` (``rh =
+        arange(HALF)[None, :]``, ``cos`` / ``sin`` ``[HALF]``), rounded to their dtype: the
+        halves rotated by ``rope_store``'s own expressions, then put side by side."""
+        x1 = tl.load(rows + rh, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(rows + HALF + rh, mask=mask, other=0.0).to(tl.float32)
+        y1, y2 = rotate_halves(x1, x2, cos[None, :], sin[None, :])
+        ty = rows.dtype.element_ty
+        y = tl.permute(tl.join(y1.to(ty), y2.to(ty)), (0, 2, 1))  # NOTE: [R, 2, HALF]
+        return tl.reshape(y, (R, 2 * HALF))
 
     @triton.jit
     def _dot(a, b, F32_DOT: tl.constexpr):
@@ -38,12 +40,14 @@ if triton is not None:
     @triton.jit
     def _new_kv(
         k_new, v_new, k_cache, v_cache, b64, hk, s, seqlen, per, slot, kn_sb, vn_sb, kc_ss, kc_sh,
-        rd, cos, sin, D: tl.constexpr,
+        cos, sin, D: tl.constexpr,
     ):  # fmt: skip
-        """The new token's rotated key and value of KV head ``hk`` (``[D]`` each, the cache's
+        """The new token's rotated key and value of KV head ``hk`` (``[1, D]`` each, the cache's
         dtype), stored at ``slot`` by the one program whose share holds the last key."""
-        kn = _rotated(k_new + b64 * kn_sb + hk * D + rd, rd, cos, sin, rd < D, D // 2)
-        vn = tl.load(v_new + b64 * vn_sb + hk * D + rd)
+        row, rd = tl.zeros((1, 1), dtype=tl.int64), tl.arange(0, D)[None, :]
+        rh = tl.arange(0, D // 2)[None, :]
+        kn = _rotated(k_new + b64 * kn_sb + hk * D + row, rh, cos, sin, row == 0, 1, D // 2)
+        vn = tl.load(v_new + b64 * vn_sb + hk * D + row + rd)
         kn, vn = kn.to(k_cache.dtype.element_ty), vn.to(v_cache.dtype.element_ty)
         writer = rd < tl.where(s == tl.maximum(seqlen - 1, 0) // tl.maximum(per, 1), D, 0)
         at = slot.to(tl.int64) * kc_ss + hk * kc_sh + rd
@@ -53,10 +57,10 @@ if triton is not None:
 
     @triton.jit
     def _tile(cache, rows, rd, cached, own, new, ROPE: tl.constexpr):
-        """``[BLOCK_N, D]`` keys or values at ``rows``; with ``ROPE`` the own slot's from ``new``."""
+        """``[BLOCK_N, D]`` keys or values at ``rows``; with ``ROPE`` the own slot's from ``new [1, D]``."""
         t = tl.load(cache + rows[:, None] + rd[None, :], mask=cached[:, None], other=0.0)
         if ROPE:
-            t = tl.where(own[:, None], new[None, :], t)
+            t = tl.where(own[:, None], new, t)
         return t
 
     @triton.jit
@@ -74,22 +78,23 @@ if triton is not None:
         start = s * per
         end = tl.minimum(start + per, seqlen)
         slot = tl.load(loc + b64 * loc_sb) if ROPE else -1  # NOTE: angles and slot: before the layer too
-        cos = tl.load(cos_sin + b64 * cs_sb + rd % (D // 2)).to(tl.float32) if ROPE else 0.0
-        sin = tl.load(cos_sin + b64 * cs_sb + D // 2 + rd % (D // 2)).to(tl.float32) if ROPE else 0.0
+        rh = tl.arange(0, D // 2)
+        cos = tl.load(cos_sin + b64 * cs_sb + rh).to(tl.float32) if ROPE else 0.0
+        sin = tl.load(cos_sin + b64 * cs_sb + D // 2 + rh).to(tl.float32) if ROPE else 0.0
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: q and this step's k/v come from the kernel before
             tl.extra.cuda.gdc_launch_dependents()
         heads = hk * G + rg
-        q_ptrs = q + b64 * q_sb + heads[:, None] * q_sh + rd[None, :]
+        q_rows = q + b64 * q_sb + heads[:, None] * q_sh
         kn, vn = 0.0, 0.0
         if ROPE:
-            qt = _rotated(q_ptrs, rd[None, :], cos[None, :], sin[None, :], rg[:, None] < G, D // 2)
+            qt = _rotated(q_rows, rh[None, :], cos, sin, rg[:, None] < G, BLOCK_G, D // 2)
             kn, vn = _new_kv(
                 k_new, v_new, k_cache, v_cache, b64, hk, s, seqlen, per, slot, kn_sb, vn_sb, kc_ss, kc_sh,
-                rd, cos, sin, D,
+                cos, sin, D,
             )  # fmt: skip
         else:
-            qt = tl.load(q_ptrs, mask=rg[:, None] < G, other=0.0)
+            qt = tl.load(q_rows + rd[None, :], mask=rg[:, None] < G, other=0.0)
         m = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)

@@ -127,6 +127,12 @@ if triton is not None:
         return x.to(dst_ty)
 
     @triton.jit
+    def rotate_halves(x1, x2, cos, sin):
+        """NeoX rotation of the halves ``x1``, ``x2`` (float32). NOTE: the one place of the
+        expressions, shared with the split decode kernel, so both round (and fuse) alike."""
+        return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+    @triton.jit
     def _rotate_heads(
         src, dst, cos, sin, d, heads, scale,
         H: tl.constexpr, HALF: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
@@ -136,8 +142,9 @@ if triton is not None:
         at = heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(src + at, mask=mask).to(tl.float32)
         x2 = tl.load(src + at + HALF, mask=mask).to(tl.float32)
-        y1 = _to_cache(x1 * cos[None, :] - x2 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
-        y2 = _to_cache(x2 * cos[None, :] + x1 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
+        y1, y2 = rotate_halves(x1, x2, cos[None, :], sin[None, :])
+        y1 = _to_cache(y1, src, dst, scale, QUANT, FP8_MAX)
+        y2 = _to_cache(y2, src, dst, scale, QUANT, FP8_MAX)
         tl.store(dst + at, y1, mask=mask)
         tl.store(dst + at + HALF, y2, mask=mask)
 
