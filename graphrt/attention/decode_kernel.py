@@ -11,8 +11,9 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
   ``BLOCK_N``-key blocks (``cache_seqlens[b]`` keys, pages from ``page_table[b]``), scores the
   ``G`` query heads of KV head ``h_k`` with ``tl.dot`` (``G`` padded to 16 rows), and keeps an
   online softmax in fp32: its running max ``m``, denominator ``l`` and ``acc = sum p v``. It
-  reads the page table and lengths before ``gdc_wait()`` (written long before the layer), ``q``
-  and the cache after it (the previous kernel stores this step's k and v).
+  reads the lengths before ``gdc_wait()`` (written long before the layer; with RoPE the
+  ``cos_sin`` row and the slot too), ``q`` and the cache after it (the previous kernel stores
+  this step's k and v, or produces them: the qkv projection, with RoPE).
 - ``_decode_merge``: per (request, query head), the splits' states weighted by ``exp(m_s - M)``
   in split order, divided once; a request with no keys (a pad row) gets zeros.
 
