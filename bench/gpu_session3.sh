@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 (second) session, after .gpu/install.sh:
-#   bash bench/gpu_session3.sh explore|sweep|tiles|floor|decode
+#   bash bench/gpu_session3.sh explore|sweep|tiles|floor|decode|rope
 # explore: FA3 num_splits 0/1/2/4/8 on the Llama-3.2-1B shape at bs 1; the 8B shape with the
 #          fused prologue off and on; run() host profiles with real replays.
 # sweep:   `bench gemm --sweep` at M = 1 (skinny and fused prologue tiles), FA3 splits auto vs 0,
@@ -11,9 +11,11 @@
 #          when /tmp/models holds it, `bench host`.
 # decode:  the split decode attention kernel: GPU tests of attention and decode parity, then the
 #          model bench with GRAPHRT_DECODE_ATTENTION on and off (JSON in decode_json.tgz).
+# rope:    RoPE + KV store folded into the split decode kernel: its GPU tests (and the decode
+#          parity with it off), then the model bench with GRAPHRT_DECODE_ROPE on and off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?explore|sweep|tiles|floor|decode}
+what=${1:?explore|sweep|tiles|floor|decode|rope}
 log="$OUT/s3_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -106,11 +108,27 @@ decode() {  # the split decode attention kernel: tests, then the model bench wit
   tar -C "$OUT" -czf "$OUT/decode_json.tgz" json && rm -rf "$OUT/json"
 }
 
+rope() {  # RoPE + KV store folded into the split decode kernel: tests, then the bench on and off
+  mkdir -p "$OUT/json"
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
+    tests/attention/test_decode_kernel.py tests/kv/test_rope_store.py tests/runtime/test_decode_rope_model.py \
+    tests/runtime/test_decode_parity.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12 | tee -a "$log"
+  GRAPHRT_DECODE_ROPE=0 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_decode_parity.py \
+    2>&1 | tail -2 | tee -a "$log"
+  for on in 1 0; do
+    echo "== GRAPHRT_DECODE_ROPE=$on" | tee -a "$log"
+    TAIL=6 GRAPHRT_DECODE_ROPE=$on bench_model llama-3.2-1b 1,16,64 512
+    TAIL=6 GRAPHRT_DECODE_ROPE=$on bench_model llama-3-8b 1,16 512
+  done
+  tar -C "$OUT" -czf "$OUT/rope_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
 explore) explore ;;
 decode) decode ;;
+rope) rope ;;
 floor) floor ;;
 tiles) tiles ;;
 sweep) sweep ;;
-*) echo "explore|sweep|tiles|floor|decode, got $what" >&2; exit 2 ;;
+*) echo "explore|sweep|tiles|floor|decode|rope, got $what" >&2; exit 2 ;;
 esac

@@ -10,6 +10,9 @@ A backend owns everything its kernels need beyond the step's shared metadata:
   layer's attention (e.g. FA3's scheduler metadata); its result reaches every layer's
   ``forward`` as ``plan``;
 - ``graph_support``: the forward modes its kernels may be captured for;
+- ``store_and_attend(q, k, v, cos_sin, k_cache, v_cache, loc, meta, scale, ...)``: RoPE, the KV
+  store and attention in one go where its kernels can (else None: the context runs
+  ``rope_store``, then ``forward``);
 - ``cross(q, k_cache, v_cache, meta, encoder, scale)``: non-causal attention over each
   request's encoder K/V (encoder-decoder models), for the backends that have it.
 
@@ -97,6 +100,30 @@ class AttentionBackend(Protocol):
         """Python values this backend hands to its kernels beyond the metadata's."""
         ...
 
+    def store_and_attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos_sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        loc: torch.Tensor,
+        meta: StepMetadata,
+        scale: float,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        kv_scales: LayerScales | None = None,
+    ) -> torch.Tensor | None:
+        """What ``rope_store`` then :meth:`forward` compute, in one go, or None where the backend
+        does not fuse them for these inputs (the context then runs the two).
+
+        ``q [num_tokens, num_q_heads, head_dim]`` and ``k``/``v [num_tokens, num_kv_heads,
+        head_dim]`` not yet rotated (views of the qkv projection), ``cos_sin [num_tokens,
+        head_dim]``, ``loc [num_tokens]`` int64 slots; returns what :meth:`forward` returns and
+        leaves the caches exactly as ``rope_store`` does (rotated ``k`` and ``v`` at ``loc``)."""
+        ...
+
     def cross(
         self,
         q: torch.Tensor,
@@ -141,6 +168,10 @@ class Backend:
 
     def host_scalars(self) -> dict[str, Any]:
         return {}
+
+    def store_and_attend(self, q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
+        """No fused RoPE + store + attention (see :meth:`AttentionBackend.store_and_attend`)."""
+        return None
 
     def cross(self, q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         """No cross-attention (see :meth:`AttentionBackend.cross`)."""

@@ -200,39 +200,55 @@ class ForwardContext:
         from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
         ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
         rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
-        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`). ``q``/``k``/``v`` may be
-        views of the qkv projection either way. ``sinks [num_q_heads]``: the layer's learned
-        sink logits (a weight), added to each softmax's denominator. An FP8 cache quantises
-        ``k``/``v`` as it stores them and the backend reads it with the layer's scales. A layer
-        of the cache's window pool stores at its window slots and reads its window page table.
+        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`), or inside the attention
+        kernel where the backend does both in one go (``backend.store_and_attend``: FA3's
+        split decode kernel for single-token steps; not for chunked-local layers).
+        ``q``/``k``/``v`` may be views of the qkv projection either way. ``sinks
+        [num_q_heads]``: the layer's learned sink logits (a weight), added to each softmax's
+        denominator. An FP8 cache quantises ``k``/``v`` as it stores them and the backend reads
+        it with the layer's scales. A layer of the cache's window pool stores at its window
+        slots and reads its window page table.
         """
         meta = self.meta
         if layer_id in getattr(self.kv, "window_layers", ()):
             meta = window_metadata(self.window, layer_id, window)
         loc, kv_scales = meta.buffers.out_cache_loc, self.kv.scales(layer_id)
+        k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
+        scale = q.shape[-1] ** -0.5
+        attend_meta = self._attend_metadata(layer_id, meta, window, chunk)
+        options: dict[str, Any] = {"window": window, "sinks": sinks, "kv_scales": kv_scales}
+        if rope is not None and chunk is None:
+            # NOTE: a backend that rotates, stores and attends in one go takes the layer here
+            out = self.backend.store_and_attend(q, k, v, rope, k_cache, v_cache, loc, meta, scale, **options)
+            if out is not None:
+                return out
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            q = rope_store(q, k, v, rope, self.kv.k[layer_id], self.kv.v[layer_id], loc, kv_scales)
-        scale = q.shape[-1] ** -0.5
-        k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
+            q = rope_store(q, k, v, rope, k_cache, v_cache, loc, kv_scales)
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
             self._plan = self.backend.plan(self.meta, self.group, q, k_cache)
-        plan = self._plan
+        plan = None if chunk is not None else self._plan  # NOTE: local layers: planned for the step
+        return self.backend.forward(q, k_cache, v_cache, attend_meta, scale, plan=plan, **options)
+
+    def _attend_metadata(
+        self, layer_id: int, meta: StepMetadata, window: int | None, chunk: int | None
+    ) -> StepMetadata:
+        """What layer ``layer_id`` attends with: ``meta``, or the chunked-local virtual batch;
+        checks the window and records the layer's kernel scalars (before anything is stored)."""
         if window is not None:
             if self.meta.cascade is not None:
                 raise ValueError(
                     f"layer {layer_id}: sliding window {window} with a token tree (topk > 1) is not supported"
                 )
             self.scalars.record(f"layer{layer_id}.window", window)
-        if chunk is not None:
-            meta, plan = local_metadata(self.local, layer_id, chunk), None  # NOTE: planned for the step
-            self.scalars.record(f"layer{layer_id}.chunk", chunk)
-            self.scalars.record("local.max_seqlen_q", meta.max_seqlen_q)
-        return self.backend.forward(
-            q, k_cache, v_cache, meta, scale, window=window, plan=plan, sinks=sinks, kv_scales=kv_scales
-        )
+        if chunk is None:
+            return meta
+        local = local_metadata(self.local, layer_id, chunk)
+        self.scalars.record(f"layer{layer_id}.chunk", chunk)
+        self.scalars.record("local.max_seqlen_q", local.max_seqlen_q)
+        return local
 
     def cross_attention(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
         """Attend ``q [num_tokens, num_q_heads, head_dim]`` to its request's encoder K/V.

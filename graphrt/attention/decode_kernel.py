@@ -11,10 +11,18 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
   ``BLOCK_N``-key blocks (``cache_seqlens[b]`` keys, pages from ``page_table[b]``), scores the
   ``G`` query heads of KV head ``h_k`` with ``tl.dot`` (``G`` padded to 16 rows), and keeps an
   online softmax in fp32: its running max ``m``, denominator ``l`` and ``acc = sum p v``. It
-  reads the page table and lengths before ``gdc_wait()`` (written long before the layer), ``q``
-  and the cache after it (the previous kernel stores this step's k and v).
+  reads the lengths before ``gdc_wait()`` (written long before the layer; with RoPE the
+  ``cos_sin`` row and the slot too), ``q`` and the cache after it (the previous kernel stores
+  this step's k and v, or produces them: the qkv projection, with RoPE).
 - ``_decode_merge``: per (request, query head), the splits' states weighted by ``exp(m_s - M)``
   in split order, divided once; a request with no keys (a pad row) gets zeros.
+
+With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE``, on by default) the split
+launch also does :func:`graphrt.kv.rope_store.rope_store`'s work: it rotates ``q`` on load,
+attends the new token's rotated key and value straight from the projection, and one program per
+(request, KV head) writes them to the cache at ``out_cache_loc`` (``graphrt.attention.decode_triton``
+says how), so a layer's attention is two launches instead of three. The cache after the step
+holds the same bits as ``rope_store`` + :func:`attend` leave (pad rows' dummy slot included).
 
 The split count is a function of the bucket and the page table's width only (a graph key):
 enough programs for two waves of the SMs, never more splits than key blocks. The math is the
@@ -24,15 +32,22 @@ output; the order of the sums differs from FA3's, so the two agree to bf16 round
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from graphrt.attention import decode_triton as kernels
 from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
+from graphrt.kv import rope_store
 from graphrt.metadata.base import StepMetadata
-from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_enabled
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
 #: where it applies, ``0`` keeps FA3's call.
 ENV = "GRAPHRT_DECODE_ATTENTION"
+#: ``GRAPHRT_DECODE_ROPE``: ``1`` (default) folds RoPE and the KV store into the kernel where it
+#: takes the step (:func:`rope_takes`), ``0`` keeps ``rope_store`` + the kernel (A/B timing).
+ROPE_ENV = "GRAPHRT_DECODE_ROPE"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
 DTYPES = (torch.bfloat16, torch.float16)
@@ -45,6 +60,11 @@ MAX_GROUP = 16
 def enabled(device: torch.device) -> bool:
     """Whether the kernel runs on ``device`` (:data:`ENV`, CUDA with Triton)."""
     return device.type == "cuda" and triton_enabled(ENV, device)
+
+
+def rope_enabled() -> bool:
+    """Whether RoPE and the KV store fold into the kernel where it runs (:data:`ROPE_ENV` not 0)."""
+    return os.environ.get(ROPE_ENV, "1") != "0"
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:
@@ -103,6 +123,52 @@ def attend(
     return decode_attention(q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl)
 
 
+def rope_takes(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: StepMetadata,
+    *options: object,
+) -> bool:
+    """Whether :func:`attend_rope` takes the step: :func:`takes` it, :data:`ROPE_ENV` on, the
+    tensors ``rope_store``'s kernel takes (16-bit caches: an FP8 cache keeps ``rope_store``),
+    one token per request in ``cos_sin``, K and V caches alike."""
+    return (
+        rope_enabled()
+        and takes(q, k_cache, meta, *options)
+        and rope_store.fits(q, k, v, cos_sin, k_cache)
+        and cos_sin.shape[0] == q.shape[0]
+        and k.shape[1] == v.shape[1] == k_cache.shape[2]
+        and v_cache.dtype == k_cache.dtype
+        and v_cache.shape == k_cache.shape
+        and v_cache.is_contiguous()
+    )
+
+
+def attend_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    meta: StepMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """``rope_store`` + :func:`attend` in one launch pair (what :func:`rope_takes` allows)."""
+    b = meta.buffers
+    keys = b.page_table.shape[1] * meta.page_size
+    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
+    pdl = pdl_enabled(PDL_ENV, q.device)
+    return decode_rope_attention(
+        q, k, v, cos_sin, loc, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl
+    )
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -125,10 +191,58 @@ def decode_attention(
     )
 
 
+def decode_rope_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin: torch.Tensor,
+    loc: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    scale: float,
+    splits: int,
+    pdl: bool = True,
+) -> torch.Tensor:
+    """:func:`decode_attention` of ``q`` and ``k`` rotated by ``cos_sin``, with the rotated ``k``
+    and ``v`` stored at ``loc`` first (what :func:`~graphrt.kv.rope_store.rope_store` does).
+
+    ``q [B, Hq, D]``, ``k``/``v [B, Hk, D]`` not yet rotated (views of the qkv projection: any
+    token stride, heads packed), ``cos_sin [B, D]`` (cos half, sin half), ``loc [B]`` int64
+    slots (any stride); the rest as :func:`decode_attention`. Request ``b``'s last key
+    (position ``cache_seqlens[b] - 1``) sits at slot ``loc[b]``: that key and value are read
+    from ``k``/``v``, never from the cache. Writes ``k_cache``/``v_cache`` at ``loc`` only.
+    """
+    return torch.ops.graphrt.decode_rope_attention(
+        q, k, v, cos_sin, loc, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl
+    )
+
+
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool,
 ) -> torch.Tensor:  # fmt: skip
+    # NOTE: without RoPE the new-token arguments are never read: q and the lengths stand in
+    return _launch(
+        q, (q, q, q, cache_seqlens), k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, False
+    )
+
+
+def _decode_rope_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor, loc: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, cache_seqlens: torch.Tensor,
+    scale: float, splits: int, pdl: bool,
+) -> torch.Tensor:  # fmt: skip
+    new = (k, v, cos_sin, loc)
+    return _launch(q, new, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, True)
+
+
+def _launch(
+    q: torch.Tensor, new: tuple[torch.Tensor, ...], k_cache: torch.Tensor, v_cache: torch.Tensor,
+    page_table: torch.Tensor, cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool, rope: bool,
+) -> torch.Tensor:  # fmt: skip
+    """The split and merge launches; ``new``: ``(k, v, cos_sin, loc)`` of the new tokens."""
     assert triton is not None, "decode attention needs Triton"
     b, heads, d = q.shape
     page, heads_k = k_cache.shape[1], k_cache.shape[2]
@@ -136,92 +250,33 @@ def _decode_attention(
     m = torch.empty((b, heads, splits), dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
     acc = torch.empty((b, heads, splits, d), dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    _decode_split[(b, heads_k, splits)](
-        q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc,
+    out = torch.empty((b, heads, d), dtype=q.dtype, device=q.device)
+    k, v, cos_sin, loc = new
+    kernels._decode_split[(b, heads_k, splits)](
+        q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, k, v, cos_sin, loc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        page_table.stride(0), scale * 1.4426950408889634,
+        page_table.stride(0), k.stride(0) if rope else 0, v.stride(0) if rope else 0,
+        cos_sin.stride(0) if rope else 0, loc.stride(0) if rope else 0, scale * 1.4426950408889634,
         PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        SPLITS=splits, PDL=pdl, num_warps=4, launch_pdl=pdl,
+        SPLITS=splits, PDL=pdl, ROPE=rope, F32_DOT=not q.is_cuda, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
-    _decode_merge[(b, heads)](
+    kernels._decode_merge[(b, heads)](
         m, l_sum, acc, out, out.stride(0), out.stride(1),
         D=d, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), PDL=pdl, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
     return out
 
 
+# NOTE: one ``torch.ops.graphrt`` op per kernel pair, so the emulated capture engine records and
+# replays it like an aten op; the RoPE variant declares the caches it writes.
 _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
     "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens, "
     "float scale, int splits, bool pdl) -> Tensor"
 )
 _LIB.impl("decode_attention", _decode_attention, "CompositeExplicitAutograd")
-
-
-if triton is not None:
-
-    @triton.jit
-    def _decode_split(
-        q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out,
-        q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, scale_log2,
-        PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
-        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        rg, rd = tl.arange(0, BLOCK_G), tl.arange(0, D)
-        seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
-        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
-        start = s * per
-        end = tl.minimum(start + per, seqlen)
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # NOTE: q and this step's k/v come from the kernel before
-            tl.extra.cuda.gdc_launch_dependents()
-        heads = hk * G + rg
-        q_ptrs = q + b.to(tl.int64) * q_sb + heads[:, None] * q_sh + rd[None, :]
-        qt = tl.load(q_ptrs, mask=rg[:, None] < G, other=0.0)
-        m = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
-        l_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            valid = pos < end
-            pages = tl.load(page_table + b.to(tl.int64) * pt_sb + pos // PAGE, mask=valid, other=0)
-            rows = pages.to(tl.int64) * kc_sp + (pos % PAGE) * kc_ss + hk * kc_sh
-            kt = tl.load(k_cache + rows[:, None] + rd[None, :], mask=valid[:, None], other=0.0)
-            scores = tl.dot(qt, tl.trans(kt)) * scale_log2  # NOTE: log2 units: exp2 below
-            scores = tl.where(valid[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            p = tl.exp2(scores - m_new[:, None])
-            alpha = tl.exp2(m - m_new)
-            l_sum = l_sum * alpha + tl.sum(p, axis=1)
-            vt = tl.load(v_cache + rows[:, None] + rd[None, :], mask=valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-            m = m_new
-        state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
-        keep = rg < G
-        tl.store(m_out + state, m, mask=keep)
-        tl.store(l_out + state, l_sum, mask=keep)
-        tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
-
-    @triton.jit
-    def _decode_merge(
-        m_in, l_in, acc_in, out, o_sb, o_sh,
-        D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        b, h = tl.program_id(0), tl.program_id(1)
-        rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        state = (b * tl.num_programs(1) + h) * SPLITS + rs
-        has = rs < SPLITS
-        m = tl.load(m_in + state, mask=has, other=float("-inf"))
-        l_sum = tl.load(l_in + state, mask=has, other=0.0)
-        top = tl.max(m, axis=0)
-        w = tl.where(m > float("-inf"), tl.exp2(m - top), 0.0)
-        acc = tl.load(acc_in + state[:, None] * D + rd[None, :], mask=has[:, None], other=0.0)
-        total = tl.sum(l_sum * w, axis=0)
-        o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-        o = tl.where(total > 0, o, 0.0)
-        tl.store(out + b.to(tl.int64) * o_sb + h * o_sh + rd, o.to(out.dtype.element_ty))
+_LIB.define(
+    "decode_rope_attention(Tensor q, Tensor k, Tensor v, Tensor cos_sin, Tensor loc, Tensor(a!) k_cache, "
+    "Tensor(b!) v_cache, Tensor page_table, Tensor cache_seqlens, float scale, int splits, bool pdl) -> Tensor"
+)
+_LIB.impl("decode_rope_attention", _decode_rope_attention, "CompositeExplicitAutograd")

@@ -13,6 +13,12 @@ Both rotate NeoX halves in float32 from the ``cos_sin`` the model rounded to its
 once to the output dtype, so they agree to that rounding. An FP8 cache (:mod:`graphrt.kv.quant`)
 is written quantised: the rotated k (and v) divided by the layer's scale, saturated at ±448 and
 rounded to float8_e4m3fn, the same float32 math in both (correctly rounded division in Triton).
+
+PDL (SM90+, :data:`PDL_ENV`): the kernel loads its ``cos_sin`` row, slot and FP8 scales (written
+before the layer) before ``gdc_wait()``, and q, k, v (the projection's output) after it. Its
+successors read its outputs only once it has finished: the split decode kernel calls
+``gdc_wait()`` before it reads ``q`` and the cache; FA3, the reference backend and torch ops
+are plain launches, which wait for it whole.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import torch
 
 from graphrt.kv.quant import FP8, FP8_MAX, LayerScales
 from graphrt.kv.quant import store_slots as store_ref
-from graphrt.step.switches import tl, triton, triton_enabled
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the fused kernel (:mod:`graphrt.step.switches`).
 ENV = "GRAPHRT_FUSED_ROPE_STORE"
+#: Its PDL switch, the GEMMs' and the decode kernel's (``GRAPHRT_SKINNY_PDL=0``: no PDL).
+PDL_ENV = KERNELS_PDL_ENV
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -38,7 +46,7 @@ def rotate_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def _fits(
+def fits(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor
 ) -> bool:
     """Whether the kernel handles these tensors: one 16-bit dtype for q, k, v and ``cos_sin``,
@@ -68,18 +76,20 @@ def rope_store(
     v_cache: torch.Tensor,
     loc: torch.Tensor,
     scales: LayerScales | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Rotate ``q`` and ``k`` by ``cos_sin``, store the rotated ``k`` and ``v`` at slots ``loc``.
 
     ``q [T, Hq, D]``, ``k``/``v [T, Hk, D]`` (views of a projection are fine: any token
     stride), ``cos_sin [T, D]``, caches ``[pages, page_size, Hk, D]``, ``loc [T]`` int64;
-    ``scales``: the layer's dequantisation scales when the caches are FP8. Returns the rotated
+    ``scales``: the layer's dequantisation scales when the caches are FP8; ``pdl``: launch the
+    kernel with programmatic dependent launch (default: :func:`pdl_enabled` of :data:`PDL_ENV`). Returns the rotated
     ``q`` ``[T, Hq, D]``, contiguous, in ``q``'s dtype. Inputs are not modified.
     """
     fp8 = k_cache.dtype == FP8
     if fp8 and scales is None:
         raise ValueError("an FP8 KV cache is written with its layer's scales; none were given")
-    fused = triton_enabled(ENV, q.device) and _fits(q, k, v, cos_sin, k_cache)
+    fused = triton_enabled(ENV, q.device) and fits(q, k, v, cos_sin, k_cache)
     if not (fused and v_cache.dtype == k_cache.dtype and v_cache.is_contiguous()):
         store_ref(k_cache, loc, rotate_ref(k, cos_sin), None if scales is None else scales.k)
         store_ref(v_cache, loc, v, None if scales is None else scales.v)
@@ -90,12 +100,13 @@ def rope_store(
         hk = k.shape[1]
         # NOTE: a 16-bit cache passes its own (unread) pointers as the scales
         k_scale, v_scale = (scales.k, scales.v) if scales is not None else (k_cache, v_cache)
+        pdl = pdl_enabled(PDL_ENV, q.device) if pdl is None else pdl
         _rope_store[(tokens,)](
             q, k, v, cos_sin, out, k_cache, v_cache, loc, k_scale, v_scale,
             q.stride(0), k.stride(0), v.stride(0), cos_sin.stride(0), loc.stride(0),
             HQ=hq, HK=hk, HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), QUANT=fp8, FP8_MAX=FP8_MAX,
+            BLOCK_D=triton.next_power_of_2(d // 2), QUANT=fp8, FP8_MAX=FP8_MAX, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out
 
@@ -116,6 +127,12 @@ if triton is not None:
         return x.to(dst_ty)
 
     @triton.jit
+    def rotate_halves(x1, x2, cos, sin):
+        """NeoX rotation of the halves ``x1``, ``x2`` (float32). NOTE: the one place of the
+        expressions, shared with the split decode kernel, so both round (and fuse) alike."""
+        return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+    @triton.jit
     def _rotate_heads(
         src, dst, cos, sin, d, heads, scale,
         H: tl.constexpr, HALF: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
@@ -125,8 +142,9 @@ if triton is not None:
         at = heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(src + at, mask=mask).to(tl.float32)
         x2 = tl.load(src + at + HALF, mask=mask).to(tl.float32)
-        y1 = _to_cache(x1 * cos[None, :] - x2 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
-        y2 = _to_cache(x2 * cos[None, :] + x1 * sin[None, :], src, dst, scale, QUANT, FP8_MAX)
+        y1, y2 = rotate_halves(x1, x2, cos[None, :], sin[None, :])
+        y1 = _to_cache(y1, src, dst, scale, QUANT, FP8_MAX)
+        y2 = _to_cache(y2, src, dst, scale, QUANT, FP8_MAX)
         tl.store(dst + at, y1, mask=mask)
         tl.store(dst + at + HALF, y2, mask=mask)
 
@@ -136,7 +154,7 @@ if triton is not None:
         q_stride, k_stride, v_stride, cs_stride, loc_stride,
         HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
-        QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+        QUANT: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
@@ -147,6 +165,9 @@ if triton is not None:
         ks, vs = 1.0, 1.0
         if QUANT:
             ks, vs = tl.load(k_scale).to(tl.float32), tl.load(v_scale).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: q, k and v are the previous kernel's output
+            tl.extra.cuda.gdc_launch_dependents()
         hq = tl.arange(0, BLOCK_HQ)
         _rotate_heads(
             q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, 1.0, HQ, HALF, False, FP8_MAX

@@ -39,7 +39,7 @@ def test_kernel_matches_torch(monkeypatch, device, dtype, tokens, hq, hk, d) -> 
     if device.type == "cpu":
         monkeypatch.setenv(rs.ENV, "interpret")
     qkv, (q, k, v), cos_sin, (kc, vc), loc = _inputs(device, dtype, tokens, hq, hk, d)
-    assert rs.triton_enabled(rs.ENV, device) and rs._fits(q, k, v, cos_sin, kc)
+    assert rs.triton_enabled(rs.ENV, device) and rs.fits(q, k, v, cos_sin, kc)
     before, want_k, want_v = qkv.clone(), kc.clone(), vc.clone()
     rs.store_ref(want_k, loc, rs.rotate_ref(k, cos_sin))
     rs.store_ref(want_v, loc, v)

@@ -1,0 +1,146 @@
+"""The Triton kernels of the split decode attention (:mod:`graphrt.attention.decode_kernel`).
+
+``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
+``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
+head ``h`` merged. With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
+work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
+rounded to the model's dtype, the same expressions as ``rope_store``'s), reads the key and value
+of the request's own slot ``loc[b]`` from the projection instead of the cache (so no program
+reads a slot this launch writes), and the program whose share holds position
+``cache_seqlens[b] - 1`` (program 0 when there are no keys) writes them to the cache at
+``loc[b]``: one writer per (request, KV head).
+"""
+
+from __future__ import annotations
+
+from graphrt.step.switches import tl, triton
+
+if triton is not None:
+    from graphrt.kv.rope_store import rotate_halves
+
+    @triton.jit
+    def _rotated(rows, rh, cos, sin, mask, R: tl.constexpr, HALF: tl.constexpr):
+        """``[R, 2 HALF]``: the NeoX rotation of the rows starting at ``rows [R, 1]`` (``rh =
+        arange(HALF)[None, :]``, ``cos`` / ``sin`` ``[HALF]``), rounded to their dtype: the
+        halves rotated by ``rope_store``'s own expressions, then put side by side."""
+        x1 = tl.load(rows + rh, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(rows + HALF + rh, mask=mask, other=0.0).to(tl.float32)
+        y1, y2 = rotate_halves(x1, x2, cos[None, :], sin[None, :])
+        ty = rows.dtype.element_ty
+        y = tl.permute(tl.join(y1.to(ty), y2.to(ty)), (0, 2, 1))  # NOTE: [R, 2, HALF]
+        return tl.reshape(y, (R, 2 * HALF))
+
+    @triton.jit
+    def _dot(a, b, F32_DOT: tl.constexpr):
+        """``a @ b`` in fp32. NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits."""
+        if F32_DOT:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _new_kv(
+        k_new, v_new, k_cache, v_cache, b64, hk, s, seqlen, per, slot, kn_sb, vn_sb, kc_ss, kc_sh,
+        cos, sin, D: tl.constexpr,
+    ):  # fmt: skip
+        """The new token's rotated key and value of KV head ``hk`` (``[1, D]`` each, the cache's
+        dtype), stored at ``slot`` by the one program whose share holds the last key."""
+        row, rd = tl.zeros((1, 1), dtype=tl.int64), tl.arange(0, D)[None, :]
+        rh = tl.arange(0, D // 2)[None, :]
+        kn = _rotated(k_new + b64 * kn_sb + hk * D + row, rh, cos, sin, row == 0, 1, D // 2)
+        vn = tl.load(v_new + b64 * vn_sb + hk * D + row + rd)
+        kn, vn = kn.to(k_cache.dtype.element_ty), vn.to(v_cache.dtype.element_ty)
+        writer = rd < tl.where(s == tl.maximum(seqlen - 1, 0) // tl.maximum(per, 1), D, 0)
+        at = slot.to(tl.int64) * kc_ss + hk * kc_sh + rd
+        tl.store(k_cache + at, kn, mask=writer)
+        tl.store(v_cache + at, vn, mask=writer)
+        return kn, vn
+
+    @triton.jit
+    def _tile(cache, rows, rd, cached, own, new, ROPE: tl.constexpr):
+        """``[BLOCK_N, D]`` keys or values at ``rows``; with ``ROPE`` the own slot's from ``new [1, D]``."""
+        t = tl.load(cache + rows[:, None] + rd[None, :], mask=cached[:, None], other=0.0)
+        if ROPE:
+            t = tl.where(own[:, None], new, t)
+        return t
+
+    @triton.jit
+    def _decode_split(
+        q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, k_new, v_new, cos_sin, loc,
+        q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, scale_log2,
+        PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
+        F32_DOT: tl.constexpr,
+    ):  # fmt: skip
+        b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
+        seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
+        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
+        start = s * per
+        end = tl.minimum(start + per, seqlen)
+        slot = tl.load(loc + b64 * loc_sb) if ROPE else -1  # NOTE: angles and slot: before the layer too
+        rh = tl.arange(0, D // 2)
+        cos = tl.load(cos_sin + b64 * cs_sb + rh).to(tl.float32) if ROPE else 0.0
+        sin = tl.load(cos_sin + b64 * cs_sb + D // 2 + rh).to(tl.float32) if ROPE else 0.0
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: q and this step's k/v come from the kernel before
+            tl.extra.cuda.gdc_launch_dependents()
+        heads = hk * G + rg
+        q_rows = q + b64 * q_sb + heads[:, None] * q_sh
+        kn, vn = 0.0, 0.0
+        if ROPE:
+            qt = _rotated(q_rows, rh[None, :], cos, sin, rg[:, None] < G, BLOCK_G, D // 2)
+            kn, vn = _new_kv(
+                k_new, v_new, k_cache, v_cache, b64, hk, s, seqlen, per, slot, kn_sb, vn_sb, kc_ss, kc_sh,
+                cos, sin, D,
+            )  # fmt: skip
+        else:
+            qt = tl.load(q_rows + rd[None, :], mask=rg[:, None] < G, other=0.0)
+        m = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            valid = pos < end
+            pages = tl.load(page_table + b64 * pt_sb + pos // PAGE, mask=valid, other=0).to(tl.int64)
+            # NOTE: the request's own slot (pad rows: the shared dummy slot) is never read from the
+            # cache, which this launch writes: its key and value come from the projection
+            own = valid & (pages * PAGE + pos % PAGE == slot)
+            cached = valid & ~own if ROPE else valid
+            rows = pages * kc_sp + (pos % PAGE) * kc_ss + hk * kc_sh
+            kt = _tile(k_cache, rows, rd, cached, own, kn, ROPE)
+            scores = _dot(qt, tl.trans(kt), F32_DOT) * scale_log2  # NOTE: log2 units: exp2 below
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            p = tl.exp2(scores - m_new[:, None])
+            alpha = tl.exp2(m - m_new)
+            l_sum = l_sum * alpha + tl.sum(p, axis=1)
+            vt = _tile(v_cache, rows, rd, cached, own, vn, ROPE)
+            acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, F32_DOT)
+            m = m_new
+        state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
+        keep = rg < G
+        tl.store(m_out + state, m, mask=keep)
+        tl.store(l_out + state, l_sum, mask=keep)
+        tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
+
+    @triton.jit
+    def _decode_merge(
+        m_in, l_in, acc_in, out, o_sb, o_sh,
+        D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        b, h = tl.program_id(0), tl.program_id(1)
+        rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        state = (b * tl.num_programs(1) + h) * SPLITS + rs
+        has = rs < SPLITS
+        m = tl.load(m_in + state, mask=has, other=float("-inf"))
+        l_sum = tl.load(l_in + state, mask=has, other=0.0)
+        top = tl.max(m, axis=0)
+        w = tl.where(m > float("-inf"), tl.exp2(m - top), 0.0)
+        acc = tl.load(acc_in + state[:, None] * D + rd[None, :], mask=has[:, None], other=0.0)
+        total = tl.sum(l_sum * w, axis=0)
+        o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        o = tl.where(total > 0, o, 0.0)
+        tl.store(out + b.to(tl.int64) * o_sb + h * o_sh + rd, o.to(out.dtype.element_ty))
