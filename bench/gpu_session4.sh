@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU checks of the 2026-11-27 (third) session, after .gpu/install.sh:
+#   bash bench/gpu_session4.sh check|ab|engine
+# check:  GPU tests of the kernels this session touched: RoPE + KV store folded into the split
+#         decode kernel, rope_store with PDL, the one-launch cos/sin, the sampler's layouts,
+#         decode parity and the fused prologues (the model level), the token feed.
+# ab:     bench model, Llama-3.2-1B (bs 1, 16, 64) and the 8B shape (bs 1, 16, 64) with every
+#         kernel on; then at bs 1 each of this session's levers off alone (JSON: ab_json.tgz).
+# engine: SmolLM2's overlapped engine (greedy and top-p) and the sampler bench
+#         (needs /tmp/models from .gpu/install-model.sh; JSON: engine_json.tgz).
+set -uo pipefail
+export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+what=${1:?check|ab|engine}
+log="$OUT/s4_$what.log"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
+for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
+python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sgl_kernel', sgl_kernel.__version__)" 2>&1 | tee -a "$log"
+mkdir -p "$OUT/json"
+
+bench_model() {  # shape batch-sizes extra-args...
+  local shape=$1 bs=$2
+  shift 2
+  timeout 200 graphrt bench model --shape "$shape" --batch-sizes "$bs" --context 512 --iters 30 --no-compile \
+    --out "$OUT/json" "$@" 2>&1 | grep -vi "warn" | grep -v "━" | tail -"${TAIL:-5}" | tee -a "$log"
+}
+
+check() {
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
+    tests/attention/test_decode_kernel.py tests/kv/test_rope_store.py tests/models/test_cos_sin.py \
+    tests/runtime/test_sampler_kernel.py tests/runtime/test_decode_rope_model.py tests/runtime/test_decode_parity.py \
+    tests/models/test_prologue_model.py "$@" 2>&1 | grep -E "passed|failed|FAILED|Error" \
+    | tail -20 | tee -a "$log"
+}
+
+ab() {
+  TAIL=8 bench_model llama-3.2-1b 1,16,64
+  TAIL=8 bench_model llama-3-8b 1,16,64
+  for off in GRAPHRT_DECODE_ROPE GRAPHRT_COS_SIN; do
+    echo "== $off=0" | tee -a "$log"
+    env "$off=0" bench_model llama-3.2-1b 1
+  done
+  tar -C "$OUT" -czf "$OUT/ab_json.tgz" json && rm -rf "$OUT/json"
+}
+
+engine() {
+  local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  for sampled in "" --sampled; do
+    timeout 200 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 $sampled \
+      --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -8 | tee -a "$log"
+  done
+  timeout 200 graphrt bench sampler --batch-sizes 1,8,64 --out "$OUT/json" 2>&1 | grep -v "━" | tail -14 | tee -a "$log"
+  tar -C "$OUT" -czf "$OUT/engine_json.tgz" json && rm -rf "$OUT/json"
+}
+
+case "$what" in
+check) shift; check "$@" ;;
+ab) ab ;;
+engine) engine ;;
+*) echo "check|ab|engine, got $what" >&2; exit 2 ;;
+esac
