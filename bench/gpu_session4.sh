@@ -10,7 +10,7 @@
 #         (needs /tmp/models from .gpu/install-model.sh; JSON: engine_json.tgz).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|engine}
+what=${1:?check|ab|levers|engine}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -38,7 +38,10 @@ ab() {
   TAIL=8 bench_model llama-3-8b 1,16,64
   for off in GRAPHRT_DECODE_ROPE GRAPHRT_COS_SIN; do
     echo "== $off=0" | tee -a "$log"
-    env "$off=0" bench_model llama-3.2-1b 1
+    export "$off=0"
+    bench_model llama-3.2-1b 1
+    bench_model llama-3-8b 1
+    unset "$off"
   done
   tar -C "$OUT" -czf "$OUT/ab_json.tgz" json && rm -rf "$OUT/json"
 }
@@ -53,9 +56,21 @@ engine() {
   tar -C "$OUT" -czf "$OUT/engine_json.tgz" json && rm -rf "$OUT/json"
 }
 
+levers() {  # bs 1 only: each lever off alone, then all on
+  for off in GRAPHRT_DECODE_ROPE GRAPHRT_COS_SIN GRAPHRT_DECODE_ATTENTION NONE; do
+    echo "== $off=0" | tee -a "$log"
+    export "$off=0"
+    TAIL=3 bench_model llama-3-8b 1
+    TAIL=3 bench_model llama-3.2-1b 1
+    unset "$off"
+  done
+  tar -C "$OUT" -czf "$OUT/levers_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
 check) shift; check "$@" ;;
 ab) ab ;;
+levers) levers ;;
 engine) engine ;;
 *) echo "check|ab|engine, got $what" >&2; exit 2 ;;
 esac
