@@ -17,7 +17,7 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
 - ``_decode_merge``: per (request, query head), the splits' states weighted by ``exp(m_s - M)``
   in split order, divided once; a request with no keys (a pad row) gets zeros.
 
-With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE``, on by default) the split
+With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE=1``; off by default) the split
 launch also does :func:`graphrt.kv.rope_store.rope_store`'s work: it rotates ``q`` on load,
 attends the new token's rotated key and value straight from the projection, and one program per
 (request, KV head) writes them to the cache at ``out_cache_loc`` (``graphrt.attention.decode_triton``
@@ -45,8 +45,11 @@ from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_e
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
 #: where it applies, ``0`` keeps FA3's call.
 ENV = "GRAPHRT_DECODE_ATTENTION"
-#: ``GRAPHRT_DECODE_ROPE``: ``1`` (default) folds RoPE and the KV store into the kernel where it
-#: takes the step (:func:`rope_takes`), ``0`` keeps ``rope_store`` + the kernel (A/B timing).
+#: ``GRAPHRT_DECODE_ROPE``: ``1`` folds RoPE and the KV store into the kernel where it takes the
+#: step (:func:`rope_takes`); ``0`` (default) keeps ``rope_store`` + the kernel. Off because it
+#: measured slower on the H100 (bs 1 device busy: Llama-3-8B shape 5692 -> 6441 µs, Llama-3.2-1B
+#: 1048 -> 1069 µs; ``bench/results/h100/session-1127c``): one launch fewer a layer, but the
+#: split programs' rotation of q (a join and reshape of the halves) costs more than it saves.
 ROPE_ENV = "GRAPHRT_DECODE_ROPE"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
@@ -63,8 +66,8 @@ def enabled(device: torch.device) -> bool:
 
 
 def rope_enabled() -> bool:
-    """Whether RoPE and the KV store fold into the kernel where it runs (:data:`ROPE_ENV` not 0)."""
-    return os.environ.get(ROPE_ENV, "1") != "0"
+    """Whether RoPE and the KV store fold into the kernel where it runs (:data:`ROPE_ENV` is 1)."""
+    return os.environ.get(ROPE_ENV, "0") == "1"
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:

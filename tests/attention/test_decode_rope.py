@@ -174,9 +174,11 @@ def test_pdl_chains_in_a_graph_match_eager() -> None:
     x = torch.zeros(step.q.shape[0], 2048, dtype=torch.bfloat16, device=device)
     w = (torch.randn((heads + 2 * hk) * d, 2048, device=device) * 2048**-0.5).bfloat16()
     copies = [(step.k_cache.clone(), step.v_cache.clone()) for _ in range(2)]
+    real = 3  # NOTE: pad rows share the dummy slot: they must project the same token, as a model's do
 
     def run(pdl: bool) -> tuple[torch.Tensor, ...]:
-        q, k, v = sk.skinny_linear(x, w, pdl=pdl).split((heads * d, hk * d, hk * d), dim=-1)
+        rows = torch.cat((x[:real], x[real : real + 1].expand(x.shape[0] - real, -1)))
+        q, k, v = sk.skinny_linear(rows, w, pdl=pdl).split((heads * d, hk * d, hk * d), dim=-1)
         q, k, v = q.view(-1, heads, d), k.view(-1, hk, d), v.view(-1, hk, d)
         outs = []
         for rope, (kc, vc) in zip((False, True), copies, strict=True):
@@ -195,12 +197,13 @@ def test_pdl_chains_in_a_graph_match_eager() -> None:
 def test_only_what_the_kernel_takes_folds_rope_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """``rope_takes`` on CPU tensors with the kernel forced on: a DECODE step of 16-bit tensors
     as the projection gives them; not an FP8 cache, a window, sinks, unpacked heads, fp32 angles,
-    a multi-token step, nor with ``GRAPHRT_DECODE_ROPE=0``."""
+    a multi-token step, nor without ``GRAPHRT_DECODE_ROPE=1`` (off by default)."""
     from graphrt.kv.quant import FP8
     from tests.paged_util import paged_case
 
     monkeypatch.setattr(dk, "enabled", lambda device: True)
     monkeypatch.setattr(dk, "sm_count", lambda device: 132)
+    monkeypatch.setenv(dk.ROPE_ENV, "1")
     decode = paged_case(torch.device("cpu"), 16, 96, [5, 40, 96], [1, 1, 1])
     qkv = torch.randn(3, 12 * 64, dtype=torch.bfloat16)
     q, k, v = (t.view(3, -1, 64) for t in qkv.split((8 * 64, 2 * 64, 2 * 64), dim=-1))
@@ -220,6 +223,8 @@ def test_only_what_the_kernel_takes_folds_rope_in(monkeypatch: pytest.MonkeyPatc
     assert not takes(q, k, v, cos_sin, kc, vc, meta=extend.meta)
     monkeypatch.setenv(dk.ROPE_ENV, "0")
     assert not takes(q, k, v, cos_sin, kc, vc)
+    monkeypatch.delenv(dk.ROPE_ENV)
+    assert not takes(q, k, v, cos_sin, kc, vc), "off by default"
 
 
 @rerun_marks
