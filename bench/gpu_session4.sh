@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 (third) session, after .gpu/install.sh:
-#   bash bench/gpu_session4.sh check|ab|engine
+#   bash bench/gpu_session4.sh check|ab|levers|engine|tp
 # check:  GPU tests of the kernels this session touched: RoPE + KV store folded into the split
 #         decode kernel, rope_store with PDL, the one-launch cos/sin, the sampler's layouts,
 #         decode parity and the fused prologues (the model level), the token feed.
@@ -8,9 +8,11 @@
 #         kernel on; then at bs 1 each of this session's levers off alone (JSON: ab_json.tgz).
 # engine: SmolLM2's overlapped engine (greedy and top-p) and the sampler bench
 #         (needs /tmp/models from .gpu/install-model.sh; JSON: engine_json.tgz).
+# levers: at bs 1, each of this session's levers off alone (JSON: levers_json.tgz).
+# tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine}
+what=${1:?check|ab|levers|engine|tp}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -67,8 +69,22 @@ levers() {  # bs 1 only: each lever off alone, then all on
   tar -C "$OUT" -czf "$OUT/levers_json.tgz" json && rm -rf "$OUT/json"
 }
 
+tp() {  # two GPUs: TP GPU tests, then the 8B-shape step at TP=1 and TP=2 (fused prologues on, then off)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/parallel/test_tp_gpu.py 2>&1 | tail -3 | tee -a "$log"
+  local tp1="$OUT/json/tp1" tp2="$OUT/json/tp2" off="$OUT/json/tp2_prologue_off"
+  mkdir -p "$tp1" "$tp2" "$off"
+  timeout 150 python3 -m graphrt.tools.bench.tp --tp 1 --batch-sizes 1,16 --out "$tp1" 2>&1 | grep -vi warn | tail -4 | tee -a "$log"
+  timeout 150 torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --batch-sizes 1,16 --out "$tp2" 2>&1 \
+    | grep -vi warn | tail -4 | tee -a "$log"
+  GRAPHRT_FUSED_PROLOGUE=0 timeout 150 torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --batch-sizes 1 \
+    --out "$off" 2>&1 | grep -vi warn | tail -4 | tee -a "$log"
+  tar -C "$OUT" -czf "$OUT/tp_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
 check) shift; check "$@" ;;
+tp) tp ;;
 ab) ab ;;
 levers) levers ;;
 engine) engine ;;
