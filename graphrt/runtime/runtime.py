@@ -76,9 +76,8 @@ class GraphRuntime:
             raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
         layout = build_layout(config, kv, req_to_token, self.backend, max_bs, encoder)
         #: Each request row's last sampled token (:mod:`graphrt.runtime.feed`); with sampling.
-        self.tokens = (
-            TokenFeed(req_to_token.max_reqs + 1, req_to_token.dummy_req, self.device) if config.sample else None
-        )
+        rows = req_to_token.max_reqs + 1
+        self.tokens = TokenFeed(rows, req_to_token.dummy_req, self.device) if config.sample else None
         self.encoder, self.window, self.families = encoder, layout.window, layout.families
         self.buffers = self.families.step
         context = self.kind.context
