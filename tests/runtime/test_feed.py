@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode, SamplingParams
+from graphrt.parallel import TPGroup
 from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.feed_kernel import gather_kernel, record_kernel
 from graphrt.step import FED
@@ -30,9 +31,9 @@ PARAMS = {r: SamplingParams(temperature=0.8, top_p=0.9, seed=10 + r) if r % 2 el
 PROMPT_LEN = {r: 2 + r for r in range(ROWS)}
 
 
-def setup(buckets: tuple[int, ...] = (1, 2, 4)) -> Setup:
+def setup(buckets: tuple[int, ...] = (1, 2, 4), tp: TPGroup | None = None) -> Setup:
     return build_runtime(
-        CPU, max_batch_size=4, max_reqs=ROWS, max_context_len=64, buckets=buckets, sample=True
+        CPU, max_batch_size=4, max_reqs=ROWS, max_context_len=64, buckets=buckets, sample=True, tp=tp
     )
 
 
@@ -60,8 +61,13 @@ def prefill(s: Setup, rows: list[int], fed: bool, lengths: dict[int, int]) -> li
     return s.runtime.run(batch, feed=feed).tolist()
 
 
-def trajectory(s: Setup, fed: bool, eager: Callable[[int], bool] = lambda i: False) -> list[list[int]]:
-    """Every step's tokens over :data:`SCHEDULE`: ids from the feed (``fed``) or from the host."""
+def trajectory(
+    s: Setup, fed: bool, eager: Callable[[int], bool] = lambda i: False, give_feed: bool = True
+) -> list[list[int]]:
+    """Every step's tokens over :data:`SCHEDULE`: ids from the feed (``fed``) or from the host.
+
+    ``give_feed`` off: pass no feed to ``run()`` (a TP follower: it uses its runtime's own).
+    """
     last: dict[int, int] = {}
     lengths: dict[int, int] = {}
     out: list[list[int]] = []
@@ -69,7 +75,7 @@ def trajectory(s: Setup, fed: bool, eager: Callable[[int], bool] = lambda i: Fal
     for i, rows in enumerate(SCHEDULE):
         joining = [r for r in rows if r not in before]
         if joining:
-            last |= dict(zip(joining, prefill(s, joining, fed, lengths), strict=True))
+            last |= dict(zip(joining, prefill(s, joining, fed and give_feed, lengths), strict=True))
         seq = [lengths[r] + 1 for r in rows]
         batch = Batch.create(
             ForwardMode.DECODE,
@@ -79,7 +85,7 @@ def trajectory(s: Setup, fed: bool, eager: Callable[[int], bool] = lambda i: Fal
             out_cache_loc=[slot_of(s, r, n - 1) for r, n in zip(rows, seq, strict=True)],
             sampling=params(rows),
         )
-        feed = s.runtime.tokens.decode if fed else None
+        feed = s.runtime.tokens.decode if fed and give_feed else None
         tokens = s.runtime.run(batch, eager=eager(i), feed=feed).tolist()
         last |= dict(zip(rows, tokens, strict=True))
         lengths |= {r: n for r, n in zip(rows, seq, strict=True)}
