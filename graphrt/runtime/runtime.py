@@ -47,7 +47,7 @@ class GraphRuntime:
     vocab_size : int, optional
         Token ids are checked against it; default: the model's ``vocab_size`` attribute or its
         first ``nn.Embedding`` (:func:`graphrt.batch.model_vocab_size`). Negative ids are
-        always refused.
+        refused, save a fed step's ``FED`` placeholders (``run(feed=...)``).
     encoder : EncoderKV, optional
         An encoder-decoder model's encoder cache: every step then derives each request's
         encoder page table and length (``ctx.cross_attention``), and refuses a request row

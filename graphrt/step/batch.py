@@ -200,7 +200,7 @@ class Batch:
             return
         self._check_full(limits, fed)
 
-    def _check_full(self, limits: Limits, fed: bool) -> None:
+    def _check_full(self, limits: Limits, fed: bool = False) -> None:
         """Every check after the geometry, one by one; raises the first that fails."""
         _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
         _distinct("req_pool_indices", self.req_pool_indices, "row")
