@@ -19,6 +19,7 @@ from graphrt.parallel import TPGroup
 from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.feed_kernel import gather_kernel, record_kernel
 from graphrt.step import FED
+from tests.conftest import DEVICES
 from tests.triton_util import triton_devices
 from tests.util import Setup, build_runtime, slot_of
 
@@ -31,9 +32,11 @@ PARAMS = {r: SamplingParams(temperature=0.8, top_p=0.9, seed=10 + r) if r % 2 el
 PROMPT_LEN = {r: 2 + r for r in range(ROWS)}
 
 
-def setup(buckets: tuple[int, ...] = (1, 2, 4), tp: TPGroup | None = None) -> Setup:
+def setup(
+    buckets: tuple[int, ...] = (1, 2, 4), tp: TPGroup | None = None, device: torch.device = CPU
+) -> Setup:
     return build_runtime(
-        CPU, max_batch_size=4, max_reqs=ROWS, max_context_len=64, buckets=buckets, sample=True, tp=tp
+        device, max_batch_size=4, max_reqs=ROWS, max_context_len=64, buckets=buckets, sample=True, tp=tp
     )
 
 
@@ -129,6 +132,17 @@ def test_fed_tokens_equal_host_fed_with_eager_fallback(reference: list[list[int]
     stats = s.runtime.stats()
     assert stats.eager["DECODE"] == 3 and stats.replays["DECODE"] == 3  # bs 3, 3, 4 eager
     assert trajectory(s, fed=False) == reference  # NOTE: host-fed, eager fallback too
+
+
+@pytest.mark.parametrize("device", [DEVICES[1]])
+def test_fed_tokens_equal_host_fed_on_cuda(device: str) -> None:
+    """CUDA graphs (bf16, the feed's Triton kernels): graphs only, so both runs replay the same
+    buckets (identical GEMM shapes); pad rows in bs 3."""
+    s = setup(device=torch.device(device))
+    host = trajectory(s, fed=False)
+    assert not s.runtime.tokens.last[:ROWS].any(), "an unfed step wrote the feed"
+    assert trajectory(s, fed=True) == host
+    assert s.runtime.stats().replays["DECODE"] == 2 * len(SCHEDULE)
 
 
 def test_pad_rows_keep_their_id_and_record_nothing() -> None:
