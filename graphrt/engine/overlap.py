@@ -99,7 +99,8 @@ def unsupported(speculative: bool, record_logits: bool) -> str | None:
     Speculative rounds are left out: a round's accept lengths decide the next round's slots,
     query lengths and draft inputs on the host, so the next round cannot be built before the
     verify's tokens are read. ``record_logits`` reads every step's logits on the host. With
-    tensor parallelism each step message names its feed, and every rank keeps its own.
+    tensor parallelism each step message names its feed, and every rank's runtime keeps its own
+    (``GraphRuntime.tokens``, read by that rank's graphs).
     """
     if speculative:
         return "speculative decoding (each round's batch needs the previous round's accepted tokens)"
