@@ -17,11 +17,13 @@ one graph per bucket serves fed and unfed steps and a fed step's device work bet
 only the upload and the engine's token copy. Pad rows hold their pad id 0 (never ``FED``): they
 gather nothing, record nothing, and a bucket larger than ``bs`` changes nothing the real rows
 get. An unfed step has no negative id (``Batch.check`` refuses them without a gathering feed),
-so both ops leave its ids and ``last`` exactly as they were.
+so both ops leave its ids and every request row's ``last`` as they were (the torch record parks
+what it does not keep in the dummy entry, which no ``FED`` row reads).
 
-NOTE: one graph with a flag rather than a fed graph per bucket: the flag costs two small
-kernels per DECODE replay (the feed's Triton kernels on CUDA, a few torch ops elsewhere),
-a second set would double DECODE's capture time and its graphs' outputs.
+NOTE: one graph per (DECODE, bucket) with the flag, not a fed graph beside each: the graph
+count stays what it was (a ladder of B buckets: B DECODE graphs, not 2B) for two small kernels
+per replay (the feed's Triton kernels on CUDA, a few torch ops elsewhere); a second set would
+double DECODE's capture time and the graph outputs it keeps alive.
 
 A prefill only records its tokens (:attr:`TokenFeed.prefill`, ``gather=False``): EXTEND runs
 eagerly, so that scatter stays a stream-ordered op after the step (:meth:`StepFeed.after`).
