@@ -13,7 +13,7 @@ import numpy as np
 
 from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.sampling import row_params
-from graphrt.step.batch import Batch
+from graphrt.step.batch import FED, Batch
 from graphrt.step.modes import ForwardMode
 from graphrt.step.sampling import SamplingParams
 
@@ -81,8 +81,8 @@ class DecodeRows:
         self.limit = np.array([len(r.prompt) + r.max_new_tokens for r in reqs], dtype=np.int64)
         #: The next step's input ids when the host gives them: each request's last read token.
         self.last = _frozen(np.array([r.output[-1] if r.output else 0 for r in reqs], dtype=np.int64))
-        # NOTE: placeholders of a fed step (the device gathers the ids); in range for the check.
-        self.zeros = _frozen(np.zeros(bs, dtype=np.int64))
+        #: A fed step's input ids: ``FED`` (the device gathers each row's token in the graph).
+        self.fed = _frozen(np.full(bs, FED, dtype=np.int64))
         self.sampling = row_params([r.sampling for r in reqs]) if sampled else None
         stops = [r.sampling.stop_token_ids if r.sampling is not None else () for r in reqs]
         most = max((len(s) for s in stops), default=0)
@@ -101,12 +101,12 @@ class DecodeRows:
         """The next DECODE step: one token per request at position ``seq_lens - 1``.
 
         ``fed``: the input ids come from the device (:mod:`graphrt.runtime.feed`); the host
-        gives placeholder zeros, which pass the vocabulary check the host still runs.
+        gives ``FED`` placeholders (``Batch.check(fed=True)`` wants exactly those).
         """
         locs = slots_at(self.pages, self.index, self.seq_lens - 1, self.page_size)
         return Batch.create(
             ForwardMode.DECODE,
-            input_ids=self.zeros if fed else self.last,
+            input_ids=self.fed if fed else self.last,
             seq_lens=self.seq_lens,
             req_pool_indices=self.rows,
             out_cache_loc=locs,

@@ -98,8 +98,8 @@ class Engine:
             self.spec = self._draft_runner(spec, runtime_config, cfg.show_progress)
         overlap = None
         if why_not is None and (cfg.overlap or (cfg.overlap is None and cfg.tp == 1)):
-            rows = self.runtime.req_to_token.max_reqs
-            overlap = Overlap(rows + 1, rows, self.device)
+            assert self.runtime.tokens is not None, "the engine's runtime samples"
+            overlap = Overlap(self.runtime.tokens, self.runtime.req_to_token.max_reqs, self.device)
         tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())
         tables += (self.encoder,) if self.encoder is not None else ()
         pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables)

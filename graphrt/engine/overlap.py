@@ -4,8 +4,9 @@ As in SGLang's overlap scheduler, the host prepares and launches the next step w
 runs the current one, and learns a step's tokens one step late:
 
 - the tokens a step samples stay on the device (:class:`graphrt.runtime.feed.TokenFeed`,
-  indexed by request row) and the next DECODE step gathers its input ids from there, so no
-  step waits for the host to see the previous one's tokens;
+  indexed by request row) and the next DECODE step gathers its input ids from there inside
+  its graph, so no step waits for the host to see the previous one's tokens and the device
+  runs only the upload and the token copy between two replays;
 - each step's tokens come back by one non-blocking copy into a pinned buffer (a ring of two:
   step N's is read while step N+1's is being filled) and an event; :meth:`Overlap.swap` hands
   back the step before the one just launched, read with :meth:`Launched.read`.
@@ -55,12 +56,12 @@ class Launched:
 class Overlap:
     """The token feed, the pinned ring and the step in flight of one engine.
 
-    ``rows``: request rows of ``req_to_token`` including the dummy; ``max_bs``: the most
-    requests one step holds.
+    ``feed``: the runtime's (``GraphRuntime.tokens``: its DECODE graphs read it); ``max_bs``:
+    the most requests one step holds.
     """
 
-    def __init__(self, rows: int, max_bs: int, device: torch.device) -> None:
-        self.feed = TokenFeed(rows, device)
+    def __init__(self, feed: TokenFeed, max_bs: int, device: torch.device) -> None:
+        self.feed = feed
         cuda = device.type == "cuda"
         self._host = [torch.empty(max_bs, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
         self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
@@ -70,9 +71,9 @@ class Overlap:
     def launch(self, runtime: Any, batch: Batch, reqs: list[Request], *, eager: bool, fed: bool) -> Launched:
         """Run ``batch`` (sampled: ``Batch.sampling`` set) without reading its tokens.
 
-        ``fed``: a DECODE batch whose input ids are gathered from the feed (its host
-        ``input_ids`` are placeholders); else (a prefill) they are the prompts. Either records
-        its tokens in the feed.
+        ``fed``: a DECODE batch whose input ids are gathered from the feed inside its graph
+        (its host ``input_ids`` are ``FED``); else (a prefill) they are the prompts. Either
+        records its tokens in the feed.
         """
         feed = self.feed.decode if fed else self.feed.prefill
         tokens = runtime.run(batch, eager=eager, feed=feed)
@@ -98,7 +99,8 @@ def unsupported(speculative: bool, record_logits: bool) -> str | None:
     Speculative rounds are left out: a round's accept lengths decide the next round's slots,
     query lengths and draft inputs on the host, so the next round cannot be built before the
     verify's tokens are read. ``record_logits`` reads every step's logits on the host. With
-    tensor parallelism each step message names its feed, and every rank keeps its own.
+    tensor parallelism each step message names its feed, and every rank's runtime keeps its own
+    (``GraphRuntime.tokens``, read by that rank's graphs).
     """
     if speculative:
         return "speculative decoding (each round's batch needs the previous round's accepted tokens)"

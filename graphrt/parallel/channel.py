@@ -51,7 +51,7 @@ class Feed(IntEnum):
 
     NONE = 0  # input ids from the batch, tokens not recorded
     RECORD = 1  # a prefill: input ids from the batch, its sampled tokens recorded
-    GATHER = 2  # a fed DECODE: input ids gathered from the feed, its tokens recorded
+    GATHER = 2  # a fed DECODE: FED input ids gathered from the feed in the graph, tokens recorded
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,9 @@ def run_eager(
     inputs = families.exact(batch, max(batch.bs, 1))
     max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
     with torch.no_grad():
-        if feed is not None:
-            feed.before(inputs.step, batch.bs)
+        # NOTE: a gathering feed runs inside the program (FED ids), as on the graph path.
         raw = PROGRAMS[batch.mode](env, batch.mode, inputs, max_q)
         out = select(raw, batch.sampling is not None, batch.bs, batch.num_tokens)
-        if feed is not None:
+        if feed is not None and not feed.gather:
             feed.after(inputs.step, batch.bs, out)
     return out

@@ -4,7 +4,8 @@ A program takes the step's inputs (bucket views on the graph path, exact-size bu
 the eager path) and returns the step's output. Every program first runs the device half of
 the update (slots into ``req_to_token``, page table, cascade prefix), then the model. With a
 sampling family (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
-samples one token per request inside the same graph and returns :class:`Sampled`.
+samples one token per request inside the same graph and returns :class:`Sampled`; DECODE's
+program also runs the token feed (:func:`fed`) around all of that.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
 from graphrt.metadata.window import derive_window
+from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
 
@@ -51,6 +53,8 @@ class StepEnv:
     scalars: ScalarLog = field(default_factory=ScalarLog)
     #: An encoder-decoder model's encoder cache (its cross layers' K/V per request row).
     encoder: EncoderKV | None = None
+    #: Each request row's last sampled token (``RuntimeConfig(sample=True)``; see :func:`fed`).
+    tokens: TokenFeed | None = None
 
     def call(
         self,
@@ -167,8 +171,32 @@ def sampled(program: Program) -> Program:
     return run
 
 
+def fed(program: Program) -> Program:
+    """``program`` (one token per request, sampled) inside the token feed (:mod:`.feed`).
+
+    Rows whose host-written input id is ``FED`` take their id from ``env.tokens`` and record
+    the token they sampled there; every other row (given ids, pad rows) is left alone, so an
+    unfed step runs exactly as ``program``. Both ops see the whole bucket: the graph of a
+    bucket serves fed and unfed steps alike (the ids are the flag). Without a feed or a
+    sampling family, ``program`` as it is.
+    """
+
+    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+        tokens, step = env.tokens, inputs.step
+        if tokens is None or inputs.sampling is None:
+            return program(env, mode, inputs, max_q)
+        ids = tokens.gather(step.input_ids, step.req_pool_indices)
+        # NOTE: the model reads the gathered ids; ``step.input_ids`` keeps the flags for record.
+        gathered = dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
+        out = program(env, mode, gathered, max_q)
+        tokens.record(step.input_ids, step.req_pool_indices, out.tokens)
+        return out
+
+    return run
+
+
 PROGRAMS: dict[ForwardMode, Program] = {
-    ForwardMode.DECODE: sampled(forward_once),
+    ForwardMode.DECODE: fed(sampled(forward_once)),  # NOTE: feed.FED_MODES lists it
     ForwardMode.TARGET_VERIFY: forward_once,
     ForwardMode.DRAFT_DECODE: draft_loop,
     ForwardMode.DRAFT_EXTEND: forward_once,

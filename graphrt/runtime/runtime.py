@@ -22,7 +22,7 @@ from graphrt.runtime.capturer import Capturer
 from graphrt.runtime.eager import run_eager
 from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route
-from graphrt.runtime.feed import StepFeed
+from graphrt.runtime.feed import StepFeed, TokenFeed
 from graphrt.runtime.layout import build_layout
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
@@ -47,7 +47,7 @@ class GraphRuntime:
     vocab_size : int, optional
         Token ids are checked against it; default: the model's ``vocab_size`` attribute or its
         first ``nn.Embedding`` (:func:`graphrt.batch.model_vocab_size`). Negative ids are
-        always refused.
+        refused, save a fed step's ``FED`` placeholders (``run(feed=...)``).
     encoder : EncoderKV, optional
         An encoder-decoder model's encoder cache: every step then derives each request's
         encoder page table and length (``ctx.cross_attention``), and refuses a request row
@@ -75,6 +75,9 @@ class GraphRuntime:
         if refusal is not None:
             raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
         layout = build_layout(config, kv, req_to_token, self.backend, max_bs, encoder)
+        #: Each request row's last sampled token (:mod:`graphrt.runtime.feed`); with sampling.
+        rows = req_to_token.max_reqs + 1
+        self.tokens = TokenFeed(rows, req_to_token.dummy_req, self.device) if config.sample else None
         self.encoder, self.window, self.families = encoder, layout.window, layout.families
         self.buffers = self.families.step
         context = self.kind.context
@@ -88,6 +91,7 @@ class GraphRuntime:
             layout.local,
             layout.window,
             encoder=encoder,
+            tokens=self.tokens,
         )
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
         self.limits = Limits(
@@ -122,19 +126,20 @@ class GraphRuntime:
         One step at a time: a lock serialises callers from several threads (each waits for
         the step in flight), since every step shares the static buffers and the KV cache.
 
-        ``feed`` (:mod:`graphrt.runtime.feed`; needs ``Batch.sampling``): the step's input ids
-        are gathered on the device from each request row's last sampled token, and its sampled
-        tokens recorded there, so the host need not read them before the next step. A graphed
-        step then returns a view of the graph's output (no copy), valid until the next step:
-        read it with a stream-ordered copy, as the overlapped engine does.
+        ``feed`` (:mod:`graphrt.runtime.feed`; ``self.tokens.decode`` or ``.prefill``; needs
+        ``Batch.sampling``): the step records its sampled tokens in ``self.tokens``, by request
+        row, so the host need not read them before the next step; a DECODE step with
+        ``tokens.decode`` gives ``FED`` (-1) as every input id and gathers them there, inside
+        its graph. A graphed step then returns a view of the graph's output (no copy), valid
+        until the next step: read it with a stream-ordered copy, as the overlapped engine does.
         With a window pool (:mod:`graphrt.kv.window`) the step's window slots are assigned after
         the KV checks (refused, with nothing written, when the step would read released window
         pages or the pool has too few), and pages no later step reads are released after it.
         """
-        if feed is not None and batch.sampling is None:
-            raise ValueError("a token feed records sampled tokens: the batch needs Batch.sampling")
+        if feed is not None:
+            feed.check(batch, self.tokens)
         with self._lock:
-            batch.check(self.limits)
+            batch.check(self.limits, fed=feed is not None and feed.gather)
             if self.encoder is not None:
                 self.encoder.check_rows(batch.req_pool_indices)
             plan = self.plan(batch.mode)
@@ -178,9 +183,6 @@ class GraphRuntime:
         start = time.perf_counter()
         self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
-        if feed is not None:
-            step = self.buffers.view(route.bucket, plan.rows_per_req)  # NOTE: cached views: free
-            feed.before(step, batch.bs)
         # NOTE: no torch.no_grad() (~3 µs): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
@@ -191,7 +193,8 @@ class GraphRuntime:
         out = route.result(batch.sampling is not None, batch.input_ids.size)
         if feed is None:
             return out.clone()
-        feed.after(step, batch.bs, out)
+        if not feed.gather:  # NOTE: a gathering feed recorded inside the graph
+            feed.after(self.buffers.view(route.bucket, plan.rows_per_req), batch.bs, out)
         return out
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from graphrt.parallel import CollectiveError, Feed, Message, Op, StepChannel
-from graphrt.runtime.feed import StepFeed, TokenFeed
+from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.runtime import GraphRuntime
 from graphrt.step.batch import Batch
 
@@ -28,7 +28,6 @@ class TPRuntime:
 
     def __init__(self, inner: GraphRuntime, channel: StepChannel, target: int = 0) -> None:
         self.inner, self.channel, self.target = inner, channel, target
-        self._tokens: TokenFeed | None = None  # NOTE: a serving rank's own feed (see _feed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -39,7 +38,7 @@ class TPRuntime:
 
     def run(self, batch: Batch | None, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
         """Run rank 0's ``batch`` (and ``eager``, and whether it has a token ``feed``) on every
-        rank; other ranks' arguments are ignored, and a rank without a feed uses its own.
+        rank; other ranks' arguments are ignored, and a rank without a feed uses its runtime's.
 
         Safe from several threads: the channel's lock spans a step's send and its run, so
         every rank runs the steps in one order.
@@ -61,17 +60,16 @@ class TPRuntime:
         return self.inner.run(msg.batch, eager=msg.eager, feed=self._feed(msg.feed, feed))
 
     def _feed(self, kind: Feed, given: StepFeed | None) -> StepFeed | None:
-        """The feed rank 0's step names, on this rank's tokens: ``given``'s, else its own.
+        """The feed rank 0's step names: ``given`` (rank 0's), else this rank's runtime's own.
 
         Every rank samples the same tokens (same logits, same sampling parameters), so a
         serving rank's own feed holds what rank 0's holds.
         """
         if kind is Feed.NONE:
             return None
-        tokens = given.tokens if given is not None else self._tokens
+        tokens = given.tokens if given is not None else self.inner.tokens
         if tokens is None:
-            r2t = self.inner.req_to_token
-            tokens = self._tokens = TokenFeed(r2t.max_reqs + 1, r2t.table.device)
+            raise ValueError(f"rank {self.rank}: a fed step needs a runtime with sampling (sample=True)")
         return tokens.decode if kind is Feed.GATHER else tokens.prefill
 
     def release(self) -> None:

@@ -5,7 +5,7 @@ Host only. A :class:`Batch` holds one step's inputs as numpy arrays and checks t
 many query tokens a request has and everything else that differs between modes.
 """
 
-from graphrt.step.batch import Batch
+from graphrt.step.batch import FED, Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.limits import Limits
 from graphrt.step.modes import (
@@ -20,6 +20,7 @@ from graphrt.step.modes import (
 from graphrt.step.sampling import SamplingParams
 
 __all__ = [
+    "FED",
     "MODES",
     "Batch",
     "ForwardMode",

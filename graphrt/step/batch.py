@@ -18,6 +18,9 @@ from graphrt.step.values import host_ints as _host_ints
 from graphrt.step.values import in_range as _in_range
 from graphrt.step.values import tree_mask as _tree_mask
 
+#: The input id of a fed row: its token is gathered on the device (:mod:`graphrt.runtime.feed`).
+FED = -1
+
 #: One token per request, shared read-only by DECODE batches that omit ``q_lens``.
 _ONES = np.ones(4096, dtype=np.int64)
 _ONES.flags.writeable = False
@@ -173,8 +176,12 @@ class Batch:
         if not MODES[self.mode].samples:
             raise ValueError(f"{self.mode.name} does not sample: Batch.sampling is for DECODE and EXTEND")
 
-    def check(self, limits: Limits) -> None:
-        """Raise ``ValueError`` naming the value and the limit; writes nothing."""
+    def check(self, limits: Limits, *, fed: bool = False) -> None:
+        """Raise ``ValueError`` naming the value and the limit; writes nothing.
+
+        ``fed``: a fed step (a gathering token feed): every input id must be :data:`FED`;
+        otherwise every id must be a token id in ``[0, vocab_size)``.
+        """
         bs = self.seq_lens.size
         if bs > limits.max_reqs:
             raise ValueError(f"batch too large: bs {bs} > max_reqs {limits.max_reqs}")
@@ -182,12 +189,18 @@ class Batch:
             raise ValueError("Batch.sampling needs a runtime built with RuntimeConfig(sample=True)")
         if bs == 0:
             return
+        ids = self.input_ids
+        if fed and not umin(ids) == FED == umax(ids):
+            i = int(np.argmax(ids != FED))
+            raise ValueError(
+                f"a fed step's input ids must all be FED ({FED}), got {int(ids[i])} at input_ids[{i}]"
+            )
         self._check_geometry(limits)
-        if fast_ok(self, limits, limits.scratch):
+        if fast_ok(self, limits, limits.scratch, fed):
             return
-        self._check_full(limits)
+        self._check_full(limits, fed)
 
-    def _check_full(self, limits: Limits) -> None:
+    def _check_full(self, limits: Limits, fed: bool = False) -> None:
         """Every check after the geometry, one by one; raises the first that fails."""
         _in_range("req_pool_indices", self.req_pool_indices, 0, limits.max_reqs)
         _distinct("req_pool_indices", self.req_pool_indices, "row")
@@ -205,7 +218,8 @@ class Batch:
             )
         _distinct("out_cache_loc", self.out_cache_loc, "slot")
         vocab = INT64_MAX if limits.vocab_size is None else limits.vocab_size
-        _in_range("input_ids", self.input_ids, 0, vocab, what="token id")
+        if not fed:  # NOTE: FED ids, checked by check(), come from the device
+            _in_range("input_ids", self.input_ids, 0, vocab, what="token id")
         ps = limits.page_size
         pages, live = self.out_cache_loc // ps, limits.num_live_slots // ps
         outside = (pages < 0) | (pages >= live)

@@ -105,10 +105,11 @@ def distinct_below(values: np.ndarray, hi: int) -> bool:
     return int(ordered[0]) >= 0 and int(ordered[-1]) < hi and not any_true(ordered[1:] == ordered[:-1])
 
 
-def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
+def fast_ok(batch: Batch, limits: Limits, scratch: Scratch, fed: bool = False) -> bool:
     """True when ``batch`` passes every check of :meth:`Batch.check` after the geometry check.
 
-    False means "run the full check" (which then raises or, rarely, passes).
+    False means "run the full check" (which then raises or, rarely, passes). ``fed``: the
+    input ids are ``FED`` placeholders (already checked), not token ids.
     """
     spec = MODES[batch.mode]
     seq, q, loc = batch.seq_lens, batch.q_lens, batch.out_cache_loc
@@ -131,7 +132,7 @@ def fast_ok(batch: Batch, limits: Limits, scratch: Scratch) -> bool:
         return False
     # NOTE: without a vocabulary a token id still must not be negative (INT64_MAX as the bound).
     vocab = limits.vocab_size if limits.vocab_size is not None else INT64_MAX
-    if not below(batch.input_ids, vocab):
+    if not fed and not below(batch.input_ids, vocab):
         return False
     return ps == 1 or aligned(batch, scratch.page)
 
