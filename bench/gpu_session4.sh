@@ -31,29 +31,35 @@ check() {
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
     tests/attention/test_decode_kernel.py tests/kv/test_rope_store.py tests/models/test_cos_sin.py \
     tests/runtime/test_sampler_kernel.py tests/runtime/test_decode_rope_model.py tests/runtime/test_decode_parity.py \
-    tests/models/test_prologue_model.py "$@" 2>&1 | grep -E "passed|failed|FAILED|Error" \
+    tests/models/test_prologue_model.py tests/runtime/test_feed.py tests/engine/test_overlap.py "$@" 2>&1 | grep -E "passed|failed|FAILED|Error" \
     | tail -20 | tee -a "$log"
 }
 
 ab() {
   TAIL=8 bench_model llama-3.2-1b 1,16,64
   TAIL=8 bench_model llama-3-8b 1,16,64
-  for off in GRAPHRT_DECODE_ROPE GRAPHRT_COS_SIN; do
-    echo "== $off=0" | tee -a "$log"
-    export "$off=0"
-    bench_model llama-3.2-1b 1
-    bench_model llama-3-8b 1
-    unset "$off"
+  for flip in GRAPHRT_DECODE_ROPE=1 GRAPHRT_COS_SIN=0; do
+    echo "== $flip" | tee -a "$log"
+    export "${flip?}"
+    TAIL=3 bench_model llama-3.2-1b 1
+    TAIL=3 bench_model llama-3-8b 1
+    unset "${flip%%=*}"
   done
   tar -C "$OUT" -czf "$OUT/ab_json.tgz" json && rm -rf "$OUT/json"
 }
 
 engine() {
   local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
-  for sampled in "" --sampled; do
-    timeout 200 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 $sampled \
+  overlap() {
+    timeout 200 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 "$@" \
       --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -8 | tee -a "$log"
-  done
+  }
+  overlap
+  overlap --sampled
+  echo "== GRAPHRT_FUSED_FEED=0 (the feed's torch ops in the graph)" | tee -a "$log"
+  export GRAPHRT_FUSED_FEED=0; overlap; unset GRAPHRT_FUSED_FEED
+  echo "== GRAPHRT_DECODE_ROPE=1" | tee -a "$log"
+  export GRAPHRT_DECODE_ROPE=1; overlap; unset GRAPHRT_DECODE_ROPE
   timeout 200 graphrt bench sampler --batch-sizes 1,8,64 --out "$OUT/json" 2>&1 | grep -v "━" | tail -14 | tee -a "$log"
   tar -C "$OUT" -czf "$OUT/engine_json.tgz" json && rm -rf "$OUT/json"
 }
