@@ -103,7 +103,7 @@ def test_rope_store_kernel_quantises_like_torch() -> None:
     want_k, want_v = kc.clone(), vc.clone()
     rs.store_ref(want_k, loc, rs.rotate_ref(k, cos_sin), scales.k)
     rs.store_ref(want_v, loc, v, scales.v)
-    assert rs.triton_enabled(rs.ENV, device) and rs._fits(q, k, v, cos_sin, kc)
+    assert rs.triton_enabled(rs.ENV, device) and rs.fits(q, k, v, cos_sin, kc)
     out = rs.rope_store(q, k, v, cos_sin, kc, vc, loc, scales)
     torch.testing.assert_close(out, rs.rotate_ref(q, cos_sin), rtol=2**-7, atol=1e-3)
     assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
