@@ -211,10 +211,12 @@ def test_unfused_where_the_prologue_does_not_apply(monkeypatch: pytest.MonkeyPat
             assert all(torch.equal(t, off) for t in on), f"{dtype}, {rows} rows"
 
 
-def test_no_fusion_under_tensor_parallelism() -> None:
-    """TP > 1: every block keeps the unfused ops (their norms read all-reduced sums)."""
+def test_fusion_under_tensor_parallelism_too() -> None:
+    """TP > 1: every block fuses as one rank does (qkv and gate_up are column-parallel, down
+    all-reduces after its GEMM); ``tests/parallel`` checks TP = 2 logits against TP = 1."""
     shard = TinyLlama(_TINY, TPGroup(rank=0, size=2))
-    assert not any(block.norms_in_projections for block in shard.layers)
+    assert all(block.norms_in_projections for block in shard.layers)
+    assert all(block.mlp.down.tp.size == 2 for block in shard.layers)
     assert all(block.norms_in_projections for block in TinyLlama(_TINY).layers)
 
 
