@@ -40,6 +40,7 @@ class Layout:
     ``warps`` per program, ``records`` a chunk keeps. Any layout draws the same tokens (the
     tests force small ones); it changes only the speed (``graphrt bench sampler --sweep``)."""
 
+    # NOTE: read when a Layout is made, so tests that patch the module's constants get them
     chunk: int = field(default_factory=lambda: CHUNK)
     warps: int = field(default_factory=lambda: WARPS)
     records: int = field(default_factory=lambda: RECORDS)
