@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 (third) session, after .gpu/install.sh:
-#   bash bench/gpu_session4.sh check|ab|levers|engine|tp
+#   bash bench/gpu_session4.sh check|ab|levers|engine|tp|repeat
 # check:  GPU tests of the kernels this session touched: RoPE + KV store folded into the split
 #         decode kernel, rope_store with PDL, the one-launch cos/sin, the sampler's layouts,
 #         decode parity and the fused prologues (the model level), the token feed.
@@ -9,10 +9,11 @@
 # engine: SmolLM2's overlapped engine (greedy and top-p) and the sampler bench
 #         (needs /tmp/models from .gpu/install-model.sh; JSON: engine_json.tgz).
 # levers: at bs 1, each of this session's levers off alone (JSON: levers_json.tgz).
+# repeat: SmolLM2's engine (greedy, top-p) and the 1B step at bs 1, twice each.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp}
+what=${1:?check|ab|levers|engine|tp|repeat}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -88,7 +89,20 @@ tp() {  # two GPUs: TP GPU tests, then the 8B-shape step at TP=1 and TP=2 (fused
   tar -C "$OUT" -czf "$OUT/tp_json.tgz" json && rm -rf "$OUT/json"
 }
 
+repeat() {  # the SmolLM2 engine target and the 1B step again, twice each (run-to-run spread)
+  local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  for _ in 1 2; do
+    for sampled in "" --sampled; do
+      timeout 120 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 $sampled \
+        --out "$OUT/json" 2>&1 | grep -E "^│" | tee -a "$log"
+    done
+    TAIL=3 bench_model llama-3.2-1b 1
+  done
+  tar -C "$OUT" -czf "$OUT/repeat_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
+repeat) repeat ;;
 check) shift; check "$@" ;;
 tp) tp ;;
 ab) ab ;;
