@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 (third) session, after .gpu/install.sh:
-#   bash bench/gpu_session4.sh check|ab|levers|engine|tp|repeat
+#   bash bench/gpu_session4.sh check|ab|levers|engine|tp|repeat|fold
 # check:  GPU tests of the kernels this session touched: RoPE + KV store folded into the split
 #         decode kernel, rope_store with PDL, the one-launch cos/sin, the sampler's layouts,
 #         decode parity and the fused prologues (the model level), the token feed.
@@ -9,11 +9,12 @@
 # engine: SmolLM2's overlapped engine (greedy and top-p) and the sampler bench
 #         (needs /tmp/models from .gpu/install-model.sh; JSON: engine_json.tgz).
 # levers: at bs 1, each of this session's levers off alone (JSON: levers_json.tgz).
+# fold:   folded RoPE's GPU tests, then 1B / 8B / SmolLM2 with it off and on.
 # repeat: SmolLM2's engine (greedy, top-p) and the 1B step at bs 1, twice each.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp|repeat}
+what=${1:?check|ab|levers|engine|tp|repeat|fold}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -101,7 +102,24 @@ repeat() {  # the SmolLM2 engine target and the 1B step again, twice each (run-t
   tar -C "$OUT" -czf "$OUT/repeat_json.tgz" json && rm -rf "$OUT/json"
 }
 
+fold() {  # folded RoPE (halves): its GPU tests, then 1B / 8B / SmolLM2 with GRAPHRT_DECODE_ROPE=0 and 1
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
+    tests/runtime/test_decode_rope_model.py 2>&1 | grep -E "passed|failed|FAILED" | tail -6 | tee -a "$log"
+  local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  for on in 0 1; do
+    echo "== GRAPHRT_DECODE_ROPE=$on" | tee -a "$log"
+    export GRAPHRT_DECODE_ROPE=$on
+    TAIL=2 bench_model llama-3.2-1b 1
+    TAIL=2 bench_model llama-3-8b 1
+    timeout 100 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 \
+      --out "$OUT/json" 2>&1 | grep -E "^│" | tee -a "$log"
+  done
+  unset GRAPHRT_DECODE_ROPE
+  tar -C "$OUT" -czf "$OUT/fold_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
+fold) fold ;;
 repeat) repeat ;;
 check) shift; check "$@" ;;
 tp) tp ;;

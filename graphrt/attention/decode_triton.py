@@ -4,7 +4,8 @@
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
 head ``h`` merged. With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
 work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
-rounded to the model's dtype, the same expressions as ``rope_store``'s), reads the key and value
+rounded to the model's dtype, the same expressions as ``rope_store``'s; the scores are the sum of
+the two halves' dots), reads the key and value
 of the request's own slot ``loc[b]`` from the projection instead of the cache (so no program
 reads a slot this launch writes), and the program whose share holds position
 ``cache_seqlens[b] - 1`` (program 0 when there are no keys) writes them to the cache at
@@ -19,16 +20,17 @@ if triton is not None:
     from graphrt.kv.rope_store import rotate_halves
 
     @triton.jit
-    def _rotated(rows, rh, cos, sin, mask, R: tl.constexpr, HALF: tl.constexpr):
-        """``[R, 2 HALF]``: the NeoX rotation of the rows starting at ``rows [R, 1]`` (``rh =
-        arange(HALF)[None, :]``, ``cos`` / ``sin`` ``[HALF]``), rounded to their dtype: the
-        halves rotated by ``rope_store``'s own expressions, then put side by side."""
+    def _halves(rows, rh, cos, sin, mask):
+        """The NeoX rotation of the rows starting at ``rows [R, 1]`` (``rh = arange(HALF)[None, :]``,
+        ``cos`` / ``sin`` ``[HALF]``) as its two halves ``[R, HALF]``, rounded to their dtype by
+        ``rope_store``'s own expressions. NOTE: kept apart (the scores are two dots, one per
+        half): joining them into one ``[R, D]`` tile costs layout shuffles in every program."""
+        half = rh.shape[1]
         x1 = tl.load(rows + rh, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(rows + HALF + rh, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(rows + half + rh, mask=mask, other=0.0).to(tl.float32)
         y1, y2 = rotate_halves(x1, x2, cos[None, :], sin[None, :])
         ty = rows.dtype.element_ty
-        y = tl.permute(tl.join(y1.to(ty), y2.to(ty)), (0, 2, 1))  # NOTE: [R, 2, HALF]
-        return tl.reshape(y, (R, 2 * HALF))
+        return y1.to(ty), y2.to(ty)
 
     @triton.jit
     def _dot(a, b, F32_DOT: tl.constexpr):
@@ -42,18 +44,22 @@ if triton is not None:
         k_new, v_new, k_cache, v_cache, b64, hk, s, seqlen, per, slot, kn_sb, vn_sb, kc_ss, kc_sh,
         cos, sin, D: tl.constexpr,
     ):  # fmt: skip
-        """The new token's rotated key and value of KV head ``hk`` (``[1, D]`` each, the cache's
-        dtype), stored at ``slot`` by the one program whose share holds the last key."""
+        """The new token's rotated key halves and value of KV head ``hk`` (``[1, D / 2]`` twice,
+        ``[1, D]``; the cache's dtype), stored at ``slot`` by the one program whose share holds
+        the last key."""
         row, rd = tl.zeros((1, 1), dtype=tl.int64), tl.arange(0, D)[None, :]
         rh = tl.arange(0, D // 2)[None, :]
-        kn = _rotated(k_new + b64 * kn_sb + hk * D + row, rh, cos, sin, row == 0, 1, D // 2)
+        k1, k2 = _halves(k_new + b64 * kn_sb + hk * D + row, rh, cos, sin, row == 0)
         vn = tl.load(v_new + b64 * vn_sb + hk * D + row + rd)
-        kn, vn = kn.to(k_cache.dtype.element_ty), vn.to(v_cache.dtype.element_ty)
-        writer = rd < tl.where(s == tl.maximum(seqlen - 1, 0) // tl.maximum(per, 1), D, 0)
-        at = slot.to(tl.int64) * kc_ss + hk * kc_sh + rd
-        tl.store(k_cache + at, kn, mask=writer)
-        tl.store(v_cache + at, vn, mask=writer)
-        return kn, vn
+        ty = k_cache.dtype.element_ty
+        k1, k2, vn = k1.to(ty), k2.to(ty), vn.to(v_cache.dtype.element_ty)
+        # NOTE: the writer's masks as "index < its width or 0" (the interpreter refuses a scalar & block)
+        width = tl.where(s == tl.maximum(seqlen - 1, 0) // tl.maximum(per, 1), D, 0)
+        at = slot.to(tl.int64) * kc_ss + hk * kc_sh
+        tl.store(k_cache + at + rh, k1, mask=rh < width // 2)
+        tl.store(k_cache + at + D // 2 + rh, k2, mask=rh < width // 2)
+        tl.store(v_cache + at + rd, vn, mask=rd < width)
+        return k1, k2, vn
 
     @triton.jit
     def _tile(cache, rows, rd, cached, own, new, ROPE: tl.constexpr):
@@ -86,10 +92,10 @@ if triton is not None:
             tl.extra.cuda.gdc_launch_dependents()
         heads = hk * G + rg
         q_rows = q + b64 * q_sb + heads[:, None] * q_sh
-        kn, vn = 0.0, 0.0
+        vn = 0.0
         if ROPE:
-            qt = _rotated(q_rows, rh[None, :], cos, sin, rg[:, None] < G, BLOCK_G, D // 2)
-            kn, vn = _new_kv(
+            q1, q2 = _halves(q_rows, rh[None, :], cos, sin, rg[:, None] < G)
+            k1n, k2n, vn = _new_kv(
                 k_new, v_new, k_cache, v_cache, b64, hk, s, seqlen, per, slot, kn_sb, vn_sb, kc_ss, kc_sh,
                 cos, sin, D,
             )  # fmt: skip
@@ -107,8 +113,13 @@ if triton is not None:
             own = valid & (pages * PAGE + pos % PAGE == slot)
             cached = valid & ~own if ROPE else valid
             rows = pages * kc_sp + (pos % PAGE) * kc_ss + hk * kc_sh
-            kt = _tile(k_cache, rows, rd, cached, own, kn, ROPE)
-            scores = _dot(qt, tl.trans(kt), F32_DOT) * scale_log2  # NOTE: log2 units: exp2 below
+            if ROPE:  # NOTE: q . k as the sum of its halves' dots (see _halves)
+                k1 = _tile(k_cache, rows, rh, cached, own, k1n, ROPE)
+                k2 = _tile(k_cache + D // 2, rows, rh, cached, own, k2n, ROPE)
+                scores = _dot(q1, tl.trans(k1), F32_DOT) + _dot(q2, tl.trans(k2), F32_DOT)
+            else:
+                scores = _dot(qt, tl.trans(_tile(k_cache, rows, rd, cached, own, 0.0, ROPE)), F32_DOT)
+            scores = scores * scale_log2  # NOTE: log2 units: exp2 below
             scores = tl.where(valid[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             p = tl.exp2(scores - m_new[:, None])
