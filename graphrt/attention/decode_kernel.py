@@ -47,9 +47,9 @@ from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_e
 ENV = "GRAPHRT_DECODE_ATTENTION"
 #: ``GRAPHRT_DECODE_ROPE``: ``1`` folds RoPE and the KV store into the kernel where it takes the
 #: step (:func:`rope_takes`); ``0`` (default) keeps ``rope_store`` + the kernel. Off because it
-#: measured slower on the H100 (bs 1 device busy: Llama-3-8B shape 5692 -> 6441 µs, Llama-3.2-1B
-#: 1048 -> 1069 µs; ``bench/results/h100/session-1127c``): one launch fewer a layer, but the
-#: split programs' rotation of q (a join and reshape of the halves) costs more than it saves.
+#: does not pay everywhere on the H100 (bs 1 device busy, ``bench/results/h100/session-1127c/fold``):
+#: Llama-3.2-1B 1050 -> 1079 µs, the Llama-3-8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458
+#: µs a token (1996 -> 2118 tok/s): one launch fewer a layer, but the 1B step got slower.
 ROPE_ENV = "GRAPHRT_DECODE_ROPE"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
