@@ -72,6 +72,15 @@ if triton is not None:
         return t
 
     @triton.jit
+    def _rope_scores(
+        q1, q2, k_cache, rows, rh, cached, own, k1n, k2n, HALF: tl.constexpr, F32_DOT: tl.constexpr
+    ):
+        """``q . k`` of each key as the sum of its halves' dots (see :func:`_halves`)."""
+        k1 = _tile(k_cache, rows, rh, cached, own, k1n, True)
+        k2 = _tile(k_cache + HALF, rows, rh, cached, own, k2n, True)
+        return _dot(q1, tl.trans(k1), F32_DOT) + _dot(q2, tl.trans(k2), F32_DOT)
+
+    @triton.jit
     def _decode_split(
         q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, k_new, v_new, cos_sin, loc,
         q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, scale_log2,
@@ -115,14 +124,11 @@ if triton is not None:
             own = valid & (pages * PAGE + pos % PAGE == slot)
             cached = valid & ~own if ROPE else valid
             rows = pages * kc_sp + (pos % PAGE) * kc_ss + hk * kc_sh
-            if ROPE:  # NOTE: q . k as the sum of its halves' dots (see _halves)
-                k1 = _tile(k_cache, rows, rh, cached, own, k1n, ROPE)
-                k2 = _tile(k_cache + D // 2, rows, rh, cached, own, k2n, ROPE)
-                scores = _dot(q1, tl.trans(k1), F32_DOT) + _dot(q2, tl.trans(k2), F32_DOT)
+            if ROPE:
+                scores = _rope_scores(q1, q2, k_cache, rows, rh, cached, own, k1n, k2n, D // 2, F32_DOT)
             else:
                 scores = _dot(qt, tl.trans(_tile(k_cache, rows, rd, cached, own, 0.0, ROPE)), F32_DOT)
-            scores = scores * scale_log2  # NOTE: log2 units: exp2 below
-            scores = tl.where(valid[None, :], scores, float("-inf"))
+            scores = tl.where(valid[None, :], scores * scale_log2, float("-inf"))  # NOTE: log2 units
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             p = tl.exp2(scores - m_new[:, None])
             alpha = tl.exp2(m - m_new)
