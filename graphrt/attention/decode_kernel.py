@@ -20,9 +20,8 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
 With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE=1``; off by default) the split
 launch also does :func:`graphrt.kv.rope_store.rope_store`'s work: it rotates ``q`` on load,
 attends the new token's rotated key and value straight from the projection, and one program per
-(request, KV head) writes them to the cache at ``out_cache_loc`` (``graphrt.attention.decode_triton``
-says how), so a layer's attention is two launches instead of three. The cache after the step
-holds the same bits as ``rope_store`` + :func:`attend` leave (pad rows' dummy slot included).
+(request, KV head) writes them at ``out_cache_loc`` (``decode_triton`` says how): the cache holds
+the bits ``rope_store`` + :func:`attend` leave (pad rows' dummy slot included).
 
 The split count is a function of the bucket and the page table's width only (a graph key):
 enough programs for two waves of the SMs, never more splits than key blocks. The math is the
@@ -48,8 +47,7 @@ ENV = "GRAPHRT_DECODE_ATTENTION"
 #: ``GRAPHRT_DECODE_ROPE``: ``1`` folds RoPE and the KV store into the kernel where it takes the
 #: step (:func:`rope_takes`); ``0`` (default) keeps ``rope_store`` + the kernel. Off because it
 #: does not pay everywhere on the H100 (bs 1 device busy, ``bench/results/h100/session-1127c/fold``):
-#: Llama-3.2-1B 1050 -> 1079 µs, the Llama-3-8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458
-#: µs a token (1996 -> 2118 tok/s): one launch fewer a layer, but the 1B step got slower.
+#: Llama-3.2-1B 1050 -> 1079 µs, the 8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458 µs.
 ROPE_ENV = "GRAPHRT_DECODE_ROPE"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
@@ -120,13 +118,19 @@ def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: 
 def attend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: StepMetadata, scale: float
 ) -> torch.Tensor:
-    """The step's single-token attention through the split decode kernel (its splits a function
-    of the bucket and the page table's width: a graph key)."""
+    """The step's single-token attention through the split decode kernel."""
     b = meta.buffers
-    keys = b.page_table.shape[1] * meta.page_size
+    return decode_attention(
+        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, *_launch(q, k_cache, meta)
+    )
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> tuple[int, bool]:
+    """The step's split count (a function of the bucket and the page table's width: a graph
+    key) and whether it launches with PDL."""
+    keys = meta.buffers.page_table.shape[1] * meta.page_size
     splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
-    pdl = pdl_enabled(PDL_ENV, q.device)
-    return decode_attention(q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl)
+    return splits, pdl_enabled(PDL_ENV, q.device)
 
 
 def rope_takes(
@@ -167,11 +171,18 @@ def attend_rope(
 ) -> torch.Tensor:
     """``rope_store`` + :func:`attend` in one launch pair (what :func:`rope_takes` allows)."""
     b = meta.buffers
-    keys = b.page_table.shape[1] * meta.page_size
-    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
-    pdl = pdl_enabled(PDL_ENV, q.device)
     return decode_rope_attention(
-        q, k, v, cos_sin, loc, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl
+        q,
+        k,
+        v,
+        cos_sin,
+        loc,
+        k_cache,
+        v_cache,
+        b.page_table,
+        b.cache_seqlens,
+        scale,
+        *_launch(q, k_cache, meta),
     )
 
 
