@@ -29,6 +29,11 @@ bench_model() {  # shape batch-sizes extra-args...
     --out "$OUT/json" "$@" 2>&1 | grep -vi "warn" | grep -v "━" | tail -"${TAIL:-5}" | tee -a "$log"
 }
 
+bench_overlap() {  # SmolLM2's overlapped engine at bs 1 (its table rows); extra-args...
+  timeout 200 graphrt bench overlap --engine-model /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf --batch-sizes 1 \
+    --context 64 --iters 200 "$@" --out "$OUT/json" 2>&1 | grep -E "^│" | tee -a "$log"
+}
+
 check() {
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
     tests/attention/test_decode_kernel.py tests/kv/test_rope_store.py tests/models/test_cos_sin.py \
@@ -51,17 +56,12 @@ ab() {
 }
 
 engine() {
-  local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
-  overlap() {
-    timeout 200 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 "$@" \
-      --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -8 | tee -a "$log"
-  }
-  overlap
-  overlap --sampled
+  bench_overlap
+  bench_overlap --sampled
   echo "== GRAPHRT_FUSED_FEED=0 (the feed's torch ops in the graph)" | tee -a "$log"
-  export GRAPHRT_FUSED_FEED=0; overlap; unset GRAPHRT_FUSED_FEED
+  export GRAPHRT_FUSED_FEED=0; bench_overlap; unset GRAPHRT_FUSED_FEED
   echo "== GRAPHRT_DECODE_ROPE=1" | tee -a "$log"
-  export GRAPHRT_DECODE_ROPE=1; overlap; unset GRAPHRT_DECODE_ROPE
+  export GRAPHRT_DECODE_ROPE=1; bench_overlap; unset GRAPHRT_DECODE_ROPE
   timeout 200 graphrt bench sampler --batch-sizes 1,8,64 --out "$OUT/json" 2>&1 | grep -v "━" | tail -14 | tee -a "$log"
   tar -C "$OUT" -czf "$OUT/engine_json.tgz" json && rm -rf "$OUT/json"
 }
@@ -91,12 +91,9 @@ tp() {  # two GPUs: TP GPU tests, then the 8B-shape step at TP=1 and TP=2 (fused
 }
 
 repeat() {  # the SmolLM2 engine target and the 1B step again, twice each (run-to-run spread)
-  local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
   for _ in 1 2; do
-    for sampled in "" --sampled; do
-      timeout 120 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 $sampled \
-        --out "$OUT/json" 2>&1 | grep -E "^│" | tee -a "$log"
-    done
+    bench_overlap
+    bench_overlap --sampled
     TAIL=3 bench_model llama-3.2-1b 1
   done
   tar -C "$OUT" -czf "$OUT/repeat_json.tgz" json && rm -rf "$OUT/json"
@@ -105,14 +102,12 @@ repeat() {  # the SmolLM2 engine target and the 1B step again, twice each (run-t
 fold() {  # folded RoPE (halves): its GPU tests, then 1B / 8B / SmolLM2 with GRAPHRT_DECODE_ROPE=0 and 1
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
     tests/runtime/test_decode_rope_model.py 2>&1 | grep -E "passed|failed|FAILED" | tail -6 | tee -a "$log"
-  local model=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
   for on in 0 1; do
     echo "== GRAPHRT_DECODE_ROPE=$on" | tee -a "$log"
     export GRAPHRT_DECODE_ROPE=$on
     TAIL=2 bench_model llama-3.2-1b 1
     TAIL=2 bench_model llama-3-8b 1
-    timeout 100 graphrt bench overlap --engine-model "$model" --batch-sizes 1 --context 64 --iters 200 \
-      --out "$OUT/json" 2>&1 | grep -E "^│" | tee -a "$log"
+    bench_overlap
   done
   unset GRAPHRT_DECODE_ROPE
   tar -C "$OUT" -czf "$OUT/fold_json.tgz" json && rm -rf "$OUT/json"
