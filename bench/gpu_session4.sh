@@ -11,10 +11,12 @@
 # levers: at bs 1, each of this session's levers off alone (JSON: levers_json.tgz).
 # fold:   folded RoPE's GPU tests, then 1B / 8B / SmolLM2 with it off and on.
 # repeat: SmolLM2's engine (greedy, top-p) and the 1B step at bs 1, twice each.
+# merge:  (2026-11-27, fourth) the split decode kernel's merge by its last program: its GPU tests,
+#         then 1B / 8B (bs 1) and SmolLM2's engine with GRAPHRT_DECODE_MERGE_LAST=0 and 1.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp|repeat|fold}
+what=${1:?check|ab|levers|engine|tp|repeat|fold|merge}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -113,7 +115,23 @@ fold() {  # folded RoPE (halves): its GPU tests, then 1B / 8B / SmolLM2 with GRA
   tar -C "$OUT" -czf "$OUT/fold_json.tgz" json && rm -rf "$OUT/json"
 }
 
+merge() {  # the split decode kernel's merge by its last program (one launch) against the merge launch
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_merge.py \
+    tests/attention/test_decode_kernel.py tests/attention/test_decode_rope.py tests/runtime/test_decode_rope_model.py \
+    tests/runtime/test_decode_parity.py 2>&1 | grep -E "passed|failed|FAILED" | tail -8 | tee -a "$log"
+  for last in 0 1; do
+    echo "== GRAPHRT_DECODE_MERGE_LAST=$last" | tee -a "$log"
+    export GRAPHRT_DECODE_MERGE_LAST=$last
+    TAIL=2 bench_model llama-3.2-1b 1
+    TAIL=2 bench_model llama-3-8b 1
+    [ -d /tmp/models ] && bench_overlap
+  done
+  unset GRAPHRT_DECODE_MERGE_LAST
+  tar -C "$OUT" -czf "$OUT/merge_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
+merge) merge ;;
 fold) fold ;;
 repeat) repeat ;;
 check) shift; check "$@" ;;
