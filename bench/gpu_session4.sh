@@ -124,7 +124,7 @@ merge() {  # the split decode kernel's merge by its last program (one launch) ag
     export GRAPHRT_DECODE_MERGE_LAST=$last
     TAIL=2 bench_model llama-3.2-1b 1
     TAIL=2 bench_model llama-3-8b 1
-    [ -d /tmp/models ] && bench_overlap
+    [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && bench_overlap
   done
   unset GRAPHRT_DECODE_MERGE_LAST
   tar -C "$OUT" -czf "$OUT/merge_json.tgz" json && rm -rf "$OUT/json"
