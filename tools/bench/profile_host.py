@@ -202,9 +202,10 @@ def _print_profile(results: dict[int, dict[str, float]], title: str) -> None:
         table.add_column(f"bs {bs}", justify="right")
     for phase in results[sizes[0]]:
         table.add_row(phase, *(f"{results[bs].get(phase, float('nan')):.1f}" for bs in sizes))
-    # NOTE: what run() spends outside the phases timed one by one (cold caches, glue).
+    # NOTE: what run() spends outside the phases timed one by one (cold caches, glue); modes
+    # other than DECODE time only the rewriting run().
     rest = {
-        bs: r["run"] - sum(v for k, v in r.items() if k not in ("run", "run_rewrite"))
+        bs: r.get("run", r["run_rewrite"]) - sum(v for k, v in r.items() if k not in ("run", "run_rewrite"))
         for bs, r in results.items()
     }
     table.add_row("run - phases", *(f"{rest[bs]:.1f}" for bs in sizes))
