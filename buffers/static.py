@@ -109,6 +109,10 @@ class StaticBuffers(Generic[T]):
             for arena in self.host_arenas
         ]
         self._events = [torch.cuda.Event() if pin else None for _ in range(depth)]
+        # NOTE: the arena's device carries its index (``cuda`` alone does not): the upload's
+        # stream lookup then skips ``torch.cuda.current_device()`` every step; and the copy
+        # runs on the arena's device's stream, which is where the event must be recorded.
+        self._stream_device = self.arena.device
         self._pending = [False] * depth
         self.slot = 0
         self._views: dict[tuple[int, int], T] = {}
@@ -173,7 +177,7 @@ class StaticBuffers(Generic[T]):
         self._upload_dst.copy_(self.host_arenas[self.slot], non_blocking=True)
         event = self._events[self.slot]
         if event is not None:
-            event.record(current_stream(self.device))
+            event.record(current_stream(self._stream_device))
             self._pending[self.slot] = True
 
     def poison(self) -> None:

@@ -33,7 +33,7 @@ class KVWrites(NamedTuple):
     reads the row's positions ``< start``), positions written into the row. ``slots``,
     ``slot_req``, ``slot_pos``: ``[n]`` — every KV slot written, its request index, and its
     position. ``recorded=False``: scratch slots (tree drafts) that enter no row. ``per_row``:
-    slot ``i`` belongs to request ``i`` (one write per request), so the hot path skips the
+    slot ``i`` belongs to request ``i`` (one write per request, at position ``starts[i]``), so the hot path skips the
     ``rows[slot_req]`` gathers. A named tuple, not a frozen dataclass: built every step, and
     a frozen dataclass's ``__init__`` costs ~1 µs of ``object.__setattr__`` calls.
     """
@@ -84,12 +84,16 @@ class KVLedger:
         self.slot_pos = np.zeros(num_slots, dtype=np.int64)  # position the slot holds
 
     # ---- checks (raise before anything is written) ---------------------------------------
-    def check(self, w: KVWrites) -> None:
-        """Raise :class:`KVIsolationError` naming the request, the position and the limit."""
+    def check(self, w: KVWrites) -> np.ndarray:
+        """Raise :class:`KVIsolationError` naming the request, the position and the limit.
+
+        Returns ``[bs]`` int64: the positions each row drops (``valid_lens[rows] - starts``),
+        which :meth:`commit` takes back while the ledger is unchanged (it then skips a gather).
+        """
         valid = self.valid_lens[w.rows]
-        short = valid < w.starts
-        if any_true(short):
-            i = int(np.argmax(short))
+        drop = valid - w.starts
+        if w.rows.size and umin(drop) < 0:
+            i = int(np.argmax(drop < 0))
             row, start, have = int(w.rows[i]), int(w.starts[i]), int(valid[i])
             raise KVIsolationError(
                 f"request {i} (row {row}) reads KV positions 0..{start - 1}, but row {row} has written "
@@ -101,6 +105,7 @@ class KVLedger:
             self._check_slots(w, refs, valid)
         if self.page_size > 1 and w.recorded and w.slots.size:
             self._check_pages(w)
+        return drop
 
     def _check_pages(self, w: KVWrites) -> None:
         """The page is the unit of ownership: a row's logical page maps to one physical page.
@@ -119,12 +124,16 @@ class KVLedger:
         first = pos - within
         inner = within > 0
         if any_true(inner):
-            starts = w.starts if w.per_row else w.starts[w.slot_req]
-            first_slot = self.table[rows, first].astype(np.int64)
-            fresh = inner & (first >= starts)
-            if any_true(fresh):  # NOTE: the page's first position is written by this step
-                k = np.flatnonzero(fresh)
-                first_slot[k] = slots[k - within[k]]
+            # NOTE: int32 // a 0-d int64 gives int64: no astype copy needed.
+            first_slot = self.table[rows, first]
+            if not w.per_row:
+                # NOTE: one write per request (per_row) writes at its start, so an inner write's
+                # page start lies before it (held): only longer writes may start a page themselves.
+                first_slot = first_slot.astype(np.int64)
+                fresh = inner & (first >= w.starts[w.slot_req])
+                if any_true(fresh):  # NOTE: the page's first position is written by this step
+                    k = np.flatnonzero(fresh)
+                    first_slot[k] = slots[k - within[k]]
             bad = inner & (np.floor_divide(first_slot, ps) != page)
             if any_true(bad):
                 t = int(np.argmax(bad))
@@ -168,16 +177,17 @@ class KVLedger:
         return int(np.argmax(hold)) if hold.any() else -1
 
     # ---- state changes -------------------------------------------------------------------
-    def commit(self, w: KVWrites) -> None:
+    def commit(self, w: KVWrites, drop: np.ndarray | None = None) -> None:
         """Record an accepted step: rows truncated to ``starts``, then its positions added.
 
         ``check(w)`` must have passed: every slot the step writes is then free once the rows
         are truncated (the only holder it allows is the writing row at a position it drops).
+        ``drop``: what that check returned, when nothing changed the ledger since.
         """
         if w.rows.size:
-            valid = self.valid_lens[w.rows]
-            extra = valid - w.starts
+            extra = self.valid_lens[w.rows] - w.starts if drop is None else drop
             if umax(extra) > 0:  # NOTE: the decode steady state skips this: rows only grow
+                valid = extra + w.starts
                 if w.recorded and self._rewrites_same(w, valid):
                     return
                 self._release(w.rows, w.starts, extra)

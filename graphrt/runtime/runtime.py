@@ -145,7 +145,7 @@ class GraphRuntime:
             plan = self.plan(batch.mode)
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
-            ledger.check(writes)
+            drop = ledger.check(writes)
             if self.window is not None:
                 self.window.assign(batch, writes)
             route = None if eager or not plan.graphed else self._route(batch, plan)
@@ -159,7 +159,7 @@ class GraphRuntime:
                 # NOTE: the step may have written positions >= start: they hold nothing valid.
                 ledger.truncate(writes.rows, writes.starts)
                 raise
-            ledger.commit(writes)
+            ledger.commit(writes, drop)
             if self.window is not None:
                 self.window.commit(writes)
             return out

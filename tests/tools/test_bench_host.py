@@ -35,6 +35,14 @@ def test_bench_host_profile_smoke(tmp_path: Path, capsys) -> None:
     args = ["bench", "host", "--profile", "--profile-top", "3", "--smoke", "--modes", "decode,verify-chain"]
     assert main([*args, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for phase in ("run_rewrite", "validate", "kv_check", "write_upload", "kv_commit", "tottime"):
+    for phase in (
+        "run_rewrite",
+        "validate",
+        "kv_check",
+        "write_upload",
+        "kv_commit",
+        "run - phases",
+        "tottime",
+    ):
         assert phase in out
     assert "verify-chain" in out and not list(tmp_path.glob("host_*.json"))

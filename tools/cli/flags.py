@@ -119,7 +119,7 @@ def _host_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="host only: time each phase of run() (replay stubbed), first page size and context",
+        help="host only: time each phase of run() (replay stubbed), every page size and context",
     )
     p.add_argument(
         "--profile-top", type=int, default=0, help="host --profile: also print cProfile's top N functions"
