@@ -99,19 +99,22 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: everything below reads what _scan wrote
         gs = tl.arange(0, GB)
-        # NOTE: one round trip: a row's state and its first GB records (stale past G, masked)
+        # NOTE: one round trip: a row's state and its first 2 * GB records (stale past G, masked)
         todo = tl.load(state + r * 3)
         G = tl.load(state + r * 3 + 1).to(tl.int32)
         top = tl.load(state + r * 3 + 2)
-        f = tl.load(frontier + r * GF + gs)
+        f0 = tl.load(frontier + r * GF + gs)
+        f1 = tl.load(frontier + r * GF + GB + gs, mask=GB + gs < GF, other=MIN64)
         if todo == COUNT:
             T = tl.load(temperature + r)
             m = _value(top)
             q = _mass(z, m, T, ACCURATE)
             tl.store(totals + r * S + c, tl.sum(q))
             out = (r * S + c) * GF
-            _tally(zkey, q, f, gs < G, mass, ranks, out + gs)
-            for b in range(1, tl.cdiv(G, GB)):  # NOTE: rare: more than GB records
+            _tally(zkey, q, f0, gs < G, mass, ranks, out + gs)
+            if G > GB:
+                _tally(zkey, q, f1, GB + gs < G, mass, ranks, out + GB + gs)
+            for b in range(2, tl.cdiv(G, GB)):  # NOTE: rare: more than 2 * GB records
                 at = b * GB + gs
                 more = tl.load(frontier + r * GF + at, mask=at < G, other=MIN64)
                 _tally(zkey, q, more, at < G, mass, ranks, out + at)

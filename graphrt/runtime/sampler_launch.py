@@ -33,8 +33,9 @@ CHUNK = 4096
 RECORDS = 32
 FRONTIER = 64
 WARPS = 8
-#: Records ``_count`` compares a chunk against in one pass (a row has a few; more take more passes).
-TALLY = 8
+#: Records ``_count`` compares its chunk against in one pass (two passes' worth are fetched with
+#: the row's state; a row has a few). 2 keeps ``_count`` at 114 registers on sm_90, 4 takes 191.
+TALLY = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +56,23 @@ def current_kernels() -> Kernels:
 @dataclass(frozen=True, slots=True)
 class Layout:
     """How the kernels cut a row: ``chunk`` entries per program (a power of two, 128..4096),
-    ``warps`` per program, ``records`` a chunk keeps. Any layout draws the same tokens (the
-    tests force small ones); it changes only the speed (``graphrt bench sampler --sweep``)."""
+    ``warps`` per program, ``records`` a chunk keeps, records ``_count`` compares in one pass
+    (``tally``, a power of two). Any layout draws the same tokens (the tests force small ones);
+    it changes only the speed (``graphrt bench sampler --sweep``)."""
 
     # NOTE: read when a Layout is made, so tests that patch the module's constants get them
     chunk: int = field(default_factory=lambda: CHUNK)
     warps: int = field(default_factory=lambda: WARPS)
     records: int = field(default_factory=lambda: RECORDS)
+    tally: int = field(default_factory=lambda: TALLY)
 
     def __post_init__(self) -> None:
         if not (128 <= self.chunk <= 4096 and self.chunk & (self.chunk - 1) == 0):
             raise ValueError(f"sampler layout: chunk {self.chunk} is not a power of two in 128..4096")
         if not 1 <= self.records < 256:
             raise ValueError(f"sampler layout: {self.records} records a chunk; 1..255")
+        if not (1 <= self.tally <= 64 and self.tally & (self.tally - 1) == 0):
+            raise ValueError(f"sampler layout: tally {self.tally} is not a power of two in 1..64")
 
 
 #: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
@@ -195,7 +200,7 @@ def fused_sample(
     }
     pdl = pdl_default(logits.device) if pdl is None else pdl
     kernels = current_kernels() if kernels is None else kernels
-    extra = {"GB": min(TALLY, FRONTIER)}
+    extra = {"GB": min(layout.tally, FRONTIER)}
     grid = (rows, chunks)
     kernels.scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
