@@ -7,8 +7,9 @@ mass (a ``[chunk, GB]`` comparison summed over the chunk, ``GB`` records a pass;
 and the chunk's whole mass. The row's last program to arrive adds them up and writes the lowest
 kept record (:func:`_decide`), or walks on past the last record known (:func:`_walk`).
 
-A program loads its chunk of logits before it waits for ``_scan`` (with PDL, while ``_scan``
-still runs): they are ``_scan``'s input, not its output.
+A program loads its row's parameters and (rows with a filter: only they can wait for a count)
+its chunk of logits before it waits for ``_scan`` (with PDL, while ``_scan`` still runs): they
+are ``_scan``'s input, not its output.
 """
 
 from __future__ import annotations
@@ -95,7 +96,13 @@ if triton is not None:
         tl.static_assert(C <= 4096)  # NOTE: 13 bits of count under the mass in one int64 sum
         r = tl.program_id(0)
         c = tl.program_id(1)
-        _, _, z, zkey = _chunk(logits, r, stride, c, V, C)
+        T = tl.load(temperature + r)
+        k = tl.load(top_k + r)
+        p = tl.load(top_p + r)
+        mp = tl.load(min_p + r)
+        # NOTE: only rows with a filter can wait for a count: the others' chunks are not read
+        filtered = (T > 0) & (((k > 0) & (k < V)) | (p < 1.0) | (mp > 0.0))
+        _, _, z, zkey = _chunk(logits, r, stride, c, tl.where(filtered, V, 0), C)
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: everything below reads what _scan wrote
         gs = tl.arange(0, GB)
@@ -106,7 +113,6 @@ if triton is not None:
         f0 = tl.load(frontier + r * GF + gs)
         f1 = tl.load(frontier + r * GF + GB + gs, mask=GB + gs < GF, other=MIN64)
         if todo == COUNT:
-            T = tl.load(temperature + r)
             m = _value(top)
             q = _mass(z, m, T, ACCURATE)
             tl.store(totals + r * S + c, tl.sum(q))
@@ -121,6 +127,5 @@ if triton is not None:
             tl.debug_barrier()
             if tl.atomic_add(arrivals + 2 * r + 1, 1) == S - 1:
                 tl.store(arrivals + 2 * r + 1, 0)
-                _decide(logits, r, stride, V, T, tl.load(top_k + r), tl.load(top_p + r), tl.load(min_p + r),
-                        G, m, seed, position, tokens, frontier, mass, ranks, totals, S, S_PAD, C, GF,
-                        ACCURATE)  # fmt: skip
+                _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass,
+                        ranks, totals, S, S_PAD, C, GF, ACCURATE)  # fmt: skip
