@@ -16,8 +16,15 @@ atomic counter, which it resets to 0 for the next launch) finishes the row.
 - ``_scan``: each program writes its chunk's rank maximum and (sampled rows) its records, at most
   ``PF``. The row's last program merges the chunks' records into the row's records (at most
   ``GF``) and writes the token of greedy rows, of rows without filters and of min-p-only rows.
-- ``_count`` (top-k / top-p rows): each program counts, per row record, its tokens ranked before
-  it and their mass. The row's last program adds them up and writes the lowest kept record.
+- ``_count`` (top-k / top-p rows, :mod:`graphrt.runtime.sampler_count`): each program counts, per
+  row record, its tokens ranked before it and their mass. The row's last program adds them up
+  and writes the lowest kept record.
+
+Every step up a record chain (in a chunk, and in the merge) is one pairwise reduction of
+(score key, rank key) (:func:`_step`), not a maximum and then a search for its rank key; the
+merge reads its chunks' counts and records in one round trip; a row whose score-best token is
+its rank 0 is done in ``_scan`` whatever its filters (rank 0 is always kept), and ``_count``
+counts all of a row's records in one pass over its chunk (see there).
 
 Records are counted, never assumed few: a chunk with more than ``PF`` (for equal logits, the
 worst case since the noise does not depend on them, probability ~1e-11 per chunk of 4096 at
@@ -119,44 +126,59 @@ if triton is not None:
         return (rank < k) & (before.to(tl.float64) < limit) & (d >= L)
 
     @triton.jit
+    def _better(s1, z1, s2, z2):
+        """Combine of :func:`_step`: the (score key, rank key) pair with the larger score key."""
+        take = s1 > s2
+        return tl.where(take, s1, s2), tl.where(take, z1, z2)
+
+    @triton.jit
+    def _step(skey, zkey, cur):
+        """(skey, zkey) of the score-best entry ranked before ``cur``; skey MIN64 if there is none."""
+        return tl.reduce((tl.where(zkey > cur, skey, MIN64), zkey), 0, _better)
+
+    @triton.jit
     def _records(zkey, skey, out, limit):
         """Store up to ``limit`` records (zkey, skey) from the score-best up; (count, all found)."""
         n = 0
-        cur = tl.full([], MIN64, tl.int64)
-        best = tl.max(tl.where(zkey > cur, skey, MIN64))
+        best, cur = _step(skey, zkey, MIN64)
         while (n < limit) & (best != MIN64):
-            cur = tl.max(tl.where(skey == best, zkey, MIN64))
             tl.store(out + 2 * n, cur)
             tl.store(out + 2 * n + 1, best)
             n += 1
-            best = tl.max(tl.where(zkey > cur, skey, MIN64))
+            best, cur = _step(skey, zkey, cur)
         return n, best == MIN64
 
     @triton.jit
-    def _merge(r, V, T, k, p, mp, tokens, records, counts, frontier, state, top, S, S_PAD, PF, GF, ACCURATE):
+    def _merge(r, V, T, k, p, mp, tokens, records, counts, frontier, state, tops, S, S_PAD, PF, GF, ACCURATE):
         """Row ``r``'s records from its chunks'; the token if no count is needed, else COUNT."""
         i = tl.arange(0, S_PAD * PF)
         c, t = i // PF, i % PF
+        at = ((r * S + c) * PF + t) * 2
+        # NOTE: one round trip: slots past a chunk's count hold stale keys, masked once n is in
         n = tl.load(counts + r * S + c, mask=c < S, other=0, cache_modifier=".cg")
+        rz = tl.load(records + at, mask=c < S, other=MIN64, cache_modifier=".cg")
+        rs = tl.load(records + at + 1, mask=c < S, other=MIN64, cache_modifier=".cg")
+        top = tl.max(tops)
         live = (c < S) & (t < (n & 255))
-        rz = tl.load(records + ((r * S + c) * PF + t) * 2, mask=live, other=MIN64, cache_modifier=".cg")
-        rs = tl.load(records + ((r * S + c) * PF + t) * 2 + 1, mask=live, other=MIN64, cache_modifier=".cg")
+        rz = tl.where(live, rz, MIN64)
+        rs = tl.where(live, rs, MIN64)
         # NOTE: a step up from cur is exact while every chunk cut short has a record ranked before cur.
         bound = tl.min(tl.where(live & (t == (n & 255) - 1) & ((n >> 8) == 0), rz, MAX64))
         counted = ((k > 0) & (k < V)) | (p < 1.0)
         L = _log_min_p(mp, ACCURATE)
         m = _value(top)
         g = 0
-        cur = tl.full([], MIN64, tl.int64)
+        prev = tl.full([], MIN64, tl.int64)
         answer = tl.full([], -1, tl.int64)
-        best = tl.max(tl.where(rz > cur, rs, MIN64))
-        while (g < GF) & (best != MIN64) & (cur < bound) & (answer < 0):
-            cur = tl.max(tl.where(rs == best, rz, MIN64))
+        best, cur = _step(rs, rz, prev)
+        while (g < GF) & (best != MIN64) & (prev < bound) & (answer < 0):
             tl.store(frontier + r * GF + g, cur)
-            ok = (~counted) & (tl.math.div_rn(_value(cur) - m, T) >= L)
+            # NOTE: rank 0 is always kept: a row whose score-best token is rank 0 needs no count
+            ok = ((~counted) & (tl.math.div_rn(_value(cur) - m, T) >= L)) | ((g == 0) & (cur == top))
             answer = tl.where(ok, _token(cur), answer)
             g += 1
-            best = tl.max(tl.where(rz > cur, rs, MIN64))
+            prev = cur
+            best, cur = _step(rs, rz, cur)
         if answer >= 0:
             tl.store(tokens + r, answer)
             tl.store(state + r * 3, DONE)
@@ -190,90 +212,10 @@ if triton is not None:
         if tl.atomic_add(arrivals + 2 * r, 1) == S - 1:
             tl.store(arrivals + 2 * r, 0)
             cs = tl.arange(0, S_PAD)
-            top = tl.max(tl.load(tops + r * S + cs, mask=cs < S, other=MIN64, cache_modifier=".cg"))
+            tz = tl.load(tops + r * S + cs, mask=cs < S, other=MIN64, cache_modifier=".cg")
             if T > 0:
-                _merge(r, V, T, k, p, mp, tokens, records, counts, frontier, state, top,
+                _merge(r, V, T, k, p, mp, tokens, records, counts, frontier, state, tz,
                        S, S_PAD, PF, GF, ACCURATE)  # fmt: skip
             else:
-                tl.store(tokens + r, _token(top))
+                tl.store(tokens + r, _token(tl.max(tz)))
                 tl.store(state + r * 3, DONE)
-
-    @triton.jit
-    def _walk(logits, r, stride, V, T, key, cur, m, k, limit, L, S: tl.constexpr, C: tl.constexpr,
-              ACCURATE: tl.constexpr):  # fmt: skip
-        """Records above ``cur``, one at a time over the whole row, until one is kept: its token."""
-        answer = tl.full([], -1, tl.int64)
-        while answer < 0:
-            best = tl.full([], MIN64, tl.int64)
-            up = tl.full([], MIN64, tl.int64)
-            for c in range(0, S):
-                ids, inb, z, zkey = _chunk(logits, r, stride, c, V, C)
-                skey = _scores(z, ids, inb, T, key, ACCURATE)
-                b = tl.max(tl.where(zkey > cur, skey, MIN64))
-                up = tl.where(b > best, tl.max(tl.where(skey == b, zkey, MIN64)), up)
-                best = tl.maximum(best, b)
-            rank = tl.full([], 0, tl.int64)
-            before = tl.full([], 0, tl.int64)
-            for c in range(0, S):
-                _, _, z, zkey = _chunk(logits, r, stride, c, V, C)
-                ahead = zkey > up
-                rank += tl.sum(ahead.to(tl.int64))
-                before += tl.sum(tl.where(ahead, _mass(z, m, T, ACCURATE), 0))
-            d = tl.math.div_rn(_value(up) - m, T)
-            answer = tl.where(_kept(rank, before, d, k, limit, L), _token(up), answer)
-            cur = up
-        return answer
-
-    @triton.jit
-    def _decide(logits, r, stride, V, T, k, p, mp, key, tokens, frontier, state, mass, ranks, totals,
-                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
-                ACCURATE: tl.constexpr):  # fmt: skip
-        """Row ``r``'s token: its lowest kept record (or :func:`_walk` past the last one known)."""
-        G = tl.load(state + r * 3 + 1).to(tl.int32)
-        m = _value(tl.load(state + r * 3 + 2))
-        cs = tl.arange(0, S_PAD)
-        gs = tl.arange(0, GF)
-        both = (cs[:, None] < S) & (gs[None, :] < G)
-        at = (r * S + cs[:, None]) * GF + gs[None, :]
-        before = tl.sum(tl.load(mass + at, mask=both, other=0, cache_modifier=".cg"), axis=0)
-        rank = tl.sum(tl.load(ranks + at, mask=both, other=0, cache_modifier=".cg"), axis=0)
-        total = tl.sum(tl.load(totals + r * S + cs, mask=cs < S, other=0, cache_modifier=".cg"))
-        fz = tl.load(frontier + r * GF + gs, mask=gs < G, other=MIN64)
-        k = tl.where((k > 0) & (k < V), k, V)
-        limit = tl.where(p < 1.0, p.to(tl.float64) * total.to(tl.float64), float("inf"))
-        L = _log_min_p(mp, ACCURATE)
-        keep = _kept(rank, before, tl.math.div_rn(_value(fz) - m, T), k, limit, L) & (gs < G)
-        first = tl.min(tl.where(keep, gs, GF))
-        answer = tl.max(tl.where(gs == first, _token(fz), -1))
-        if first == GF:  # NOTE: none of the known records is kept: the row's records were cut short
-            cur = tl.max(tl.where(gs == G - 1, fz, MIN64))
-            answer = _walk(logits, r, stride, V, T, key, cur, m, k, limit, L, S, C, ACCURATE)
-        tl.store(tokens + r, answer)
-
-    @triton.jit
-    def _count(logits, stride, V, temperature, top_k, top_p, min_p, seed, position, tokens,
-               frontier, state, mass, ranks, totals, arrivals,
-               S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
-               ACCURATE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        tl.static_assert(C <= 4096)  # NOTE: 13 bits of count under the mass in one int64 sum
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # NOTE: everything below reads what _scan wrote
-        r = tl.program_id(0)
-        c = tl.program_id(1)
-        if tl.load(state + r * 3) == COUNT:
-            T = tl.load(temperature + r)
-            _, _, z, zkey = _chunk(logits, r, stride, c, V, C)
-            q = _mass(z, _value(tl.load(state + r * 3 + 2)), T, ACCURATE)
-            tl.store(totals + r * S + c, tl.sum(q))
-            out = (r * S + c) * GF
-            for g in range(0, tl.load(state + r * 3 + 1).to(tl.int32)):
-                f = tl.load(frontier + r * GF + g)
-                packed = tl.sum(tl.where(zkey > f, (q << 13) + 1, 0))
-                tl.store(mass + out + g, packed >> 13)
-                tl.store(ranks + out + g, packed & 8191)
-            tl.debug_barrier()
-            if tl.atomic_add(arrivals + 2 * r + 1, 1) == S - 1:
-                tl.store(arrivals + 2 * r + 1, 0)
-                key = _row_key(tl.load(seed + r), tl.load(position + r))
-                _decide(logits, r, stride, V, T, tl.load(top_k + r), tl.load(top_p + r), tl.load(min_p + r),
-                        key, tokens, frontier, state, mass, ranks, totals, S, S_PAD, C, GF, ACCURATE)  # fmt: skip

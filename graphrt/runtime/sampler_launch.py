@@ -17,11 +17,12 @@ launches it plainly (A/B timing); never under the interpreter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
-from graphrt.runtime import sampler_kernel
+from graphrt.runtime import sampler_count, sampler_kernel
 from graphrt.step.switches import pdl_enabled, triton
 
 #: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
@@ -32,24 +33,46 @@ CHUNK = 4096
 RECORDS = 32
 FRONTIER = 64
 WARPS = 8
+#: Records ``_count`` compares its chunk against in one pass (two passes' worth are fetched with
+#: the row's state; a row has a few). 2 keeps ``_count`` at 114 registers on sm_90, 4 takes 191.
+TALLY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """The two launches, and the names of the constexprs ``_count`` takes beyond the shared ones.
+    The default is the current pair; ``graphrt bench sampler`` times an older one against it."""
+
+    scan: Any
+    count: Any
+    count_args: tuple[str, ...] = ("GB",)
+
+
+def current_kernels() -> Kernels:
+    """The kernels :func:`fused_sample` launches unless told otherwise."""
+    return Kernels(sampler_kernel._scan, sampler_count._count)
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
     """How the kernels cut a row: ``chunk`` entries per program (a power of two, 128..4096),
-    ``warps`` per program, ``records`` a chunk keeps. Any layout draws the same tokens (the
-    tests force small ones); it changes only the speed (``graphrt bench sampler --sweep``)."""
+    ``warps`` per program, ``records`` a chunk keeps, records ``_count`` compares in one pass
+    (``tally``, a power of two). Any layout draws the same tokens (the tests force small ones);
+    it changes only the speed (``graphrt bench sampler --sweep``)."""
 
     # NOTE: read when a Layout is made, so tests that patch the module's constants get them
     chunk: int = field(default_factory=lambda: CHUNK)
     warps: int = field(default_factory=lambda: WARPS)
     records: int = field(default_factory=lambda: RECORDS)
+    tally: int = field(default_factory=lambda: TALLY)
 
     def __post_init__(self) -> None:
         if not (128 <= self.chunk <= 4096 and self.chunk & (self.chunk - 1) == 0):
             raise ValueError(f"sampler layout: chunk {self.chunk} is not a power of two in 128..4096")
         if not 1 <= self.records < 256:
             raise ValueError(f"sampler layout: {self.records} records a chunk; 1..255")
+        if not (1 <= self.tally <= 64 and self.tally & (self.tally - 1) == 0):
+            raise ValueError(f"sampler layout: tally {self.tally} is not a power of two in 1..64")
 
 
 #: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
@@ -138,12 +161,17 @@ def pdl_default(device: torch.device) -> bool:
 
 
 def fused_sample(
-    logits: torch.Tensor, params: SamplingBuffers, pdl: bool | None = None, layout: Layout | None = None
+    logits: torch.Tensor,
+    params: SamplingBuffers,
+    pdl: bool | None = None,
+    layout: Layout | None = None,
+    kernels: Kernels | None = None,
 ) -> torch.Tensor:
     """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
 
     ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`);
-    ``layout``: how rows are cut (default :func:`layout_for` the vocabulary).
+    ``layout``: how rows are cut (default :func:`layout_for` the vocabulary); ``kernels``: which
+    pair (default :func:`current_kernels`).
     """
     rows, vocab = logits.shape
     check_vocab(vocab)
@@ -171,13 +199,15 @@ def fused_sample(
         "enable_fp_fusion": False,
     }
     pdl = pdl_default(logits.device) if pdl is None else pdl
+    kernels = current_kernels() if kernels is None else kernels
+    extra = {"GB": min(layout.tally, FRONTIER)}
     grid = (rows, chunks)
-    sampler_kernel._scan[grid](
+    kernels.scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
         ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=layout.records, PDL=pdl, **shape,
     )  # fmt: skip
-    sampler_kernel._count[grid](
-        logits, logits.stride(0), vocab, *rowwise,
-        ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals, ws.arrivals, PDL=pdl, launch_pdl=pdl, **shape,
+    kernels.count[grid](
+        logits, logits.stride(0), vocab, *rowwise, ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals,
+        ws.arrivals, PDL=pdl, launch_pdl=pdl, **shape, **{name: extra[name] for name in kernels.count_args},
     )  # fmt: skip
     return tokens

@@ -91,7 +91,7 @@ def test_kernel_draws_the_torch_tokens(device: torch.device, kind: str) -> None:
 
 def _layouts(device: torch.device) -> list[launch.Layout]:
     if device.type == "cpu":
-        return [launch.Layout(256, 4, 8), launch.Layout(128, 2, 4), launch.Layout(512, 4, 32)]
+        return [launch.Layout(256, 4, 8, 1), launch.Layout(128, 2, 4, 4), launch.Layout(512, 4, 32)]
     return [launch.Layout(c, w, r) for c, w, r in [(512, 2, 8), (1024, 4, 16), (2048, 8, 16), (4096, 8, 32)]]
 
 
@@ -115,6 +115,8 @@ def test_layouts_are_checked(monkeypatch) -> None:
         launch.Layout(8192, 4, 8)
     with pytest.raises(ValueError, match=r"300 records a chunk; 1\.\.255"):
         launch.Layout(1024, 4, 300)
+    with pytest.raises(ValueError, match=r"tally 3 is not a power of two in 1\.\.64"):
+        launch.Layout(1024, 4, 8, 3)
     rules = ((50000, launch.Layout(1024, 4, 16)), (140000, launch.Layout(2048, 8, 16)))
     monkeypatch.setattr(launch, "LAYOUTS", rules)
     assert launch.layout_for(49152) == launch.Layout(1024, 4, 16)
@@ -201,37 +203,83 @@ def test_switch_and_limits(monkeypatch) -> None:
         launch.fused_sample(big, params)
 
 
-@pytest.mark.skipif(launch.triton is None or INTERPRET, reason="needs Triton's compiler")
-def test_kernels_compile_for_hopper() -> None:
-    """Both kernels go through Triton's CUDA compiler for sm_90, with PDL (no GPU needed: the
-    interpreter does not type-check as the compiler does); each row's arrival is one acq_rel
-    atomic, and only ``_count`` waits for the kernel before it."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+@pytest.mark.parametrize("device", triton_devices())
+def test_rows_whose_score_best_is_rank_0_are_done_in_scan(device: torch.device) -> None:
+    """Rank 0 is always kept: a top-k / top-p row whose unfiltered draw is its rank 0 takes it
+    in ``_scan`` (state DONE, no count); the others wait for ``_count``. Tokens equal torch's."""
+    rows = 16
+    logits = _logits("peaked", rows, _vocab(device), device, seed=5)
+    chosen = [SamplingParams(temperature=(0.3, 1.5)[r % 2], top_p=0.9, seed=r) for r in range(rows)]
+    params = sampling_inputs(chosen, np.arange(rows), device)
+    got = launch.fused_sample(logits, params)
+    assert torch.equal(got, sample_torch(logits, params))
+    unfiltered = sample_torch(logits, sampling_inputs([SamplingParams(temperature=p.temperature, seed=p.seed)
+                                                       for p in chosen], np.arange(rows), device))  # fmt: skip
+    at_top = unfiltered == logits.float().argmax(dim=-1)
+    layout = launch.layout_for(_vocab(device))
+    ws = launch.workspace(rows, -(-_vocab(device) // layout.chunk), device, layout.records)
+    done = ws.state[:, 0] == 0
+    assert 0 < int(at_top.sum()) < rows, "both kinds of rows are present"
+    assert torch.equal(done[:rows], at_top)
 
-    from graphrt.runtime.sampler_kernel import _count, _scan
+
+@pytest.mark.skipif(launch.triton is None or INTERPRET, reason="needs Triton's compiler")
+@pytest.mark.parametrize("vocab", [49152, 128256])
+def test_kernels_compile_for_hopper_without_spills(vocab: int) -> None:
+    """Both kernels go through Triton's CUDA compiler for sm_90 at the vocabulary's layout, with
+    PDL (no GPU needed: the interpreter does not type-check as the compiler does); each row's
+    arrival is one acq_rel atomic, only ``_count`` waits for the kernel before it, and ptxas
+    spills no register."""
+    from triton.backends.compiler import GPUTarget
+
+    from graphrt.runtime.sampler_count import _count
+    from graphrt.runtime.sampler_kernel import _scan
+
+    layout = launch.layout_for(vocab)
+    chunks = -(-vocab // layout.chunk)
+    shape = {"S": chunks, "S_PAD": launch.triton.next_power_of_2(chunks), "C": layout.chunk,
+             "GF": launch.FRONTIER, "ACCURATE": True, "PDL": True}  # fmt: skip
+    scratch = {
+        _scan: (("tops", "records", "counts", "frontier", "state"), {"PF": layout.records}),
+        _count: (("frontier", "state", "mass", "ranks", "totals"), {"GB": layout.tally}),
+    }
+    for fn, (names, extra) in scratch.items():
+        options = {"num_warps": layout.warps, "enable_fp_fusion": False}
+        ptx = _compiled(fn, names, {**shape, **extra}, options, GPUTarget("cuda", 90, 32))
+        assert ptx.count("atom.global.gpu.acq_rel.add") == 1, fn.__name__
+        assert ("griddepcontrol.wait" in ptx) == (fn is _count), fn.__name__
+        assert " 0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(ptx), fn.__name__
+
+
+def _compiled(fn, names: tuple[str, ...], constexprs: dict, options: dict, target) -> str:
+    from triton.compiler import ASTSource
 
     rowwise = ("temperature", "top_k", "top_p", "min_p", "seed", "position", "tokens")
     types = ("*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*i64")
-    head = {"logits": "*bf16", "stride": "i32", "V": "i32", **dict(zip(rowwise, types, strict=True))}
-    shape = {"S": 32, "S_PAD": 32, "C": launch.CHUNK, "GF": launch.FRONTIER, "ACCURATE": True, "PDL": True}
-    scratch = {
-        _scan: ("tops", "records", "counts", "frontier", "state"),
-        _count: ("frontier", "state", "mass", "ranks", "totals"),
-    }
-    for fn, names in scratch.items():
-        extra = {"PF": launch.RECORDS} if fn is _scan else {}
-        constexprs = {**shape, **extra}
-        signature = {**head, **dict.fromkeys(names, "*i64"), "arrivals": "*i32"}
-        signature.update(dict.fromkeys(constexprs, "constexpr"))
-        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-        options = {"num_warps": launch.WARPS, "enable_fp_fusion": False}
-        ptx = launch.triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-        assert ptx.count("atom.global.gpu.acq_rel.add") == 1, fn.__name__
-        assert ("griddepcontrol.wait" in ptx) == (fn is _count), fn.__name__
+    signature = {"logits": "*bf16", "stride": "i32", "V": "i32", **dict(zip(rowwise, types, strict=True))}
+    signature.update(
+        {**dict.fromkeys(names, "*i64"), "arrivals": "*i32", **dict.fromkeys(constexprs, "constexpr")}
+    )
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return launch.triton.compile(source, target=target, options=options).asm["ptx"]
+
+
+def _ptxas_report(ptx: str) -> str:
+    """``ptxas -v`` on ``ptx`` with Triton's bundled ptxas: the registers and spills it reports."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        done = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stderr
 
 
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=12)
+    rerun_under_interpreter(__file__, passed=13)
