@@ -11,14 +11,13 @@
 # levers: at bs 1, each of this session's levers off alone (JSON: levers_json.tgz).
 # fold:   folded RoPE's GPU tests, then 1B / 8B / SmolLM2 with it off and on.
 # repeat: SmolLM2's engine (greedy, top-p) and the 1B step at bs 1, twice each.
-# merge:  (2026-11-27, fourth) the split decode kernel's merge by its last program: its GPU tests,
-#         then 1B / 8B (bs 1) and SmolLM2's engine with GRAPHRT_DECODE_MERGE_LAST=0 and 1.
-# s5:     (fourth session) SmolLM2's engine with the merge launch and without; the reworked sampler's
-#         GPU tests and its bench against the old kernels (v1, same process); the host path of run().
+# s5:     (fourth session) the decode kernel's and the reworked sampler's GPU tests, the sampler bench
+#         against the old kernels (v1, same process), the host path of run(); with the model
+#         installed, SmolLM2's engine (greedy, top-p) twice and the 1B / 8B steps at bs 1.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp|repeat|fold|merge|s5}
+what=${1:?check|ab|levers|engine|tp|repeat|fold|s5}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -117,38 +116,25 @@ fold() {  # folded RoPE (halves): its GPU tests, then 1B / 8B / SmolLM2 with GRA
   tar -C "$OUT" -czf "$OUT/fold_json.tgz" json && rm -rf "$OUT/json"
 }
 
-merge() {  # the split decode kernel's merge by its last program (one launch) against the merge launch
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_merge.py \
-    tests/attention/test_decode_kernel.py tests/attention/test_decode_rope.py tests/runtime/test_decode_rope_model.py \
-    tests/runtime/test_decode_parity.py 2>&1 | grep -E "passed|failed|FAILED" | tail -8 | tee -a "$log"
-  for last in 0 1; do
-    echo "== GRAPHRT_DECODE_MERGE_LAST=$last" | tee -a "$log"
-    export GRAPHRT_DECODE_MERGE_LAST=$last
-    TAIL=2 bench_model llama-3.2-1b 1
-    TAIL=2 bench_model llama-3-8b 1
-    [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && bench_overlap
-  done
-  unset GRAPHRT_DECODE_MERGE_LAST
-  tar -C "$OUT" -czf "$OUT/merge_json.tgz" json && rm -rf "$OUT/json"
-}
-
 s5() {
-  for last in 0 1 0 1; do
-    echo "== GRAPHRT_DECODE_MERGE_LAST=$last" | tee -a "$log"
-    GRAPHRT_DECODE_MERGE_LAST=$last bench_overlap
-  done
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_sampler_kernel.py tests/runtime/test_sampler.py \
-    tests/tools/test_bench_sampler.py tests/engine/test_sampling.py 2>&1 | grep -E "passed|failed|FAILED" | tail -6 | tee -a "$log"
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_attend.py \
+    tests/attention/test_decode_kernel.py tests/runtime/test_decode_parity.py tests/runtime/test_sampler_kernel.py \
+    tests/runtime/test_sampler.py tests/tools/test_bench_sampler.py tests/engine/test_sampling.py 2>&1 \
+    | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
   timeout 200 graphrt bench sampler --batch-sizes 1,8,64 --vocabs 49152,128256 --out "$OUT/json" 2>&1 | grep -v "━" \
     | tail -16 | tee -a "$log"
   timeout 200 graphrt bench host --device cuda --modes decode --page-sizes 1,16 --context-lens 4096,131072 \
     --batch-sizes 1,16,64,256 --iters 200 --out "$OUT/json" 2>&1 | grep -E "^│|^┃" | tee -a "$log"
+  if [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+    for _ in 1 2; do bench_overlap; bench_overlap --sampled; done
+  fi
+  TAIL=2 bench_model llama-3.2-1b 1
+  TAIL=2 bench_model llama-3-8b 1
   tar -C "$OUT" -czf "$OUT/s5_json.tgz" json && rm -rf "$OUT/json"
 }
 
 case "$what" in
 s5) s5 ;;
-merge) merge ;;
 fold) fold ;;
 repeat) repeat ;;
 check) shift; check "$@" ;;

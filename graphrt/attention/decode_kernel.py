@@ -3,8 +3,7 @@
 At a small batch FA3's decode call costs 6-10 µs whatever the context: one CTA per (request, KV
 head) walks every key, so a bs-1 Llama-3.2-1B step runs 8 CTAs on 132 SMs, 16 times a step
 (``bench/results/h100/session-1127b``). This kernel splits each (request, KV head) over the keys
-so the step fills the GPU, and merges the splits (by default in the same launch: the last split
-program of each (request, KV head) to arrive merges them). On the H100 the 1B step at
+so the step fills the GPU, and merges the splits in a second launch. On the H100 the 1B step at
 bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's engine from 1493 to
 1828 tokens/s (GPU busy 647 -> 510 µs a token):
 
@@ -15,10 +14,8 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
   reads the lengths before ``gdc_wait()`` (written long before the layer; with RoPE the
   ``cos_sin`` row and the slot too), ``q`` and the cache after it (the previous kernel stores
   this step's k and v, or produces them: the qkv projection, with RoPE).
-- the merge, per (request, query head): the splits' states weighted by ``exp(m_s - M)`` in split
-  order, divided once; a request with no keys (a pad row) gets zeros. The last program to arrive
-  on its (request, KV head)'s counter (:func:`graphrt.step.scratch.counters`, left at 0) does it,
-  or with ``GRAPHRT_DECODE_MERGE_LAST=0`` a second launch, ``_decode_merge``.
+- ``_decode_merge``: per (request, query head), the splits' states weighted by ``exp(m_s - M)``
+  in split order, divided once; a request with no keys (a pad row) gets zeros.
 
 With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE=1``; off by default) the split
 launch also does :func:`graphrt.kv.rope_store.rope_store`'s work: it rotates ``q`` on load,
@@ -42,7 +39,6 @@ from graphrt.attention import decode_triton as kernels
 from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
 from graphrt.kv import rope_store
 from graphrt.metadata.base import StepMetadata
-from graphrt.step import scratch
 from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_enabled
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
@@ -53,9 +49,6 @@ ENV = "GRAPHRT_DECODE_ATTENTION"
 #: does not pay everywhere on the H100 (bs 1 device busy, ``bench/results/h100/session-1127c/fold``):
 #: Llama-3.2-1B 1050 -> 1079 µs, the 8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458 µs.
 ROPE_ENV = "GRAPHRT_DECODE_ROPE"
-#: ``GRAPHRT_DECODE_MERGE_LAST``: ``1`` (default) lets the last split program of each (request, KV
-#: head) merge the splits, so the kernel is one launch; ``0`` merges in a second launch.
-MERGE_ENV = "GRAPHRT_DECODE_MERGE_LAST"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
 DTYPES = (torch.bfloat16, torch.float16)
@@ -71,11 +64,6 @@ MAX_GROUP = 16
 def enabled(device: torch.device) -> bool:
     """Whether the kernel runs on ``device`` (:data:`ENV`, CUDA with Triton)."""
     return device.type == "cuda" and triton_enabled(ENV, device)
-
-
-def merge_last() -> bool:
-    """Whether the last split program merges (:data:`MERGE_ENV` is not 0): one launch, not two."""
-    return os.environ.get(MERGE_ENV, "1") != "0"
 
 
 def rope_enabled() -> bool:
@@ -271,8 +259,7 @@ def _launch(
     q: torch.Tensor, new: tuple[torch.Tensor, ...], k_cache: torch.Tensor, v_cache: torch.Tensor,
     page_table: torch.Tensor, cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool, rope: bool,
 ) -> torch.Tensor:  # fmt: skip
-    """The split launch (and the merge launch unless :func:`merge_last`); ``new``: ``(k, v,
-    cos_sin, loc)`` of the new tokens."""
+    """The split and merge launches; ``new``: ``(k, v, cos_sin, loc)`` of the new tokens."""
     assert triton is not None, "decode attention needs Triton"
     b, heads, d = q.shape
     page, heads_k = k_cache.shape[1], k_cache.shape[2]
@@ -282,23 +269,18 @@ def _launch(
     acc = torch.empty((b, heads, splits, d), dtype=torch.float32, device=q.device)
     out = torch.empty((b, heads, d), dtype=q.dtype, device=q.device)
     k, v, cos_sin, loc = new
-    last = merge_last()
-    arrivals = scratch.counters(b * heads_k, q.device) if last else m
-    block_s = max(2, triton.next_power_of_2(splits))
     kernels._decode_split[(b, heads_k, splits)](
-        q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, k, v, cos_sin, loc, arrivals, out,
+        q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, k, v, cos_sin, loc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         page_table.stride(0), k.stride(0) if rope else 0, v.stride(0) if rope else 0,
-        cos_sin.stride(0) if rope else 0, loc.stride(0) if rope else 0, out.stride(0), out.stride(1),
-        scale * 1.4426950408889634, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N, SPLITS=splits, BLOCK_S=block_s, PDL=pdl, ROPE=rope, LAST_MERGES=last,
-        F32_DOT=not q.is_cuda, num_warps=SPLIT_WARPS[d], launch_pdl=pdl,
+        cos_sin.stride(0) if rope else 0, loc.stride(0) if rope else 0, scale * 1.4426950408889634,
+        PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
+        SPLITS=splits, PDL=pdl, ROPE=rope, F32_DOT=not q.is_cuda, num_warps=SPLIT_WARPS[d], launch_pdl=pdl,
     )  # fmt: skip
-    if not last:
-        kernels._decode_merge[(b, heads)](
-            m, l_sum, acc, out, out.stride(0), out.stride(1),
-            D=d, SPLITS=splits, BLOCK_S=block_s, PDL=pdl, num_warps=4, launch_pdl=pdl,
-        )  # fmt: skip
+    kernels._decode_merge[(b, heads)](
+        m, l_sum, acc, out, out.stride(0), out.stride(1),
+        D=d, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), PDL=pdl, num_warps=4, launch_pdl=pdl,
+    )  # fmt: skip
     return out
 
 

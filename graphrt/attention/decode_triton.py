@@ -2,9 +2,7 @@
 
 ``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
-head ``h`` merged. With ``LAST_MERGES`` there is no second launch: each split program counts its
-arrival on its (request, KV head)'s counter, and the last to arrive merges the ``G`` heads (the
-release/acquire of the atomic makes the other programs' states visible to it). With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
+head ``h`` merged. With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
 work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
 rounded to the model's dtype, the same expressions as ``rope_store``'s; the scores are the sum of
 the two halves' dots), reads the key and value
@@ -85,10 +83,10 @@ if triton is not None:
     @triton.jit
     def _decode_split(
         q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, k_new, v_new, cos_sin, loc,
-        arrivals, out, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, o_sb, o_sh,
-        scale_log2, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
-        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-        ROPE: tl.constexpr, LAST_MERGES: tl.constexpr, F32_DOT: tl.constexpr,
+        q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, scale_log2,
+        PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
+        F32_DOT: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
@@ -143,42 +141,6 @@ if triton is not None:
         tl.store(m_out + state, m, mask=keep)
         tl.store(l_out + state, l_sum, mask=keep)
         tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
-        if LAST_MERGES:
-            _merge_last(m_out, l_out, acc_out, arrivals, out, b, hk, o_sb, o_sh, G, D, SPLITS, BLOCK_S)
-
-    @triton.jit
-    def _merged(m_in, l_in, acc_in, state, has, rd, D: tl.constexpr):
-        """The split states at ``state [BLOCK_S]`` (``has``: real splits) merged: weighted by
-        ``exp(m_s - M)`` in split order, divided once; zeros when no split saw a key. NOTE:
-        ``.cg`` loads (L2): other programs wrote them in this launch or the one before."""
-        m = tl.load(m_in + state, mask=has, other=float("-inf"), cache_modifier=".cg")
-        l_sum = tl.load(l_in + state, mask=has, other=0.0, cache_modifier=".cg")
-        top = tl.max(m, axis=0)
-        w = tl.where(m > float("-inf"), tl.exp2(m - top), 0.0)
-        acc = tl.load(
-            acc_in + state[:, None] * D + rd[None, :], mask=has[:, None], other=0.0, cache_modifier=".cg"
-        )
-        total = tl.sum(l_sum * w, axis=0)
-        o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-        return tl.where(total > 0, o, 0.0)
-
-    @triton.jit
-    def _merge_last(
-        m_in, l_in, acc_in, arrivals, out, b, hk, o_sb, o_sh,
-        G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    ):  # fmt: skip
-        """The last of KV head ``hk``'s split programs to arrive merges its ``G`` query heads
-        (``_decode_merge``'s work, one head at a time) and sets the counter back to 0."""
-        tl.debug_barrier()  # NOTE: every thread's state stores before the one atomic (release)
-        counter = arrivals + b * tl.num_programs(1) + hk
-        if tl.atomic_add(counter, 1) == SPLITS - 1:  # NOTE: acq_rel: the others' states are visible
-            tl.store(counter, 0)
-            rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
-            for g in range(G):
-                h = hk * G + g
-                state = (b * (G * tl.num_programs(1)) + h) * SPLITS + rs
-                o = _merged(m_in, l_in, acc_in, state, rs < SPLITS, rd, D)
-                tl.store(out + b.to(tl.int64) * o_sb + h * o_sh + rd, o.to(out.dtype.element_ty))
 
     @triton.jit
     def _decode_merge(
@@ -191,5 +153,13 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         state = (b * tl.num_programs(1) + h) * SPLITS + rs
-        o = _merged(m_in, l_in, acc_in, state, rs < SPLITS, rd, D)
+        has = rs < SPLITS
+        m = tl.load(m_in + state, mask=has, other=float("-inf"))
+        l_sum = tl.load(l_in + state, mask=has, other=0.0)
+        top = tl.max(m, axis=0)
+        w = tl.where(m > float("-inf"), tl.exp2(m - top), 0.0)
+        acc = tl.load(acc_in + state[:, None] * D + rd[None, :], mask=has[:, None], other=0.0)
+        total = tl.sum(l_sum * w, axis=0)
+        o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        o = tl.where(total > 0, o, 0.0)
         tl.store(out + b.to(tl.int64) * o_sb + h * o_sh + rd, o.to(out.dtype.element_ty))
