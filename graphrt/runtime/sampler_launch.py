@@ -143,6 +143,8 @@ def workspace(rows: int, chunks: int, device: torch.device, records: int | None 
     """The shared workspace for ``rows`` rows on the current stream (see the module docstring);
     ``records`` a chunk keeps (default :data:`RECORDS`)."""
     records = RECORDS if records is None else records
+    if device.type == "cuda" and device.index is None:  # NOTE: "cuda" and "cuda:0" share one
+        device = torch.device("cuda", torch.cuda.current_device())
     capacity = max(8, 1 << (rows - 1).bit_length())
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
