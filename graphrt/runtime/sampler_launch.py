@@ -17,7 +17,6 @@ launches it plainly (A/B timing); never under the interpreter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -36,21 +35,6 @@ WARPS = 8
 #: Records ``_count`` compares its chunk against in one pass (two passes' worth are fetched with
 #: the row's state; a row has a few). 2 keeps ``_count`` at 114 registers on sm_90, 4 takes 191.
 TALLY = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Kernels:
-    """The two launches, and the names of the constexprs ``_count`` takes beyond the shared ones.
-    The default is the current pair; ``graphrt bench sampler`` times an older one against it."""
-
-    scan: Any
-    count: Any
-    count_args: tuple[str, ...] = ("GB",)
-
-
-def current_kernels() -> Kernels:
-    """The kernels :func:`fused_sample` launches unless told otherwise."""
-    return Kernels(sampler_kernel._scan, sampler_count._count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,13 +151,11 @@ def fused_sample(
     params: SamplingBuffers,
     pdl: bool | None = None,
     layout: Layout | None = None,
-    kernels: Kernels | None = None,
 ) -> torch.Tensor:
     """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
 
     ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`);
-    ``layout``: how rows are cut (default :func:`layout_for` the vocabulary); ``kernels``: which
-    pair (default :func:`current_kernels`).
+    ``layout``: how rows are cut (default :func:`layout_for` the vocabulary).
     """
     rows, vocab = logits.shape
     check_vocab(vocab)
@@ -201,15 +183,13 @@ def fused_sample(
         "enable_fp_fusion": False,
     }
     pdl = pdl_default(logits.device) if pdl is None else pdl
-    kernels = current_kernels() if kernels is None else kernels
-    extra = {"GB": min(layout.tally, FRONTIER)}
     grid = (rows, chunks)
-    kernels.scan[grid](
+    sampler_kernel._scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
         ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=layout.records, PDL=pdl, **shape,
     )  # fmt: skip
-    kernels.count[grid](
+    sampler_count._count[grid](
         logits, logits.stride(0), vocab, *rowwise, ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals,
-        ws.arrivals, PDL=pdl, launch_pdl=pdl, **shape, **{name: extra[name] for name in kernels.count_args},
+        ws.arrivals, GB=min(layout.tally, FRONTIER), PDL=pdl, launch_pdl=pdl, **shape,
     )  # fmt: skip
     return tokens

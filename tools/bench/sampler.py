@@ -5,10 +5,9 @@ is captured in a CUDA graph of ``REPS`` calls on the same bf16 logits (an LLM-li
 exponent 1.5, in random order) and replayed ``--iters`` times; µs per call. Paths: ``torch``
 (:func:`sample_torch`: a stable sort of the vocabulary per row, what ``GRAPHRT_FUSED_SAMPLER=0``
 runs), ``fused`` (the two Triton launches; ``fused_no_pdl``: the second one without
-programmatic dependent launch; ``fused_v1``: the kernels before pairwise reductions, commit
-3ad0d17, :mod:`.sampler_baseline`, at the same layout), and two floors: ``argmax`` (one torch argmax of the logits, the
-least a greedy step does) and ``launch`` (a one-element fill: one kernel node). The fused (and
-``fused_v1``) and torch tokens are compared; a difference fails the run (exit 1). Target: fused ≤ 15 µs at bs 1.
+programmatic dependent launch), and two floors: ``argmax`` (one torch argmax of the logits, the
+least a greedy step does) and ``launch`` (a one-element fill: one kernel node). The fused and
+torch tokens are compared; a difference fails the run (exit 1). Target: fused ≤ 15 µs at bs 1.
 On the CPU the torch sampler runs once per case (tokens only): speeds are not measured.
 
 ``--sweep`` (CUDA) also times the fused kernels' layouts at bs 1 (:mod:`.sampler_sweep`).
@@ -30,7 +29,7 @@ from rich.table import Table
 from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
 from graphrt.runtime.sampler import sample_torch
-from graphrt.runtime.sampler_launch import Kernels, fused_sample
+from graphrt.runtime.sampler_launch import fused_sample
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
 from graphrt.tools.bench.sampler_sweep import best_layouts, sweep_layouts, sweep_table
 from graphrt.tools.cli.args import resolve_device
@@ -56,13 +55,6 @@ def zipf_logits(rows: int, vocab: int, device: torch.device, seed: int = 0) -> t
     return logits.to(device, torch.bfloat16)
 
 
-def baseline_kernels() -> Kernels:
-    """The kernels before pairwise reductions (imported when first timed: they need Triton)."""
-    from graphrt.tools.bench.sampler_baseline import KERNELS
-
-    return KERNELS
-
-
 def _graph_us(fn: Callable[[], Any], iters: int, stream: torch.cuda.Stream) -> dict[str, float]:
     """µs per ``fn()`` call: ``REPS`` calls captured in one graph (warm-up on its stream), replayed."""
     device = stream.device
@@ -82,7 +74,6 @@ def _paths(logits: torch.Tensor, params: SamplingBuffers) -> dict[str, Callable[
         "torch": lambda: sample_torch(logits, params),
         "fused": lambda: fused_sample(logits, params),
         "fused_no_pdl": lambda: fused_sample(logits, params, pdl=False),
-        "fused_v1": lambda: fused_sample(logits, params, kernels=baseline_kernels()),
         "argmax": lambda: logits.argmax(dim=-1),
         "launch": lambda: one.fill_(1.0),
     }
@@ -97,16 +88,12 @@ def measure(bs: int, vocab: int, kind: str, iters: int, device: torch.device) ->
     if device.type != "cuda":
         return {**row, "tokens_equal": None, "us": None}
     fused_tokens = fused_sample(logits, params)
-    v1_tokens = fused_sample(logits, params, kernels=baseline_kernels())
-    row["tokens_equal"] = bool(
-        torch.equal(fused_tokens, torch_tokens) and torch.equal(v1_tokens, torch_tokens)
-    )
-    row["rows_differing"] = int(((fused_tokens != torch_tokens) | (v1_tokens != torch_tokens)).sum().item())
+    row["tokens_equal"] = bool(torch.equal(fused_tokens, torch_tokens))
+    row["rows_differing"] = int((fused_tokens != torch_tokens).sum().item())
     stream = torch.cuda.Stream(device)  # NOTE: one capture stream: the fused paths share a workspace
     row["us"] = {name: _graph_us(fn, iters, stream) for name, fn in _paths(logits, params).items()}
     p50 = {name: stats["p50"] for name, stats in row["us"].items()}
     row["fused_speedup_vs_torch"] = p50["torch"] / p50["fused"]
-    row["fused_speedup_vs_v1"] = p50["fused_v1"] / p50["fused"]
     row["fused_over_argmax"] = p50["fused"] / p50["argmax"]
     if bs == 1:
         row["meets_target"] = p50["fused"] <= TARGET_US
@@ -155,7 +142,7 @@ def _cell(row: dict[str, Any], name: str) -> str:
 
 def _print(result: dict[str, Any], out: Path) -> None:
     table = Table(title=f"sampler µs per call in a CUDA graph (p50, {REPS} calls per graph)")
-    paths = ("torch", "fused", "fused_no_pdl", "fused_v1", "argmax", "launch")
+    paths = ("torch", "fused", "fused_no_pdl", "argmax", "launch")
     columns = (
         "bs",
         "vocab",
@@ -163,7 +150,6 @@ def _print(result: dict[str, Any], out: Path) -> None:
         "torch",
         "fused",
         "no PDL",
-        "v1",
         "argmax",
         "launch",
         "torch/fused",
