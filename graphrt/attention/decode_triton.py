@@ -81,17 +81,81 @@ if triton is not None:
         return _dot(q1, tl.trans(k1), F32_DOT) + _dot(q2, tl.trans(k2), F32_DOT)
 
     @triton.jit
+    def _shares(seqlen, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, EFFECTIVE: tl.constexpr):
+        """A row of ``seqlen`` keys: the keys of each split's share (whole ``BLOCK_N`` blocks; 0
+        without keys) and how many splits a merge reads: with ``EFFECTIVE`` the ``cdiv(seqlen,
+        per)`` whose shares hold keys (0 without keys), else all ``SPLITS``."""
+        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
+        n = tl.cdiv(seqlen, tl.maximum(per, 1)) if EFFECTIVE else seqlen * 0 + SPLITS
+        return per, n
+
+    @triton.jit
+    def _merged_heads(
+        m_in, l_in, acc_in, first, n, G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK_S: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        """The first ``n`` split states of ``G`` consecutive query heads (``first``: the state
+        index of head 0's split 0) merged, ``[MERGE_G, D]`` fp32: weighted by ``exp(m_s - M)``,
+        summed ``CHUNK`` splits of every head at a time, divided once; zeros without keys.
+        NOTE: ``.cg`` loads (L2): other programs of this launch stored the states."""
+        rg, rs, rc, rd = tl.arange(0, MERGE_G), tl.arange(0, BLOCK_S), tl.arange(0, CHUNK), tl.arange(0, D)
+        rows = first + rg * SPLITS
+        has = (rg[:, None] < G) & (rs[None, :] < n)
+        m = tl.load(m_in + rows[:, None] + rs[None, :], mask=has, other=float("-inf"), cache_modifier=".cg")
+        l_sum = tl.load(l_in + rows[:, None] + rs[None, :], mask=has, other=0.0, cache_modifier=".cg")
+        top = tl.max(m, axis=1)
+        top = tl.where(top > float("-inf"), top, 0.0)[:, None]  # NOTE: a head without keys: no inf - inf
+        total = tl.sum(l_sum * tl.where(m > float("-inf"), tl.exp2(m - top), 0.0), axis=1)
+        o = tl.zeros((MERGE_G, D), dtype=tl.float32)
+        for c0 in range(0, n, CHUNK):
+            at = rows[:, None] + c0 + rc[None, :]
+            ok = (rg[:, None] < G) & (c0 + rc[None, :] < n)
+            mc = tl.load(m_in + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            w = tl.where(mc > float("-inf"), tl.exp2(mc - top), 0.0)
+            acc = tl.load(
+                acc_in + at[:, :, None] * D + rd[None, None, :],
+                mask=ok[:, :, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            o += tl.sum(acc * w[:, :, None], axis=1)
+        o = o / tl.where(total > 0, total, 1.0)[:, None]
+        return tl.where(total[:, None] > 0, o, 0.0)
+
+    @triton.jit
+    def _merge_last(
+        m_in, l_in, acc_in, out, first, o_row, o_sh, counter, s, n, G: tl.constexpr, D: tl.constexpr,
+        SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        """The last of the ``n`` programs whose shares hold keys to count itself on ``counter``
+        (its request and KV head's) merges the ``G`` query heads (:func:`_merged_heads`) into
+        ``out + o_row`` and sets the counter back to 0; programs without keys never count, and
+        with no keys at all (``n == 0``) program 0 writes the zeros."""
+        tl.debug_barrier()  # NOTE: every thread's state stores before the one atomic (release)
+        if s < n:  # noqa: SIM108 (a branch: only these programs count)
+            last = tl.atomic_add(counter, 1) == n - 1  # NOTE: acq_rel: the others' states are visible
+        else:
+            last = (n == 0) & (s == 0)
+        if last:
+            tl.store(counter, 0)
+            o = _merged_heads(m_in, l_in, acc_in, first, n, G, D, SPLITS, BLOCK_S, MERGE_G, CHUNK)
+            rg = tl.arange(0, MERGE_G)[:, None]
+            rows = out + o_row + rg * o_sh + tl.arange(0, D)[None, :]
+            tl.store(rows, o.to(out.dtype.element_ty), mask=rg < G)
+
+    @triton.jit
     def _decode_split(
         q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, k_new, v_new, cos_sin, loc,
-        q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, scale_log2,
-        PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+        arrivals, out, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, o_sb, o_sh,
+        scale_log2, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-        F32_DOT: tl.constexpr,
+        F32_DOT: tl.constexpr, EFFECTIVE: tl.constexpr, LAST_MERGES: tl.constexpr,
+        BLOCK_S: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
         seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
-        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
+        per, n = _shares(seqlen, BLOCK_N, SPLITS, EFFECTIVE)
         start = s * per
         end = tl.minimum(start + per, seqlen)
         slot = tl.load(loc + b64 * loc_sb) if ROPE else -1  # NOTE: angles and slot: before the layer too
@@ -137,23 +201,30 @@ if triton is not None:
             acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, F32_DOT)
             m = m_new
         state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
-        keep = rg < G
+        keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (EFFECTIVE)
         tl.store(m_out + state, m, mask=keep)
         tl.store(l_out + state, l_sum, mask=keep)
         tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
+        if LAST_MERGES:
+            first = (b * (G * tl.num_programs(1)) + hk * G) * SPLITS
+            _merge_last(
+                m_out, l_out, acc_out, out, first, b64 * o_sb + hk * G * o_sh, o_sh,
+                arrivals + b * tl.num_programs(1) + hk, s, n, G, D, SPLITS, BLOCK_S, MERGE_G, CHUNK,
+            )  # fmt: skip
 
     @triton.jit
     def _decode_merge(
-        m_in, l_in, acc_in, out, o_sb, o_sh,
-        D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+        m_in, l_in, acc_in, seqlens, out, o_sb, o_sh, D: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EFFECTIVE: tl.constexpr,
     ):  # fmt: skip
         b, h = tl.program_id(0), tl.program_id(1)
         rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
+        _, n = _shares(tl.load(seqlens + b), BLOCK_N, SPLITS, EFFECTIVE)  # NOTE: ahead of the wait
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         state = (b * tl.num_programs(1) + h) * SPLITS + rs
-        has = rs < SPLITS
+        has = rs < n  # NOTE: a split past n stored nothing (EFFECTIVE) or its empty state (-inf, 0, 0)
         m = tl.load(m_in + state, mask=has, other=float("-inf"))
         l_sum = tl.load(l_in + state, mask=has, other=0.0)
         top = tl.max(m, axis=0)
