@@ -144,6 +144,43 @@ if triton is not None:
             tl.store(rows, o.to(out.dtype.element_ty), mask=rg < G)
 
     @triton.jit
+    def _finish(
+        m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, o_row, o_sh, G: tl.constexpr,
+        D: tl.constexpr, SPLITS: tl.constexpr, LAST_MERGES: tl.constexpr, BLOCK_S: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        """A split program's end: its state (``m``, ``l_sum`` ``[BLOCK_G]``, ``acc [BLOCK_G, D]``
+        of query heads ``hk * G + g``) stored unless its share holds no keys (``s >= n``); then,
+        with ``LAST_MERGES``, :func:`_merge_last` (output row ``o_row``)."""
+        rg, rd = tl.arange(0, m.shape[0]), tl.arange(0, D)
+        state = (b * (G * tl.num_programs(1)) + hk * G + rg) * SPLITS + s
+        keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (EFFECTIVE)
+        tl.store(m_out + state, m, mask=keep)
+        tl.store(l_out + state, l_sum, mask=keep)
+        tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
+        if LAST_MERGES:
+            first = (b * (G * tl.num_programs(1)) + hk * G) * SPLITS  # NOTE: head hk * G's split 0
+            counter = arrivals + b * tl.num_programs(1) + hk
+            _merge_last(
+                m_out,
+                l_out,
+                acc_out,
+                out,
+                first,
+                o_row,
+                o_sh,
+                counter,
+                s,
+                n,
+                G,
+                D,
+                SPLITS,
+                BLOCK_S,
+                MERGE_G,
+                CHUNK,
+            )
+
+    @triton.jit
     def _decode_split(
         q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, k_new, v_new, cos_sin, loc,
         arrivals, out, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, o_sb, o_sh,
@@ -200,17 +237,10 @@ if triton is not None:
             vt = _tile(v_cache, rows, rd, cached, own, vn, ROPE)
             acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, F32_DOT)
             m = m_new
-        state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
-        keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (EFFECTIVE)
-        tl.store(m_out + state, m, mask=keep)
-        tl.store(l_out + state, l_sum, mask=keep)
-        tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
-        if LAST_MERGES:
-            first = (b * (G * tl.num_programs(1)) + hk * G) * SPLITS
-            _merge_last(
-                m_out, l_out, acc_out, out, first, b64 * o_sb + hk * G * o_sh, o_sh,
-                arrivals + b * tl.num_programs(1) + hk, s, n, G, D, SPLITS, BLOCK_S, MERGE_G, CHUNK,
-            )  # fmt: skip
+        _finish(
+            m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, b64 * o_sb + hk * G * o_sh, o_sh,
+            G, D, SPLITS, LAST_MERGES, BLOCK_S, MERGE_G, CHUNK,
+        )  # fmt: skip
 
     @triton.jit
     def _decode_merge(

@@ -1,0 +1,156 @@
+"""The split decode kernel's three merges (``graphrt.attention.decode_launch``): every split (the
+default), only the splits holding keys (``GRAPHRT_DECODE_EFFECTIVE_SPLITS=1``), and the last split
+program holding keys merging in the split launch (``GRAPHRT_DECODE_MERGE_LAST=1``).
+
+Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1`` (small shapes; a CPU box
+with Triton reruns this file so, last test). Lengths leave most splits without keys (a 4096-key
+table, rows of 1, 65, 512 and 0 keys) and split counts run past the table's key blocks. Checked:
+each merge within the kernel's tolerance of the float64 oracle; the splits-holding-keys merge bit
+for bit the default's; the last-split merge within one bf16 rounding of it, its arrival counters
+at 0 after every launch and a second launch bit-equal; a row without keys gets zeros; on the GPU
+a graph (PDL) replayed with new lengths bit-equal to eager calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt.attention import decode_kernel as dk
+from graphrt.attention import decode_launch as dl
+from graphrt.step import scratch
+from tests.attention.test_decode_kernel import oracle
+from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+
+ATOL = 2e-2
+#: The merge switches of each mode ("chunks": the last-split merge 2 splits of each head a step).
+MODES = {"every": {}, "effective": {dk.EFFECTIVE_ENV: "1"}, "last": {dk.MERGE_LAST_ENV: "1"}}
+MODES["chunks"] = MODES["last"]
+#: (query heads, KV heads, head dim): SmolLM2 (the interpreter's), Llama-3.2-1B, Llama-3-8B, MHA.
+GPU_SHAPES = [(9, 3, 64), (32, 8, 64), (32, 8, 128), (4, 4, 64)]
+#: (table width in keys, lengths): most splits empty; a table narrower than the split counts.
+TABLES = [(4096, [1, 65, 512, 0]), (128, [1, 65, 128, 0])]
+
+
+def case(device: torch.device, lens: list[int], shape: tuple[int, int, int], keys: int, page: int = 16):
+    """Random bf16 q and caches; a ``keys``-wide table of shuffled pages per request (page 0 unused)."""
+    heads, heads_k, d = shape
+    gen = torch.Generator().manual_seed(11)
+    b, max_pages = len(lens), keys // page
+    table = (torch.randperm(b * max_pages, generator=gen) + 1).view(b, max_pages).to(torch.int32)
+    cache = (b * max_pages + 1, page, heads_k, d)
+    k, v = torch.randn(cache, generator=gen), torch.randn(cache, generator=gen)
+    q = torch.randn(b, heads, d, generator=gen)
+    q, k, v = (t.to(device, torch.bfloat16) for t in (q, k, v))
+    return q, k, v, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def use(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Set the switches of ``mode`` (the others unset)."""
+    for env in (dk.EFFECTIVE_ENV, dk.MERGE_LAST_ENV):
+        monkeypatch.delenv(env, raising=False)
+    for env, value in MODES[mode].items():
+        monkeypatch.setenv(env, value)
+
+
+def split_counts(device: torch.device, keys: int) -> tuple[int, ...]:
+    """Every split count the interpreter can afford; on the GPU up to far past the key blocks."""
+    if device.type == "cpu":
+        return (1, 33) if keys > 128 else (3, 5)
+    return (1, 2, 3, 7, 8, 9, 33, 64, 80, 300)
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("mode", ["effective", "last", "chunks"])
+@pytest.mark.parametrize(("keys", "lens"), TABLES)
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_merge_matches_the_default_and_the_oracle(device, mode, keys, lens, shape, monkeypatch) -> None:
+    """On the GPU a row of ``keys - 1`` keys too: many splits hold keys (several merge steps)."""
+    if device.type == "cpu" and shape != GPU_SHAPES[0]:
+        pytest.skip("the interpreter runs the small shape")
+    if mode == "chunks":
+        monkeypatch.setattr(dl, "MERGE_TILE", 2 * 4 * shape[2])  # NOTE: 2 splits of 3 or 4 heads
+    lens = lens + [keys - 1] * (device.type == "cuda")
+    q, k, v, table, seqlens = case(device, lens, shape, keys)
+    scale = shape[2] ** -0.5
+    expected = oracle(q, k, v, table, seqlens, scale)
+    for splits in split_counts(device, keys):
+        use(monkeypatch, "every")
+        want = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+        use(monkeypatch, mode)
+        got = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+        if mode == "effective":
+            assert torch.equal(got, want), f"{splits} splits: differs from every split's merge"
+        else:
+            assert not scratch.counters(len(lens) * shape[1], device).any(), "counters left at 0"
+            again = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+            assert torch.equal(got, again), f"{splits} splits: a second launch differs"
+            torch.testing.assert_close(got.float(), want.float(), atol=1e-5, rtol=2**-7)
+        assert got[3].abs().max() == 0, "the row without keys gets zeros"
+        torch.testing.assert_close(
+            got.double().cpu(), expected, atol=ATOL, rtol=ATOL, msg=lambda m, s=splits: f"{s}: {m}"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or dk.triton is None, reason="no CUDA / Triton")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_graph_replay_with_new_lengths_equals_eager(mode: str, monkeypatch) -> None:
+    """Captured once with PDL on a side stream (warmed up there first, so the last-split merge
+    shares that stream's counters), then lengths and pages rewritten in place: every replay
+    equals an eager call (no PDL) bit for bit, and the counters read 0 after each."""
+    use(monkeypatch, mode)
+    q, k, v, table, seqlens = case(torch.device("cuda"), [1, 65, 512, 0], (32, 8, 64), 4096)
+    splits = dk.num_splits(4, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        dk.decode_attention(
+            q, k, v, table, seqlens, 0.125, splits, True
+        )  # NOTE: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, True)
+    for lens in ([600, 0, 1, 4096], [64, 65, 0, 3000], [0, 0, 0, 1], [1, 65, 512, 0]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        table.copy_(table.flip(1))
+        graph.replay()
+        eager = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, False)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), lens
+        with torch.cuda.stream(stream):
+            assert not scratch.counters(4 * 8, q.device).any(), f"{lens}: counters left at 0"
+
+
+def test_the_split_cap_lowers_the_steps_split_count(monkeypatch) -> None:
+    """``GRAPHRT_DECODE_MAX_SPLITS`` caps the count ``attend`` launches (CPU tensors, no Triton
+    needed); a value that is not a positive integer is refused, naming it."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(dk, "sm_count", lambda _: 132)
+    q, k = torch.zeros(1, 32, 64), torch.zeros(2, 16, 8, 64)
+    table = torch.zeros(1, 256, dtype=torch.int32)
+    meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table), page_size=16)
+    monkeypatch.delenv(dk.MAX_SPLITS_ENV, raising=False)
+    assert dk._split_plan(q, k, meta)[0] == 33  # type: ignore[arg-type]
+    monkeypatch.setenv(dk.MAX_SPLITS_ENV, "8")
+    assert dk._split_plan(q, k, meta)[0] == 8  # type: ignore[arg-type]
+    monkeypatch.setenv(dk.MAX_SPLITS_ENV, "64")
+    assert dk._split_plan(q, k, meta)[0] == 33  # type: ignore[arg-type]
+    for bad in ("0", "-3", "x"):
+        monkeypatch.setenv(dk.MAX_SPLITS_ENV, bad)
+        with pytest.raises(ValueError, match=f"GRAPHRT_DECODE_MAX_SPLITS='{bad}'"):
+            dk._split_plan(q, k, meta)  # type: ignore[arg-type]
+
+
+def test_counters_are_shared_per_stream_and_sized_in_powers_of_two() -> None:
+    cpu = torch.device("cpu")
+    a, b = scratch.counters(5, cpu), scratch.counters(8, cpu)
+    assert a is b and a.shape == (8,) and a.dtype == torch.int32 and not a.any()
+    assert scratch.counters(9, cpu).shape == (16,)
+
+
+@rerun_marks
+def test_kernel_under_triton_interpreter() -> None:
+    """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
+    rerun_under_interpreter(__file__, passed=8)
