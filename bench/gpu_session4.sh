@@ -14,10 +14,15 @@
 # s5:     (fourth session) the decode kernel's and the reworked sampler's GPU tests, the sampler bench
 #         against the old kernels (v1, same process), the host path of run(); with the model
 #         installed, SmolLM2's engine (greedy, top-p) twice and the 1B / 8B steps at bs 1.
+# mergecheck: (fifth session) the split decode kernel's GPU tests, then the model-level ones with
+#         each opt-in merge (GRAPHRT_DECODE_EFFECTIVE_SPLITS=1, GRAPHRT_DECODE_MERGE_LAST=1).
+# mergebench [config...]: for each config (default: all of default effective last last16) the 1B and
+#         8B steps at bs 1, context 512, and SmolLM2's engine (with the model installed); JSON:
+#         merge_json.tgz. Pass fewer configs per call when a call's time is short.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp|repeat|fold|s5}
+what=${1:?check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -133,7 +138,45 @@ s5() {
   tar -C "$OUT" -czf "$OUT/s5_json.tgz" json && rm -rf "$OUT/json"
 }
 
+mergecheck() {
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_merge.py \
+    tests/attention/test_decode_kernel.py tests/attention/test_decode_attend.py tests/attention/test_decode_rope.py 2>&1 \
+    | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
+  for on in GRAPHRT_DECODE_EFFECTIVE_SPLITS GRAPHRT_DECODE_MERGE_LAST; do
+    echo "== $on=1" | tee -a "$log"
+    env "$on=1" timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
+      tests/attention/test_decode_attend.py tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
+      | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
+  done
+}
+
+#: The merges mergebench compares: name -> the switches it sets.
+declare -A MERGES=(
+  [default]=""
+  [effective]="GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
+  [last]="GRAPHRT_DECODE_MERGE_LAST=1"
+  [last16]="GRAPHRT_DECODE_MERGE_LAST=1 GRAPHRT_DECODE_MAX_SPLITS=16"
+)
+
+mergebench() {  # config names (default: every one in MERGES' order below)
+  local configs=("$@")
+  [ ${#configs[@]} -eq 0 ] && configs=(default effective last last16)
+  for name in "${configs[@]}"; do
+    [ -n "${MERGES[$name]+x}" ] || { echo "unknown merge config $name" | tee -a "$log"; continue; }
+    echo "== $name: ${MERGES[$name]:-(no switch)}" | tee -a "$log"
+    (
+      for kv in ${MERGES[$name]}; do export "${kv?}"; done
+      TAIL=3 bench_model llama-3.2-1b 1
+      TAIL=3 bench_model llama-3-8b 1
+      if [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then bench_overlap; fi
+    )
+  done
+  tar -C "$OUT" -czf "$OUT/merge_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
+mergecheck) mergecheck ;;
+mergebench) shift; mergebench "$@" ;;
 s5) s5 ;;
 fold) fold ;;
 repeat) repeat ;;

@@ -2,7 +2,10 @@
 
 ``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
-head ``h`` merged. With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
+head ``h`` merged. With ``EFFECTIVE`` only the ``n`` splits whose shares hold keys store a state and
+the merge reads those (:func:`_shares`); with ``LAST_MERGES`` there is no merge launch: the last
+of the ``n`` programs of a (request, KV head) to count itself merges its ``G`` heads
+(:func:`_merge_last`). With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
 work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
 rounded to the model's dtype, the same expressions as ``rope_store``'s; the scores are the sum of
 the two halves' dots), reads the key and value
