@@ -33,14 +33,18 @@ TABLES = [(4096, [1, 65, 512, 0]), (128, [1, 65, 128, 0])]
 
 
 def case(device: torch.device, lens: list[int], shape: tuple[int, int, int], keys: int, page: int = 16):
-    """Random bf16 q and caches; a ``keys``-wide table of shuffled pages per request (page 0 unused)."""
+    """Random bf16 q and caches; a ``keys``-wide table per request: its own pages shuffled, then
+    page 0 (the pad page, as the runtime pads a table) to the width."""
     heads, heads_k, d = shape
     gen = torch.Generator().manual_seed(11)
-    b, max_pages = len(lens), keys // page
-    table = (torch.randperm(b * max_pages, generator=gen) + 1).view(b, max_pages).to(torch.int32)
-    cache = (b * max_pages + 1, page, heads_k, d)
+    need = [-(-n // page) for n in lens]
+    perm = (torch.randperm(sum(need), generator=gen) + 1).to(torch.int32).split(need)
+    table = torch.zeros(len(lens), keys // page, dtype=torch.int32)
+    for row, pages in zip(table, perm, strict=True):
+        row[: len(pages)] = pages
+    cache = (sum(need) + 1, page, heads_k, d)
     k, v = torch.randn(cache, generator=gen), torch.randn(cache, generator=gen)
-    q = torch.randn(b, heads, d, generator=gen)
+    q = torch.randn(len(lens), heads, d, generator=gen)
     q, k, v = (t.to(device, torch.bfloat16) for t in (q, k, v))
     return q, k, v, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
 
@@ -103,6 +107,7 @@ def test_a_graph_replay_with_new_lengths_equals_eager(mode: str, monkeypatch) ->
     q, k, v, table, seqlens = case(torch.device("cuda"), [1, 65, 512, 0], (32, 8, 64), 4096)
     splits = dk.num_splits(4, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         dk.decode_attention(
             q, k, v, table, seqlens, 0.125, splits, True
@@ -111,9 +116,10 @@ def test_a_graph_replay_with_new_lengths_equals_eager(mode: str, monkeypatch) ->
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         out = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, True)
+    torch.cuda.synchronize()
     for lens in ([600, 0, 1, 4096], [64, 65, 0, 3000], [0, 0, 0, 1], [1, 65, 512, 0]):
         seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
-        table.copy_(table.flip(1))
+        table.copy_(table.roll(1, 0))  # NOTE: other rows' pages (no row reads past the cache)
         graph.replay()
         eager = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, False)
         torch.cuda.synchronize()
