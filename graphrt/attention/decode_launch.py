@@ -13,8 +13,9 @@ Three merges, chosen by switches read at each launch (a graph keeps the one it w
 - the last split merges (``GRAPHRT_DECODE_MERGE_LAST=1``; implies the previous): one launch.
   Each of the ``n`` programs holding keys counts itself on its (request, KV head)'s counter
   (:func:`graphrt.step.scratch.counters`, left at 0) after storing its state; the last merges
-  the ``G`` query heads of its KV head at once, ``CHUNK`` splits of every head a step (sums in
-  another order: equal to the merge launch's to fp32 rounding). A row without keys: program 0
+  the ``G`` query heads of its KV head at once, ``CHUNK`` splits of every head a step (one L2
+  round trip for up to ``CHUNK`` splits; sums in another order: equal to the merge launch's to
+  fp32 rounding). A row without keys: program 0
   writes its zeros.
 
 Off by default until measured: at bs 1 on the H100 the first merge-by-the-last-split (all
@@ -94,7 +95,7 @@ def _launch(
         cos_sin.stride(0) if rope else 0, loc.stride(0) if rope else 0, out.stride(0), out.stride(1),
         scale * 1.4426950408889634, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, SPLITS=splits, PDL=pdl, ROPE=rope, F32_DOT=not q.is_cuda, EFFECTIVE=effective,
-        LAST_MERGES=last, BLOCK_S=block_s, MERGE_G=merge_g, CHUNK=min(block_s, max(1, MERGE_TILE // (merge_g * d))),
+        LAST_MERGES=last, MERGE_G=merge_g, CHUNK=min(block_s, max(1, MERGE_TILE // (merge_g * d))),
         num_warps=SPLIT_WARPS[d], launch_pdl=pdl,
     )  # fmt: skip
     if not last:

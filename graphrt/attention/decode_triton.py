@@ -95,40 +95,40 @@ if triton is not None:
     @triton.jit
     def _merged_heads(
         m_in, l_in, acc_in, first, n, G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-        BLOCK_S: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         """The first ``n`` split states of ``G`` consecutive query heads (``first``: the state
-        index of head 0's split 0) merged, ``[MERGE_G, D]`` fp32: weighted by ``exp(m_s - M)``,
-        summed ``CHUNK`` splits of every head at a time, divided once; zeros without keys.
-        NOTE: ``.cg`` loads (L2): other programs of this launch stored the states."""
-        rg, rs, rc, rd = tl.arange(0, MERGE_G), tl.arange(0, BLOCK_S), tl.arange(0, CHUNK), tl.arange(0, D)
+        index of head 0's split 0) merged, ``[MERGE_G, D]`` fp32: ``CHUNK`` splits of every head
+        at a time, weighted by ``exp(m_s - M)`` against the running max ``M`` (earlier chunks
+        rescaled when it grows), divided once; zeros without keys. NOTE: m, l and acc load
+        together, so up to ``CHUNK`` splits cost one L2 round trip (``.cg``: other programs of
+        this launch stored them)."""
+        rg, rc, rd = tl.arange(0, MERGE_G), tl.arange(0, CHUNK), tl.arange(0, D)
         rows = first + rg * SPLITS
-        has = (rg[:, None] < G) & (rs[None, :] < n)
-        m = tl.load(m_in + rows[:, None] + rs[None, :], mask=has, other=float("-inf"), cache_modifier=".cg")
-        l_sum = tl.load(l_in + rows[:, None] + rs[None, :], mask=has, other=0.0, cache_modifier=".cg")
-        top = tl.max(m, axis=1)
-        top = tl.where(top > float("-inf"), top, 0.0)[:, None]  # NOTE: a head without keys: no inf - inf
-        total = tl.sum(l_sum * tl.where(m > float("-inf"), tl.exp2(m - top), 0.0), axis=1)
+        top = tl.full((MERGE_G,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((MERGE_G,), dtype=tl.float32)
         o = tl.zeros((MERGE_G, D), dtype=tl.float32)
         for c0 in range(0, n, CHUNK):
             at = rows[:, None] + c0 + rc[None, :]
             ok = (rg[:, None] < G) & (c0 + rc[None, :] < n)
             mc = tl.load(m_in + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            w = tl.where(mc > float("-inf"), tl.exp2(mc - top), 0.0)
-            acc = tl.load(
-                acc_in + at[:, :, None] * D + rd[None, None, :],
-                mask=ok[:, :, None],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            o += tl.sum(acc * w[:, :, None], axis=1)
+            lc = tl.load(l_in + at, mask=ok, other=0.0, cache_modifier=".cg")
+            at3, ok3 = at[:, :, None] * D + rd[None, None, :], ok[:, :, None]
+            acc = tl.load(acc_in + at3, mask=ok3, other=0.0, cache_modifier=".cg")
+            new = tl.maximum(top, tl.max(mc, axis=1))
+            safe = tl.where(new > float("-inf"), new, 0.0)  # NOTE: a head without keys: no inf - inf
+            alpha = tl.exp2(top - safe)
+            w = tl.where(mc > float("-inf"), tl.exp2(mc - safe[:, None]), 0.0)
+            total = total * alpha + tl.sum(lc * w, axis=1)
+            o = o * alpha[:, None] + tl.sum(acc * w[:, :, None], axis=1)
+            top = new
         o = o / tl.where(total > 0, total, 1.0)[:, None]
         return tl.where(total[:, None] > 0, o, 0.0)
 
     @triton.jit
     def _merge_last(
         m_in, l_in, acc_in, out, first, o_row, o_sh, counter, s, n, G: tl.constexpr, D: tl.constexpr,
-        SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        SPLITS: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         """The last of the ``n`` programs whose shares hold keys to count itself on ``counter``
         (its request and KV head's) merges the ``G`` query heads (:func:`_merged_heads`) into
@@ -141,7 +141,7 @@ if triton is not None:
             last = (n == 0) & (s == 0)
         if last:
             tl.store(counter, 0)
-            o = _merged_heads(m_in, l_in, acc_in, first, n, G, D, SPLITS, BLOCK_S, MERGE_G, CHUNK)
+            o = _merged_heads(m_in, l_in, acc_in, first, n, G, D, SPLITS, MERGE_G, CHUNK)
             rg = tl.arange(0, MERGE_G)[:, None]
             rows = out + o_row + rg * o_sh + tl.arange(0, D)[None, :]
             tl.store(rows, o.to(out.dtype.element_ty), mask=rg < G)
@@ -149,14 +149,15 @@ if triton is not None:
     @triton.jit
     def _finish(
         m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, o_row, o_sh, G: tl.constexpr,
-        D: tl.constexpr, SPLITS: tl.constexpr, LAST_MERGES: tl.constexpr, BLOCK_S: tl.constexpr,
-        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        D: tl.constexpr, SPLITS: tl.constexpr, LAST_MERGES: tl.constexpr, MERGE_G: tl.constexpr,
+        CHUNK: tl.constexpr,
     ):  # fmt: skip
         """A split program's end: its state (``m``, ``l_sum`` ``[BLOCK_G]``, ``acc [BLOCK_G, D]``
         of query heads ``hk * G + g``) stored unless its share holds no keys (``s >= n``); then,
         with ``LAST_MERGES``, :func:`_merge_last` (output row ``o_row``)."""
         rg, rd = tl.arange(0, m.shape[0]), tl.arange(0, D)
-        state = (b * (G * tl.num_programs(1)) + hk * G + rg) * SPLITS + s
+        heads = hk * G + rg
+        state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
         keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (EFFECTIVE)
         tl.store(m_out + state, m, mask=keep)
         tl.store(l_out + state, l_sum, mask=keep)
@@ -165,23 +166,8 @@ if triton is not None:
             first = (b * (G * tl.num_programs(1)) + hk * G) * SPLITS  # NOTE: head hk * G's split 0
             counter = arrivals + b * tl.num_programs(1) + hk
             _merge_last(
-                m_out,
-                l_out,
-                acc_out,
-                out,
-                first,
-                o_row,
-                o_sh,
-                counter,
-                s,
-                n,
-                G,
-                D,
-                SPLITS,
-                BLOCK_S,
-                MERGE_G,
-                CHUNK,
-            )
+                m_out, l_out, acc_out, out, first, o_row, o_sh, counter, s, n, G, D, SPLITS, MERGE_G, CHUNK,
+            )  # fmt: skip
 
     @triton.jit
     def _decode_split(
@@ -190,7 +176,7 @@ if triton is not None:
         scale_log2, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
         F32_DOT: tl.constexpr, EFFECTIVE: tl.constexpr, LAST_MERGES: tl.constexpr,
-        BLOCK_S: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
@@ -242,7 +228,7 @@ if triton is not None:
             m = m_new
         _finish(
             m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, b64 * o_sb + hk * G * o_sh, o_sh,
-            G, D, SPLITS, LAST_MERGES, BLOCK_S, MERGE_G, CHUNK,
+            G, D, SPLITS, LAST_MERGES, MERGE_G, CHUNK,
         )  # fmt: skip
 
     @triton.jit

@@ -170,7 +170,7 @@ def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope
     ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb kn_sb vn_sb cs_sb loc_sb o_sb o_sh"
     constexprs = dict(
         PAGE=16, D=d, G=4, BLOCK_G=16, BLOCK_N=64, SPLITS=33, PDL=True, ROPE=rope, F32_DOT=False,
-        EFFECTIVE=True, LAST_MERGES=mode == "last", BLOCK_S=64, MERGE_G=4, CHUNK=dl.MERGE_TILE // (4 * d),
+        EFFECTIVE=True, LAST_MERGES=mode == "last", MERGE_G=4, CHUNK=dl.MERGE_TILE // (4 * d),
     )  # fmt: skip
     ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, dl.SPLIT_WARPS[d])
     assert ptx.count("atom.global.gpu.acq_rel.add") == (mode == "last")
