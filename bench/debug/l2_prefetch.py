@@ -107,16 +107,11 @@ def total(fns, flush: torch.Tensor, iters: int) -> list[float]:
 SHAPES = {"1b_gate_up": (16384, 2048), "1b_o": (2048, 2048), "8b_gate_up": (28672, 4096)}
 
 
-def layers_graph(
-    dev: torch.device, spin: int, layers: int, pf: tuple[str, int, int] | None, iters: int
-) -> float:
+def layers_graph(dev: torch.device, spin: int, layers: int, pf: tuple[str, int, int] | None, iters: int) -> float:
     """p50 us of one replay of ``layers`` x (qkv, sleep ~ attention, o, gate_up, down) of the 1B shape,
     with the gate_up weight's first ``pf`` bytes prefetched on a side stream forked after qkv."""
     shapes = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
-    ws = [
-        [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for n, k in shapes]
-        for _ in range(layers)
-    ]
+    ws = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for n, k in shapes] for _ in range(layers)]
     x = torch.randn(1, 2048, device=dev, dtype=torch.bfloat16)
     side = torch.cuda.Stream(dev)
 
@@ -164,10 +159,7 @@ def graph_rows(dev: torch.device, spin: int, iters: int) -> list[dict]:
             for programs in (16, 32, 64):
                 t = layers_graph(dev, spin, 16, (flavour, mb << 20, programs), iters)
                 rows.append({"flavour": flavour, "mb": mb, "programs": programs, "us": t, "base_us": base})
-                print(
-                    f"16 layers, {flavour:9s} {mb:2d} MB on {programs:2d} programs: {t:7.1f} us ({t - base:+6.1f})",
-                    flush=True,
-                )
+                print(f"16 layers, {flavour:9s} {mb:2d} MB on {programs:2d} programs: {t:7.1f} us ({t - base:+6.1f})", flush=True)
     return rows
 
 
@@ -186,11 +178,7 @@ def main() -> None:
         rows = graph_rows(dev, spin, args.iters)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(
-                    {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": rows},
-                    f,
-                    indent=1,
-                )
+                json.dump({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": rows}, f, indent=1)
         return
     rows = []
     med = statistics.median
@@ -201,14 +189,7 @@ def main() -> None:
         base = med(timed(lambda: None, lambda: skinny_linear(x, w), flush, args.iters, 0))
         hot = med(timed(lambda: skinny_linear(x, w), lambda: skinny_linear(x, w), flush, args.iters, 0))
         s_g = med(total([lambda: torch.cuda._sleep(spin), lambda: skinny_linear(x, w)], flush, args.iters))
-        row = {
-            "shape": name,
-            "n": n,
-            "k": k,
-            "mb": w.numel() * 2 / 2**20,
-            "gemm_us": base,
-            "gemm_l2_hot_us": hot,
-        }
+        row = {"shape": name, "n": n, "k": k, "mb": w.numel() * 2 / 2**20, "gemm_us": base, "gemm_l2_hot_us": hot}
         row["sleep_gemm_us"] = s_g
         for flavour in ("line", "line_last", "bulk"):
             for mb in (8, 16, 24):
@@ -216,29 +197,16 @@ def main() -> None:
                 pf = lambda f=flavour, b=nbytes: prefetch(f, w, b, args.programs)  # noqa: E731
                 after = med(timed(pf, lambda: skinny_linear(x, w), flush, args.iters, spin * 4))
                 alone = med(timed(lambda: None, pf, flush, args.iters, 0))
-                both = med(
-                    total(
-                        [pf, lambda: torch.cuda._sleep(spin), lambda: skinny_linear(x, w)], flush, args.iters
-                    )
-                )
+                both = med(total([pf, lambda: torch.cuda._sleep(spin), lambda: skinny_linear(x, w)], flush, args.iters))
                 assert torch.equal(skinny_linear(x, w), ref)
                 row[f"{flavour}_{mb}MB"] = {"gemm_after_us": after, "pf_us": alone, "pf_sleep_gemm_us": both}
-                print(
-                    f"{name} {flavour:9s} {mb:2d} MB: gemm {base:6.2f} -> {after:6.2f} us (hot {hot:6.2f});"
-                    f" pf {alone:5.2f} us; sleep+gemm {s_g:6.2f} -> pf+sleep+gemm {both:6.2f} us",
-                    flush=True,
-                )
+                print(f"{name} {flavour:9s} {mb:2d} MB: gemm {base:6.2f} -> {after:6.2f} us (hot {hot:6.2f});"
+                      f" pf {alone:5.2f} us; sleep+gemm {s_g:6.2f} -> pf+sleep+gemm {both:6.2f} us", flush=True)
         rows.append(row)
-    meta = {
-        "device": torch.cuda.get_device_name(dev),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
+    meta = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"meta": meta, "spin_cycles": spin, "programs": args.programs, "rows": rows}, f, indent=1
-            )
+            json.dump({"meta": meta, "spin_cycles": spin, "programs": args.programs, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
