@@ -14,8 +14,9 @@
 # s5:     (fourth session) the decode kernel's and the reworked sampler's GPU tests, the sampler bench
 #         against the old kernels (v1, same process), the host path of run(); with the model
 #         installed, SmolLM2's engine (greedy, top-p) twice and the 1B / 8B steps at bs 1.
-# mergecheck: (fifth session) the split decode kernel's GPU tests, then the model-level ones with
-#         each opt-in merge (GRAPHRT_DECODE_EFFECTIVE_SPLITS=1, GRAPHRT_DECODE_MERGE_LAST=1).
+# mergecheck kernels|models: (fifth session) the split decode kernel's GPU tests (every merge),
+#         or folded RoPE's and the model-level ones with each opt-in merge on
+#         (GRAPHRT_DECODE_EFFECTIVE_SPLITS=1, then GRAPHRT_DECODE_MERGE_LAST=1).
 # mergebench [config...]: for each config (default: all of default effective last last16) the 1B and
 #         8B steps at bs 1, context 512, and SmolLM2's engine (with the model installed); JSON:
 #         merge_json.tgz. Pass fewer configs per call when a call's time is short.
@@ -138,14 +139,17 @@ s5() {
   tar -C "$OUT" -czf "$OUT/s5_json.tgz" json && rm -rf "$OUT/json"
 }
 
-mergecheck() {
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_merge.py \
-    tests/attention/test_decode_kernel.py tests/attention/test_decode_attend.py tests/attention/test_decode_rope.py 2>&1 \
-    | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
+mergecheck() {  # kernels | models (each under the 10-minute call limit)
+  if [ "${1:-kernels}" = kernels ]; then
+    timeout 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_merge.py \
+      tests/attention/test_decode_kernel.py tests/attention/test_decode_attend.py 2>&1 \
+      | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
+    return
+  fi
   for on in GRAPHRT_DECODE_EFFECTIVE_SPLITS GRAPHRT_DECODE_MERGE_LAST; do
     echo "== $on=1" | tee -a "$log"
-    env "$on=1" timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
-      tests/attention/test_decode_attend.py tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
+    env "$on=1" timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
+      tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
       | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
   done
 }
@@ -175,7 +179,7 @@ mergebench() {  # config names (default: every one in MERGES' order below)
 }
 
 case "$what" in
-mergecheck) mergecheck ;;
+mergecheck) shift; mergecheck "$@" ;;
 mergebench) shift; mergebench "$@" ;;
 s5) s5 ;;
 fold) fold ;;
