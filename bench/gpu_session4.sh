@@ -14,10 +14,16 @@
 # s5:     (fourth session) the decode kernel's and the reworked sampler's GPU tests, the sampler bench
 #         against the old kernels (v1, same process), the host path of run(); with the model
 #         installed, SmolLM2's engine (greedy, top-p) twice and the 1B / 8B steps at bs 1.
+# mergecheck kernels|models: (fifth session) the split decode kernel's GPU tests (every merge),
+#         or folded RoPE's and the model-level ones with each opt-in merge on
+#         (GRAPHRT_DECODE_EFFECTIVE_SPLITS=1, then GRAPHRT_DECODE_MERGE_LAST=1).
+# mergebench [config...]: for each config (default: all of default effective last last16) the 1B and
+#         8B steps at bs 1, context 512, and SmolLM2's engine (with the model installed); JSON:
+#         merge_json.tgz. Pass fewer configs per call when a call's time is short.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp|repeat|fold|s5}
+what=${1:?check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -133,7 +139,48 @@ s5() {
   tar -C "$OUT" -czf "$OUT/s5_json.tgz" json && rm -rf "$OUT/json"
 }
 
+mergecheck() {  # kernels | models (each under the 10-minute call limit)
+  if [ "${1:-kernels}" = kernels ]; then
+    timeout 540 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_merge.py \
+      tests/attention/test_decode_kernel.py tests/attention/test_decode_attend.py 2>&1 \
+      | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
+    return
+  fi
+  for on in GRAPHRT_DECODE_EFFECTIVE_SPLITS GRAPHRT_DECODE_MERGE_LAST; do
+    echo "== $on=1" | tee -a "$log"
+    env "$on=1" timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
+      tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
+      | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
+  done
+}
+
+#: The merges mergebench compares: name -> the switches it sets.
+declare -A MERGES=(
+  [default]=""
+  [effective]="GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
+  [last]="GRAPHRT_DECODE_MERGE_LAST=1"
+  [last16]="GRAPHRT_DECODE_MERGE_LAST=1 GRAPHRT_DECODE_MAX_SPLITS=16"
+)
+
+mergebench() {  # config names (default: every one in MERGES' order below)
+  local configs=("$@")
+  [ ${#configs[@]} -eq 0 ] && configs=(default effective last last16)
+  for name in "${configs[@]}"; do
+    [ -n "${MERGES[$name]+x}" ] || { echo "unknown merge config $name" | tee -a "$log"; continue; }
+    echo "== $name: ${MERGES[$name]:-(no switch)}" | tee -a "$log"
+    (
+      for kv in ${MERGES[$name]}; do export "${kv?}"; done
+      TAIL=3 bench_model llama-3.2-1b 1
+      TAIL=3 bench_model llama-3-8b 1
+      if [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then bench_overlap; fi
+    )
+  done
+  tar -C "$OUT" -czf "$OUT/merge_json.tgz" json && rm -rf "$OUT/json"
+}
+
 case "$what" in
+mergecheck) shift; mergecheck "$@" ;;
+mergebench) shift; mergebench "$@" ;;
 s5) s5 ;;
 fold) fold ;;
 repeat) repeat ;;

@@ -15,7 +15,10 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
   ``cos_sin`` row and the slot too), ``q`` and the cache after it (the previous kernel stores
   this step's k and v, or produces them: the qkv projection, with RoPE).
 - ``_decode_merge``: per (request, query head), the splits' states weighted by ``exp(m_s - M)``
-  in split order, divided once; a request with no keys (a pad row) gets zeros.
+  in split order, divided once; a request with no keys (a pad row) gets zeros. Opt-in variants
+  (``decode_launch``): only the splits whose shares hold keys store and merge
+  (``GRAPHRT_DECODE_EFFECTIVE_SPLITS=1``), or the last of them merges in the split launch
+  (``GRAPHRT_DECODE_MERGE_LAST=1``, one launch).
 
 With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE=1``; off by default) the split
 launch also does :func:`graphrt.kv.rope_store.rope_store`'s work: it rotates ``q`` on load,
@@ -35,11 +38,11 @@ import os
 
 import torch
 
-from graphrt.attention import decode_triton as kernels
+from graphrt.attention import decode_launch
 from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
 from graphrt.kv import rope_store
 from graphrt.metadata.base import StepMetadata
-from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_enabled
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_enabled  # noqa: F401
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
 #: where it applies, ``0`` keeps FA3's call.
@@ -52,13 +55,15 @@ ROPE_ENV = "GRAPHRT_DECODE_ROPE"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
 DTYPES = (torch.bfloat16, torch.float16)
-BLOCK_N = 64
 #: Head dims the kernel takes (powers of two: ``tl.arange`` over the head).
 HEAD_DIMS = (64, 128, 256)
-#: Warps of a split program by head dim. NOTE: at 128 on 4 warps ptxas (sm_90) spills 88 bytes
-#: a thread (296 with RoPE folded in); on 8 none (220 / 254 registers).
-SPLIT_WARPS = {64: 4, 128: 8, 256: 8}
 MAX_GROUP = 16
+#: ``GRAPHRT_DECODE_MAX_SPLITS``: a cap on :func:`num_splits`' count (unset: none). Still a
+#: function of the bucket and the table's width: the switch is read per launch, fixed per process.
+MAX_SPLITS_ENV = "GRAPHRT_DECODE_MAX_SPLITS"
+#: The merge's switches (:mod:`graphrt.attention.decode_launch` says what each does).
+EFFECTIVE_ENV, MERGE_LAST_ENV = decode_launch.EFFECTIVE_ENV, decode_launch.MERGE_LAST_ENV
+BLOCK_N = decode_launch.BLOCK_N
 
 
 def enabled(device: torch.device) -> bool:
@@ -130,7 +135,15 @@ def _split_plan(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> t
     key) and whether it launches with PDL."""
     keys = meta.buffers.page_table.shape[1] * meta.page_size
     splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
-    return splits, pdl_enabled(PDL_ENV, q.device)
+    return min(splits, split_cap()), pdl_enabled(PDL_ENV, q.device)
+
+
+def split_cap() -> int:
+    """:data:`MAX_SPLITS_ENV` as a positive int (a large one when unset)."""
+    raw = os.environ.get(MAX_SPLITS_ENV, "")
+    if raw and not (raw.isdigit() and int(raw) > 0):
+        raise ValueError(f"{MAX_SPLITS_ENV}={raw!r}: want a positive integer")
+    return int(raw) if raw else 1 << 30
 
 
 def rope_takes(
@@ -234,66 +247,3 @@ def decode_rope_attention(
     return torch.ops.graphrt.decode_rope_attention(
         q, k, v, cos_sin, loc, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl
     )
-
-
-def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool,
-) -> torch.Tensor:  # fmt: skip
-    # NOTE: without RoPE the new-token arguments are never read: q and the lengths stand in
-    return _launch(
-        q, (q, q, q, cache_seqlens), k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, False
-    )
-
-
-def _decode_rope_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor, loc: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, cache_seqlens: torch.Tensor,
-    scale: float, splits: int, pdl: bool,
-) -> torch.Tensor:  # fmt: skip
-    new = (k, v, cos_sin, loc)
-    return _launch(q, new, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, True)
-
-
-def _launch(
-    q: torch.Tensor, new: tuple[torch.Tensor, ...], k_cache: torch.Tensor, v_cache: torch.Tensor,
-    page_table: torch.Tensor, cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool, rope: bool,
-) -> torch.Tensor:  # fmt: skip
-    """The split and merge launches; ``new``: ``(k, v, cos_sin, loc)`` of the new tokens."""
-    assert triton is not None, "decode attention needs Triton"
-    b, heads, d = q.shape
-    page, heads_k = k_cache.shape[1], k_cache.shape[2]
-    group = heads // heads_k
-    m = torch.empty((b, heads, splits), dtype=torch.float32, device=q.device)
-    l_sum = torch.empty_like(m)
-    acc = torch.empty((b, heads, splits, d), dtype=torch.float32, device=q.device)
-    out = torch.empty((b, heads, d), dtype=q.dtype, device=q.device)
-    k, v, cos_sin, loc = new
-    kernels._decode_split[(b, heads_k, splits)](
-        q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, k, v, cos_sin, loc,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        page_table.stride(0), k.stride(0) if rope else 0, v.stride(0) if rope else 0,
-        cos_sin.stride(0) if rope else 0, loc.stride(0) if rope else 0, scale * 1.4426950408889634,
-        PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        SPLITS=splits, PDL=pdl, ROPE=rope, F32_DOT=not q.is_cuda, num_warps=SPLIT_WARPS[d], launch_pdl=pdl,
-    )  # fmt: skip
-    kernels._decode_merge[(b, heads)](
-        m, l_sum, acc, out, out.stride(0), out.stride(1),
-        D=d, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), PDL=pdl, num_warps=4, launch_pdl=pdl,
-    )  # fmt: skip
-    return out
-
-
-# NOTE: one ``torch.ops.graphrt`` op per kernel pair, so the emulated capture engine records and
-# replays it like an aten op; the RoPE variant declares the caches it writes.
-_LIB = torch.library.Library("graphrt", "FRAGMENT")
-_LIB.define(
-    "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens, "
-    "float scale, int splits, bool pdl) -> Tensor"
-)
-_LIB.impl("decode_attention", _decode_attention, "CompositeExplicitAutograd")
-_LIB.define(
-    "decode_rope_attention(Tensor q, Tensor k, Tensor v, Tensor cos_sin, Tensor loc, Tensor(a!) k_cache, "
-    "Tensor(b!) v_cache, Tensor page_table, Tensor cache_seqlens, float scale, int splits, bool pdl) -> Tensor"
-)
-_LIB.impl("decode_rope_attention", _decode_rope_attention, "CompositeExplicitAutograd")

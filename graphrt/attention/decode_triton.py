@@ -2,7 +2,10 @@
 
 ``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
-head ``h`` merged. With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
+head ``h`` merged. With ``EFFECTIVE`` only the ``n`` splits whose shares hold keys store a state and
+the merge reads those (:func:`_shares`); with ``LAST_MERGES`` there is no merge launch: the last
+of the ``n`` programs of a (request, KV head) to count itself merges its ``G`` heads
+(:func:`_merge_last`). With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
 work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
 rounded to the model's dtype, the same expressions as ``rope_store``'s; the scores are the sum of
 the two halves' dots), reads the key and value
@@ -81,17 +84,104 @@ if triton is not None:
         return _dot(q1, tl.trans(k1), F32_DOT) + _dot(q2, tl.trans(k2), F32_DOT)
 
     @triton.jit
+    def _shares(seqlen, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, EFFECTIVE: tl.constexpr):
+        """A row of ``seqlen`` keys: the keys of each split's share (whole ``BLOCK_N`` blocks; 0
+        without keys) and how many splits a merge reads: with ``EFFECTIVE`` the ``cdiv(seqlen,
+        per)`` whose shares hold keys (0 without keys), else all ``SPLITS``."""
+        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
+        n = tl.cdiv(seqlen, tl.maximum(per, 1)) if EFFECTIVE else seqlen * 0 + SPLITS
+        return per, n
+
+    @triton.jit
+    def _merged_heads(
+        m_in, l_in, acc_in, first, n, G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        """The first ``n`` split states of ``G`` consecutive query heads (``first``: the state
+        index of head 0's split 0) merged, ``[MERGE_G, D]`` fp32: ``CHUNK`` splits of every head
+        at a time, weighted by ``exp(m_s - M)`` against the running max ``M`` (earlier chunks
+        rescaled when it grows), divided once; zeros without keys. NOTE: m, l and acc load
+        together, so up to ``CHUNK`` splits cost one L2 round trip (``.cg``: other programs of
+        this launch stored them)."""
+        rg, rc, rd = tl.arange(0, MERGE_G), tl.arange(0, CHUNK), tl.arange(0, D)
+        rows = first + rg * SPLITS
+        top = tl.full((MERGE_G,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((MERGE_G,), dtype=tl.float32)
+        o = tl.zeros((MERGE_G, D), dtype=tl.float32)
+        for c0 in range(0, n, CHUNK):
+            at = rows[:, None] + c0 + rc[None, :]
+            ok = (rg[:, None] < G) & (c0 + rc[None, :] < n)
+            mc = tl.load(m_in + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            lc = tl.load(l_in + at, mask=ok, other=0.0, cache_modifier=".cg")
+            at3, ok3 = at[:, :, None] * D + rd[None, None, :], ok[:, :, None]
+            acc = tl.load(acc_in + at3, mask=ok3, other=0.0, cache_modifier=".cg")
+            new = tl.maximum(top, tl.max(mc, axis=1))
+            safe = tl.where(new > float("-inf"), new, 0.0)  # NOTE: a head without keys: no inf - inf
+            alpha = tl.exp2(top - safe)
+            w = tl.where(mc > float("-inf"), tl.exp2(mc - safe[:, None]), 0.0)
+            total = total * alpha + tl.sum(lc * w, axis=1)
+            o = o * alpha[:, None] + tl.sum(acc * w[:, :, None], axis=1)
+            top = new
+        o = o / tl.where(total > 0, total, 1.0)[:, None]
+        return tl.where(total[:, None] > 0, o, 0.0)
+
+    @triton.jit
+    def _merge_last(
+        m_in, l_in, acc_in, out, first, o_row, o_sh, counter, s, n, G: tl.constexpr, D: tl.constexpr,
+        SPLITS: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        """The last of the ``n`` programs whose shares hold keys to count itself on ``counter``
+        (its request and KV head's) merges the ``G`` query heads (:func:`_merged_heads`) into
+        ``out + o_row`` and sets the counter back to 0; programs without keys never count, and
+        with no keys at all (``n == 0``) program 0 writes the zeros."""
+        tl.debug_barrier()  # NOTE: every thread's state stores before the one atomic (release)
+        if s < n:  # noqa: SIM108 (a branch: only these programs count)
+            last = tl.atomic_add(counter, 1) == n - 1  # NOTE: acq_rel: the others' states are visible
+        else:
+            last = (n == 0) & (s == 0)
+        if last:
+            tl.store(counter, 0)
+            o = _merged_heads(m_in, l_in, acc_in, first, n, G, D, SPLITS, MERGE_G, CHUNK)
+            rg = tl.arange(0, MERGE_G)[:, None]
+            rows = out + o_row + rg * o_sh + tl.arange(0, D)[None, :]
+            tl.store(rows, o.to(out.dtype.element_ty), mask=rg < G)
+
+    @triton.jit
+    def _finish(
+        m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, o_row, o_sh, G: tl.constexpr,
+        D: tl.constexpr, SPLITS: tl.constexpr, LAST_MERGES: tl.constexpr, MERGE_G: tl.constexpr,
+        CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        """A split program's end: its state (``m``, ``l_sum`` ``[BLOCK_G]``, ``acc [BLOCK_G, D]``
+        of query heads ``hk * G + g``) stored unless its share holds no keys (``s >= n``); then,
+        with ``LAST_MERGES``, :func:`_merge_last` (output row ``o_row``)."""
+        rg, rd = tl.arange(0, m.shape[0]), tl.arange(0, D)
+        heads = hk * G + rg
+        state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
+        keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (EFFECTIVE)
+        tl.store(m_out + state, m, mask=keep)
+        tl.store(l_out + state, l_sum, mask=keep)
+        tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
+        if LAST_MERGES:
+            first = (b * (G * tl.num_programs(1)) + hk * G) * SPLITS  # NOTE: head hk * G's split 0
+            counter = arrivals + b * tl.num_programs(1) + hk
+            _merge_last(
+                m_out, l_out, acc_out, out, first, o_row, o_sh, counter, s, n, G, D, SPLITS, MERGE_G, CHUNK,
+            )  # fmt: skip
+
+    @triton.jit
     def _decode_split(
         q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, k_new, v_new, cos_sin, loc,
-        q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, scale_log2,
-        PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+        arrivals, out, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, o_sb, o_sh,
+        scale_log2, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-        F32_DOT: tl.constexpr,
+        F32_DOT: tl.constexpr, EFFECTIVE: tl.constexpr, LAST_MERGES: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
         seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
-        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
+        per, n = _shares(seqlen, BLOCK_N, SPLITS, EFFECTIVE)
         start = s * per
         end = tl.minimum(start + per, seqlen)
         slot = tl.load(loc + b64 * loc_sb) if ROPE else -1  # NOTE: angles and slot: before the layer too
@@ -136,24 +226,24 @@ if triton is not None:
             vt = _tile(v_cache, rows, rd, cached, own, vn, ROPE)
             acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, F32_DOT)
             m = m_new
-        state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
-        keep = rg < G
-        tl.store(m_out + state, m, mask=keep)
-        tl.store(l_out + state, l_sum, mask=keep)
-        tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
+        _finish(
+            m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, b64 * o_sb + hk * G * o_sh, o_sh,
+            G, D, SPLITS, LAST_MERGES, MERGE_G, CHUNK,
+        )  # fmt: skip
 
     @triton.jit
     def _decode_merge(
-        m_in, l_in, acc_in, out, o_sb, o_sh,
-        D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+        m_in, l_in, acc_in, seqlens, out, o_sb, o_sh, D: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EFFECTIVE: tl.constexpr,
     ):  # fmt: skip
         b, h = tl.program_id(0), tl.program_id(1)
         rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
+        _, n = _shares(tl.load(seqlens + b), BLOCK_N, SPLITS, EFFECTIVE)  # NOTE: ahead of the wait
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         state = (b * tl.num_programs(1) + h) * SPLITS + rs
-        has = rs < SPLITS
+        has = rs < n  # NOTE: a split past n stored nothing (EFFECTIVE) or its empty state (-inf, 0, 0)
         m = tl.load(m_in + state, mask=has, other=float("-inf"))
         l_sum = tl.load(l_in + state, mask=has, other=0.0)
         top = tl.max(m, axis=0)

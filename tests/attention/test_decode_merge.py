@@ -1,0 +1,210 @@
+"""The split decode kernel's three merges (``graphrt.attention.decode_launch``): every split (the
+default), only the splits holding keys (``GRAPHRT_DECODE_EFFECTIVE_SPLITS=1``), and the last split
+program holding keys merging in the split launch (``GRAPHRT_DECODE_MERGE_LAST=1``).
+
+Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1`` (small shapes; a CPU box
+with Triton reruns this file so, last test). Lengths leave most splits without keys (a 4096-key
+table, rows of 1, 65, 512 and 0 keys) and split counts run past the table's key blocks. Checked:
+each merge within the kernel's tolerance of the float64 oracle; the splits-holding-keys merge bit
+for bit the default's; the last-split merge within one bf16 rounding of it, its arrival counters
+at 0 after every launch and a second launch bit-equal; a row without keys gets zeros; on the GPU
+a graph (PDL) replayed with new lengths bit-equal to eager calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt.attention import decode_kernel as dk
+from graphrt.attention import decode_launch as dl
+from graphrt.step import scratch
+from tests.attention.test_decode_kernel import oracle
+from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+
+ATOL = 2e-2
+#: The merge switches of each mode ("chunks": the last-split merge 2 splits of each head a step).
+MODES = {"every": {}, "effective": {dk.EFFECTIVE_ENV: "1"}, "last": {dk.MERGE_LAST_ENV: "1"}}
+MODES["chunks"] = MODES["last"]
+#: (query heads, KV heads, head dim): SmolLM2 (the interpreter's), Llama-3.2-1B, Llama-3-8B, MHA.
+GPU_SHAPES = [(9, 3, 64), (32, 8, 64), (32, 8, 128), (4, 4, 64)]
+#: (table width in keys, lengths): most splits empty; a table narrower than the split counts.
+TABLES = [(4096, [1, 65, 512, 0]), (128, [1, 65, 128, 0])]
+
+
+def case(device: torch.device, lens: list[int], shape: tuple[int, int, int], keys: int, page: int = 16):
+    """Random bf16 q and caches; a ``keys``-wide table per request: its own pages shuffled, then
+    page 0 (the pad page, as the runtime pads a table) to the width."""
+    heads, heads_k, d = shape
+    gen = torch.Generator().manual_seed(11)
+    need = [-(-n // page) for n in lens]
+    perm = (torch.randperm(sum(need), generator=gen) + 1).to(torch.int32).split(need)
+    table = torch.zeros(len(lens), keys // page, dtype=torch.int32)
+    for row, pages in zip(table, perm, strict=True):
+        row[: len(pages)] = pages
+    cache = (sum(need) + 1, page, heads_k, d)
+    k, v = torch.randn(cache, generator=gen), torch.randn(cache, generator=gen)
+    q = torch.randn(len(lens), heads, d, generator=gen)
+    q, k, v = (t.to(device, torch.bfloat16) for t in (q, k, v))
+    return q, k, v, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def use(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Set the switches of ``mode`` (the others unset)."""
+    for env in (dk.EFFECTIVE_ENV, dk.MERGE_LAST_ENV):
+        monkeypatch.delenv(env, raising=False)
+    for env, value in MODES[mode].items():
+        monkeypatch.setenv(env, value)
+
+
+def split_counts(device: torch.device, keys: int) -> tuple[int, ...]:
+    """Every split count the interpreter can afford; on the GPU up to far past the key blocks."""
+    if device.type == "cpu":
+        return (1, 33) if keys > 128 else (3, 5)
+    return (1, 7, 33, 80)
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("mode", ["effective", "last", "chunks"])
+@pytest.mark.parametrize(("keys", "lens"), TABLES)
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_merge_matches_the_default_and_the_oracle(device, mode, keys, lens, shape, monkeypatch) -> None:
+    """On the GPU a row of ``keys - 1`` keys too: many splits hold keys (several merge steps)."""
+    if device.type == "cpu" and shape != GPU_SHAPES[0]:
+        pytest.skip("the interpreter runs the small shape")
+    if mode == "chunks":
+        monkeypatch.setattr(dl, "MERGE_TILE", 2 * 4 * shape[2])  # NOTE: 2 splits of 3 or 4 heads
+    lens = lens + [keys - 1] * (device.type == "cuda")
+    q, k, v, table, seqlens = case(device, lens, shape, keys)
+    scale = shape[2] ** -0.5
+    expected = oracle(q, k, v, table, seqlens, scale)
+    for splits in split_counts(device, keys):
+        use(monkeypatch, "every")
+        want = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+        use(monkeypatch, mode)
+        got = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+        if mode == "effective":
+            assert torch.equal(got, want), f"{splits} splits: differs from every split's merge"
+        else:
+            assert not scratch.counters(len(lens) * shape[1], device).any(), "counters left at 0"
+            again = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+            assert torch.equal(got, again), f"{splits} splits: a second launch differs"
+            torch.testing.assert_close(got.float(), want.float(), atol=1e-5, rtol=2**-7)
+        assert got[3].abs().max() == 0, "the row without keys gets zeros"
+        torch.testing.assert_close(
+            got.double().cpu(), expected, atol=ATOL, rtol=ATOL, msg=lambda m, s=splits: f"{s}: {m}"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or dk.triton is None, reason="no CUDA / Triton")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_graph_replay_with_new_lengths_equals_eager(mode: str, monkeypatch) -> None:
+    """Captured once with PDL on a side stream (warmed up there first, so the last-split merge
+    shares that stream's counters), then lengths and pages rewritten in place: every replay
+    equals an eager call (no PDL) bit for bit, and the counters read 0 after each."""
+    use(monkeypatch, mode)
+    q, k, v, table, seqlens = case(torch.device("cuda"), [1, 65, 512, 0], (32, 8, 64), 4096)
+    splits = dk.num_splits(4, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        dk.decode_attention(
+            q, k, v, table, seqlens, 0.125, splits, True
+        )  # NOTE: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, True)
+    torch.cuda.synchronize()
+    for lens in ([600, 0, 1, 4096], [64, 65, 0, 3000], [0, 0, 0, 1], [1, 65, 512, 0]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        table.copy_(table.roll(1, 0))  # NOTE: other rows' pages (no row reads past the cache)
+        graph.replay()
+        eager = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, False)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), lens
+        with torch.cuda.stream(stream):
+            assert not scratch.counters(4 * 8, q.device).any(), f"{lens}: counters left at 0"
+
+
+def test_the_split_cap_lowers_the_steps_split_count(monkeypatch) -> None:
+    """``GRAPHRT_DECODE_MAX_SPLITS`` caps the count ``attend`` launches (CPU tensors, no Triton
+    needed); a value that is not a positive integer is refused, naming it."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(dk, "sm_count", lambda _: 132)
+    q, k = torch.zeros(1, 32, 64), torch.zeros(2, 16, 8, 64)
+    table = torch.zeros(1, 256, dtype=torch.int32)
+    meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table), page_size=16)
+    monkeypatch.delenv(dk.MAX_SPLITS_ENV, raising=False)
+    assert dk._split_plan(q, k, meta)[0] == 33  # type: ignore[arg-type]
+    monkeypatch.setenv(dk.MAX_SPLITS_ENV, "8")
+    assert dk._split_plan(q, k, meta)[0] == 8  # type: ignore[arg-type]
+    monkeypatch.setenv(dk.MAX_SPLITS_ENV, "64")
+    assert dk._split_plan(q, k, meta)[0] == 33  # type: ignore[arg-type]
+    for bad in ("0", "-3", "x"):
+        monkeypatch.setenv(dk.MAX_SPLITS_ENV, bad)
+        with pytest.raises(ValueError, match=f"GRAPHRT_DECODE_MAX_SPLITS='{bad}'"):
+            dk._split_plan(q, k, meta)  # type: ignore[arg-type]
+
+
+def test_counters_are_shared_per_stream_and_sized_in_powers_of_two() -> None:
+    cpu = torch.device("cpu")
+    a, b = scratch.counters(5, cpu), scratch.counters(8, cpu)
+    assert a is b and a.shape == (8,) and a.dtype == torch.int32 and not a.any()
+    assert scratch.counters(9, cpu).shape == (16,)
+
+
+@pytest.mark.skipif(dk.triton is None or INTERPRET, reason="needs Triton's compiler")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(("mode", "rope"), [("effective", False), ("last", False), ("last", True)])
+def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope: bool) -> None:
+    """The split launch through Triton's CUDA compiler for sm_90 (no GPU needed), the 1B / 8B
+    geometry (G 4, 33 splits) with PDL: ptxas spills nothing at head dims 64 and 128 (256
+    already spills), and only the last-split merge counts arrivals, with one acq_rel atomic."""
+    from tests.runtime.test_sampler_kernel import _ptxas_report
+
+    ptrs = "q k_cache v_cache page_table seqlens m_out l_out acc_out k_new v_new cos_sin loc arrivals out"
+    types = "bf16 bf16 bf16 i32 i32 fp32 fp32 fp32 bf16 bf16 bf16 i64 i32 bf16"
+    ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb kn_sb vn_sb cs_sb loc_sb o_sb o_sh"
+    constexprs = dict(
+        PAGE=16, D=d, G=4, BLOCK_G=16, BLOCK_N=64, SPLITS=33, PDL=True, ROPE=rope, F32_DOT=False,
+        EFFECTIVE=True, LAST_MERGES=mode == "last", MERGE_G=4, CHUNK=dl.MERGE_TILE // (4 * d),
+    )  # fmt: skip
+    ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, dl.SPLIT_WARPS[d])
+    assert ptx.count("atom.global.gpu.acq_rel.add") == (mode == "last")
+    assert " 0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(ptx)
+
+
+@pytest.mark.skipif(dk.triton is None or INTERPRET, reason="needs Triton's compiler")
+@pytest.mark.parametrize("d", [64, 128])
+def test_merge_kernel_compiles_for_hopper_without_spills(d: int) -> None:
+    from tests.runtime.test_sampler_kernel import _ptxas_report
+
+    constexprs = dict(D=d, SPLITS=33, BLOCK_S=64, BLOCK_N=64, PDL=True, EFFECTIVE=True)
+    ptrs, types = "m_in l_in acc_in seqlens out", "fp32 fp32 fp32 i32 bf16"
+    ptx = _ptx(dl.kernels._decode_merge, ptrs, types, "o_sb o_sh", constexprs, 4)
+    assert " 0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(ptx)
+
+
+def _ptx(fn, ptrs: str, types: str, ints: str, constexprs: dict, warps: int) -> str:
+    """``fn`` compiled for sm_90: pointers ``ptrs`` to ``types``, i32 ``ints``, fp32 the rest."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {name: "*" + t for name, t in zip(ptrs.split(), types.split(), strict=True)}
+    signature.update(dict.fromkeys(ints.split(), "i32"))
+    params = [a for a in fn.arg_names if a not in signature and a not in constexprs]
+    signature.update(dict.fromkeys(params, "fp32"))
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return dl.triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm[
+        "ptx"
+    ]
+
+
+@rerun_marks
+def test_kernel_under_triton_interpreter() -> None:
+    """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
+    rerun_under_interpreter(__file__, passed=8)
