@@ -78,12 +78,16 @@ if triton is not None:
         return a
 
     @triton.jit
-    def _prologue_gemm(
-        x, res, nw, w, bias, y, new, N, K, w_stride, eps,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr,
-        HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
+    def prologue_acc(
+        x, res, nw, w, bias, new, rn, N, K, w_stride, eps,
+        BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
     ):  # fmt: skip
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        """The fp32 sums (bias added, not rounded) of ``W``'s rows ``rn`` with the prologue's input.
+
+        Shared with the qkv + RoPE kernel (:mod:`graphrt.models.qkv_rope_kernel`), which picks
+        other rows: one tile shape, so each row's sum is the same sum in the same order.
+        """
         rk = tl.arange(0, BLOCK_K)
         w_rows = w + rn.to(tl.int64) * w_stride
         tile = w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
@@ -96,7 +100,7 @@ if triton is not None:
             a = _whole_input(x, res, nw, new, rk, K, eps, SILU_MUL, ADD, BF16)
             acc = tl.sum(tile.to(tl.float32) * a[None, :], axis=1)
         else:  # NOTE: the norm needs all of h first: a pass for it, then one per K tile
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            acc = tl.zeros(rn.shape, dtype=tl.float32)
             if not SILU_MUL:
                 inv_rms = _inv_rms(x, res, new, K, eps, BLOCK_K, ADD, BF16)
             for k0 in range(0, K, BLOCK_K):
@@ -109,6 +113,19 @@ if triton is not None:
                 tile = ahead
         if HAS_BIAS:
             acc += b
+        return acc
+
+    @triton.jit
+    def _prologue_gemm(
+        x, res, nw, w, bias, y, new, N, K, w_stride, eps,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
+    ):  # fmt: skip
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = prologue_acc(
+            x, res, nw, w, bias, new, rn, N, K, w_stride, eps,
+            BLOCK_K, SILU_MUL, ADD, HAS_BIAS, BF16, PDL, ONE_TILE,
+        )  # fmt: skip
         tl.store(y + rn, _rne(acc, BF16).to(y.dtype.element_ty), mask=rn < N)
 
     @triton.jit
