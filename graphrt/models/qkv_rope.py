@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import torch
 
@@ -66,6 +67,28 @@ def problem(
     return "x, cos_sin, the slot and the caches are on different devices" if len(devices) != 1 else None
 
 
+def project(
+    ctx: Any, layer_id: int, chunk: int | None, x: torch.Tensor, residual: torch.Tensor | None,
+    norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, bias: torch.Tensor | None,
+    cos_sin: torch.Tensor, num_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, KVSlot] | None:  # fmt: skip
+    """:func:`norm_qkv_rope` of layer ``layer_id`` where it applies: ``(q, h, slot)``, k and v
+    stored at ``slot`` (pass it to ``ctx.attention(..., stored=slot)``); else None, nothing run.
+
+    It applies with :func:`enabled`, a context that gives the layer a slot (``ctx.kv_slot``:
+    one token, 16-bit caches, the layer's own slots; ``chunk``: the layer's chunked-local
+    size) and tensors the kernel takes (:func:`problem`). Arguments as :func:`norm_qkv_rope`.
+    """
+    kv_slot = getattr(ctx, "kv_slot", None)  # NOTE: contexts of other kinds store k and v themselves
+    if x.shape[0] != 1 or kv_slot is None or not enabled(x.device):
+        return None
+    slot = kv_slot(layer_id, x.dtype, chunk=chunk)
+    if slot is None or problem(x, residual, norm_weight, weight, bias, cos_sin, num_heads, slot) is not None:
+        return None
+    q, h = norm_qkv_rope(x, residual, norm_weight, eps, weight, bias, cos_sin, num_heads, slot)
+    return q, h, slot
+
+
 def norm_qkv_rope(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: torch.Tensor | None, cos_sin: torch.Tensor, num_heads: int, slot: KVSlot,
@@ -95,36 +118,37 @@ def norm_qkv_rope(
     # NOTE: the norm GEMM's tile with 8 rows: its tile shape, so each row is summed in its order
     tile = dataclasses.replace(prologue.tile_for(*weight.shape, norm=True), block_n=BLOCK_N)
     tile, pdl = list(dataclasses.astuple(tile)), skinny.pdl_default(x.device) if pdl is None else pdl
+    q = torch.empty((1, num_heads, slot.k_cache.shape[3]), dtype=x.dtype, device=x.device)
+    h = torch.empty_like(x)
     args = (x, residual, norm_weight, float(eps), weight, bias, cos_sin, slot.k_cache, slot.v_cache, slot.loc)
-    return torch.ops.graphrt.qkv_rope_gemm(*args, num_heads, tile, pdl)
+    torch.ops.graphrt.qkv_rope_gemm(*args, q, h, tile, pdl)
+    return q, h
 
 
 def _qkv_rope(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: torch.Tensor | None, cos_sin: torch.Tensor, k_cache: torch.Tensor,
-    v_cache: torch.Tensor, loc: torch.Tensor, num_heads: int, tile: list[int], pdl: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    v_cache: torch.Tensor, loc: torch.Tensor, q: torch.Tensor, h: torch.Tensor, tile: list[int], pdl: bool,
+) -> None:  # fmt: skip
     assert triton is not None, "the qkv + RoPE epilogue needs Triton"
     n, k = weight.shape
     hk, d = k_cache.shape[2], k_cache.shape[3]
-    q = torch.empty((1, num_heads, d), dtype=x.dtype, device=x.device)
-    h = torch.empty_like(x)
     _, block_k, warps, stages = tile  # NOTE: tile[0] is BLOCK_N, fixed by the kernel's row layout
     kernels.qkv_rope_gemm[(n // BLOCK_N,)](
         x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias,
         q, h, cos_sin, k_cache, v_cache, loc, k, weight.stride(0), eps,
-        HQ=num_heads, HK=hk, HALF=d // 2, BLOCK_K=block_k, ADD=residual is not None, HAS_BIAS=bias is not None,
+        HQ=q.shape[1], HK=hk, HALF=d // 2, BLOCK_K=block_k, ADD=residual is not None, HAS_BIAS=bias is not None,
         BF16=x.dtype == torch.bfloat16, PDL=pdl, ONE_TILE=k <= block_k, num_warps=warps, num_stages=stages,
         launch_pdl=pdl,
     )  # fmt: skip
-    return q, h
 
 
-# NOTE: a fragment of the ``graphrt`` namespace; the caches are written in place (``a!``, ``b!``)
+# NOTE: a fragment of the ``graphrt`` namespace. Every output is an argument it writes (``!``):
+# the emulated engine re-runs a writing op for its writes and copies no returned tensor.
 _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
     "qkv_rope_gemm(Tensor x, Tensor? residual, Tensor norm_weight, float eps, Tensor weight, Tensor? bias, "
-    "Tensor cos_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, int num_heads, int[] tile, "
-    "bool pdl) -> (Tensor, Tensor)"
+    "Tensor cos_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, Tensor(c!) q, Tensor(d!) h, "
+    "int[] tile, bool pdl) -> ()"
 )
 _LIB.impl("qkv_rope_gemm", _qkv_rope, "CompositeExplicitAutograd")
