@@ -130,6 +130,53 @@ def test_bad_input_is_refused_by_name_and_nothing_written(device, kernels_on) ->
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and triton is not None), reason="no CUDA / Triton")
+def test_graph_replay_with_pdl_reads_new_input_angles_and_slot() -> None:
+    """Captured once after a skinny GEMM (its output is ``x``), both with PDL; then ``x``'s input,
+    the angles and the slot rewritten in place (a new step): each replay writes the new slot and
+    equals eager launches without PDL and the two unfused launches, bit for bit."""
+    device = torch.device("cuda")
+    shape = geometry(device, "1b")
+    heads, hidden = shape[0], shape[3]
+    _, residual, norm_w, w, b, cos_sin, kc, vc = make_case(device, shape, torch.bfloat16, False, 16)
+    gen = torch.Generator(device).manual_seed(5)
+    w_prev = (torch.randn(hidden, hidden, device=device, generator=gen) * hidden**-0.5).bfloat16()
+    src, loc = (
+        torch.randn(1, hidden, device=device, generator=gen).bfloat16(),
+        torch.tensor([5], device=device),
+    )
+    slot = KVSlot(0, kc, vc, loc)
+
+    def run(pdl: bool) -> tuple[torch.Tensor, ...]:
+        x = sk.skinny_linear(src, w_prev, pdl=pdl)  # NOTE: the kernel before it, as a layer's o-proj
+        return (x, *qr.norm_qkv_rope(x, residual, norm_w, EPS, w, b, cos_sin, heads, slot, pdl=pdl))
+
+    run(True)  # NOTE: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(True)
+    for seed, new_slot in enumerate((9, 0, 63)):
+        new = make_case(device, shape, torch.bfloat16, False, 16, seed=seed + 1)
+        src.copy_(torch.randn(1, hidden, device=device, generator=gen).bfloat16())
+        cos_sin.copy_(new[5])
+        loc.fill_(new_slot)
+        before = (kc.clone(), vc.clone())
+        graph.replay()
+        replayed = (*(t.clone() for t in out), kc.clone(), vc.clone())
+        kc.copy_(before[0])
+        vc.copy_(before[1])
+        x, q, h = run(False)
+        assert all(torch.equal(a, b) for a, b in zip(replayed, (x, q, h, kc, vc), strict=True)), seed
+        want_q, want_h, want_k, want_v = unfused(
+            (x, residual, norm_w, w, b, cos_sin, *before), heads, True, loc
+        )
+        assert torch.equal(q, want_q) and torch.equal(h, want_h), seed
+        assert torch.equal(kc, want_k) and torch.equal(vc, want_v), seed
+        assert not torch.equal(kc.flatten(0, 1)[new_slot], before[0].flatten(0, 1)[new_slot])
+
+
 def test_switch_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(qr.ENV, raising=False)
     assert not qr.enabled(torch.device("cuda")) and not qr.enabled(torch.device("cpu"))
