@@ -1,11 +1,15 @@
 """Triton kernel of the qkv projection with RoPE and the KV store in its epilogue (``qkv_rope_gemm``).
 
-The norm prologue GEMM (:func:`graphrt.models.prologue_kernel.prologue_acc`: one program per 8
-rows of ``W``, the same tile) whose programs take rows a rotation pairs: RoPE (NeoX halves) mixes
-output column ``i`` of a head with ``i + D/2``, so a program over the q and k heads takes 4
-consecutive ``i`` of one head and their 4 partners (rows ``h D + i0 + j`` and ``h D + D/2 + i0 +
-j``, ``j < 4``); a program over the v heads takes 8 consecutive rows. Row indices are computed,
-rows stay contiguous along ``K``: no weight is copied or permuted. Empty without Triton.
+The norm prologue GEMM (``prologue_weights`` then ``prologue_sum`` of
+:mod:`graphrt.models.prologue_kernel`: one program per 8 rows of ``W``, the same tile) whose
+programs take rows a rotation pairs: RoPE (NeoX halves) mixes output column ``i`` of a head with
+``i + D/2``, so a program over the q and k heads takes 4 consecutive ``i`` of one head and their 4
+partners (rows ``h D + i0 + j`` and ``h D + D/2 + i0 + j``, ``j < 4``); a program over the v
+heads takes 8 consecutive rows. Row indices are computed, rows stay contiguous along ``K``: no
+weight is copied or permuted. Empty without Triton.
+
+PDL: the weight tile (and bias) before ``gdc_wait()``; the stream, ``cos_sin`` and the slot after
+it (the cos/sin kernel runs right before layer 0 and lets its dependents start before it writes).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from graphrt.step.switches import tl, triton
 
 if triton is not None:
     from graphrt.kv.rope_store import rotate_halves
-    from graphrt.models.prologue_kernel import _rne, prologue_acc
+    from graphrt.models.prologue_kernel import _rne, prologue_sum, prologue_weights
 
     @triton.jit
     def _rows(p, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr):
@@ -42,16 +46,21 @@ if triton is not None:
         p = tl.program_id(0)
         quads: tl.constexpr = HALF // 4
         rn = _rows(p, HQ, HK, HALF)
+        n = (HQ + 2 * HK) * 2 * HALF
+        rk = tl.arange(0, BLOCK_K)
+        w_rows, tile, b = prologue_weights(w, bias, rn, rk, n, K, w_stride, HAS_BIAS)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: x and the residual are earlier kernels' outputs
+            tl.extra.cuda.gdc_launch_dependents()
+        acc = prologue_sum(
+            x, res, nw, new, w_rows, tile, b, rn, rk, n, K, eps, BLOCK_K, False, ADD, HAS_BIAS, BF16, ONE_TILE
+        )
+        # NOTE: after the wait, unlike rope_store: the cos/sin kernel runs right before layer 0 and
+        # lets its dependents start before it writes. After the sums: live across them, they spill.
         i = (p % quads) * 4 + tl.arange(0, 4)
-        # NOTE: cos_sin and the slot are written before the layer (as rope_store): before the wait
         cos = tl.load(cos_sin + i).to(tl.float32)
         sin = tl.load(cos_sin + HALF + i).to(tl.float32)
         row = tl.load(loc).to(tl.int64) * (HK * 2 * HALF)  # NOTE: a slot holds every KV head
-        n = (HQ + 2 * HK) * 2 * HALF
-        acc = prologue_acc(
-            x, res, nw, w, bias, new, rn, n, K, w_stride, eps,
-            BLOCK_K, False, ADD, HAS_BIAS, BF16, PDL, ONE_TILE,
-        )  # fmt: skip
         a = _rne(acc, BF16)  # NOTE: the unfused GEMM's output, which rope_store reads back
         if p < (HQ + HK) * quads:
             x1, x2 = _halves(a)
