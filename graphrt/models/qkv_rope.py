@@ -10,8 +10,9 @@ again, so q and the caches are bit-equal to the two launches. The context says w
 (:meth:`ForwardContext.kv_slot <graphrt.attention.context.ForwardContext.kv_slot>`: one token,
 16-bit caches, the layer's own slots); the rest keep the two launches.
 
-PDL as the norm GEMM's: the weights, ``cos_sin`` and the slot (written before the layer) before
-``gdc_wait()``, the stream after it. ``GRAPHRT_QKV_ROPE=1`` switches it on (off by default until
+PDL as the norm GEMM's: the weights before ``gdc_wait()``; the stream, ``cos_sin`` and the slot
+after it (``rope_store`` reads the latter two before it, but layer 0's projection directly follows
+the cos/sin kernel, which lets its dependents start before it writes). ``GRAPHRT_QKV_ROPE=1`` switches it on (off by default until
 measured on the H100; ``interpret`` runs it under Triton's interpreter); it is a fused-prologue
 kernel, so ``GRAPHRT_FUSED_PROLOGUE=0`` or ``GRAPHRT_SKINNY_GEMM=0`` turn it off too. With
 ``GRAPHRT_DECODE_ROPE=1`` as well, the layers it stores skip the split decode kernel's folded
