@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
 import pytest
@@ -71,3 +72,29 @@ def replay_matches_eager(
         torch.cuda.synchronize(device)
         pairs = zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (out, want)), strict=True)
         assert all(torch.equal(a, b) for a, b in pairs), f"replay {seed} differs from eager"
+
+
+#: What ptxas prints for a kernel that spills no register.
+NO_SPILLS = " 0 bytes spill stores, 0 bytes spill loads"
+
+
+def sm90_ptx(fn, signature: dict, constexprs: dict, options: dict, attrs: dict | None = None) -> str:
+    """``fn`` (a ``triton.jit`` function) compiled to PTX for sm_90 by Triton's CUDA compiler, no
+    GPU needed; ``signature``: every argument's type (``"*bf16"``, ``"i32"``, ``"constexpr"``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def ptxas_report(ptx: str) -> str:
+    """``ptxas -v -arch=sm_90a`` on ``ptx`` with Triton's bundled ptxas: registers and spills."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        done = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stderr

@@ -20,7 +20,15 @@ from graphrt.attention import decode_kernel as dk
 from graphrt.attention import decode_launch as dl
 from graphrt.step import scratch
 from tests.attention.test_decode_kernel import oracle
-from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+from tests.triton_util import (
+    INTERPRET,
+    NO_SPILLS,
+    ptxas_report,
+    rerun_marks,
+    rerun_under_interpreter,
+    sm90_ptx,
+    triton_devices,
+)
 
 ATOL = 2e-2
 #: The merge switches of each mode ("chunks": the last-split merge 2 splits of each head a step).
@@ -163,8 +171,6 @@ def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope
     """The split launch through Triton's CUDA compiler for sm_90 (no GPU needed), the 1B / 8B
     geometry (G 4, 33 splits) with PDL: ptxas spills nothing at head dims 64 and 128 (256
     already spills), and only the last-split merge counts arrivals, with one acq_rel atomic."""
-    from tests.runtime.test_sampler_kernel import _ptxas_report
-
     ptrs = "q k_cache v_cache page_table seqlens m_out l_out acc_out k_new v_new cos_sin loc arrivals out"
     types = "bf16 bf16 bf16 i32 i32 fp32 fp32 fp32 bf16 bf16 bf16 i64 i32 bf16"
     ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb kn_sb vn_sb cs_sb loc_sb o_sb o_sh"
@@ -174,34 +180,26 @@ def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope
     )  # fmt: skip
     ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, dl.SPLIT_WARPS[d])
     assert ptx.count("atom.global.gpu.acq_rel.add") == (mode == "last")
-    assert " 0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(ptx)
+    assert NO_SPILLS in ptxas_report(ptx)
 
 
 @pytest.mark.skipif(dk.triton is None or INTERPRET, reason="needs Triton's compiler")
 @pytest.mark.parametrize("d", [64, 128])
 def test_merge_kernel_compiles_for_hopper_without_spills(d: int) -> None:
-    from tests.runtime.test_sampler_kernel import _ptxas_report
-
     constexprs = dict(D=d, SPLITS=33, BLOCK_S=64, BLOCK_N=64, PDL=True, EFFECTIVE=True)
     ptrs, types = "m_in l_in acc_in seqlens out", "fp32 fp32 fp32 i32 bf16"
     ptx = _ptx(dl.kernels._decode_merge, ptrs, types, "o_sb o_sh", constexprs, 4)
-    assert " 0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(ptx)
+    assert NO_SPILLS in ptxas_report(ptx)
 
 
 def _ptx(fn, ptrs: str, types: str, ints: str, constexprs: dict, warps: int) -> str:
     """``fn`` compiled for sm_90: pointers ``ptrs`` to ``types``, i32 ``ints``, fp32 the rest."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     signature = {name: "*" + t for name, t in zip(ptrs.split(), types.split(), strict=True)}
     signature.update(dict.fromkeys(ints.split(), "i32"))
     params = [a for a in fn.arg_names if a not in signature and a not in constexprs]
     signature.update(dict.fromkeys(params, "fp32"))
     signature.update(dict.fromkeys(constexprs, "constexpr"))
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    return dl.triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm[
-        "ptx"
-    ]
+    return sm90_ptx(fn, signature, constexprs, {"num_warps": warps})
 
 
 @rerun_marks

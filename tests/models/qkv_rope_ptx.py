@@ -4,8 +4,7 @@ report on it, as the model launches them: bf16, PDL, the residual add, no bias, 
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
+from tests.triton_util import ptxas_report, sm90_ptx
 
 #: The arguments a launch specialises as 16-divisible (pointers, K, the weight's row stride).
 _DIVISIBLE = (
@@ -28,10 +27,6 @@ _DIVISIBLE = (
 
 def compile_ptx(d: int, hidden: int, heads: tuple[int, int] = (32, 8), norm_gemm: bool = False) -> str:
     """PTX of the fused kernel for head dim ``d`` (or of the norm GEMM alone with ``norm_gemm``)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from graphrt.models.prologue_kernel import prologue_norm_gemm
     from graphrt.models.qkv_rope_kernel import qkv_rope_gemm
 
@@ -47,20 +42,7 @@ def compile_ptx(d: int, hidden: int, heads: tuple[int, int] = (32, 8), norm_gemm
     signature = {a: types.get(a, "*bf16") for a in pointers} | ints | dict.fromkeys(constexprs, "constexpr")
     signature = {a: signature[a] for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in _DIVISIBLE if a in fn.arg_names}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
-
-
-def ptxas_report(ptx: str) -> str:
-    """``ptxas -v -arch=sm_90a`` on ``ptx`` with Triton's bundled ptxas: registers and spills."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        done = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-    return done.stderr
+    return sm90_ptx(fn, signature, constexprs, {"num_warps": 4}, attrs)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,8 @@ def test_switch_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_sm90_build_has_no_spills(d: int, hidden: int) -> None:
     """Compiled for sm_90a as the model launches it (bf16, PDL, the add and no bias; ``ONE_TILE``
     up to 2048): ptxas reports no spill stores or loads."""
-    from tests.models.qkv_rope_ptx import compile_ptx, ptxas_report
+    from tests.models.qkv_rope_ptx import compile_ptx
+    from tests.triton_util import ptxas_report
 
     report = ptxas_report(compile_ptx(d, hidden))
     assert " 0 bytes spill stores, 0 bytes spill loads" in report, report

@@ -17,7 +17,15 @@ from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
 from graphrt.runtime import sampler_launch as launch
 from graphrt.runtime.sampler import ENV, fused_sampler, sample, sample_torch
-from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+from tests.triton_util import (
+    INTERPRET,
+    NO_SPILLS,
+    ptxas_report,
+    rerun_marks,
+    rerun_under_interpreter,
+    sm90_ptx,
+    triton_devices,
+)
 
 #: One row per case: greedy, plain, each filter alone and together, hot and cold.
 PARAMS = (
@@ -230,8 +238,6 @@ def test_kernels_compile_for_hopper_without_spills(vocab: int) -> None:
     PDL (no GPU needed: the interpreter does not type-check as the compiler does); each row's
     arrival is one acq_rel atomic, only ``_count`` waits for the kernel before it, and ptxas
     spills no register."""
-    from triton.backends.compiler import GPUTarget
-
     from graphrt.runtime.sampler_count import _count
     from graphrt.runtime.sampler_kernel import _scan
 
@@ -245,38 +251,20 @@ def test_kernels_compile_for_hopper_without_spills(vocab: int) -> None:
     }
     for fn, (names, extra) in scratch.items():
         options = {"num_warps": layout.warps, "enable_fp_fusion": False}
-        ptx = _compiled(fn, names, {**shape, **extra}, options, GPUTarget("cuda", 90, 32))
+        ptx = _compiled(fn, names, {**shape, **extra}, options)
         assert ptx.count("atom.global.gpu.acq_rel.add") == 1, fn.__name__
         assert ("griddepcontrol.wait" in ptx) == (fn is _count), fn.__name__
-        assert " 0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(ptx), fn.__name__
+        assert NO_SPILLS in ptxas_report(ptx), fn.__name__
 
 
-def _compiled(fn, names: tuple[str, ...], constexprs: dict, options: dict, target) -> str:
-    from triton.compiler import ASTSource
-
+def _compiled(fn, names: tuple[str, ...], constexprs: dict, options: dict) -> str:
     rowwise = ("temperature", "top_k", "top_p", "min_p", "seed", "position", "tokens")
     types = ("*fp32", "*i64", "*fp32", "*fp32", "*i64", "*i64", "*i64")
     signature = {"logits": "*bf16", "stride": "i32", "V": "i32", **dict(zip(rowwise, types, strict=True))}
     signature.update(
         {**dict.fromkeys(names, "*i64"), "arrivals": "*i32", **dict.fromkeys(constexprs, "constexpr")}
     )
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    return launch.triton.compile(source, target=target, options=options).asm["ptx"]
-
-
-def _ptxas_report(ptx: str) -> str:
-    """``ptxas -v`` on ``ptx`` with Triton's bundled ptxas: the registers and spills it reports."""
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        done = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-    return done.stderr
+    return sm90_ptx(fn, signature, constexprs, options)
 
 
 @rerun_marks
