@@ -46,3 +46,19 @@ def test_bench_host_profile_smoke(tmp_path: Path, capsys) -> None:
     ):
         assert phase in out
     assert "verify-chain" in out and not list(tmp_path.glob("host_*.json"))
+
+
+def test_bench_host_interleaves_the_contexts(tmp_path: Path, capsys) -> None:
+    """Two ``--context-lens``: each DECODE batch size's run() is timed per context in turn and
+    reported with the widest context's p50 over the narrowest's."""
+    args = ["bench", "host", "--modes", "decode", "--batch-sizes", "1,2", "--page-sizes", "16"]
+    args += ["--context-lens", "256,512", "--real-len", "40", "--iters", "5", "--out", str(tmp_path)]
+    assert main(args) == 0
+    result = json.loads(next(tmp_path.glob("host_*.json")).read_text())
+    assert [(r["bs"], sorted(r["run"])) for r in result["contexts"]] == [
+        (1, ["256", "512"]),
+        (2, ["256", "512"]),
+    ]
+    for r in result["contexts"]:
+        assert r["ratio"] == r["run"]["512"]["p50"] / r["run"]["256"]["p50"] > 0
+    assert "samples interleaved" in capsys.readouterr().out

@@ -30,6 +30,7 @@ from graphrt.kv.ledger import KVWrites
 from graphrt.models import TinyLlama, preset
 from graphrt.step import Batch, ForwardMode, SpecGeometry
 from graphrt.tools.bench.device_ops import profile_steps
+from graphrt.tools.bench.host_contexts import compare_contexts, print_contexts
 from graphrt.tools.bench.peer import MODES as CASES
 from graphrt.tools.bench.peer import Peer, make_batch
 from graphrt.tools.bench.profile_host import CYCLE, SteadyDecode, run_profile, steady_us
@@ -190,10 +191,14 @@ def run_bench_host(args: argparse.Namespace) -> int:
     floor = one_node_graph(device)
     rng = np.random.default_rng(0)
     rows: list[dict] = []
+    contexts: list[dict] = []
     for case in modes:
         for ps in (int(x) for x in args.page_sizes.split(",")):
-            for ctx in (int(x) for x in args.context_lens.split(",")):
-                rt = build(case, device, max(sizes), ps, ctx, args.real_len)
+            built = {
+                int(c): build(case, device, max(sizes), ps, int(c), args.real_len)
+                for c in args.context_lens.split(",")
+            }
+            for ctx, rt in built.items():
                 peer = Peer(rt, CASES[case][1])
                 for bs in sizes:
                     batch = make_batch(case, rt, bs, args.real_len, rng)
@@ -206,8 +211,11 @@ def run_bench_host(args: argparse.Namespace) -> int:
                         f"{case} ps {ps} ctx {ctx} bs {bs}: run {row['run']['p50']:.1f} µs, "
                         f"peer {row['peer_total_p50']:.1f} µs"
                     )
+            if case == "decode" and len(built) > 1:
+                contexts += compare_contexts(built, ps, sizes, args.real_len, args.iters)
+            for rt in built.values():
                 rt.release()  # NOTE: waits for the device before dropping graphs and pool
-                del rt, peer
+            del built
     result = {
         "bench": "host",
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -215,10 +223,12 @@ def run_bench_host(args: argparse.Namespace) -> int:
         "args": vars(args),
         "env": environment(device),
         "rows": rows,
+        "contexts": contexts,
     }
     out = _out_path(Path(args.out), device)
     out.write_text(json.dumps(result, indent=2) + "\n")
     _print(result, out)
+    print_contexts(contexts)
     return 0
 
 

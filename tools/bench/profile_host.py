@@ -75,15 +75,23 @@ class SteadyDecode:
 def steady_us(rt: GraphRuntime, steady: SteadyDecode, iters: int) -> np.ndarray:
     """Host µs of ``run()`` per DECODE step in the steady state (resets untimed), the device
     idle before each step (as ``graphrt bench host`` times every call)."""
-    steady.reset()
-    out = np.empty(iters)
+    return interleaved_steady_us([(rt, steady)], iters)[0]
+
+
+def interleaved_steady_us(pairs: list[tuple[GraphRuntime, SteadyDecode]], iters: int) -> list[np.ndarray]:
+    """:func:`steady_us` of several runtimes, their samples taken in turn (A, B, A, B, ...), so a
+    host that slows down or speeds up during the run weighs on each alike."""
+    for _, steady in pairs:
+        steady.reset()
+    out = [np.empty(iters) for _ in pairs]
     for i in range(iters):
-        batch = steady.next()
-        if rt.device.type == "cuda":
-            torch.cuda.synchronize(rt.device)
-        start = time.perf_counter_ns()
-        rt.run(batch)
-        out[i] = (time.perf_counter_ns() - start) / 1e3
+        for (rt, steady), samples in zip(pairs, out, strict=True):
+            batch = steady.next()
+            if rt.device.type == "cuda":
+                torch.cuda.synchronize(rt.device)
+            start = time.perf_counter_ns()
+            rt.run(batch)
+            samples[i] = (time.perf_counter_ns() - start) / 1e3
     return out
 
 
