@@ -126,8 +126,7 @@ class Attention(nn.Module):
         cfg, layer = self.cfg, self.layer_id
         q, k, v, pending = projected
         options = dict(window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending, sinks=self.sinks)
-        extra = {} if stored is None else {"stored": stored}  # NOTE: contexts without it still work
-        out = ctx.attention(layer, q, k, v, **options, **extra)
+        out = ctx.attention(layer, q, k, v, **options, stored=stored)
         return self.o(out.reshape(-1, self.splits[0]))
 
     def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
