@@ -238,7 +238,8 @@ if triton is not None:
     ):  # fmt: skip
         b, h = tl.program_id(0), tl.program_id(1)
         rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
-        _, n = _shares(tl.load(seqlens + b), BLOCK_N, SPLITS, EFFECTIVE)  # NOTE: ahead of the wait
+        seqlen = tl.load(seqlens + b) if EFFECTIVE else 0  # NOTE: ahead of the wait; the default
+        _, n = _shares(seqlen, BLOCK_N, SPLITS, EFFECTIVE)  # merge (all SPLITS) reads no length
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
