@@ -3,10 +3,8 @@
 The kernels keep per-chunk partial results and a per-row arrival counter in a workspace. The
 counters must read 0 when a launch starts; every launch leaves them at 0, so a workspace is
 zeroed once, when allocated, and then reused: one per (device, stream, rows rounded up to a
-power of two, layout), allocated outside graph capture (a runtime's warm-up runs on its capture
-stream, so the capture finds it) and kept for the process. Two launches on one stream never
-overlap, so sharing it between graphs and steps is safe. A capture that finds none allocates its
-own, not shared (its zeroing then runs as a memset node in the graph on every replay).
+power of two, layout), made and kept as :mod:`graphrt.step.scratch` keeps shared scratch
+(outside graph capture; a capture that finds none allocates its own, not shared).
 
 On SM90+ ``_count`` is launched with programmatic dependent launch (as the skinny GEMM is):
 ``_scan`` lets it launch at once, and its programs wait (``gdc_wait``) for all of ``_scan``
@@ -22,6 +20,7 @@ import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
 from graphrt.runtime import sampler_count, sampler_kernel
+from graphrt.step import scratch
 from graphrt.step.switches import pdl_enabled, triton
 
 #: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
@@ -120,25 +119,13 @@ def check_vocab(vocab: int) -> None:
         raise ValueError(f"sampler: vocabulary of {vocab} tokens; at most {MAX_VOCAB - 1}")
 
 
-_WORKSPACES: dict[tuple, Workspace] = {}
-
-
 def workspace(rows: int, chunks: int, device: torch.device, records: int | None = None) -> Workspace:
-    """The shared workspace for ``rows`` rows on the current stream (see the module docstring);
-    ``records`` a chunk keeps (default :data:`RECORDS`)."""
+    """The shared workspace for ``rows`` rows on the current stream (:func:`graphrt.step.scratch.shared`:
+    see the module docstring); ``records`` a chunk keeps (default :data:`RECORDS`)."""
     records = RECORDS if records is None else records
-    if device.type == "cuda" and device.index is None:  # NOTE: "cuda" and "cuda:0" share one
-        device = torch.device("cuda", torch.cuda.current_device())
     capacity = max(8, 1 << (rows - 1).bit_length())
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, capacity, chunks, records, FRONTIER)
-    found = _WORKSPACES.get(key)
-    if found is None:
-        found = Workspace.allocate(capacity, chunks, records, device)
-        if not capturing:  # NOTE: a capture's zeroing only happens on replay: never shared
-            _WORKSPACES[key] = found
-    return found
+    key = ("sampler", capacity, chunks, records, FRONTIER)
+    return scratch.shared(key, lambda: Workspace.allocate(capacity, chunks, records, device), device)
 
 
 def pdl_default(device: torch.device) -> bool:

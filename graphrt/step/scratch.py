@@ -1,7 +1,7 @@
 """Scratch that a kernel leaves as it found it, shared per (device, stream): arrival counters.
 
 A kernel whose last-arriving program finishes a group's work (the split decode attention's merge,
-the fused sampler's decision) counts arrivals in int32 counters that must read 0 when a launch
+the fused sampler's decision: its whole workspace is kept so) counts arrivals in int32 counters that must read 0 when a launch
 starts, and the last program of each group sets its counter back to 0. So a buffer is zeroed once,
 when allocated, and then reused by every later launch on the same stream: two launches on one
 stream never overlap, so graphs and eager steps can share it. It is allocated outside graph
@@ -25,6 +25,8 @@ _SHARED: dict[tuple, object] = {}
 def shared(key: tuple, make: Callable[[], T], device: torch.device) -> T:
     """The scratch ``make()`` built for ``key`` on ``device``'s current stream (see the module
     docstring): made once per (device, stream, key) outside capture, privately inside one."""
+    if device.type == "cuda" and device.index is None:  # NOTE: "cuda" and "cuda:0" share one
+        device = torch.device("cuda", torch.cuda.current_device())
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     full = (str(device), stream, *key)
