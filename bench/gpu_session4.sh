@@ -163,6 +163,9 @@ declare -A MERGES=(
   [effective]="GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
   [last]="GRAPHRT_DECODE_MERGE_LAST=1"
   [last16]="GRAPHRT_DECODE_MERGE_LAST=1 GRAPHRT_DECODE_MAX_SPLITS=16"
+  [qkv]="GRAPHRT_QKV_ROPE=1"
+  [qkvlast]="GRAPHRT_QKV_ROPE=1 GRAPHRT_DECODE_MERGE_LAST=1"
+  [qkveff]="GRAPHRT_QKV_ROPE=1 GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
 )
 
 mergebench() {  # config names (default: every one in MERGES' order below)
