@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU checks of the 2026-11-27 fifth session, after .gpu/install.sh:
+#   bash bench/gpu_session5.sh probe|models
+# probe:  where the fused sampler's time goes (bench/debug/sampler_kernels.py: each kernel's
+#         duration at bs 1, 49k / 128k, greedy / top-p, PDL on / off), then the host path of
+#         run() on this host (bench host --profile, ps 1, ctx 4096) and per context
+#         (4k vs 128k interleaved, bench/host_contexts).
+# models: bench model, Llama-3.2-1B and the 8B shape at bs 1, 16, 64 with the default levers.
+set -uo pipefail
+export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+what=${1:?probe|models}
+log="$OUT/s5_$what.log"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
+for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
+python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sgl_kernel', sgl_kernel.__version__)" 2>&1 | tee -a "$log"
+mkdir -p "$OUT/json"
+
+probe() {
+  timeout 200 python3 bench/debug/sampler_kernels.py --json "$OUT/json/sampler_kernels.json" 2>&1 | grep -v Warn | tee -a "$log"
+  timeout 150 graphrt bench host --device cuda --modes decode --page-sizes 1 --context-lens 4096 --batch-sizes 1,16,64 \
+    --profile --profile-top 25 2>&1 | tail -70 | tee -a "$log"
+  timeout 200 graphrt bench host --device cuda --modes decode --page-sizes 1,16 --context-lens 4096,131072 \
+    --batch-sizes 1,16,64,256 --iters 200 --out "$OUT/json" 2>&1 | grep -E "^│|^┃|ratio|written" | tee -a "$log"
+}
+
+models() {
+  for shape in llama-3.2-1b llama-3-8b; do
+    timeout 250 graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 --iters 30 --no-compile \
+      --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -12 | tee -a "$log"
+  done
+}
+
+case "$what" in
+probe) probe ;;
+models) models ;;
+*) echo "probe|models, got $what" >&2; exit 2 ;;
+esac
+tar -C "$OUT" -czf "$OUT/s5_${what}_json.tgz" json && rm -rf "$OUT/json"
