@@ -47,7 +47,7 @@ def _kernels(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, float]:
     total: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            total[event.name] += event.device_time
+            total[event.name] += event.time_range.elapsed_us()
     return {name: us / (replays * REPS) for name, us in sorted(total.items())}
 
 
