@@ -6,8 +6,9 @@ to count. This times copies of the two kernels cut short after each phase (``STO
 launched without PDL after a full ``_scan`` (so ``_count`` sees a real state), one graph of
 ``REPS`` pairs per cut, and reports each kernel's mean duration from the profiler:
 
-- ``_count`` cuts: 0 state loaded; 1 + the chunk's mass and total; 2 + the tallies; 3 + the
-  arrival atomic (no decision); 4 the whole kernel (the last program decides).
+- ``_count`` cuts: 0 state loaded; 1 + the chunk's mass and total; 2 + the tallies (the first
+  pass sums the total too); 3 + the arrival atomic (no decision); 4 the whole kernel (the last
+  program decides).
 - ``_scan`` cuts: 0 chunk loaded and its top stored; 1 + the scores; 2 + the chunk's records;
   3 + the arrival atomic (no merge); 4 the whole kernel (the last program merges).
 
@@ -41,7 +42,7 @@ from graphrt.runtime.sampler_kernel import (
     _row_key,
     _scores,
 )
-from graphrt.runtime.sampler_launch import FRONTIER, layout_for, workspace
+from graphrt.runtime.sampler_launch import DECIDE, FRONTIER, layout_for, workspace
 from graphrt.tools.bench.sampler import KINDS, REPS, zipf_logits
 
 
@@ -49,7 +50,7 @@ from graphrt.tools.bench.sampler import KINDS, REPS, zipf_logits
 def _count_cut(logits, stride, V, temperature, top_k, top_p, min_p, seed, position, tokens,
                frontier, state, mass, ranks, totals, arrivals, sink,
                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
-               GB: tl.constexpr, ACCURATE: tl.constexpr, STOP: tl.constexpr):  # fmt: skip
+               GB: tl.constexpr, GD: tl.constexpr, ACCURATE: tl.constexpr, STOP: tl.constexpr):  # fmt: skip
     r = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(temperature + r)
@@ -62,26 +63,29 @@ def _count_cut(logits, stride, V, temperature, top_k, top_p, min_p, seed, positi
     todo = tl.load(state + r * 3)
     G = tl.load(state + r * 3 + 1).to(tl.int32)
     top = tl.load(state + r * 3 + 2)
-    f0 = tl.load(frontier + r * GF + gs)
-    f1 = tl.load(frontier + r * GF + GB + gs, mask=GB + gs < GF, other=MIN64)
+    f = tl.load(frontier + r * GF + gs, mask=gs < GB - 1, other=MIN64)
     if STOP == 0:
-        tl.store(sink + r * S + c, todo + G + top + tl.sum(f0 + f1) + tl.max(zkey))
+        tl.store(sink + r * S + c, todo + G + top + tl.sum(f) + tl.max(zkey))
     elif todo == COUNT:
         m = sampler_kernel._value(top)
         q = _mass(z, m, T, ACCURATE)
-        tl.store(totals + r * S + c, tl.sum(q))
-        if STOP >= 2:
+        if STOP == 1:
+            tl.store(totals + r * S + c, tl.sum(q))
+        else:
             out = (r * S + c) * GF
-            _tally(zkey, q, f0, gs < G, mass, ranks, out + gs)
-            if G > GB:
-                _tally(zkey, q, f1, GB + gs < G, mass, ranks, out + GB + gs)
+            whole = _tally(zkey, q, f, gs < tl.minimum(G, GB - 1), mass, ranks, out + gs)
+            tl.store(totals + r * S + c, tl.sum(tl.where(gs == GB - 1, whole, 0)))
+            for start in range(GB - 1, G, GB):
+                at = start + gs
+                more = tl.load(frontier + r * GF + at, mask=at < G, other=MIN64)
+                _tally(zkey, q, more, at < G, mass, ranks, out + at)
         if STOP >= 3:
             tl.debug_barrier()
             if tl.atomic_add(arrivals + 2 * r + 1, 1) == S - 1:
                 tl.store(arrivals + 2 * r + 1, 0)
                 if STOP >= 4:
                     _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass,
-                            ranks, totals, S, S_PAD, C, GF, ACCURATE)  # fmt: skip
+                            ranks, totals, S, S_PAD, C, GF, GD, ACCURATE)  # fmt: skip
 
 
 @triton.jit
@@ -167,13 +171,13 @@ def main() -> None:
 
     def count(stop: int) -> None:
         _count_cut[grid](logits, logits.stride(0), args.vocab, *rowwise, ws.frontier, ws.state, ws.mass,
-                         ws.ranks, ws.totals, ws.arrivals, sink, GB=min(layout.tally, FRONTIER), STOP=stop,
-                         **shape)  # fmt: skip
+                         ws.ranks, ws.totals, ws.arrivals, sink, GB=min(layout.tally, FRONTIER),
+                         GD=min(DECIDE, FRONTIER), STOP=stop, **shape)  # fmt: skip
 
     def real_count() -> None:
         sampler_count._count[grid](logits, logits.stride(0), args.vocab, *rowwise, ws.frontier, ws.state,
                                    ws.mass, ws.ranks, ws.totals, ws.arrivals, GB=min(layout.tally, FRONTIER),
-                                   PDL=False, **shape)  # fmt: skip
+                                   GD=min(DECIDE, FRONTIER), PDL=False, **shape)  # fmt: skip
 
     stream = torch.cuda.Stream(device)
     want = sample_torch(logits, params)

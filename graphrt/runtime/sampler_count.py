@@ -3,9 +3,10 @@
 For rows :mod:`graphrt.runtime.sampler_kernel`'s ``_scan`` left waiting (state COUNT: top-k /
 top-p rows whose score-best token is not rank 0), each program of the grid ``(rows, chunks)``
 counts, for every record of its row at once, the tokens of its chunk ranked before it and their
-mass (a ``[chunk, GB]`` comparison summed over the chunk, ``GB`` records a pass; a row has few),
-and the chunk's whole mass. The row's last program to arrive adds them up and writes the lowest
-kept record (:func:`_decide`), or walks on past the last record known (:func:`_walk`).
+mass (a ``[chunk, GB]`` comparison summed over the chunk: ``GB - 1`` records in the first pass,
+its last column the chunk's whole mass; ``GB`` a pass after that; a row has few). The row's last
+program to arrive adds them up and writes the lowest kept record (:func:`_decide`, ``GD`` records
+a round trip), or walks on past the last record known (:func:`_walk`).
 
 A program loads its row's parameters and (rows with a filter: only they can wait for a count)
 its chunk of logits before it waits for ``_scan`` (with PDL, while ``_scan`` still runs): they
@@ -58,41 +59,53 @@ if triton is not None:
 
     @triton.jit
     def _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass, ranks, totals,
-                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
+                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr, GD: tl.constexpr,
                 ACCURATE: tl.constexpr):  # fmt: skip
-        """Row ``r``'s token: its lowest kept record (or :func:`_walk` past the last one known)."""
+        """Row ``r``'s token: its lowest kept record (or :func:`_walk` past the last one known).
+
+        Records are read ``GD`` at a time, in order, until one is kept: a row has a few, so one
+        round trip of ``[chunks, GD]`` counts (not the whole ``[chunks, GF]``) usually decides it."""
         cs = tl.arange(0, S_PAD)
-        gs = tl.arange(0, GF)
-        both = (cs[:, None] < S) & (gs[None, :] < G)
-        at = (r * S + cs[:, None]) * GF + gs[None, :]
-        before = tl.sum(tl.load(mass + at, mask=both, other=0, cache_modifier=".cg"), axis=0)
-        rank = tl.sum(tl.load(ranks + at, mask=both, other=0, cache_modifier=".cg"), axis=0)
+        gs = tl.arange(0, GD)
         total = tl.sum(tl.load(totals + r * S + cs, mask=cs < S, other=0, cache_modifier=".cg"))
-        fz = tl.load(frontier + r * GF + gs, mask=gs < G, other=MIN64)
         k = tl.where((k > 0) & (k < V), k, V)
         limit = tl.where(p < 1.0, p.to(tl.float64) * total.to(tl.float64), float("inf"))
         L = _log_min_p(mp, ACCURATE)
-        keep = _kept(rank, before, tl.math.div_rn(_value(fz) - m, T), k, limit, L) & (gs < G)
-        first = tl.min(tl.where(keep, gs, GF))
-        answer = tl.max(tl.where(gs == first, _token(fz), -1))
-        if first == GF:  # NOTE: none of the known records is kept: the row's records were cut short
-            cur = tl.max(tl.where(gs == G - 1, fz, MIN64))
+        answer = tl.full([], -1, tl.int64)
+        start = 0
+        while (answer < 0) & (start < G):
+            at = start + gs
+            live = at < G
+            both = (cs[:, None] < S) & live[None, :]
+            cells = (r * S + cs[:, None]) * GF + at[None, :]
+            before = tl.sum(tl.load(mass + cells, mask=both, other=0, cache_modifier=".cg"), axis=0)
+            rank = tl.sum(tl.load(ranks + cells, mask=both, other=0, cache_modifier=".cg"), axis=0)
+            fz = tl.load(frontier + r * GF + at, mask=live, other=MIN64)
+            keep = _kept(rank, before, tl.math.div_rn(_value(fz) - m, T), k, limit, L) & live
+            first = tl.min(tl.where(keep, gs, GD))
+            answer = tl.max(tl.where(gs == first, _token(fz), -1))
+            start += GD
+        if answer < 0:  # NOTE: none of the known records is kept: the row's records were cut short
+            last = tl.load(frontier + r * GF + tl.maximum(G - 1, 0))
+            cur = tl.where(G > 0, last, MIN64)
             key = _row_key(tl.load(seed + r), tl.load(position + r))
             answer = _walk(logits, r, stride, V, T, key, cur, m, k, limit, L, S, C, ACCURATE)
         tl.store(tokens + r, answer)
 
     @triton.jit
     def _tally(zkey, q, f, live, mass, ranks, at):
-        """Store, for each record ``f`` [GB] (``live`` ones), the chunk's mass and count ranked before it."""
+        """Store, for each record ``f`` [GB] (``live`` ones), the chunk's mass and count ranked before
+        it; return the masses (a ``MIN64`` record's is the chunk's whole mass)."""
         packed = tl.sum(tl.where(zkey[:, None] > f[None, :], (q << 13)[:, None] + 1, 0), axis=0)
         tl.store(mass + at, packed >> 13, mask=live)
         tl.store(ranks + at, packed & 8191, mask=live)
+        return packed >> 13
 
     @triton.jit
     def _count(logits, stride, V, temperature, top_k, top_p, min_p, seed, position, tokens,
                frontier, state, mass, ranks, totals, arrivals,
                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr,
-               GB: tl.constexpr, ACCURATE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+               GB: tl.constexpr, GD: tl.constexpr, ACCURATE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
         tl.static_assert(C <= 4096)  # NOTE: 13 bits of count under the mass in one int64 sum
         r = tl.program_id(0)
         c = tl.program_id(1)
@@ -106,26 +119,24 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: everything below reads what _scan wrote
         gs = tl.arange(0, GB)
-        # NOTE: one round trip: a row's state and its first 2 * GB records (stale past G, masked)
+        # NOTE: one round trip: a row's state and its first GB - 1 records (stale past G, masked);
+        # the last column is MIN64, ranked after every token: its tally is the chunk's whole mass
         todo = tl.load(state + r * 3)
         G = tl.load(state + r * 3 + 1).to(tl.int32)
         top = tl.load(state + r * 3 + 2)
-        f0 = tl.load(frontier + r * GF + gs)
-        f1 = tl.load(frontier + r * GF + GB + gs, mask=GB + gs < GF, other=MIN64)
+        f = tl.load(frontier + r * GF + gs, mask=gs < GB - 1, other=MIN64)
         if todo == COUNT:
             m = _value(top)
             q = _mass(z, m, T, ACCURATE)
-            tl.store(totals + r * S + c, tl.sum(q))
             out = (r * S + c) * GF
-            _tally(zkey, q, f0, gs < G, mass, ranks, out + gs)
-            if G > GB:
-                _tally(zkey, q, f1, GB + gs < G, mass, ranks, out + GB + gs)
-            for b in range(2, tl.cdiv(G, GB)):  # NOTE: rare: more than 2 * GB records
-                at = b * GB + gs
+            whole = _tally(zkey, q, f, gs < tl.minimum(G, GB - 1), mass, ranks, out + gs)
+            tl.store(totals + r * S + c, tl.sum(tl.where(gs == GB - 1, whole, 0)))
+            for start in range(GB - 1, G, GB):  # NOTE: rare: more than GB - 1 records
+                at = start + gs
                 more = tl.load(frontier + r * GF + at, mask=at < G, other=MIN64)
                 _tally(zkey, q, more, at < G, mass, ranks, out + at)
             tl.debug_barrier()
             if tl.atomic_add(arrivals + 2 * r + 1, 1) == S - 1:
                 tl.store(arrivals + 2 * r + 1, 0)
                 _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass,
-                        ranks, totals, S, S_PAD, C, GF, ACCURATE)  # fmt: skip
+                        ranks, totals, S, S_PAD, C, GF, GD, ACCURATE)  # fmt: skip

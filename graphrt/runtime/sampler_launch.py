@@ -31,9 +31,11 @@ CHUNK = 4096
 RECORDS = 32
 FRONTIER = 64
 WARPS = 8
-#: Records ``_count`` compares its chunk against in one pass (two passes' worth are fetched with
-#: the row's state; a row has a few). 2 keeps ``_count`` at 114 registers on sm_90, 4 takes 191.
-TALLY = 2
+#: Columns of ``_count``'s pass over its chunk: its first pass compares ``TALLY - 1`` records and
+#: sums the chunk's whole mass in the last column (a row has a few records).
+TALLY = 4
+#: Records the row's last ``_count`` program decides among per round trip of the chunks' counts.
+DECIDE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +179,6 @@ def fused_sample(
     )  # fmt: skip
     sampler_count._count[grid](
         logits, logits.stride(0), vocab, *rowwise, ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals,
-        ws.arrivals, GB=min(layout.tally, FRONTIER), PDL=pdl, launch_pdl=pdl, **shape,
+        ws.arrivals, GB=min(layout.tally, FRONTIER), GD=min(DECIDE, FRONTIER), PDL=pdl, launch_pdl=pdl, **shape,
     )  # fmt: skip
     return tokens

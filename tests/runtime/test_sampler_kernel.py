@@ -247,7 +247,7 @@ def test_kernels_compile_for_hopper_without_spills(vocab: int) -> None:
              "GF": launch.FRONTIER, "ACCURATE": True, "PDL": True}  # fmt: skip
     scratch = {
         _scan: (("tops", "records", "counts", "frontier", "state"), {"PF": layout.records}),
-        _count: (("frontier", "state", "mass", "ranks", "totals"), {"GB": layout.tally}),
+        _count: (("frontier", "state", "mass", "ranks", "totals"), {"GB": layout.tally, "GD": launch.DECIDE}),
     }
     for fn, (names, extra) in scratch.items():
         options = {"num_warps": layout.warps, "enable_fp_fusion": False}
