@@ -14,10 +14,10 @@
 # s5:     (fourth session) the decode kernel's and the reworked sampler's GPU tests, the sampler bench,
 #         the host path of run(); with the model
 #         installed, SmolLM2's engine (greedy, top-p) twice and the 1B / 8B steps at bs 1.
-# mergecheck kernels|models: (fourth session; not yet run) the split decode kernel's GPU tests (every merge),
-#         or folded RoPE's and the model-level ones with each opt-in merge on
-#         (GRAPHRT_DECODE_EFFECTIVE_SPLITS=1, then GRAPHRT_DECODE_MERGE_LAST=1).
-# mergebench [config...]: for each config (default: all of default effective last last16) the 1B and
+# mergecheck kernels|models: the split decode kernel's GPU tests (both merges), or the model-level
+#         ones (decode parity, folded RoPE's model test) with the merge launch
+#         (GRAPHRT_DECODE_MERGE_LAST=0; the default merge, the last split's, runs in check).
+# mergebench [config...]: for each config (default: all of default launch cap16) the 1B and
 #         8B steps at bs 1, context 512, and SmolLM2's engine (with the model installed); JSON:
 #         merge_json.tgz. Pass fewer configs per call when a call's time is short.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
@@ -146,25 +146,22 @@ mergecheck() {  # kernels | models (each under the 10-minute call limit)
       | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
     return
   fi
-  for on in GRAPHRT_DECODE_EFFECTIVE_SPLITS GRAPHRT_DECODE_MERGE_LAST; do
-    echo "== $on=1" | tee -a "$log"
-    env "$on=1" timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
-      tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
-      | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
-  done
+  echo "== GRAPHRT_DECODE_MERGE_LAST=0" | tee -a "$log"
+  GRAPHRT_DECODE_MERGE_LAST=0 timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
+    | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
 }
 
 #: The merges mergebench compares: name -> the switches it sets.
 declare -A MERGES=(
   [default]=""
-  [effective]="GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
-  [last]="GRAPHRT_DECODE_MERGE_LAST=1"
-  [last16]="GRAPHRT_DECODE_MERGE_LAST=1 GRAPHRT_DECODE_MAX_SPLITS=16"
+  [launch]="GRAPHRT_DECODE_MERGE_LAST=0"
+  [cap16]="GRAPHRT_DECODE_MAX_SPLITS=16"
 )
 
 mergebench() {  # config names (default: every one in MERGES' order below)
   local configs=("$@")
-  [ ${#configs[@]} -eq 0 ] && configs=(default effective last last16)
+  [ ${#configs[@]} -eq 0 ] && configs=(default launch cap16)
   for name in "${configs[@]}"; do
     [ -n "${MERGES[$name]+x}" ] || { echo "unknown merge config $name" | tee -a "$log"; continue; }
     echo "== $name: ${MERGES[$name]:-(no switch)}" | tee -a "$log"

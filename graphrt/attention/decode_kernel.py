@@ -185,7 +185,7 @@ def attend_rope(
     meta: StepMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """``rope_store`` + :func:`attend` in one launch pair (what :func:`rope_takes` allows)."""
+    """``rope_store`` + :func:`attend` in the kernel's launch(es) (what :func:`rope_takes` allows)."""
     b = meta.buffers
     return decode_rope_attention(
         q,

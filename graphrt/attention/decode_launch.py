@@ -105,7 +105,7 @@ def _launch(
     return out
 
 
-# NOTE: one ``torch.ops.graphrt`` op per kernel pair, so the emulated capture engine records and
+# NOTE: one ``torch.ops.graphrt`` op per split launch and its merge, so the emulated capture engine records and
 # replays it like an aten op; the RoPE variant declares the caches it writes.
 _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
