@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 sessions (third and fourth), after .gpu/install.sh:
-#   bash bench/gpu_session4.sh check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench|qkvrope
+#   bash bench/gpu_session4.sh check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench
 # check:  GPU tests of the kernels this session touched: RoPE + KV store folded into the split
 #         decode kernel, rope_store with PDL, the one-launch cos/sin, the sampler's layouts,
 #         decode parity and the fused prologues (the model level), the token feed.
@@ -14,19 +14,16 @@
 # s5:     (fourth session) the decode kernel's and the reworked sampler's GPU tests, the sampler bench,
 #         the host path of run(); with the model
 #         installed, SmolLM2's engine (greedy, top-p) twice and the 1B / 8B steps at bs 1.
-# mergecheck kernels|models: (fourth session; not yet run) the split decode kernel's GPU tests (every merge),
-#         or folded RoPE's and the model-level ones with each opt-in merge on
-#         (GRAPHRT_DECODE_EFFECTIVE_SPLITS=1, then GRAPHRT_DECODE_MERGE_LAST=1).
-# mergebench [config...]: for each config (default: all of default effective last last16) the 1B and
+# mergecheck kernels|models: the split decode kernel's GPU tests (both merges), or the model-level
+#         ones (decode parity, folded RoPE's model test) with the merge launch
+#         (GRAPHRT_DECODE_MERGE_LAST=0; the default merge, the last split's, runs in check).
+# mergebench [config...]: for each config (default: all of default launch cap16) the 1B and
 #         8B steps at bs 1, context 512, and SmolLM2's engine (with the model installed); JSON:
 #         merge_json.tgz. Pass fewer configs per call when a call's time is short.
 # tp:     two GPUs (nvidia-h200-x2): TP GPU tests, the 8B step at TP=1 / TP=2, fused prologues off.
-# qkvrope: (fourth session; not yet run) RoPE + the KV store in the qkv GEMM's epilogue (GRAPHRT_QKV_ROPE): its GPU tests (kernel
-#         bit-equal to prologue_norm_gemm + rope_store, graphed model steps equal with the switch off),
-#         then the 1B / 8B steps at bs 1 and SmolLM2's engine with GRAPHRT_QKV_ROPE=0 and 1.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench|qkvrope}
+what=${1:?check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench}
 log="$OUT/s4_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -149,28 +146,22 @@ mergecheck() {  # kernels | models (each under the 10-minute call limit)
       | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
     return
   fi
-  for on in GRAPHRT_DECODE_EFFECTIVE_SPLITS GRAPHRT_DECODE_MERGE_LAST; do
-    echo "== $on=1" | tee -a "$log"
-    env "$on=1" timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests/attention/test_decode_rope.py \
-      tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
-      | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
-  done
+  echo "== GRAPHRT_DECODE_MERGE_LAST=0" | tee -a "$log"
+  GRAPHRT_DECODE_MERGE_LAST=0 timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/runtime/test_decode_parity.py tests/runtime/test_decode_rope_model.py 2>&1 \
+    | grep -E "passed|failed|FAILED|^E " | head -20 | tee -a "$log"
 }
 
 #: The merges mergebench compares: name -> the switches it sets.
 declare -A MERGES=(
   [default]=""
-  [effective]="GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
-  [last]="GRAPHRT_DECODE_MERGE_LAST=1"
-  [last16]="GRAPHRT_DECODE_MERGE_LAST=1 GRAPHRT_DECODE_MAX_SPLITS=16"
-  [qkv]="GRAPHRT_QKV_ROPE=1"
-  [qkvlast]="GRAPHRT_QKV_ROPE=1 GRAPHRT_DECODE_MERGE_LAST=1"
-  [qkveff]="GRAPHRT_QKV_ROPE=1 GRAPHRT_DECODE_EFFECTIVE_SPLITS=1"
+  [launch]="GRAPHRT_DECODE_MERGE_LAST=0"
+  [cap16]="GRAPHRT_DECODE_MAX_SPLITS=16"
 )
 
 mergebench() {  # config names (default: every one in MERGES' order below)
   local configs=("$@")
-  [ ${#configs[@]} -eq 0 ] && configs=(default effective last last16)
+  [ ${#configs[@]} -eq 0 ] && configs=(default launch cap16)
   for name in "${configs[@]}"; do
     [ -n "${MERGES[$name]+x}" ] || { echo "unknown merge config $name" | tee -a "$log"; continue; }
     echo "== $name: ${MERGES[$name]:-(no switch)}" | tee -a "$log"
@@ -184,26 +175,9 @@ mergebench() {  # config names (default: every one in MERGES' order below)
   tar -C "$OUT" -czf "$OUT/merge_json.tgz" json && rm -rf "$OUT/json"
 }
 
-qkvrope() {
-  timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_qkv_rope.py \
-    tests/models/test_qkv_rope_model.py tests/models/test_prologue.py tests/models/test_prologue_model.py \
-    tests/kv/test_rope_store.py tests/attention/test_decode_rope.py tests/runtime/test_decode_rope_model.py 2>&1 \
-    | grep -E "passed|failed|FAILED|^E " | head -30 | tee -a "$log"
-  for on in 0 1; do
-    echo "== GRAPHRT_QKV_ROPE=$on" | tee -a "$log"
-    export GRAPHRT_QKV_ROPE=$on
-    TAIL=3 bench_model llama-3.2-1b 1
-    TAIL=3 bench_model llama-3-8b 1
-    if [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then bench_overlap; fi
-  done
-  unset GRAPHRT_QKV_ROPE
-  tar -C "$OUT" -czf "$OUT/qkvrope_json.tgz" json && rm -rf "$OUT/json"
-}
-
 case "$what" in
 mergecheck) shift; mergecheck "$@" ;;
 mergebench) shift; mergebench "$@" ;;
-qkvrope) qkvrope ;;
 s5) s5 ;;
 fold) fold ;;
 repeat) repeat ;;
@@ -212,5 +186,5 @@ tp) tp ;;
 ab) ab ;;
 levers) levers ;;
 engine) engine ;;
-*) echo "check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench|qkvrope, got $what" >&2; exit 2 ;;
+*) echo "check|ab|levers|engine|tp|repeat|fold|s5|mergecheck|mergebench, got $what" >&2; exit 2 ;;
 esac

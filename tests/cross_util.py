@@ -47,9 +47,8 @@ class PlainContext:
         chunk: int | None = None,
         rope: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
-        stored: object = None,
     ) -> torch.Tensor:
-        assert window is None and chunk is None and sinks is None and stored is None
+        assert window is None and chunk is None and sinks is None
         if rope is not None:
             q, k = rotate_ref(q, rope), rotate_ref(k, rope)
         return dense(q, k, v, causal=True)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import AttentionBackend
-from graphrt.attention.kv_slot import KVSlot, check_stored, slot_for
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
@@ -181,28 +180,17 @@ class ForwardContext:
         """The step's :class:`~graphrt.step.ForwardMode`."""
         return self.meta.mode
 
-    def kv_slot(self, layer_id: int, dtype: torch.dtype, *, chunk: int | None = None) -> KVSlot | None:
-        """Where layer ``layer_id`` stores this step's k and v when the model's qkv projection
-        stores them (``GRAPHRT_QKV_ROPE``, :mod:`graphrt.models.qkv_rope`), or None: the model
-        then passes k and v to :meth:`attention`. A slot is given for a single-token step, a
-        layer with its own slots (not the window pool, not chunked-local) and 16-bit caches in
-        ``dtype`` (not FP8); the model's projection then stores at it and calls
-        :meth:`attention` with ``stored`` (which no longer stores, nor calls ``store_and_attend``).
-        """
-        return slot_for(self.meta.buffers.out_cache_loc, self.kv, layer_id, dtype, chunk)
-
     def attention(
         self,
         layer_id: int,
         q: torch.Tensor,
-        k: torch.Tensor | None,
-        v: torch.Tensor | None,
+        k: torch.Tensor,
+        v: torch.Tensor,
         *,
         window: int | None = None,
         chunk: int | None = None,
         rope: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
-        stored: KVSlot | None = None,
     ) -> torch.Tensor:
         """Store ``k``/``v`` at ``out_cache_loc``, then attend.
 
@@ -215,10 +203,7 @@ class ForwardContext:
         kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`), or inside the attention
         kernel where the backend does both in one go (``backend.store_and_attend``: FA3's
         split decode kernel for single-token steps; not for chunked-local layers).
-        ``q``/``k``/``v`` may be views of the qkv projection either way. ``stored``: the
-        :meth:`kv_slot` the model's projection stored k and v at (``q`` rotated, ``k``/``v``
-        None): the layer only attends; this comes first, so with ``GRAPHRT_QKV_ROPE=1`` and
-        ``GRAPHRT_DECODE_ROPE=1`` the projection takes the layers it can. ``sinks
+        ``q``/``k``/``v`` may be views of the qkv projection either way. ``sinks
         [num_q_heads]``: the layer's learned sink logits (a weight), added to each softmax's
         denominator. An FP8 cache quantises ``k``/``v`` as it stores them and the backend reads
         it with the layer's scales. A layer of the cache's window pool stores at its window
@@ -232,35 +217,20 @@ class ForwardContext:
         scale = q.shape[-1] ** -0.5
         attend_meta = self._attend_metadata(layer_id, meta, window, chunk)
         options: dict[str, Any] = {"window": window, "sinks": sinks, "kv_scales": kv_scales}
-        if stored is not None:  # NOTE: GRAPHRT_QKV_ROPE's layers: no store, no store_and_attend
-            check_stored(stored, layer_id, loc)
+        if rope is not None and chunk is None:
+            # NOTE: a backend that rotates, stores and attends in one go takes the layer here
+            out = self.backend.store_and_attend(q, k, v, rope, k_cache, v_cache, loc, meta, scale, **options)
+            if out is not None:
+                return out
+        if rope is None:
+            self.kv.store(layer_id, loc, k, v)
         else:
-            if k is None or v is None:
-                raise ValueError(f"layer {layer_id}: no k and v, and no KVSlot they were stored at")
-            if rope is not None and chunk is None:
-                # NOTE: a backend that rotates, stores and attends in one go takes the layer here
-                out = self.backend.store_and_attend(
-                    q, k, v, rope, k_cache, v_cache, loc, meta, scale, **options
-                )
-                if out is not None:
-                    return out
-            q = self._store(layer_id, q, k, v, rope, loc)
+            q = rope_store(q, k, v, rope, k_cache, v_cache, loc, kv_scales)
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
             self._plan = self.backend.plan(self.meta, self.group, q, k_cache)
         plan = None if chunk is not None else self._plan  # NOTE: local layers: planned for the step
         return self.backend.forward(q, k_cache, v_cache, attend_meta, scale, plan=plan, **options)
-
-    def _store(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: torch.Tensor | None,
-        loc: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
-        """Store ``k``/``v`` at ``loc`` (rotating ``k`` by ``rope``, if given); returns ``q``, rotated."""
-        if rope is None:
-            self.kv.store(layer_id, loc, k, v)
-            return q
-        k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
-        return rope_store(q, k, v, rope, k_cache, v_cache, loc, self.kv.scales(layer_id))
 
     def _attend_metadata(
         self, layer_id: int, meta: StepMetadata, window: int | None, chunk: int | None

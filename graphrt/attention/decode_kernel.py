@@ -3,9 +3,11 @@
 At a small batch FA3's decode call costs 6-10 µs whatever the context: one CTA per (request, KV
 head) walks every key, so a bs-1 Llama-3.2-1B step runs 8 CTAs on 132 SMs, 16 times a step
 (``bench/results/h100/session-1127b``). This kernel splits each (request, KV head) over the keys
-so the step fills the GPU, and merges the splits in a second launch. On the H100 the 1B step at
-bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's engine from 1493 to
-1828 tokens/s (GPU busy 647 -> 510 µs a token):
+so the step fills the GPU, and the last split program of each (request, KV head) merges the
+splits. On the H100, with the merge then a second launch, the 1B step at bs 1 went from 1235 to
+1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's engine from 1493 to 1828 tokens/s (GPU busy
+647 -> 510 µs a token); merging in the split launch took the 1B's span from 1135..1144 to
+1104 / 1116 µs (``decode_launch`` has the numbers):
 
 - ``_decode_split``: program ``(b, h_k, s)`` takes the ``s``-th share of request ``b``'s
   ``BLOCK_N``-key blocks (``cache_seqlens[b]`` keys, pages from ``page_table[b]``), scores the
@@ -14,11 +16,11 @@ bs 1 went from 1235 to 1136 µs, the 8B from 5888 to 5823 µs, and SmolLM2's eng
   reads the lengths before ``gdc_wait()`` (written long before the layer; with RoPE the
   ``cos_sin`` row and the slot too), ``q`` and the cache after it (the previous kernel stores
   this step's k and v, or produces them: the qkv projection, with RoPE).
-- ``_decode_merge``: per (request, query head), the splits' states weighted by ``exp(m_s - M)``
-  in split order, divided once; a request with no keys (a pad row) gets zeros. Opt-in variants
-  (``decode_launch``): only the splits whose shares hold keys store and merge
-  (``GRAPHRT_DECODE_EFFECTIVE_SPLITS=1``), or the last of them merges in the split launch
-  (``GRAPHRT_DECODE_MERGE_LAST=1``, one launch).
+- the merge: per (request, query head), the splits' states weighted by ``exp(m_s - M)``,
+  divided once; a request with no keys (a pad row) gets zeros. By default the last program
+  holding keys of a (request, KV head) merges its ``G`` heads at the end of the split launch
+  (one launch); ``GRAPHRT_DECODE_MERGE_LAST=0`` merges in a second launch, ``_decode_merge``
+  (``decode_launch`` says how each works).
 
 With RoPE folded in (:func:`attend_rope`, ``GRAPHRT_DECODE_ROPE=1``; off by default) the split
 launch also does :func:`graphrt.kv.rope_store.rope_store`'s work: it rotates ``q`` on load,
@@ -58,11 +60,12 @@ DTYPES = (torch.bfloat16, torch.float16)
 #: Head dims the kernel takes (powers of two: ``tl.arange`` over the head).
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
-#: ``GRAPHRT_DECODE_MAX_SPLITS``: a cap on :func:`num_splits`' count (unset: none). Still a
-#: function of the bucket and the table's width: the switch is read per launch, fixed per process.
+#: ``GRAPHRT_DECODE_MAX_SPLITS``: a cap on :func:`num_splits`' count (unset: none), for timing
+#: fewer splits (the last program's merge walks every split holding keys; not yet measured).
+#: Still a function of the bucket and the table's width: read per launch, fixed per process.
 MAX_SPLITS_ENV = "GRAPHRT_DECODE_MAX_SPLITS"
-#: The merge's switches (:mod:`graphrt.attention.decode_launch` says what each does).
-EFFECTIVE_ENV, MERGE_LAST_ENV = decode_launch.EFFECTIVE_ENV, decode_launch.MERGE_LAST_ENV
+#: The merge's switch (:mod:`graphrt.attention.decode_launch` says what it does).
+MERGE_LAST_ENV = decode_launch.MERGE_LAST_ENV
 BLOCK_N = decode_launch.BLOCK_N
 
 
@@ -182,7 +185,7 @@ def attend_rope(
     meta: StepMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """``rope_store`` + :func:`attend` in one launch pair (what :func:`rope_takes` allows)."""
+    """``rope_store`` + :func:`attend` in the kernel's launch(es) (what :func:`rope_takes` allows)."""
     b = meta.buffers
     return decode_rope_attention(
         q,

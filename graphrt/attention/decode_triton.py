@@ -2,10 +2,9 @@
 
 ``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
-head ``h`` merged. With ``EFFECTIVE`` only the ``n`` splits whose shares hold keys store a state and
-the merge reads those (:func:`_shares`); with ``LAST_MERGES`` there is no merge launch: the last
-of the ``n`` programs of a (request, KV head) to count itself merges its ``G`` heads
-(:func:`_merge_last`). With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
+head ``h`` merged. With ``LAST_MERGES`` (the default) there is no merge launch: only the ``n``
+splits whose shares hold keys store a state (:func:`_shares`), and the last of those ``n``
+programs of a (request, KV head) to count itself merges its ``G`` heads (:func:`_merge_last`). With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
 work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
 rounded to the model's dtype, the same expressions as ``rope_store``'s; the scores are the sum of
 the two halves' dots), reads the key and value
@@ -84,12 +83,13 @@ if triton is not None:
         return _dot(q1, tl.trans(k1), F32_DOT) + _dot(q2, tl.trans(k2), F32_DOT)
 
     @triton.jit
-    def _shares(seqlen, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, EFFECTIVE: tl.constexpr):
+    def _shares(seqlen, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, LAST_MERGES: tl.constexpr):
         """A row of ``seqlen`` keys: the keys of each split's share (whole ``BLOCK_N`` blocks; 0
-        without keys) and how many splits a merge reads: with ``EFFECTIVE`` the ``cdiv(seqlen,
-        per)`` whose shares hold keys (0 without keys), else all ``SPLITS``."""
+        without keys) and how many splits store a state for the merge: with ``LAST_MERGES`` the
+        ``cdiv(seqlen, per)`` whose shares hold keys (0 without keys), else all ``SPLITS`` (the
+        merge launch reads them all, no row length)."""
         per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
-        n = tl.cdiv(seqlen, tl.maximum(per, 1)) if EFFECTIVE else seqlen * 0 + SPLITS
+        n = tl.cdiv(seqlen, tl.maximum(per, 1)) if LAST_MERGES else seqlen * 0 + SPLITS
         return per, n
 
     @triton.jit
@@ -158,7 +158,7 @@ if triton is not None:
         rg, rd = tl.arange(0, m.shape[0]), tl.arange(0, D)
         heads = hk * G + rg
         state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
-        keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (EFFECTIVE)
+        keep = rg < tl.where(s < n, G, 0)  # NOTE: a share without keys stores nothing (LAST_MERGES)
         tl.store(m_out + state, m, mask=keep)
         tl.store(l_out + state, l_sum, mask=keep)
         tl.store(acc_out + state[:, None] * D + rd[None, :], acc, mask=keep[:, None])
@@ -175,13 +175,12 @@ if triton is not None:
         arrivals, out, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, kn_sb, vn_sb, cs_sb, loc_sb, o_sb, o_sh,
         scale_log2, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-        F32_DOT: tl.constexpr, EFFECTIVE: tl.constexpr, LAST_MERGES: tl.constexpr,
-        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        F32_DOT: tl.constexpr, LAST_MERGES: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
         seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
-        per, n = _shares(seqlen, BLOCK_N, SPLITS, EFFECTIVE)
+        per, n = _shares(seqlen, BLOCK_N, SPLITS, LAST_MERGES)
         start = s * per
         end = tl.minimum(start + per, seqlen)
         slot = tl.load(loc + b64 * loc_sb) if ROPE else -1  # NOTE: angles and slot: before the layer too
@@ -233,18 +232,16 @@ if triton is not None:
 
     @triton.jit
     def _decode_merge(
-        m_in, l_in, acc_in, seqlens, out, o_sb, o_sh, D: tl.constexpr, SPLITS: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EFFECTIVE: tl.constexpr,
+        m_in, l_in, acc_in, out, o_sb, o_sh, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         b, h = tl.program_id(0), tl.program_id(1)
         rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, D)
-        seqlen = tl.load(seqlens + b) if EFFECTIVE else 0  # NOTE: ahead of the wait; the default
-        _, n = _shares(seqlen, BLOCK_N, SPLITS, EFFECTIVE)  # merge (all SPLITS) reads no length
         if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         state = (b * tl.num_programs(1) + h) * SPLITS + rs
-        has = rs < n  # NOTE: a split past n stored nothing (EFFECTIVE) or its empty state (-inf, 0, 0)
+        has = rs < SPLITS  # NOTE: a split without keys stored its empty state (-inf, 0, 0)
         m = tl.load(m_in + state, mask=has, other=float("-inf"))
         l_sum = tl.load(l_in + state, mask=has, other=0.0)
         top = tl.max(m, axis=0)

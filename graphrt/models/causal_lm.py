@@ -42,10 +42,6 @@ class CausalLMAttention(Attention):
         heads = (self.num_heads, self.num_kv_heads)
         return (*qk_norm_rope(qkv, heads, cfg.head_dim, weights, cfg.rms_eps, rope), None)
 
-    def rotary(self, rope: RopeInputs) -> torch.Tensor | None:
-        """``rope.cos_sin`` without q/k norms (:meth:`heads` only splits); None with them."""
-        return None if self.cfg.qk_norm else rope.cos_sin
-
 
 class CausalLM(Decoder):
     """A loaded decoder; ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, vocab] fp32``.

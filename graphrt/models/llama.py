@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from graphrt.attention.context import ForwardContext
-from graphrt.attention.kv_slot import KVSlot
-from graphrt.models import ops, qkv_rope
+from graphrt.models import ops
 from graphrt.models.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -56,8 +55,8 @@ class RMSNorm(nn.Module):
 
 
 #: What :meth:`Attention.heads` returns: q, k, v and the ``cos_sin`` still to apply to q and
-#: k (None when they are rotated already); k and v None when the projection stored them.
-Projected = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+#: k (None when they are rotated already).
+Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 class Attention(nn.Module):
@@ -101,32 +100,13 @@ class Attention(nn.Module):
         q, k, v = (t.view(-1, h, d) for t, h in zip((q, k, v), heads, strict=True))
         return q, k, v, rope
 
-    def rotary(self, rope: Any) -> torch.Tensor | None:
-        """``cos_sin [T, D]`` when :meth:`heads` only splits (the qkv epilogue may rotate), else None."""
-        return rope if isinstance(rope, torch.Tensor) else None
-
-    def normed(
-        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None, rope: Any, ctx: ForwardContext
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(attention of norm(residual + x) [T, hidden], residual + x)``, ``x, residual [T, hidden]``:
-        qkv in the norm's prologue (:meth:`RMSNorm.linear`); with ``GRAPHRT_QKV_ROPE=1``, where the
-        context gives a slot, RoPE and the KV store in its epilogue (:func:`qkv_rope.project`)."""
-        cfg, layer, qkv, cos_sin = self.cfg, self.layer_id, self.qkv, self.rotary(rope)
-        args = (x, residual, norm.weight, norm.eps, qkv.weight, qkv.bias, cos_sin, self.num_heads)
-        fused = None if cos_sin is None else qkv_rope.project(ctx, layer, cfg.chunk(layer), *args)
-        if fused is None:
-            projected, residual = norm.linear(x, residual, qkv)
-            return self.attend(self.heads(projected, rope), ctx), residual
-        q, residual, slot = fused
-        return self.attend((q, None, None, None), ctx, stored=slot), residual
-
-    def attend(self, projected: Projected, ctx: ForwardContext, stored: KVSlot | None = None) -> torch.Tensor:
-        """Attention over ``projected`` (:meth:`heads`), then the output projection: ``[T, hidden]``.
-        ``stored``: where the projection stored k and v (``projected``'s k and v are None)."""
+    def attend(self, projected: Projected, ctx: ForwardContext) -> torch.Tensor:
+        """Attention over ``projected`` (:meth:`heads`), then the output projection: ``[T, hidden]``."""
         cfg, layer = self.cfg, self.layer_id
         q, k, v, pending = projected
-        options = dict(window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending, sinks=self.sinks)
-        out = ctx.attention(layer, q, k, v, **options, stored=stored)
+        out = ctx.attention(
+            layer, q, k, v, window=cfg.window(layer), chunk=cfg.chunk(layer), rope=pending, sinks=self.sinks
+        )
         return self.o(out.reshape(-1, self.splits[0]))
 
     def forward(self, x: torch.Tensor, rope: Any, ctx: ForwardContext) -> torch.Tensor:
@@ -190,7 +170,8 @@ class Block(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.attn, Attention):
-            out, residual = self.attn.normed(self.attn_norm, x, residual, cos_sin, ctx)
+            qkv, residual = self.attn_norm.linear(x, residual, self.attn.qkv)
+            out = self.attn.attend(self.attn.heads(qkv, cos_sin), ctx)
         else:  # NOTE: MLA / DSA make several projections of the normed input
             h, residual = self.attn_norm.stream(x, residual)
             out = self.attn(h, cos_sin, ctx)

@@ -78,31 +78,25 @@ if triton is not None:
         return a
 
     @triton.jit
-    def prologue_weights(w, bias, rn, rk, N, K, w_stride, HAS_BIAS: tl.constexpr):
-        """``(row starts, W[rn, rk], bias[rn] in fp32)``, ``rk = arange(BLOCK_K)``: what a program loads before
-        ``gdc_wait()`` (weights only). Shared with the qkv + RoPE kernel
-        (:mod:`graphrt.models.qkv_rope_kernel`), which picks other rows: one tile shape, so each
-        row's sum (:func:`prologue_sum`) is the same sum in the same order."""
+    def _prologue_gemm(
+        x, res, nw, w, bias, y, new, N, K, w_stride, eps,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
+    ):  # fmt: skip
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
         w_rows = w + rn.to(tl.int64) * w_stride
-        tile = w_tile(w_rows, rn, 0, rk, N, K)
-        b = tl.zeros(rn.shape, dtype=tl.float32)
+        tile = w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
         if HAS_BIAS:
             b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)
-        return w_rows, tile, b
-
-    @triton.jit
-    def prologue_sum(
-        x, res, nw, new, w_rows, tile, b, rn, rk, N, K, eps,
-        BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr, HAS_BIAS: tl.constexpr,
-        BF16: tl.constexpr, ONE_TILE: tl.constexpr,
-    ):  # fmt: skip
-        """The fp32 sums (bias added, not rounded) of ``W``'s rows ``rn`` with the prologue's
-        input, from the first tile on (after ``gdc_wait()``: the input is an earlier kernel's)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: x and the residual are earlier kernels' outputs
+            tl.extra.cuda.gdc_launch_dependents()
         if ONE_TILE:  # NOTE: K <= BLOCK_K (every hidden size up to 2048): the tile is all of W's rows
             a = _whole_input(x, res, nw, new, rk, K, eps, SILU_MUL, ADD, BF16)
             acc = tl.sum(tile.to(tl.float32) * a[None, :], axis=1)
         else:  # NOTE: the norm needs all of h first: a pass for it, then one per K tile
-            acc = tl.zeros(rn.shape, dtype=tl.float32)
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
             if not SILU_MUL:
                 inv_rms = _inv_rms(x, res, new, K, eps, BLOCK_K, ADD, BF16)
             for k0 in range(0, K, BLOCK_K):
@@ -115,40 +109,6 @@ if triton is not None:
                 tile = ahead
         if HAS_BIAS:
             acc += b
-        return acc
-
-    @triton.jit
-    def _prologue_gemm(
-        x, res, nw, w, bias, y, new, N, K, w_stride, eps,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr,
-        HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
-    ):  # fmt: skip
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        w_rows, tile, b = prologue_weights(w, bias, rn, rk, N, K, w_stride, HAS_BIAS)
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # NOTE: x and the residual are earlier kernels' outputs
-            tl.extra.cuda.gdc_launch_dependents()
-        acc = prologue_sum(
-            x,
-            res,
-            nw,
-            new,
-            w_rows,
-            tile,
-            b,
-            rn,
-            rk,
-            N,
-            K,
-            eps,
-            BLOCK_K,
-            SILU_MUL,
-            ADD,
-            HAS_BIAS,
-            BF16,
-            ONE_TILE,
-        )
         tl.store(y + rn, _rne(acc, BF16).to(y.dtype.element_ty), mask=rn < N)
 
     @triton.jit

@@ -1,14 +1,14 @@
-"""The split decode kernel's three merges (``graphrt.attention.decode_launch``): every split (the
-default), only the splits holding keys (``GRAPHRT_DECODE_EFFECTIVE_SPLITS=1``), and the last split
-program holding keys merging in the split launch (``GRAPHRT_DECODE_MERGE_LAST=1``).
+"""The split decode kernel's two merges (``graphrt.attention.decode_launch``): the last split
+program holding keys merging in the split launch (the default), and the merge launch over every
+split (``GRAPHRT_DECODE_MERGE_LAST=0``).
 
 Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1`` (small shapes; a CPU box
 with Triton reruns this file so, last test). Lengths leave most splits without keys (a 4096-key
 table, rows of 1, 65, 512 and 0 keys) and split counts run past the table's key blocks. Checked:
-each merge within the kernel's tolerance of the float64 oracle; the splits-holding-keys merge bit
-for bit the default's; the last-split merge within one bf16 rounding of it, its arrival counters
-at 0 after every launch and a second launch bit-equal; a row without keys gets zeros; on the GPU
-a graph (PDL) replayed with new lengths bit-equal to eager calls.
+each merge within the kernel's tolerance of the float64 oracle and a second launch bit-equal; the
+last-split merge within one bf16 rounding of the merge launch, its arrival counters at 0 after
+every launch; a row without keys gets zeros; on the GPU a graph (PDL) replayed with new lengths
+bit-equal to eager calls; the switch's reading (unset: on).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from tests.triton_util import (
 )
 
 ATOL = 2e-2
-#: The merge switches of each mode ("chunks": the last-split merge 2 splits of each head a step).
-MODES = {"every": {}, "effective": {dk.EFFECTIVE_ENV: "1"}, "last": {dk.MERGE_LAST_ENV: "1"}}
-MODES["chunks"] = MODES["last"]
+#: The merge switch of each mode, None: unset ("chunks": the last-split merge, 2 splits of each
+#: head a step; "launch": the merge launch).
+MODES = {"last": None, "chunks": "1", "launch": "0"}
 #: (query heads, KV heads, head dim): SmolLM2 (the interpreter's), Llama-3.2-1B, Llama-3-8B, MHA.
 GPU_SHAPES = [(9, 3, 64), (32, 8, 64), (32, 8, 128), (4, 4, 64)]
 #: (table width in keys, lengths): most splits empty; a table narrower than the split counts.
@@ -58,11 +58,10 @@ def case(device: torch.device, lens: list[int], shape: tuple[int, int, int], key
 
 
 def use(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    """Set the switches of ``mode`` (the others unset)."""
-    for env in (dk.EFFECTIVE_ENV, dk.MERGE_LAST_ENV):
-        monkeypatch.delenv(env, raising=False)
-    for env, value in MODES[mode].items():
-        monkeypatch.setenv(env, value)
+    """Set the switch of ``mode`` (unset for the default)."""
+    monkeypatch.delenv(dk.MERGE_LAST_ENV, raising=False)
+    if MODES[mode] is not None:
+        monkeypatch.setenv(dk.MERGE_LAST_ENV, MODES[mode])
 
 
 def split_counts(device: torch.device, keys: int) -> tuple[int, ...]:
@@ -73,10 +72,10 @@ def split_counts(device: torch.device, keys: int) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize("device", triton_devices())
-@pytest.mark.parametrize("mode", ["effective", "last", "chunks"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize(("keys", "lens"), TABLES)
 @pytest.mark.parametrize("shape", GPU_SHAPES)
-def test_merge_matches_the_default_and_the_oracle(device, mode, keys, lens, shape, monkeypatch) -> None:
+def test_merge_matches_the_merge_launch_and_the_oracle(device, mode, keys, lens, shape, monkeypatch) -> None:
     """On the GPU a row of ``keys - 1`` keys too: many splits hold keys (several merge steps)."""
     if device.type == "cpu" and shape != GPU_SHAPES[0]:
         pytest.skip("the interpreter runs the small shape")
@@ -87,17 +86,15 @@ def test_merge_matches_the_default_and_the_oracle(device, mode, keys, lens, shap
     scale = shape[2] ** -0.5
     expected = oracle(q, k, v, table, seqlens, scale)
     for splits in split_counts(device, keys):
-        use(monkeypatch, "every")
+        use(monkeypatch, "launch")
         want = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
         use(monkeypatch, mode)
         got = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
-        if mode == "effective":
-            assert torch.equal(got, want), f"{splits} splits: differs from every split's merge"
-        else:
+        if mode != "launch":
             assert not scratch.counters(len(lens) * shape[1], device).any(), "counters left at 0"
-            again = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
-            assert torch.equal(got, again), f"{splits} splits: a second launch differs"
             torch.testing.assert_close(got.float(), want.float(), atol=1e-5, rtol=2**-7)
+        again = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
+        assert torch.equal(got, again), f"{splits} splits: a second launch differs"
         assert got[3].abs().max() == 0, "the row without keys gets zeros"
         torch.testing.assert_close(
             got.double().cpu(), expected, atol=ATOL, rtol=ATOL, msg=lambda m, s=splits: f"{s}: {m}"
@@ -157,6 +154,15 @@ def test_the_split_cap_lowers_the_steps_split_count(monkeypatch) -> None:
             dk._split_plan(q, k, meta)  # type: ignore[arg-type]
 
 
+def test_the_merge_switch_is_on_unless_zero(monkeypatch) -> None:
+    """``GRAPHRT_DECODE_MERGE_LAST`` unset or ``1``: the last split merges; ``0``: the merge launch."""
+    for value, last in ((None, True), ("1", True), ("0", False)):
+        monkeypatch.delenv(dk.MERGE_LAST_ENV, raising=False)
+        if value is not None:
+            monkeypatch.setenv(dk.MERGE_LAST_ENV, value)
+        assert dl.merge_last() is last, value
+
+
 def test_counters_are_shared_per_stream_and_sized_in_powers_of_two() -> None:
     cpu = torch.device("cpu")
     a, b = scratch.counters(5, cpu), scratch.counters(8, cpu)
@@ -166,7 +172,7 @@ def test_counters_are_shared_per_stream_and_sized_in_powers_of_two() -> None:
 
 @pytest.mark.skipif(dk.triton is None or INTERPRET, reason="needs Triton's compiler")
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize(("mode", "rope"), [("effective", False), ("last", False), ("last", True)])
+@pytest.mark.parametrize(("mode", "rope"), [("launch", False), ("last", False), ("last", True)])
 def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope: bool) -> None:
     """The split launch through Triton's CUDA compiler for sm_90 (no GPU needed), the 1B / 8B
     geometry (G 4, 33 splits) with PDL: ptxas spills nothing at head dims 64 and 128 (256
@@ -176,7 +182,7 @@ def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope
     ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb kn_sb vn_sb cs_sb loc_sb o_sb o_sh"
     constexprs = dict(
         PAGE=16, D=d, G=4, BLOCK_G=16, BLOCK_N=64, SPLITS=33, PDL=True, ROPE=rope, F32_DOT=False,
-        EFFECTIVE=True, LAST_MERGES=mode == "last", MERGE_G=4, CHUNK=dl.MERGE_TILE // (4 * d),
+        LAST_MERGES=mode == "last", MERGE_G=4, CHUNK=dl.MERGE_TILE // (4 * d),
     )  # fmt: skip
     ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, dl.SPLIT_WARPS[d])
     assert ptx.count("atom.global.gpu.acq_rel.add") == (mode == "last")
@@ -186,8 +192,8 @@ def test_split_kernel_compiles_for_hopper_without_spills(d: int, mode: str, rope
 @pytest.mark.skipif(dk.triton is None or INTERPRET, reason="needs Triton's compiler")
 @pytest.mark.parametrize("d", [64, 128])
 def test_merge_kernel_compiles_for_hopper_without_spills(d: int) -> None:
-    constexprs = dict(D=d, SPLITS=33, BLOCK_S=64, BLOCK_N=64, PDL=True, EFFECTIVE=True)
-    ptrs, types = "m_in l_in acc_in seqlens out", "fp32 fp32 fp32 i32 bf16"
+    constexprs = dict(D=d, SPLITS=33, BLOCK_S=64, PDL=True)
+    ptrs, types = "m_in l_in acc_in out", "fp32 fp32 fp32 bf16"
     ptx = _ptx(dl.kernels._decode_merge, ptrs, types, "o_sb o_sh", constexprs, 4)
     assert NO_SPILLS in ptxas_report(ptx)
 
@@ -205,4 +211,4 @@ def _ptx(fn, ptrs: str, types: str, ints: str, constexprs: dict, warps: int) -> 
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=8)
+    rerun_under_interpreter(__file__, passed=9)

@@ -110,8 +110,15 @@ def check_one(step: Step, splits: int, pdl: bool = False) -> None:
 @pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("page", [1, 16])
-def test_fused_matches_rope_store_then_attend(device: torch.device, shape, page: int, monkeypatch) -> None:
+@pytest.mark.parametrize("merge_last", ["1", "0"])
+def test_fused_matches_rope_store_then_attend(
+    device: torch.device, shape, page: int, merge_last: str, monkeypatch
+) -> None:
+    """With either merge (``GRAPHRT_DECODE_MERGE_LAST``; the interpreter runs the default's)."""
+    monkeypatch.setenv(dk.MERGE_LAST_ENV, merge_last)
     if device.type == "cpu":
+        if merge_last == "0":
+            pytest.skip("the interpreter runs the default merge (the merge launch: test_decode_merge)")
         if shape not in CPU_SHAPES:
             pytest.skip("the interpreter runs the small shapes")
         monkeypatch.setenv(rs.ENV, "interpret")
