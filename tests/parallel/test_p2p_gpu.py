@@ -126,7 +126,7 @@ def test_graphed_p2p_sums_are_exact_replay_after_replay(sums: list) -> None:
             assert identical, f"rank {rank} {case}: ranks got different sums"
 
 
-def _decode_logits(rank: int, world: int, mode: str) -> tuple[np.ndarray, np.ndarray, str]:
+def _decode_logits(rank: int, world: int, mode: str) -> tuple[np.ndarray, np.ndarray, str, int]:
     from graphrt.parallel import init_tp
     from graphrt.parallel.ops import communicator
     from graphrt.step.modes import SpecGeometry
@@ -140,8 +140,9 @@ def _decode_logits(rank: int, world: int, mode: str) -> tuple[np.ndarray, np.nda
     reqs = [0, 2, 5]
     batch = decode_batch(tp, reqs, [lens[r] + 1 for r in reqs], np.random.default_rng(1))
     graph, eager = tp.runtime.run(batch), tp.runtime.run(batch, eager=True)
-    path = type(communicator(group.name).small).__name__
-    return graph.float().cpu().numpy(), eager.float().cpu().numpy(), path
+    small = communicator(group.name).small
+    launches = 0 if small is None else int(small.epochs[0])  # NOTE: program 0 runs in every sum
+    return graph.float().cpu().numpy(), eager.float().cpu().numpy(), type(small).__name__, launches
 
 
 def test_decode_logits_with_p2p_equal_nccl() -> None:
@@ -150,6 +151,7 @@ def test_decode_logits_with_p2p_equal_nccl() -> None:
     nccl = run_ranks(_decode_logits, 2, "nccl", **kw)
     for rank in range(2):
         assert p2p[rank][2] == "PeerSum" and nccl[rank][2] == "NoneType"
+        assert p2p[rank][3] > 10, f"rank {rank}: only {p2p[rank][3]} p2p sums ran (warm-up, prefill, steps)"
         for i, path in enumerate(("graph", "eager")):
             diff = float(np.abs(p2p[rank][i] - nccl[rank][i]).max())
             assert diff <= 1e-2, f"rank {rank} {path}: |p2p - nccl| = {diff}"
