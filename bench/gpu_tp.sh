@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor parallelism on 2 GPUs of one host (nvidia-h200-x2): gpu-marked TP tests, the all-reduce
-# bench (NCCL vs one-shot in a graph), the TP=1 vs TP=2 decode bench (Llama-3-8B shape, random
+# bench (NCCL vs torch's one-shot vs our p2p kernel in a graph), the TP=1 vs TP=2 decode bench (Llama-3-8B shape, random
 # bf16), and the torchrun demo. NVLink multicast stays off. Everything lands in $OUT.
 #   bash bench/gpu_tp.sh [tests|bench|all]   (tests: TP tests + all-reduce bench; bench: the rest)
 set -uo pipefail
@@ -17,7 +17,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.n
 status=0
 step() { echo "== $*" | tee -a "$log"; timeout "${STEP_LIMIT:-480}" "$@" 2>&1 | tee -a "$log"; s=${PIPESTATUS[0]}; echo "== exit $s" | tee -a "$log"; [ "$s" = 0 ] || status=1; }
 if [ "$part" != bench ]; then
-step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/parallel/test_tp_gpu.py tests/parallel/test_tp_checkpoints.py
+step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/parallel/test_tp_gpu.py tests/parallel/test_tp_checkpoints.py tests/parallel/test_p2p_gpu.py
 step python3 -m pytest -q -rs -p no:cacheprovider tests/parallel/test_shm_ring.py
 step torchrun --nproc-per-node 2 -m graphrt.tools.bench.allreduce --out "$OUT"
 fi
@@ -25,6 +25,7 @@ fi
 step python3 -m graphrt.tools.bench.tp --tp 1 --out "$OUT"
 GRAPHRT_ALLREDUCE=nccl step torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --out "$OUT"
 GRAPHRT_ALLREDUCE=auto step torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --out "$OUT"
+GRAPHRT_ALLREDUCE=p2p step torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --out "$OUT"
 step torchrun --nproc-per-node 2 -m graphrt demo --tp 2 --prompts 8 --max-new-tokens 16
 cp "$OUT"/*.json bench/results/ 2>/dev/null || true
 echo "status $status" | tee -a "$log"

@@ -3,7 +3,7 @@
 ``graphrt::all_reduce_(Tensor(a!) x, str comm)`` sums ``x`` over the TP group in place;
 ``graphrt::all_gather(Tensor x, str comm) -> Tensor [size, *x.shape]`` stacks every rank's
 ``x``. Both capture engines see one op: the CUDA engine records the collective's kernels on
-the capture stream (NCCL, or the one-shot symmetric-memory kernel for small messages), the
+the capture stream (NCCL, or a one-shot symmetric-memory kernel for small messages), the
 emulated engine records the op and re-issues it over gloo on replay. ``comm`` names a
 :class:`Communicator` registered once per group, before the first capture.
 """
@@ -11,6 +11,8 @@ emulated engine records the op and re-issues it over gloo on replay. ``comm`` na
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,30 +26,85 @@ _LIB.define("all_reduce_(Tensor(a!) x, str comm) -> ()")
 _LIB.define("all_gather(Tensor x, str comm) -> Tensor")
 
 
-class Communicator:
-    """One group's collectives: NCCL/gloo through ``torch.distributed``, one-shot for small sums.
+@dataclass(frozen=True, slots=True)
+class SmallSums:
+    """How a ``GRAPHRT_ALLREDUCE`` mode sums small messages on CUDA (NCCL above ``limit_env``).
 
-    ``GRAPHRT_ALLREDUCE``: ``nccl`` (default), ``auto`` (one-shot up to
-    ``GRAPHRT_ONESHOT_MAX_BYTES`` on CUDA when symmetric memory works, NCCL above) or
-    ``oneshot`` (``auto``, but an error when symmetric memory does not work). NCCL is the
-    default because it was faster inside the 8B decode graph on 2x H200 (3940 vs 4151 µs a step
-    at bs 1, 4210 vs 4346 at bs 16), although the one-shot wins in a graph of sums alone (7.7 vs
-    10.3 µs for 8 KB); ``bench/results/h200x2/ring/``.
+    ``build(group, max_bytes, required)``: the path, or ``None`` when it is unusable here
+    (``required``: an error instead). Collective: every rank builds it, before any capture.
     """
 
-    MODES = ("nccl", "auto", "oneshot")
+    build: Callable[[TPGroup, int, bool], Any]
+    limit_env: str
+    required: bool
+
+
+def _oneshot(group: TPGroup, max_bytes: int, required: bool) -> Any:
+    from graphrt.parallel.symm import OneShot
+
+    return OneShot.create(group, max_bytes, required=required)
+
+
+def _p2p(group: TPGroup, max_bytes: int, required: bool) -> Any:
+    from graphrt.parallel.p2p import PeerSum
+
+    try:
+        return PeerSum.create(group, max_bytes)
+    except Exception as err:  # NOTE: opt-in: its absence is an error, never a silent NCCL
+        raise RuntimeError(f"rank {group.rank}: GRAPHRT_ALLREDUCE=p2p unavailable: {err}") from err
+
+
+#: ``GRAPHRT_ALLREDUCE`` values: ``None`` is NCCL for every sum.
+MODES: dict[str, SmallSums | None] = {
+    "nccl": None,
+    "auto": SmallSums(_oneshot, "GRAPHRT_ONESHOT_MAX_BYTES", required=False),
+    "oneshot": SmallSums(_oneshot, "GRAPHRT_ONESHOT_MAX_BYTES", required=True),
+    "p2p": SmallSums(_p2p, "GRAPHRT_P2P_MAX_BYTES", required=True),
+}
+#: Bytes up to which a mode's small path takes a sum, unless its ``limit_env`` says otherwise.
+DEFAULT_MAX_BYTES = 256 * 1024
+
+
+def small_sums(mode: str) -> SmallSums | None:
+    """The small-message path of ``GRAPHRT_ALLREDUCE=mode`` (``None``: NCCL only)."""
+    if mode not in MODES:
+        raise ValueError(f"GRAPHRT_ALLREDUCE={mode!r}: expected one of {', '.join(MODES)}")
+    return MODES[mode]
+
+
+def max_bytes(env: str) -> int:
+    """The byte limit in environment variable ``env`` (default ``DEFAULT_MAX_BYTES``)."""
+    value = os.environ.get(env, str(DEFAULT_MAX_BYTES))
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise ValueError(f"{env}={value!r}: expected a positive number of bytes")
+    return limit
+
+
+class Communicator:
+    """One group's collectives: NCCL/gloo through ``torch.distributed``, a faster path for small sums.
+
+    ``GRAPHRT_ALLREDUCE`` (:data:`MODES`): ``nccl`` (default), ``auto`` (torch's one-shot up to
+    ``GRAPHRT_ONESHOT_MAX_BYTES`` on CUDA when symmetric memory works, NCCL above), ``oneshot``
+    (``auto``, but an error when symmetric memory does not work) or ``p2p`` (our one-kernel
+    one-shot, :mod:`graphrt.parallel.p2p`, up to ``GRAPHRT_P2P_MAX_BYTES``, NCCL above; an error
+    when it cannot be set up; not yet measured on GPUs). NCCL is the default because it was
+    faster inside the 8B decode graph on 2x H200 (3940 vs 4151 µs a step at bs 1, 4210 vs 4346
+    at bs 16), although torch's one-shot wins in a graph of sums alone (7.7 vs 10.3 µs for
+    8 KB); ``bench/results/h200x2/ring/``. CPU groups (gloo) ignore the mode.
+    """
 
     def __init__(self, group: TPGroup) -> None:
         self.group = group
-        self.oneshot: Any = None
-        mode = os.environ.get("GRAPHRT_ALLREDUCE", "nccl")
-        if mode not in self.MODES:
-            raise ValueError(f"GRAPHRT_ALLREDUCE={mode!r}: expected one of {', '.join(self.MODES)}")
-        if group.device.type == "cuda" and mode != "nccl":
-            from graphrt.parallel.symm import OneShot
-
-            limit = int(os.environ.get("GRAPHRT_ONESHOT_MAX_BYTES", str(256 * 1024)))
-            self.oneshot = OneShot.create(group, limit, required=mode == "oneshot")
+        #: The small-sum path (:class:`~graphrt.parallel.symm.OneShot` or
+        #: :class:`~graphrt.parallel.p2p.PeerSum`), or ``None``: NCCL/gloo for every sum.
+        self.small: Any = None
+        mode = small_sums(os.environ.get("GRAPHRT_ALLREDUCE", "nccl"))
+        if group.device.type == "cuda" and mode is not None:
+            self.small = mode.build(group, max_bytes(mode.limit_env), mode.required)
 
     def warm_up(self) -> None:
         """Run each collective once eagerly: communicators connect here, never inside a capture."""
@@ -55,16 +112,23 @@ class Communicator:
         x = torch.ones(4, device=g.device)
         self.all_reduce_(x)
         self.all_gather(x)
-        if self.oneshot is not None:
-            self.oneshot.all_reduce_(torch.ones(8, device=g.device, dtype=torch.bfloat16))
+        small = torch.ones(8, device=g.device, dtype=torch.bfloat16)
+        if self.small is not None:
+            self.small.all_reduce_(small)
+        else:
+            small.fill_(g.size)
         if g.device.type == "cuda":
             torch.cuda.synchronize(g.device)
         if not torch.equal(x.cpu(), torch.full((4,), float(g.size))):
             raise RuntimeError(f"rank {g.rank}: warm-up all-reduce gave {x.tolist()}, expected {g.size}")
+        if not torch.equal(small.float().cpu(), torch.full((8,), float(g.size))):
+            raise RuntimeError(
+                f"rank {g.rank}: warm-up small-sum path gave {small.tolist()}, expected {g.size}"
+            )
 
     def all_reduce_(self, x: torch.Tensor) -> None:
-        if self.oneshot is not None and self.oneshot.fits(x):
-            self.oneshot.all_reduce_(x)
+        if self.small is not None and self.small.fits(x):
+            self.small.all_reduce_(x)
             return
         g = self.group
         g.guard("all_reduce", lambda: dist.all_reduce(x, group=g.device_group))
@@ -92,8 +156,8 @@ def register(group: TPGroup) -> Communicator:
 
 def unregister_all() -> None:
     for comm in _COMMS.values():
-        if comm.oneshot is not None:
-            comm.oneshot.close()
+        if comm.small is not None:
+            comm.small.close()
     _COMMS.clear()
 
 

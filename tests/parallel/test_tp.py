@@ -248,5 +248,7 @@ def test_unknown_all_reduce_path_is_refused(monkeypatch: pytest.MonkeyPatch) -> 
     from graphrt.parallel.ops import Communicator
 
     monkeypatch.setenv("GRAPHRT_ALLREDUCE", "multimem")
-    with pytest.raises(ValueError, match="GRAPHRT_ALLREDUCE='multimem': expected one of nccl, auto, oneshot"):
+    with pytest.raises(
+        ValueError, match=r"GRAPHRT_ALLREDUCE=.multimem.: expected one of nccl, auto, oneshot, p2p"
+    ):
         Communicator(TPGroup(size=2))

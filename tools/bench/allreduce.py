@@ -1,9 +1,12 @@
-"""All-reduce inside a CUDA graph: NCCL vs the one-shot symmetric-memory path, per message size.
+"""All-reduce inside a CUDA graph, per message size: NCCL, torch's one-shot over symmetric memory
+(``GRAPHRT_ALLREDUCE=oneshot``: a copy, then ``one_shot_all_reduce_out``) and ours (``p2p``: one
+Triton kernel, :mod:`graphrt.parallel.p2p`).
 
 Run on every rank: ``torchrun --nproc-per-node 2 -m graphrt.tools.bench.allreduce``. Each path
 is captured as a graph of ``--per-graph`` all-reduces (the per-layer pattern), replayed
-``--iters`` times; the result of a replay with fresh inputs is checked against the exact sum
-and compared bit for bit across ranks. JSON: ``bench/results/allreduce_tp<N>.json`` (rank 0).
+``--iters`` times; the result of a replay with fresh inputs is checked against every rank's
+inputs summed in rank order (fp32, rounded once: exact for all three at two ranks) and
+compared bit for bit across ranks. JSON: ``bench/results/allreduce_tp<N>.json`` (rank 0).
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import argparse
 import json
 import os
 import statistics
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from graphrt.parallel import init_tp, shutdown
-from graphrt.parallel.ops import communicator
+from graphrt.parallel import TPGroup, init_tp, shutdown
+from graphrt.parallel.p2p import ALIGN, PeerSum, reference_sum
+from graphrt.parallel.symm import OneShot
 from graphrt.tools.cli.env import environment
 
 
@@ -46,37 +52,67 @@ def _time_replay(graph: torch.cuda.CUDAGraph, iters: int) -> float:
     return statistics.median(samples)
 
 
-def bench_size(nbytes: int, per_graph: int, iters: int, rank: int, world: int, device: torch.device) -> dict:
-    comm = communicator(f"tp{world}_cuda")
-    numel = nbytes // 2
-    paths = {"nccl": lambda x: dist.all_reduce(x, group=comm.group.device_group)}
-    if comm.oneshot is not None and comm.oneshot.max_bytes >= nbytes:
-        paths["oneshot"] = comm.oneshot.all_reduce_
+def _check(xs: list[torch.Tensor], inputs: list[torch.Tensor], group: TPGroup) -> dict:
+    """Each sum against every rank's inputs added in rank order: exact (bf16 of the fp32 sum, as
+    :func:`reference_sum`), its distance to the fp32 sum, and the same bits on every rank."""
+    exact, err, identical = True, 0.0, True
+    for x, inp in zip(xs, inputs, strict=True):
+        parts = [torch.empty_like(inp) for _ in range(group.size)]
+        dist.all_gather(parts, inp, group=group.device_group)
+        want = reference_sum(parts)
+        exact &= bool(torch.equal(x, want))
+        err = max(err, (x.float() - reference_sum([p.float() for p in parts])).abs().max().item())
+        outs = [torch.empty_like(x) for _ in range(group.size)]
+        dist.all_gather(outs, x, group=group.device_group)
+        identical &= all(torch.equal(o, outs[0]) for o in outs)
+    return {
+        "equals_rank_order_sum": exact,
+        "max_abs_err_vs_fp32_sum": err,
+        "bit_identical_across_ranks": identical,
+    }
+
+
+def bench_size(nbytes: int, paths: dict[str, Callable], per_graph: int, iters: int, group: TPGroup) -> dict:
+    """One row: each path's µs per sum in a graph of ``per_graph`` sums of ``nbytes`` bf16, checked."""
+    numel, device = nbytes // 2, group.device
     row: dict = {"bytes": nbytes, "dtype": "bfloat16", "per_graph": per_graph}
     stream = torch.cuda.Stream(device)
     for name, fn in paths.items():
         xs = [torch.zeros(numel, dtype=torch.bfloat16, device=device) for _ in range(per_graph)]
         graph = _graph(fn, xs, stream)
-        gen = torch.Generator(device=device).manual_seed(1000 + rank)
+        gen = torch.Generator(device=device).manual_seed(1000 + group.rank)
         for x in xs:
             x.copy_(torch.randn(numel, generator=gen, device=device).bfloat16())
         inputs = [x.clone() for x in xs]
         graph.replay()
         torch.cuda.synchronize()
-        want = [i.float() for i in inputs]
-        for w in want:
-            dist.all_reduce(w, group=comm.group.device_group)  # fp32 reference sum
-        close = max((x.float() - w).abs().max().item() for x, w in zip(xs, want, strict=True))
-        everyone = [torch.empty_like(xs[0]) for _ in range(world)]
-        dist.all_gather(everyone, xs[0], group=comm.group.device_group)
-        identical = all(torch.equal(e, everyone[0]) for e in everyone)
-        us = _time_replay(graph, iters) / per_graph
-        row[name] = {
-            "us_per_allreduce": us,
-            "max_abs_err_vs_fp32_sum": close,
-            "bit_identical_across_ranks": identical,
-        }
+        row[name] = {"us_per_allreduce": _time_replay(graph, iters) / per_graph, **_check(xs, inputs, group)}
     return row
+
+
+def _paths(group: TPGroup, max_bytes: int) -> dict[str, Callable]:
+    """NCCL, torch's one-shot (copy + ``one_shot_all_reduce_out``) and ours (one kernel), each
+    set up for messages up to ``max_bytes`` whatever ``GRAPHRT_ALLREDUCE`` says."""
+    oneshot = OneShot.create(group, max_bytes, required=True)
+    p2p = PeerSum.create(group, -(-max_bytes // ALIGN) * ALIGN)
+    nccl = partial(dist.all_reduce, group=group.device_group)
+    return {"nccl": nccl, "oneshot": oneshot.all_reduce_, "p2p": p2p.all_reduce_}  # type: ignore[union-attr]
+
+
+def _table(rows: list[dict]) -> str:
+    names = [k for k, v in rows[0].items() if isinstance(v, dict)]
+    lines = [
+        "| bytes | " + " | ".join(f"{n} µs" for n in names) + " | all exact |",
+        "|---" * (len(names) + 2) + "|",
+    ]
+    for r in rows:
+        exact = all(r[n]["equals_rank_order_sum"] and r[n]["bit_identical_across_ranks"] for n in names)
+        lines.append(
+            f"| {r['bytes']} | "
+            + " | ".join(f"{r[n]['us_per_allreduce']:.2f}" for n in names)
+            + f" | {exact} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,12 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    os.environ.setdefault("GRAPHRT_ALLREDUCE", "oneshot")  # NOTE: both paths, or an error
     group = init_tp(world, torch.device("cuda"))
-    rows = [
-        bench_size(int(s), args.per_graph, args.iters, group.rank, world, group.device)
-        for s in args.sizes.split(",")
-    ]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    paths = _paths(group, max(sizes))
+    rows = [bench_size(n, paths, args.per_graph, args.iters, group) for n in sizes]
     if group.rank == 0:
         result = {
             "bench": "allreduce_in_graph",
@@ -105,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) / f"allreduce_tp{world}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-        for r in rows:
-            print(r["bytes"], {k: v for k, v in r.items() if isinstance(v, dict)})
+        print(_table(rows))
         print(f"written to {out}")
     shutdown()
     return 0

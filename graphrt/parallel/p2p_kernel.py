@@ -1,0 +1,122 @@
+"""One-shot all-reduce over peer memory as one Triton kernel (CUDA, one host, no multicast).
+
+Every rank launches the same grid; program ``b`` owns elements ``[b * BLOCK, (b + 1) * BLOCK)``
+of ``x`` and does, on its own:
+
+1. store its slice of ``x`` into this rank's symmetric buffer, slot ``epoch & 1``;
+2. a barrier with program ``b`` of every peer through the signal pads: write ``epoch + 1``
+   into flag ``[b, rank]`` of each peer's pad (release, system scope), then spin until flag
+   ``[b, r]`` of its own pad reaches ``epoch + 1`` for every peer ``r`` (acquire, system scope);
+3. load the slice from every rank's slot in rank order ``0..W-1``, sum in fp32 and store the sum
+   into ``x`` in ``x``'s dtype. Every rank adds in the same order, so all get the same bits.
+
+``epoch`` is program ``b``'s count of earlier launches, kept in device memory (``epochs[b]``)
+and bumped at the end: a graph replay carries it on, and it is equal on every rank because
+every rank runs the same launches. Flags only grow, so nothing is reset (replay-safe) and a
+stale flag from an earlier launch never passes a later barrier.
+
+Why two slots and one barrier (not one slot and a second barrier at the end): a fast rank's
+program ``b`` at launch ``e`` writes slot ``e & 1`` before its barrier, while the slow peer's
+program ``b`` may still read slot ``(e - 1) & 1`` of launch ``e - 1``; the slot written is the
+one read at launch ``e - 2``, and the fast rank passed barrier ``e - 1`` only once the peer
+had started launch ``e - 1``, i.e. finished launch ``e - 2`` (same stream). A second barrier
+would cost one more NVLink round trip per sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrt.step.switches import tl, triton
+
+#: Elements per program: one 16-byte vector per thread for bf16 at 4 warps.
+BLOCK = 1024
+NUM_WARPS = 4
+
+if triton is not None:
+
+    @triton.jit
+    def _peer_barrier(pads, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
+        """Program ``pid``'s flag exchange with program ``pid`` of every peer (see the module)."""
+        ranks = tl.arange(0, WORLD_P2)
+        peers = (ranks != RANK) & (ranks < WORLD)
+        target = epoch + 1
+        # NOTE: every thread's slot stores come before the release (bar.sync, then one thread
+        # per flag: the release is cumulative over what the CTA wrote).
+        tl.debug_barrier()
+        remote = tl.load(pads + ranks, mask=peers, other=0).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(remote + pid * WORLD + RANK, target, mask=peers, sem="release", scope="sys")
+        local = tl.load(pads + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD + ranks
+        seen = tl.atomic_add(local, 0, mask=peers, sem="acquire", scope="sys")
+        # NOTE: signed difference, so the epoch may wrap around; a peer may already be one
+        # launch ahead (its flag at target + 1), never behind once it has written target.
+        while tl.min(tl.where(peers, seen - target, 0)) < 0:
+            seen = tl.atomic_add(local, 0, mask=peers, sem="acquire", scope="sys")
+        tl.debug_barrier()  # NOTE: the acquire seen by one thread orders every thread's loads
+
+    @triton.jit
+    def p2p_all_reduce(
+        x,
+        n,
+        slot_elems,
+        buffers,
+        pads,
+        epochs,
+        RANK: tl.constexpr,
+        WORLD: tl.constexpr,
+        WORLD_P2: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """``x[:n] = sum over ranks r = 0..WORLD-1 of x_r[:n]`` (fp32 sum, in ``x``'s dtype).
+
+        ``buffers``/``pads``: ``[WORLD]`` int64 addresses of every rank's symmetric buffer
+        (two slots of ``slot_elems`` elements) and signal pad (int32 flags ``[blocks, WORLD]``);
+        ``epochs``: ``[blocks]`` int32, this rank's launches per program.
+        """
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        mine = tl.load(x + offs, mask=mask)
+        epoch = tl.load(epochs + pid)
+        slot = (epoch & 1) * slot_elems
+        ty = x.dtype.element_ty
+        own = tl.multiple_of(tl.load(buffers + RANK).to(tl.pointer_type(ty)), 16)
+        tl.store(own + slot + offs, mine, mask=mask)
+        _peer_barrier(pads, pid, epoch, RANK, WORLD, WORLD_P2)
+        acc = tl.zeros([BLOCK], tl.float32)
+        for r in tl.static_range(WORLD):
+            if r == RANK:
+                part = mine.to(tl.float32)
+            else:
+                peer = tl.multiple_of(tl.load(buffers + r).to(tl.pointer_type(ty)), 16)
+                part = tl.load(peer + slot + offs, mask=mask).to(tl.float32)
+            # NOTE: rank 0's value itself, not 0 + it: 0.0 + -0.0 would turn -0.0 into +0.0.
+            acc = part if r == 0 else acc + part
+        tl.store(x + offs, acc.to(ty), mask=mask)
+        tl.store(epochs + pid, epoch + 1)
+
+
+def launch(
+    x: torch.Tensor,
+    slot_elems: int,
+    buffers: torch.Tensor,
+    pads: torch.Tensor,
+    epochs: torch.Tensor,
+    rank: int,
+    world: int,
+) -> None:
+    """Sum contiguous ``x`` (any float dtype, ``x.numel() <= slot_elems``) over the ranks in place.
+
+    ``buffers``, ``pads``: ``[world]`` int64 on ``x.device``; ``epochs``: int32, at least
+    :func:`blocks` ``(x.numel())`` entries. Every rank must launch with the same ``x.numel()``.
+    """
+    n = x.numel()
+    p2p_all_reduce[(blocks(n),)](
+        x, n, slot_elems, buffers, pads, epochs, RANK=rank, WORLD=world,
+        WORLD_P2=triton.next_power_of_2(world), BLOCK=BLOCK, num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+def blocks(numel: int) -> int:
+    """Programs (and signal-pad rows) a sum of ``numel`` elements takes."""
+    return -(-numel // BLOCK)
