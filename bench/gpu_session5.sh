@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 fifth session, after .gpu/install.sh:
-#   bash bench/gpu_session5.sh probe|models
+#   bash bench/gpu_session5.sh check|probe|models
 # probe:  where the fused sampler's time goes (bench/debug/sampler_kernels.py: each kernel's
 #         duration at bs 1, 49k / 128k, greedy / top-p, PDL on / off), then the host path of
 #         run() on this host (bench host --profile, ps 1, ctx 4096) and per context
 #         (4k vs 128k interleaved, bench/host_contexts).
 # models: bench model, Llama-3.2-1B and the 8B shape at bs 1, 16, 64 with the default levers.
+# check:  after the sampler's one-pass tally and the merge by the last split became defaults: their
+#         GPU tests (sampler, split decode with both merges, decode parity, prologue GEMMs), the
+#         sampler's per-kernel durations, and the 1B / 8B steps at bs 1.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?probe|models}
+what=${1:?check|probe|models}
 log="$OUT/s5_$what.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
@@ -31,9 +34,23 @@ models() {
   done
 }
 
+check() {
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_sampler_kernel.py \
+    tests/runtime/test_sampler.py tests/attention/test_decode_merge.py tests/attention/test_decode_attend.py \
+    tests/runtime/test_decode_parity.py tests/models/test_prologue.py 2>&1 | grep -E "passed|failed|FAILED|^E " \
+    | head -30 | tee -a "$log"
+  timeout 90 python3 bench/debug/sampler_kernels.py --json "$OUT/json/sampler_kernels.json" 2>&1 | grep -v Warn \
+    | tee -a "$log"
+  for shape in llama-3.2-1b llama-3-8b; do
+    timeout 100 graphrt bench model --shape "$shape" --batch-sizes 1 --context 512 --iters 30 --no-compile \
+      --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -6 | tee -a "$log"
+  done
+}
+
 case "$what" in
+check) check ;;
 probe) probe ;;
 models) models ;;
-*) echo "probe|models, got $what" >&2; exit 2 ;;
+*) echo "check|probe|models, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s5_${what}_json.tgz" json && rm -rf "$OUT/json"
