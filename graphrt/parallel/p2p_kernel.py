@@ -36,22 +36,28 @@ NUM_WARPS = 4
 if triton is not None:
 
     @triton.jit
-    def _peer_barrier(pads, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-        """Program ``pid``'s flag exchange with program ``pid`` of every peer (see the module)."""
-        ranks = tl.arange(0, WORLD_P2)
-        peers = (ranks != RANK) & (ranks < WORLD)
+    def _peer_barrier(pads, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
+        """Program ``pid``'s flag exchange with program ``pid`` of every peer (see the module).
+
+        One scalar flag per peer (unrolled over the ranks): a ``[WORLD]`` vector of flags spun on
+        in a loop does not compile with Triton 3.6 (``TritonGPURemoveLayoutConversions`` fails).
+        """
         target = epoch + 1
-        # NOTE: every thread's slot stores come before the release (bar.sync, then one thread
-        # per flag: the release is cumulative over what the CTA wrote).
+        # NOTE: every thread's slot stores come before the release (bar.sync, then the flag
+        # writes: the release is cumulative over what the CTA wrote).
         tl.debug_barrier()
-        remote = tl.load(pads + ranks, mask=peers, other=0).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(remote + pid * WORLD + RANK, target, mask=peers, sem="release", scope="sys")
-        local = tl.load(pads + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD + ranks
-        seen = tl.atomic_add(local, 0, mask=peers, sem="acquire", scope="sys")
-        # NOTE: signed difference, so the epoch may wrap around; a peer may already be one
-        # launch ahead (its flag at target + 1), never behind once it has written target.
-        while tl.min(tl.where(peers, seen - target, 0)) < 0:
-            seen = tl.atomic_add(local, 0, mask=peers, sem="acquire", scope="sys")
+        for r in tl.static_range(WORLD):
+            if r != RANK:
+                remote = tl.load(pads + r).to(tl.pointer_type(tl.int32))
+                tl.atomic_xchg(remote + pid * WORLD + RANK, target, sem="release", scope="sys")
+        local = tl.load(pads + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD
+        for r in tl.static_range(WORLD):
+            if r != RANK:
+                # NOTE: signed difference, so the epoch may wrap around; a peer may already be one
+                # launch ahead (its flag at target + 1), never behind once it has written target.
+                seen = tl.atomic_add(local + r, 0, sem="acquire", scope="sys")
+                while seen - target < 0:
+                    seen = tl.atomic_add(local + r, 0, sem="acquire", scope="sys")
         tl.debug_barrier()  # NOTE: the acquire seen by one thread orders every thread's loads
 
     @triton.jit
@@ -64,7 +70,6 @@ if triton is not None:
         epochs,
         RANK: tl.constexpr,
         WORLD: tl.constexpr,
-        WORLD_P2: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         """``x[:n] = sum over ranks r = 0..WORLD-1 of x_r[:n]`` (fp32 sum, in ``x``'s dtype).
@@ -82,7 +87,7 @@ if triton is not None:
         ty = x.dtype.element_ty
         own = tl.multiple_of(tl.load(buffers + RANK).to(tl.pointer_type(ty)), 16)
         tl.store(own + slot + offs, mine, mask=mask)
-        _peer_barrier(pads, pid, epoch, RANK, WORLD, WORLD_P2)
+        _peer_barrier(pads, pid, epoch, RANK, WORLD)
         acc = tl.zeros([BLOCK], tl.float32)
         for r in tl.static_range(WORLD):
             if r == RANK:
@@ -113,7 +118,7 @@ def launch(
     n = x.numel()
     p2p_all_reduce[(blocks(n),)](
         x, n, slot_elems, buffers, pads, epochs, RANK=rank, WORLD=world,
-        WORLD_P2=triton.next_power_of_2(world), BLOCK=BLOCK, num_warps=NUM_WARPS,
+        BLOCK=BLOCK, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
