@@ -11,10 +11,7 @@ set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 what=${1:?tests|floor|text}
 log="$OUT/session2_$what.log"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
-for whl in .gpu/*.whl .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log"
-python3 -c "import torch, triton, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sgl_kernel', sgl_kernel.__version__)" 2>&1 | tee -a "$log"
+source bench/gpu_prelude.sh
 
 run_tests() {
   files=$(ls tests/attention/test_cross_attention.py tests/runtime/test_cross.py tests/runtime/test_window_pool.py \

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
-from torch.profiler import ProfilerActivity, profile
+from sampler_kernels import graph_of, kernel_us  # NOTE: this folder, on sys.path when run as a script
 
 from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime import sampler_count, sampler_kernel
@@ -43,7 +42,7 @@ from graphrt.runtime.sampler_kernel import (
     _scores,
 )
 from graphrt.runtime.sampler_launch import DECIDE, FRONTIER, layout_for, workspace
-from graphrt.tools.bench.sampler import KINDS, REPS, zipf_logits
+from graphrt.tools.bench.sampler import KINDS, zipf_logits
 
 
 @triton.jit
@@ -120,25 +119,8 @@ def _scan_cut(logits, stride, V, temperature, top_k, top_p, min_p, seed, positio
                        S, S_PAD, PF, GF, ACCURATE)  # fmt: skip
 
 
-def _durations(fn, stream: torch.cuda.Stream, replays: int = 5) -> dict[str, float]:
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(REPS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            total[event.name] += event.time_range.elapsed_us()
-    return {name: round(us / (replays * REPS), 2) for name, us in sorted(total.items())}
+def _durations(fn, stream: torch.cuda.Stream) -> dict[str, float]:
+    return {name: round(us, 2) for name, us in kernel_us(graph_of(fn, stream)).items()}
 
 
 def main() -> None:

@@ -27,7 +27,8 @@ from graphrt.tools.bench.record import percentiles, time_us
 from graphrt.tools.bench.sampler import KINDS, REPS, zipf_logits
 
 
-def _graph(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+def graph_of(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """``REPS`` calls of ``fn`` captured in one graph (one eager call first, on ``stream``)."""
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.synchronize()
@@ -38,7 +39,7 @@ def _graph(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _kernels(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, float]:
+def kernel_us(graph: torch.cuda.CUDAGraph, replays: int = 5) -> dict[str, float]:
     """Mean µs per call of each kernel name (profiler trace of ``replays`` replays)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
@@ -66,7 +67,7 @@ def main() -> None:
             want = sample_torch(logits, params)
             for pdl in (True, False):
                 got = fused_sample(logits, params, pdl=pdl)
-                graph = _graph(lambda lg=logits, pr=params, on=pdl: fused_sample(lg, pr, pdl=on), stream)
+                graph = graph_of(lambda lg=logits, pr=params, on=pdl: fused_sample(lg, pr, pdl=on), stream)
                 call = percentiles([us / REPS for us in time_us(graph.replay, args.iters, device)])
                 row = {
                     "vocab": vocab,
@@ -74,7 +75,7 @@ def main() -> None:
                     "pdl": pdl,
                     "same_token_as_torch": bool(torch.equal(got, want)),
                     "call_us_p50": call["p50"],
-                    "kernels_us": _kernels(graph, 5),
+                    "kernels_us": kernel_us(graph),
                 }
                 rows.append(row)
                 ks = ", ".join(f"{k} {v:.2f}" for k, v in row["kernels_us"].items())
