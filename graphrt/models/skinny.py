@@ -7,7 +7,8 @@ that regime:
 
 - **Weight streaming**: one program per ``block_n`` rows of ``W`` (row-major, ``[N, K]``) loops
   over ``K`` in ``block_k`` tiles with 16-byte loads along ``K``, one tile loaded ahead of the
-  one it multiplies (a register double buffer).
+  one it multiplies (a register double buffer); a tile with ``stages > 1`` leaves the staging to
+  Triton's pipeliner instead (``stages`` tiles in flight through shared memory).
 - **PDL**: the program loads its first ``W`` tile and its bias *before* ``gdc_wait()`` (weights
   never depend on the previous kernel), waits, then calls ``gdc_launch_dependents()`` so the next
   kernel's programs can start their own prologue; ``x`` (the previous kernel's output) is read
@@ -47,7 +48,9 @@ class Tile:
     """One program's share: ``block_n`` rows of ``W`` by ``block_k`` columns per loop step.
 
     Powers of two; the ``tl.dot`` path (``M > 1``) needs ``block_n, block_k >= 16``.
-    ``stages``: Triton's software pipelining of the loop (1: only the kernel's own prefetch).
+    ``stages``: 1: the kernel's own one-tile-ahead register prefetch (the first tile loaded before
+    the PDL wait); more: the loop loads each tile where it multiplies it and Triton's pipeliner
+    keeps ``stages`` tiles in flight through shared memory (all after the wait).
     """
 
     block_n: int
@@ -190,7 +193,7 @@ def _skinny_gemm(
     _skinny[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-        PDL=pdl, F32_DOT=not x.is_cuda, num_warps=warps, num_stages=stages, launch_pdl=pdl,
+        PDL=pdl, F32_DOT=not x.is_cuda, PIPELINED=stages > 1, num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -212,37 +215,54 @@ if triton is not None:
         return tl.load(w_rows[:, None] + cols[None, :], mask=mask, other=0.0)
 
     @triton.jit
+    def x_tile(x, rm, cols, M, K, x_stride):
+        """``x[rm, cols]`` (zeros past ``M`` and ``K``)."""
+        return tl.load(
+            x + rm[:, None] * x_stride + cols[None, :],
+            mask=(rm[:, None] < M) & (cols[None, :] < K),
+            other=0.0,
+        )
+
+    @triton.jit
+    def _mac(acc, tile, xt, BLOCK_M: tl.constexpr, F32_DOT: tl.constexpr):
+        """``acc + xt @ tile^T``: fp32 products summed per row (``M == 1``) or ``tl.dot``."""
+        if BLOCK_M == 1:
+            return acc + tl.sum(tile.to(tl.float32) * xt.to(tl.float32), axis=1)
+        elif F32_DOT:  # NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits
+            return tl.dot(xt.to(tl.float32), tl.trans(tile.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            return tl.dot(xt, tl.trans(tile), acc)
+
+    @triton.jit
     def _skinny(
         x, w, bias, y, M, N, K, x_stride, w_stride,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        HAS_BIAS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
+        HAS_BIAS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr, PIPELINED: tl.constexpr,
     ):  # fmt: skip
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         rm = tl.arange(0, BLOCK_M)
         w_rows = w + rn.to(tl.int64) * w_stride
-        tile = w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
         if HAS_BIAS:
             b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # NOTE: x is the previous kernel's output
-            tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BLOCK_N,) if BLOCK_M == 1 else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + rk
-            xt = tl.load(
-                x + rm[:, None] * x_stride + cols[None, :],
-                mask=(rm[:, None] < M) & (cols[None, :] < K),
-                other=0.0,
-            )
-            ahead = w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
-            if BLOCK_M == 1:
-                acc += tl.sum(tile.to(tl.float32) * xt.to(tl.float32), axis=1)
-            elif F32_DOT:  # NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits
-                acc = tl.dot(xt.to(tl.float32), tl.trans(tile.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, tl.trans(tile), acc)
-            tile = ahead
+        if PIPELINED:  # NOTE: each tile loaded where it is used: Triton's pipeliner stages them
+            if PDL:
+                tl.extra.cuda.gdc_wait()  # NOTE: x is the previous kernel's output
+                tl.extra.cuda.gdc_launch_dependents()
+            for k0 in range(0, K, BLOCK_K):
+                xt = x_tile(x, rm, k0 + rk, M, K, x_stride)
+                acc = _mac(acc, w_tile(w_rows, rn, k0, rk, N, K), xt, BLOCK_M, F32_DOT)
+        else:
+            tile = w_tile(w_rows, rn, 0, rk, N, K)  # NOTE: weights only: before the wait
+            if PDL:
+                tl.extra.cuda.gdc_wait()  # NOTE: x is the previous kernel's output
+                tl.extra.cuda.gdc_launch_dependents()
+            for k0 in range(0, K, BLOCK_K):
+                xt = x_tile(x, rm, k0 + rk, M, K, x_stride)
+                ahead = w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
+                acc = _mac(acc, tile, xt, BLOCK_M, F32_DOT)
+                tile = ahead
         out = acc[None, :] if BLOCK_M == 1 else acc
         if HAS_BIAS:
             out += b[None, :]

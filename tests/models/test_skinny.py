@@ -15,7 +15,15 @@ from torch.nn import functional as F
 
 from graphrt.models import ops
 from graphrt.models import skinny as sk
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.triton_util import (
+    INTERPRET,
+    NO_SPILLS,
+    ptxas_report,
+    rerun_marks,
+    rerun_under_interpreter,
+    sm90_ptx,
+    triton_devices,
+)
 
 #: One unit in the last place, relative: bf16 keeps 8 significant bits, fp16 11.
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
@@ -75,6 +83,9 @@ def test_matches_torch(device, kernel_on, m, n, k, bias) -> None:
         (1, sk.Tile(16, 64)),
         (5, sk.Tile(16, 32, warps=2)),
         (64, sk.Tile(32, 64)),
+        (1, sk.Tile(8, 64, stages=3)),
+        (16, sk.Tile(16, 32, stages=4)),
+        (64, sk.Tile(32, 64, warps=4, stages=2)),
     ],
 )
 def test_small_tiles_loop_over_ragged_k(device, kernel_on, dtype, m, tile) -> None:
@@ -215,7 +226,32 @@ def test_pdl_chain_in_a_graph_matches_eager_bit_for_bit(m: int) -> None:
     _assert_matches(sk.skinny_linear(x, weights[0]), x, weights[0], None)
 
 
+@pytest.mark.skipif(sk.triton is None or INTERPRET, reason="needs Triton's compiler")
+@pytest.mark.parametrize(
+    ("m", "tile"), [(16, sk.Tile(32, 128, 4, 4)), (64, sk.Tile(64, 128, 4, 3)), (16, sk.Tile(16, 512, 4))]
+)
+def test_tiles_compile_for_hopper_staged_as_asked(m: int, tile: sk.Tile) -> None:
+    """sm_90, no GPU needed: a tile with ``stages > 1`` leaves its W loads to Triton's pipeliner
+    (``cp.async`` into shared memory), one with 1 keeps the register prefetch (no ``cp.async``);
+    ptxas spills no register either way."""
+    names = sk._skinny.arg_names
+    types = {"x": "*bf16", "w": "*bf16", "bias": "*bf16", "y": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+             "x_stride": "i32", "w_stride": "i32"}  # fmt: skip
+    constexprs = dict(BLOCK_M=m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, HAS_BIAS=False, PDL=True,
+                      F32_DOT=False, PIPELINED=tile.stages > 1)  # fmt: skip
+    signature = {a: types.get(a, "constexpr") for a in names}
+    attrs = {
+        (names.index(a),): [["tt.divisibility", 16]] for a in ("x", "w", "y", "K", "x_stride", "w_stride")
+    }
+    ptx = sm90_ptx(
+        sk._skinny, signature, constexprs, {"num_warps": tile.warps, "num_stages": tile.stages}, attrs
+    )
+    assert ("cp.async" in ptx) == (tile.stages > 1)
+    assert "griddepcontrol.wait" in ptx
+    assert NO_SPILLS in ptxas_report(ptx)
+
+
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernel run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=71)
+    rerun_under_interpreter(__file__, passed=77)

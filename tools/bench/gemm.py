@@ -48,9 +48,13 @@ FLOOR_COPY_BYTES = 1 << 30
 SWEEP: dict[int, tuple[skinny.Tile, ...]] = {
     1: tuple(skinny.Tile(n, k, w) for n, k, w in [(2, 2048, 4), (4, 2048, 4), (8, 2048, 8), (8, 1024, 4),
                                                   (16, 512, 4), (16, 256, 4), (32, 256, 4)]),
-    16: tuple(skinny.Tile(n, k, w) for n, k, w in [(16, 512, 4), (16, 1024, 8), (16, 2048, 8),
-                                                   (32, 512, 8), (32, 256, 4), (64, 256, 8)]),
-    64: tuple(skinny.Tile(n, k, w) for n, k, w in [(32, 128, 4), (16, 256, 4), (64, 128, 8), (32, 256, 8)]),
+    16: tuple(skinny.Tile(n, k, w, st) for n, k, w, st in [
+        (16, 512, 4, 1), (32, 256, 4, 1), (64, 256, 8, 1),  # the register prefetch (earlier best)
+        (16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),  # Triton's pipeliner
+        (64, 128, 4, 4), (64, 128, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3)]),
+    64: tuple(skinny.Tile(n, k, w, st) for n, k, w, st in [
+        (32, 128, 4, 1), (64, 128, 8, 1), (32, 256, 8, 1),
+        (32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3)]),
 }  # fmt: skip
 Path = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
