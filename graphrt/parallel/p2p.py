@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from graphrt.parallel.p2p_kernel import BLOCK, blocks
+from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled
 
 if TYPE_CHECKING:
     from graphrt.parallel.group import TPGroup
@@ -76,6 +77,7 @@ class PeerSum:
         self.buffers = torch.tensor(addresses, dtype=torch.int64, device=dev)
         self.pads = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=dev)
         self.epochs = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self.pdl = pdl_enabled(KERNELS_PDL_ENV, dev)  # NOTE: the Triton kernels' one PDL switch
 
     @classmethod
     def create(cls, group: TPGroup, max_bytes: int) -> PeerSum:
@@ -117,7 +119,8 @@ class PeerSum:
         from graphrt.parallel.p2p_kernel import launch
 
         g = self.group
-        launch(x, self.max_bytes // x.element_size(), self.buffers, self.pads, self.epochs, g.rank, g.size)
+        slot = self.max_bytes // x.element_size()
+        launch(x, slot, self.buffers, self.pads, self.epochs, g.rank, g.size, self.pdl)
 
     def close(self) -> None:
         self.buffer = self.handle = None  # type: ignore[assignment]

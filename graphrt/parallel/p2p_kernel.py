@@ -71,6 +71,7 @@ if triton is not None:
         RANK: tl.constexpr,
         WORLD: tl.constexpr,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """``x[:n] = sum over ranks r = 0..WORLD-1 of x_r[:n]`` (fp32 sum, in ``x``'s dtype).
 
@@ -81,6 +82,9 @@ if triton is not None:
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
+        if PDL:  # NOTE: launched early (programmatic dependent launch): x is the previous kernel's
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         mine = tl.load(x + offs, mask=mask)
         epoch = tl.load(epochs + pid)
         slot = (epoch & 1) * slot_elems
@@ -109,16 +113,19 @@ def launch(
     epochs: torch.Tensor,
     rank: int,
     world: int,
+    pdl: bool = False,
 ) -> None:
     """Sum contiguous ``x`` (any float dtype, ``x.numel() <= slot_elems``) over the ranks in place.
 
     ``buffers``, ``pads``: ``[world]`` int64 on ``x.device``; ``epochs``: int32, at least
     :func:`blocks` ``(x.numel())`` entries. Every rank must launch with the same ``x.numel()``.
+    ``pdl``: launch with programmatic dependent launch (the kernel waits before it reads ``x``, so
+    its launch overlaps the previous kernel's tail, and lets the next kernel launch at once).
     """
     n = x.numel()
     p2p_all_reduce[(blocks(n),)](
         x, n, slot_elems, buffers, pads, epochs, RANK=rank, WORLD=world,
-        BLOCK=BLOCK, num_warps=NUM_WARPS,
+        BLOCK=BLOCK, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )  # fmt: skip
 
 

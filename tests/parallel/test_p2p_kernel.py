@@ -74,7 +74,7 @@ def _ptx(world: int, dtype: str) -> str:
     from tests.triton_util import sm90_ptx
 
     names = p2p_all_reduce.arg_names
-    constexprs = dict(RANK=world - 1, WORLD=world, BLOCK=BLOCK)
+    constexprs = dict(RANK=world - 1, WORLD=world, BLOCK=BLOCK, PDL=True)
     types = {
         "x": f"*{dtype}",
         "n": "i32",
@@ -99,6 +99,9 @@ def test_sm90_build_has_system_scope_flags_and_vector_loads(world: int, dtype: s
     acquires = ptx.count("ld.global.sys.acquire.b32") + ptx.count("atom.global.sys.acquire.add")
     assert acquires == 2 * peers, "acquire reads of the own flags, per peer: first, then the spin"
     assert "atom.global.gpu" not in ptx and "atom.global.cta" not in ptx, "every flag at system scope"
+    assert ptx.index("griddepcontrol.wait") < ptx.index("atom.global.sys.release"), (
+        "x read after the PDL wait"
+    )
     vectors = BLOCK * (4 if dtype == "fp32" else 2) // (4 * 32 * 16)  # NOTE: 16-byte vectors a thread
     assert ptx.count("ld.global.v4.b32") == world * vectors, "x, then 16-byte vector loads of each peer slot"
     assert ptx.count("st.global.v4.b32") == 2 * vectors, "the own slot, then the sum"
