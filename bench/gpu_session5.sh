@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 fifth session, after .gpu/install.sh:
-#   bash bench/gpu_session5.sh check|probe|models
+#   bash bench/gpu_session5.sh check|probe|models|sweep|hostprof
 # probe:  where the fused sampler's time goes (bench/debug/sampler_kernels.py: each kernel's
 #         duration at bs 1, 49k / 128k, greedy / top-p, PDL on / off), then the host path of
 #         run() on this host (bench host --profile, ps 1, ctx 4096) and per context
@@ -9,9 +9,13 @@
 # check:  after the sampler's one-pass tally and the merge by the last split became defaults: their
 #         GPU tests (sampler, split decode with both merges, decode parity, prologue GEMMs), the
 #         sampler's per-kernel durations, and the 1B / 8B steps at bs 1.
+# sweep:  (next) bench gemm --sweep at M 16 and 64: the skinny GEMM's pipelined tiles (stages > 1)
+#         against cuBLAS, to decide whether steps of 2-64 rows take it (ops.SKINNY_MAX_M).
+# hostprof: (next) run()'s host phases on this host with the whole cProfile listing in a file
+#         (the probe's table left 22 us of "run - phases" unexplained).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|probe|models}
+what=${1:?check|probe|models|sweep|hostprof}
 log="$OUT/s5_$what.log"
 source bench/gpu_prelude.sh
 mkdir -p "$OUT/json"
@@ -44,10 +48,23 @@ check() {
   done
 }
 
+sweep() {
+  timeout 540 graphrt bench gemm --sweep --batch-sizes 16,64 --out "$OUT/json" > "$OUT/gemm_sweep.txt" 2>&1
+  grep -v "━" "$OUT/gemm_sweep.txt" | tail -30 | tee -a "$log"
+}
+
+hostprof() {
+  timeout 200 graphrt bench host --device cuda --modes decode --page-sizes 1 --context-lens 4096 --batch-sizes 1,64 \
+    --profile --profile-top 40 > "$OUT/host_profile.txt" 2>&1
+  grep -A14 "phase" "$OUT/host_profile.txt" | tee -a "$log"
+}
+
 case "$what" in
+sweep) sweep ;;
+hostprof) hostprof ;;
 check) check ;;
 probe) probe ;;
 models) models ;;
-*) echo "check|probe|models, got $what" >&2; exit 2 ;;
+*) echo "check|probe|models|sweep|hostprof, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s5_${what}_json.tgz" json && rm -rf "$OUT/json"
