@@ -6,9 +6,10 @@ to count. This times copies of the two kernels cut short after each phase (``STO
 launched without PDL after a full ``_scan`` (so ``_count`` sees a real state), one graph of
 ``REPS`` pairs per cut, and reports each kernel's mean duration from the profiler:
 
-- ``_count`` cuts: 0 state loaded; 1 + the chunk's mass and total; 2 + the tallies (the first
-  pass sums the total too); 3 + the arrival atomic (no decision); 4 the whole kernel (the last
-  program decides).
+- ``_count`` cuts: 0 state loaded; 1 + the chunk's mass and total; 2 + the tallies added to the
+  row's sums (the first pass sums the total too); 3 + the arrival atomic (no decision); 4 the
+  whole kernel (the last program decides and zeroes the sums). Cuts 2 and 3 leave the row's sums
+  growing (no decision zeroes them): only their time is meant.
 - ``_scan`` cuts: 0 chunk loaded and its top stored; 1 + the scores; 2 + the chunk's records;
   3 + the arrival atomic (no merge); 4 the whole kernel (the last program merges).
 
@@ -69,22 +70,21 @@ def _count_cut(logits, stride, V, temperature, top_k, top_p, min_p, seed, positi
         m = sampler_kernel._value(top)
         q = _mass(z, m, T, ACCURATE)
         if STOP == 1:
-            tl.store(totals + r * S + c, tl.sum(q))
+            tl.store(sink + r * S + c, tl.sum(q))
         else:
-            out = (r * S + c) * GF
-            whole = _tally(zkey, q, f, gs < tl.minimum(G, GB - 1), mass, ranks, out + gs)
-            tl.store(totals + r * S + c, tl.sum(tl.where(gs == GB - 1, whole, 0)))
+            whole = _tally(zkey, q, f, gs < tl.minimum(G, GB - 1), mass, ranks, r * GF + gs)
+            tl.atomic_add(totals + r, tl.sum(tl.where(gs == GB - 1, whole, 0)), sem="relaxed")
             for start in range(GB - 1, G, GB):
                 at = start + gs
                 more = tl.load(frontier + r * GF + at, mask=at < G, other=MIN64)
-                _tally(zkey, q, more, at < G, mass, ranks, out + at)
+                _tally(zkey, q, more, at < G, mass, ranks, r * GF + at)
         if STOP >= 3:
             tl.debug_barrier()
             if tl.atomic_add(arrivals + 2 * r + 1, 1) == S - 1:
                 tl.store(arrivals + 2 * r + 1, 0)
                 if STOP >= 4:
                     _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass,
-                            ranks, totals, S, S_PAD, C, GF, GD, ACCURATE)  # fmt: skip
+                            ranks, totals, S, C, GF, GD, ACCURATE)  # fmt: skip
 
 
 @triton.jit
@@ -171,9 +171,16 @@ def main() -> None:
               "state_after_scan": state, "same_token_as_torch": bool(torch.equal(tokens, want))}  # fmt: skip
     print(result)
     result["count_cuts"] = {}
+
+    def zero_sums() -> None:  # NOTE: cuts 2 and 3 add to the row's sums and never zero them
+        for sums in (ws.mass, ws.ranks, ws.totals):
+            sums.zero_()
+
     for stop in range(5):
+        zero_sums()
         result["count_cuts"][stop] = _durations(lambda s=stop: (scan(), count(s)), stream)
         print("count STOP", stop, result["count_cuts"][stop])
+    zero_sums()
     result["real"] = _durations(lambda: (scan(), real_count()), stream)
     print("real", result["real"])
     result["scan_cuts"] = {}

@@ -4,9 +4,11 @@ For rows :mod:`graphrt.runtime.sampler_kernel`'s ``_scan`` left waiting (state C
 top-p rows whose score-best token is not rank 0), each program of the grid ``(rows, chunks)``
 counts, for every record of its row at once, the tokens of its chunk ranked before it and their
 mass (a ``[chunk, GB]`` comparison summed over the chunk: ``GB - 1`` records in the first pass,
-its last column the chunk's whole mass; ``GB`` a pass after that; a row has few). The row's last
-program to arrive adds them up and writes the lowest kept record (:func:`_decide`, ``GD`` records
-a round trip), or walks on past the last record known (:func:`_walk`).
+its last column the chunk's whole mass; ``GB`` a pass after that; a row has few), and adds them
+to the row's sums (integer atomics, so the order of the chunks does not matter: exact). The
+row's last program to arrive reads the sums and writes the lowest kept record (:func:`_decide`,
+``GD`` records a round trip), or walks on past the last record known (:func:`_walk`); it zeroes
+the sums for the next launch.
 
 A program loads its row's parameters and (rows with a filter: only they can wait for a count)
 its chunk of logits before it waits for ``_scan`` (with PDL, while ``_scan`` still runs): they
@@ -59,28 +61,25 @@ if triton is not None:
 
     @triton.jit
     def _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass, ranks, totals,
-                S: tl.constexpr, S_PAD: tl.constexpr, C: tl.constexpr, GF: tl.constexpr, GD: tl.constexpr,
+                S: tl.constexpr, C: tl.constexpr, GF: tl.constexpr, GD: tl.constexpr,
                 ACCURATE: tl.constexpr):  # fmt: skip
         """Row ``r``'s token: its lowest kept record (or :func:`_walk` past the last one known).
 
-        Records are read ``GD`` at a time, in order, until one is kept: a row has a few, so one
-        round trip of ``[chunks, GD]`` counts (not the whole ``[chunks, GF]``) usually decides it."""
-        cs = tl.arange(0, S_PAD)
+        Reads the row's sums ``GD`` records at a time, in order, until one is kept (a row has a
+        few), then zeroes the sums it used for the next launch."""
         gs = tl.arange(0, GD)
-        total = tl.sum(tl.load(totals + r * S + cs, mask=cs < S, other=0, cache_modifier=".cg"))
+        total = tl.load(totals + r, cache_modifier=".cg")
         k = tl.where((k > 0) & (k < V), k, V)
         limit = tl.where(p < 1.0, p.to(tl.float64) * total.to(tl.float64), float("inf"))
         L = _log_min_p(mp, ACCURATE)
         answer = tl.full([], -1, tl.int64)
         start = 0
         while (answer < 0) & (start < G):
-            at = start + gs
-            live = at < G
-            both = (cs[:, None] < S) & live[None, :]
-            cells = (r * S + cs[:, None]) * GF + at[None, :]
-            before = tl.sum(tl.load(mass + cells, mask=both, other=0, cache_modifier=".cg"), axis=0)
-            rank = tl.sum(tl.load(ranks + cells, mask=both, other=0, cache_modifier=".cg"), axis=0)
-            fz = tl.load(frontier + r * GF + at, mask=live, other=MIN64)
+            at = r * GF + start + gs
+            live = start + gs < G
+            before = tl.load(mass + at, mask=live, other=0, cache_modifier=".cg")
+            rank = tl.load(ranks + at, mask=live, other=0, cache_modifier=".cg")
+            fz = tl.load(frontier + at, mask=live, other=MIN64)
             keep = _kept(rank, before, tl.math.div_rn(_value(fz) - m, T), k, limit, L) & live
             first = tl.min(tl.where(keep, gs, GD))
             answer = tl.max(tl.where(gs == first, _token(fz), -1))
@@ -91,14 +90,19 @@ if triton is not None:
             key = _row_key(tl.load(seed + r), tl.load(position + r))
             answer = _walk(logits, r, stride, V, T, key, cur, m, k, limit, L, S, C, ACCURATE)
         tl.store(tokens + r, answer)
+        every = tl.arange(0, GF)
+        tl.store(mass + r * GF + every, 0, mask=every < G)
+        tl.store(ranks + r * GF + every, 0, mask=every < G)
+        tl.store(totals + r, 0)
 
     @triton.jit
     def _tally(zkey, q, f, live, mass, ranks, at):
-        """Store, for each record ``f`` [GB] (``live`` ones), the chunk's mass and count ranked before
-        it; return the masses (a ``MIN64`` record's is the chunk's whole mass)."""
+        """Add, for each record ``f`` [GB] (``live`` ones), the chunk's mass and count ranked before
+        it to the row's sums at ``at`` (integer atomics: exact in any order); return the masses
+        (a ``MIN64`` record's is the chunk's whole mass)."""
         packed = tl.sum(tl.where(zkey[:, None] > f[None, :], (q << 13)[:, None] + 1, 0), axis=0)
-        tl.store(mass + at, packed >> 13, mask=live)
-        tl.store(ranks + at, packed & 8191, mask=live)
+        tl.atomic_add(mass + at, packed >> 13, mask=live, sem="relaxed")
+        tl.atomic_add(ranks + at, packed & 8191, mask=live, sem="relaxed")
         return packed >> 13
 
     @triton.jit
@@ -128,15 +132,14 @@ if triton is not None:
         if todo == COUNT:
             m = _value(top)
             q = _mass(z, m, T, ACCURATE)
-            out = (r * S + c) * GF
-            whole = _tally(zkey, q, f, gs < tl.minimum(G, GB - 1), mass, ranks, out + gs)
-            tl.store(totals + r * S + c, tl.sum(tl.where(gs == GB - 1, whole, 0)))
+            whole = _tally(zkey, q, f, gs < tl.minimum(G, GB - 1), mass, ranks, r * GF + gs)
+            tl.atomic_add(totals + r, tl.sum(tl.where(gs == GB - 1, whole, 0)), sem="relaxed")
             for start in range(GB - 1, G, GB):  # NOTE: rare: more than GB - 1 records
                 at = start + gs
                 more = tl.load(frontier + r * GF + at, mask=at < G, other=MIN64)
-                _tally(zkey, q, more, at < G, mass, ranks, out + at)
+                _tally(zkey, q, more, at < G, mass, ranks, r * GF + at)
             tl.debug_barrier()
             if tl.atomic_add(arrivals + 2 * r + 1, 1) == S - 1:
                 tl.store(arrivals + 2 * r + 1, 0)
                 _decide(logits, r, stride, V, T, k, p, mp, G, m, seed, position, tokens, frontier, mass,
-                        ranks, totals, S, S_PAD, C, GF, GD, ACCURATE)  # fmt: skip
+                        ranks, totals, S, C, GF, GD, ACCURATE)  # fmt: skip

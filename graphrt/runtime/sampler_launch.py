@@ -92,9 +92,9 @@ class Workspace:
     counts: torch.Tensor  # [rows, chunks] records found + 256 if the chunk's were all found
     frontier: torch.Tensor  # [rows, FRONTIER] the row's records (rank keys), score-best first
     state: torch.Tensor  # [rows, 3] done (0) / count (1), the row's records, largest rank key
-    mass: torch.Tensor  # [rows, chunks, FRONTIER] a chunk's mass ranked before each record
-    ranks: torch.Tensor  # [rows, chunks, FRONTIER] ... and its count of tokens
-    totals: torch.Tensor  # [rows, chunks] a chunk's mass
+    mass: torch.Tensor  # [rows, FRONTIER] the row's mass ranked before each record (0 between launches)
+    ranks: torch.Tensor  # [rows, FRONTIER] ... and its count of tokens (0 between launches)
+    totals: torch.Tensor  # [rows] the row's mass (0 between launches)
     arrivals: torch.Tensor  # [rows, 2] int32, zero between launches
 
     @classmethod
@@ -108,9 +108,9 @@ class Workspace:
             counts=empty(chunks),
             frontier=empty(FRONTIER),
             state=empty(3),
-            mass=empty(chunks, FRONTIER),
-            ranks=empty(chunks, FRONTIER),
-            totals=empty(chunks),
+            mass=torch.zeros(rows, FRONTIER, dtype=torch.int64, device=device),
+            ranks=torch.zeros(rows, FRONTIER, dtype=torch.int64, device=device),
+            totals=torch.zeros(rows, dtype=torch.int64, device=device),
             arrivals=torch.zeros(rows, 2, dtype=torch.int32, device=device),
         )
 
