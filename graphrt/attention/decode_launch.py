@@ -105,8 +105,8 @@ def _launch(
     return out
 
 
-# NOTE: one ``torch.ops.graphrt`` op per split launch and its merge, so the emulated capture engine records and
-# replays it like an aten op; the RoPE variant declares the caches it writes.
+# NOTE: one ``torch.ops.graphrt`` op per split launch and its merge, so the emulated capture
+# engine records and replays it like an aten op; the RoPE variant declares the caches it writes.
 _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
     "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens, "

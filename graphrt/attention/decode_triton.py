@@ -4,12 +4,12 @@
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
 head ``h`` merged. With ``LAST_MERGES`` (the default) there is no merge launch: only the ``n``
 splits whose shares hold keys store a state (:func:`_shares`), and the last of those ``n``
-programs of a (request, KV head) to count itself merges its ``G`` heads (:func:`_merge_last`). With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s
-work for its heads: it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math
-rounded to the model's dtype, the same expressions as ``rope_store``'s; the scores are the sum of
-the two halves' dots), reads the key and value
-of the request's own slot ``loc[b]`` from the projection instead of the cache (so no program
-reads a slot this launch writes), and the program whose share holds position
+programs of a (request, KV head) to count itself merges its ``G`` heads (:func:`_merge_last`).
+With ``ROPE`` the split also does :func:`graphrt.kv.rope_store.rope_store`'s work for its heads:
+it rotates ``q`` on load and the new token's ``k`` (NeoX halves, fp32 math rounded to the model's
+dtype, the same expressions as ``rope_store``'s; the scores are the sum of the two halves' dots),
+reads the key and value of the request's own slot ``loc[b]`` from the projection instead of the
+cache (so no program reads a slot this launch writes), and the program whose share holds position
 ``cache_seqlens[b] - 1`` (program 0 when there are no keys) writes them to the cache at
 ``loc[b]``: one writer per (request, KV head).
 """
