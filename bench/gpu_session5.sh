@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 fifth session, after .gpu/install.sh:
-#   bash bench/gpu_session5.sh check|probe|models|sweep|hostprof
+#   bash bench/gpu_session5.sh check|probe|models|sweep|fold|hostprof
 # probe:  where the fused sampler's time goes (bench/debug/sampler_kernels.py: each kernel's
 #         duration at bs 1, 49k / 128k, greedy / top-p, PDL on / off), then the host path of
 #         run() on this host (bench host --profile, ps 1, ctx 4096) and per context
@@ -11,11 +11,13 @@
 #         sampler's per-kernel durations, and the 1B / 8B steps at bs 1.
 # sweep:  (next) bench gemm --sweep at M 16 and 64: the skinny GEMM's pipelined tiles (stages > 1)
 #         against cuBLAS, to decide whether steps of 2-64 rows take it (ops.SKINNY_MAX_M).
+# fold:   (next) RoPE + KV store folded into the split decode kernel (GRAPHRT_DECODE_ROPE=0 / 1)
+#         now that the split launch also merges: 1B / 8B at bs 1 (and SmolLM2's engine if installed).
 # hostprof: (next) run()'s host phases on this host with the whole cProfile listing in a file
 #         (the probe's table left 22 us of "run - phases" unexplained).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|probe|models|sweep|hostprof}
+what=${1:?check|probe|models|sweep|fold|hostprof}
 log="$OUT/s5_$what.log"
 source bench/gpu_prelude.sh
 mkdir -p "$OUT/json"
@@ -59,12 +61,27 @@ hostprof() {
   grep -A14 "phase" "$OUT/host_profile.txt" | tee -a "$log"
 }
 
+fold() {
+  for on in 0 1; do
+    echo "== GRAPHRT_DECODE_ROPE=$on" | tee -a "$log"
+    for shape in llama-3.2-1b llama-3-8b; do
+      GRAPHRT_DECODE_ROPE=$on timeout 100 graphrt bench model --shape "$shape" --batch-sizes 1 --context 512 \
+        --iters 30 --no-compile --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -3 | tee -a "$log"
+    done
+    if [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+      GRAPHRT_DECODE_ROPE=$on timeout 200 graphrt bench overlap --engine-model /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --batch-sizes 1 --context 64 --iters 200 --out "$OUT/json" 2>&1 | grep -E "^│" | tee -a "$log"
+    fi
+  done
+}
+
 case "$what" in
+fold) fold ;;
 sweep) sweep ;;
 hostprof) hostprof ;;
 check) check ;;
 probe) probe ;;
 models) models ;;
-*) echo "check|probe|models|sweep|hostprof, got $what" >&2; exit 2 ;;
+*) echo "check|probe|models|sweep|fold|hostprof, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s5_${what}_json.tgz" json && rm -rf "$OUT/json"
