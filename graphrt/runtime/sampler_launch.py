@@ -42,14 +42,17 @@ DECIDE = 8
 class Layout:
     """How the kernels cut a row: ``chunk`` entries per program (a power of two, 128..4096),
     ``warps`` per program, ``records`` a chunk keeps, records ``_count`` compares in one pass
-    (``tally``, a power of two). Any layout draws the same tokens (the tests force small ones);
-    it changes only the speed (``graphrt bench sampler --sweep``)."""
+    (``tally``, a power of two), and ``scan_warps`` for ``_scan`` alone (0: ``warps``; its
+    scores are compute-bound on one SM a chunk, the count's tallies are not). Any layout draws
+    the same tokens (the tests force small ones); it changes only the speed (``graphrt bench
+    sampler --sweep``)."""
 
     # NOTE: read when a Layout is made, so tests that patch the module's constants get them
     chunk: int = field(default_factory=lambda: CHUNK)
     warps: int = field(default_factory=lambda: WARPS)
     records: int = field(default_factory=lambda: RECORDS)
     tally: int = field(default_factory=lambda: TALLY)
+    scan_warps: int = 0
 
     def __post_init__(self) -> None:
         if not (128 <= self.chunk <= 4096 and self.chunk & (self.chunk - 1) == 0):
@@ -58,6 +61,10 @@ class Layout:
             raise ValueError(f"sampler layout: {self.records} records a chunk; 1..255")
         if not (1 <= self.tally <= 64 and self.tally & (self.tally - 1) == 0):
             raise ValueError(f"sampler layout: tally {self.tally} is not a power of two in 1..64")
+        if self.scan_warps and not (self.scan_warps <= 32 and self.scan_warps & (self.scan_warps - 1) == 0):
+            raise ValueError(
+                f"sampler layout: scan_warps {self.scan_warps} is not 0 or a power of two up to 32"
+            )
 
 
 #: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
@@ -173,9 +180,10 @@ def fused_sample(
     }
     pdl = pdl_default(logits.device) if pdl is None else pdl
     grid = (rows, chunks)
+    scan_shape = {**shape, "num_warps": layout.scan_warps or layout.warps}
     sampler_kernel._scan[grid](
         logits, logits.stride(0), vocab, *rowwise,
-        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=layout.records, PDL=pdl, **shape,
+        ws.tops, ws.records, ws.counts, ws.frontier, ws.state, ws.arrivals, PF=layout.records, PDL=pdl, **scan_shape,
     )  # fmt: skip
     sampler_count._count[grid](
         logits, logits.stride(0), vocab, *rowwise, ws.frontier, ws.state, ws.mass, ws.ranks, ws.totals,

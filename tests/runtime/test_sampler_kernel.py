@@ -99,8 +99,15 @@ def test_kernel_draws_the_torch_tokens(device: torch.device, kind: str) -> None:
 
 def _layouts(device: torch.device) -> list[launch.Layout]:
     if device.type == "cpu":
-        return [launch.Layout(256, 4, 8, 1), launch.Layout(128, 2, 4, 4), launch.Layout(512, 4, 32)]
-    return [launch.Layout(c, w, r) for c, w, r in [(512, 2, 8), (1024, 4, 16), (2048, 8, 16), (4096, 8, 32)]]
+        return [launch.Layout(256, 4, 8, 1), launch.Layout(128, 2, 4, 4, 1), launch.Layout(512, 4, 32)]
+    sizes = [
+        (512, 2, 8, 4, 0),
+        (1024, 4, 16, 4, 0),
+        (2048, 8, 16, 4, 0),
+        (4096, 8, 32, 2, 0),
+        (2048, 8, 8, 4, 16),
+    ]
+    return [launch.Layout(*size) for size in sizes]
 
 
 @pytest.mark.parametrize("device", triton_devices())
@@ -125,6 +132,8 @@ def test_layouts_are_checked(monkeypatch) -> None:
         launch.Layout(1024, 4, 300)
     with pytest.raises(ValueError, match=r"tally 3 is not a power of two in 1\.\.64"):
         launch.Layout(1024, 4, 8, 3)
+    with pytest.raises(ValueError, match=r"scan_warps 6 is not 0 or a power of two up to 32"):
+        launch.Layout(1024, 4, 8, 2, 6)
     rules = ((50000, launch.Layout(1024, 4, 16)), (140000, launch.Layout(2048, 8, 16)))
     monkeypatch.setattr(launch, "LAYOUTS", rules)
     assert launch.layout_for(49152) == launch.Layout(1024, 4, 16)

@@ -1,4 +1,4 @@
-"""``graphrt bench sampler --sweep``: the fused sampler's layouts (chunk, warps, records) at bs 1.
+"""``graphrt bench sampler --sweep``: the fused sampler's layouts (chunk, warps, records, ...) at bs 1.
 
 The kernels cut a row into chunks of ``chunk`` entries, one program each; the row's last program
 merges the chunks' records (at most ``records`` each) alone. Larger chunks mean fewer programs
@@ -24,12 +24,12 @@ from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime.sampler import sample_torch
 from graphrt.runtime.sampler_launch import Layout, fused_sample, layout_for
 
-#: Candidates ``(chunk, warps, records, tally)``.
+#: Candidates ``(chunk, warps, records, tally, scan_warps)`` (scan_warps 0: ``warps``).
 SWEEP = tuple(
-    Layout(c, w, r, t)
-    for c, w, r, t in [(4096, 8, 32, 2), (4096, 16, 16, 2), (2048, 8, 16, 2), (2048, 8, 8, 2), (2048, 8, 8, 1),
-                       (2048, 8, 8, 4), (2048, 8, 16, 4), (2048, 16, 8, 2), (2048, 16, 8, 4), (1024, 8, 8, 2),
-                       (1024, 8, 16, 2), (1024, 4, 8, 2), (1024, 16, 8, 2), (1024, 16, 8, 4)]
+    Layout(c, w, r, t, sw)
+    for c, w, r, t, sw in [(4096, 16, 16, 4, 0), (4096, 8, 16, 4, 16), (2048, 8, 16, 4, 0), (2048, 8, 8, 4, 0),
+                           (2048, 8, 8, 2, 0), (2048, 8, 16, 4, 16), (2048, 8, 8, 4, 16), (2048, 4, 8, 4, 8),
+                           (2048, 16, 8, 4, 0), (1024, 8, 8, 4, 0), (1024, 4, 8, 4, 8), (1024, 8, 16, 4, 4)]
 )  # fmt: skip
 
 
@@ -72,12 +72,12 @@ def best_layouts(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 def sweep_table(rows: list[dict[str, Any]], kinds: list[str]) -> Table:
     table = Table(title="fused sampler layouts at bs 1 (µs p50 per call in a CUDA graph)")
-    for col in ("vocab", "chunk", "warps", "records", "tally", *kinds, "worst", "tokens"):
+    for col in ("vocab", "chunk", "warps", "records", "tally", "scan_warps", *kinds, "worst", "tokens"):
         table.add_column(col, justify="right")
     for r in rows:
         lay = r["layout"]
         cells = (f"{r['us'][k]:.1f}" for k in kinds)
         same = "same" if r["tokens_equal"] else "DIFFER"
-        table.add_row(str(r["vocab"]), *(str(lay[k]) for k in ("chunk", "warps", "records", "tally")), *cells,
+        table.add_row(str(r["vocab"]), *(str(lay[k]) for k in ("chunk", "warps", "records", "tally", "scan_warps")), *cells,
                       f"{r['worst_us']:.1f}", same)  # fmt: skip
     return table
