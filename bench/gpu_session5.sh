@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 fifth session, after .gpu/install.sh:
-#   bash bench/gpu_session5.sh check|probe|models|sweep|fold|hostprof
+#   bash bench/gpu_session5.sh check|probe|models|sweep|ssweep|fold|hostprof
 # probe:  where the fused sampler's time goes (bench/debug/sampler_kernels.py: each kernel's
 #         duration at bs 1, 49k / 128k, greedy / top-p, PDL on / off), then the host path of
 #         run() on this host (bench host --profile, ps 1, ctx 4096) and per context
@@ -11,13 +11,15 @@
 #         sampler's per-kernel durations, and the 1B / 8B steps at bs 1.
 # sweep:  (next) bench gemm --sweep at M 16 and 64: the skinny GEMM's pipelined tiles (stages > 1)
 #         against cuBLAS, to decide whether steps of 2-64 rows take it (ops.SKINNY_MAX_M).
+# ssweep: (next) the sampler's layouts at bs 1 (bench sampler --sweep: scan_warps apart, tally 4 with
+#         the row sums by atomics) and the sampler bench.
 # fold:   (next) RoPE + KV store folded into the split decode kernel (GRAPHRT_DECODE_ROPE=0 / 1)
 #         now that the split launch also merges: 1B / 8B at bs 1 (and SmolLM2's engine if installed).
 # hostprof: (next) run()'s host phases on this host with the whole cProfile listing in a file
 #         (the probe's table left 22 us of "run - phases" unexplained).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|probe|models|sweep|fold|hostprof}
+what=${1:?check|probe|models|sweep|ssweep|fold|hostprof}
 log="$OUT/s5_$what.log"
 source bench/gpu_prelude.sh
 mkdir -p "$OUT/json"
@@ -75,13 +77,21 @@ fold() {
   done
 }
 
+ssweep() {
+  timeout 400 graphrt bench sampler --sweep --batch-sizes 1 --vocabs 49152,128256 --out "$OUT/json" 2>&1 \
+    | grep -v "━" | tail -40 | tee -a "$log"
+  timeout 120 python3 bench/debug/sampler_kernels.py --json "$OUT/json/sampler_kernels.json" 2>&1 | grep -v Warn \
+    | tee -a "$log"
+}
+
 case "$what" in
+ssweep) ssweep ;;
 fold) fold ;;
 sweep) sweep ;;
 hostprof) hostprof ;;
 check) check ;;
 probe) probe ;;
 models) models ;;
-*) echo "check|probe|models|sweep|fold|hostprof, got $what" >&2; exit 2 ;;
+*) echo "check|probe|models|sweep|ssweep|fold|hostprof, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s5_${what}_json.tgz" json && rm -rf "$OUT/json"
