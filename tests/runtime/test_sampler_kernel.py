@@ -93,8 +93,11 @@ def test_kernel_draws_the_torch_tokens(device: torch.device, kind: str) -> None:
     assert got.dtype == torch.int64 and got.shape == (len(PARAMS),)
     assert torch.equal(got, sample_torch(logits, params))
     assert torch.equal(got[:1], logits[:1].float().argmax(dim=-1)), "row 0 is greedy"
-    ws = launch.workspace(len(PARAMS), -(-_vocab(device) // launch.CHUNK), device)
+    layout = launch.layout_for(_vocab(device))
+    ws = launch.workspace(len(PARAMS), -(-_vocab(device) // layout.chunk), device, layout.records)
     assert not ws.arrivals.any(), "every launch leaves its arrival counters at 0"
+    if (ws.state[: len(PARAMS), 0] == 1).any():  # NOTE: rows that waited for a count added to the sums
+        assert not (ws.mass.any() or ws.ranks.any() or ws.totals.any()), "the row sums are 0 between launches"
 
 
 def _layouts(device: torch.device) -> list[launch.Layout]:
