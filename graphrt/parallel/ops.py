@@ -110,22 +110,17 @@ class Communicator:
     def warm_up(self) -> None:
         """Run each collective once eagerly: communicators connect here, never inside a capture."""
         g = self.group
-        x = torch.ones(4, device=g.device)
-        self.all_reduce_(x)
-        self.all_gather(x)
-        small = torch.ones(8, device=g.device, dtype=torch.bfloat16)
+        sums = {"all-reduce": torch.ones(4, device=g.device)}
+        self.all_reduce_(sums["all-reduce"])
+        self.all_gather(sums["all-reduce"])
         if self.small is not None:
-            self.small.all_reduce_(small)
-        else:
-            small.fill_(g.size)
+            sums["small-sum path"] = torch.ones(8, device=g.device, dtype=torch.bfloat16)
+            self.small.all_reduce_(sums["small-sum path"])
         if g.device.type == "cuda":
             torch.cuda.synchronize(g.device)
-        if not torch.equal(x.cpu(), torch.full((4,), float(g.size))):
-            raise RuntimeError(f"rank {g.rank}: warm-up all-reduce gave {x.tolist()}, expected {g.size}")
-        if not torch.equal(small.float().cpu(), torch.full((8,), float(g.size))):
-            raise RuntimeError(
-                f"rank {g.rank}: warm-up small-sum path gave {small.tolist()}, expected {g.size}"
-            )
+        for what, got in sums.items():
+            if not torch.equal(got.float().cpu(), torch.full(got.shape, float(g.size))):
+                raise RuntimeError(f"rank {g.rank}: warm-up {what} gave {got.tolist()}, expected {g.size}")
 
     def all_reduce_(self, x: torch.Tensor) -> None:
         if self.small is not None and self.small.fits(x):

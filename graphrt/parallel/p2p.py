@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from graphrt.parallel.p2p_kernel import BLOCK, blocks
+from graphrt.parallel.p2p_kernel import BLOCK, blocks, launch
 from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled
 
 if TYPE_CHECKING:
@@ -117,8 +117,6 @@ class PeerSum:
                 f"({x.dtype}, {x.device}, contiguous={x.is_contiguous()}): expected at most "
                 f"{self.max_bytes} bytes of {', '.join(map(str, DTYPES))}, contiguous, on {self.group.device}"
             )
-        from graphrt.parallel.p2p_kernel import launch
-
         g = self.group
         slot = self.max_bytes // x.element_size()
         launch(x, slot, self.buffers, self.pads, self.epochs, g.rank, g.size, self.pdl)
