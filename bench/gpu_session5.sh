@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the 2026-11-27 fifth session, after .gpu/install.sh:
-#   bash bench/gpu_session5.sh check|probe|models|sweep|ssweep|fold|hostprof
+#   bash bench/gpu_session5.sh check|probe|models|sweep|ssweep|fold|hostprof|ab <GRAPHRT_SKINNY_TILES spec>
 # probe:  where the fused sampler's time goes (bench/debug/sampler_kernels.py: each kernel's
 #         duration at bs 1, 49k / 128k, greedy / top-p, PDL on / off), then the host path of
 #         run() on this host (bench host --profile, ps 1, ctx 4096) and per context
@@ -17,9 +17,11 @@
 #         now that the split launch also merges: 1B / 8B at bs 1 (and SmolLM2's engine if installed).
 # hostprof: (next) run()'s host phases on this host with the whole cProfile listing in a file
 #         (the probe's table left 22 us of "run - phases" unexplained).
+# ab:     (sixth session) 1B / 8B at bs 16 and 64: the default (cuBLAS above one row) against
+#         GRAPHRT_SKINNY_MAX_M=64 with the tiles of $2 (bench/debug/pick_tiles.py on the sweep's JSON).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-what=${1:?check|probe|models|sweep|ssweep|fold|hostprof}
+what=${1:?check|probe|models|sweep|ssweep|fold|hostprof|ab}
 log="$OUT/s5_$what.log"
 source bench/gpu_prelude.sh
 mkdir -p "$OUT/json"
@@ -55,6 +57,20 @@ check() {
 sweep() {
   timeout 540 graphrt bench gemm --sweep --batch-sizes 16,64 --out "$OUT/json" > "$OUT/gemm_sweep.txt" 2>&1
   grep -v "━" "$OUT/gemm_sweep.txt" | tail -30 | tee -a "$log"
+  python3 bench/debug/pick_tiles.py "$OUT"/json/gemm_cuda_*.json | tee -a "$log"
+}
+
+ab() {
+  local tiles=${1:?the GRAPHRT_SKINNY_TILES spec}
+  for mode in cublas skinny; do
+    echo "== $mode (tiles $tiles)" | tee -a "$log"
+    for shape in llama-3.2-1b llama-3-8b; do
+      if [ $mode = skinny ]; then export GRAPHRT_SKINNY_MAX_M=64 GRAPHRT_SKINNY_TILES=$tiles; fi
+      timeout 140 graphrt bench model --shape "$shape" --batch-sizes 16,64 --context 512 --iters 30 --no-compile \
+        --out "$OUT/json" 2>&1 | grep -vi "warn" | grep -v "━" | tail -5 | tee -a "$log"
+      unset GRAPHRT_SKINNY_MAX_M GRAPHRT_SKINNY_TILES
+    done
+  done
 }
 
 hostprof() {
@@ -86,12 +102,13 @@ ssweep() {
 
 case "$what" in
 ssweep) ssweep ;;
+ab) ab "${2:-}" ;;
 fold) fold ;;
 sweep) sweep ;;
 hostprof) hostprof ;;
 check) check ;;
 probe) probe ;;
 models) models ;;
-*) echo "check|probe|models|sweep|ssweep|fold|hostprof, got $what" >&2; exit 2 ;;
+*) echo "check|probe|models|sweep|ssweep|fold|hostprof|ab, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s5_${what}_json.tgz" json && rm -rf "$OUT/json"

@@ -28,6 +28,18 @@ FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: cuBLAS on every 1B and 8B projection (o 6.5 → 4.2 µs, lm_head 187 → 166 µs); at M = 16 its
 #: tensor-core path takes about twice cuBLAS's time, so only single-row steps take it.
 SKINNY_MAX_M = 1
+#: A/B switch: ``GRAPHRT_SKINNY_MAX_M=16`` sends steps of up to 16 rows to the skinny GEMM too.
+SKINNY_MAX_M_ENV = "GRAPHRT_SKINNY_MAX_M"
+
+
+def skinny_max_m() -> int:
+    """:data:`SKINNY_MAX_M`, or ``GRAPHRT_SKINNY_MAX_M`` (0..``skinny.MAX_M``) when set."""
+    raw = os.environ.get(SKINNY_MAX_M_ENV, "")
+    if not raw:
+        return SKINNY_MAX_M
+    if not raw.isdigit() or int(raw) > skinny.MAX_M:
+        raise ValueError(f"{SKINNY_MAX_M_ENV}={raw!r}: want an integer in 0..{skinny.MAX_M}")
+    return int(raw)
 
 
 @functools.cache
@@ -51,12 +63,12 @@ def fused(x: torch.Tensor) -> ModuleType | None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight^T (+ bias)``: ``x [..., K]``, ``weight [N, K]``, ``bias [N]``; returns ``[..., N]``.
 
-    With at most :data:`SKINNY_MAX_M` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
+    With at most :func:`skinny_max_m` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
     Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
     """
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if 0 < rows.shape[0] <= SKINNY_MAX_M and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
+    if 0 < rows.shape[0] <= skinny_max_m() and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
         return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 

@@ -217,7 +217,7 @@ def _cell(cell: dict[str, Any] | None) -> str:
 
 
 def _tile(t: dict[str, int] | None) -> str:
-    return f"{t['block_n']}x{t['block_k']} w{t['warps']}" if t else "—"
+    return f"{t['block_n']}x{t['block_k']} w{t['warps']} s{t.get('stages', 1)}" if t else "—"
 
 
 def _fused_cell(row: dict[str, Any]) -> str:
