@@ -14,6 +14,7 @@ import argparse
 import json
 from collections import defaultdict
 from dataclasses import asdict
+from pathlib import Path
 
 from graphrt.models import skinny
 from graphrt.tools.bench.gemm import SWEEP
@@ -41,7 +42,7 @@ def spec(tile: skinny.Tile) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", help="a gemm_cuda_*.json written with --sweep")
-    rows = json.load(open(parser.parse_args().json))["rows"]
+    rows = json.loads(Path(parser.parse_args().json).read_text())["rows"]
     best = {}
     for m, cells in sorted(sums(rows).items()):
         cublas = cells.pop("cublas")

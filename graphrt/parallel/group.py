@@ -61,3 +61,11 @@ class TPGroup:
     def barrier(self) -> None:
         if self.size > 1:
             self.guard("barrier", lambda: dist.barrier(group=self.cpu_group))
+
+    def all_true(self, mine: bool, what: str) -> bool:
+        """Whether ``mine`` holds on every rank (over the host group): a choice all ranks share."""
+        if self.size == 1:
+            return mine
+        flag = torch.tensor([int(mine)], dtype=torch.int32)
+        self.guard(what, lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.cpu_group))
+        return bool(flag.item())

@@ -11,6 +11,7 @@ emulated engine records the op and re-issues it over gloo on replay. ``comm`` na
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,18 +50,33 @@ def _p2p(group: TPGroup, max_bytes: int, required: bool) -> Any:
     from graphrt.parallel.p2p import PeerSum
 
     try:
-        return PeerSum.create(group, max_bytes)
-    except Exception as err:  # NOTE: opt-in: its absence is an error, never a silent NCCL
-        raise RuntimeError(f"rank {group.rank}: GRAPHRT_ALLREDUCE=p2p unavailable: {err}") from err
+        path, why = PeerSum.create(group, max_bytes), ""
+    except Exception as err:  # NOTE: availability probe (Triton, symmetric memory, peer access)
+        if required:  # NOTE: asked for by name: its absence is an error, never a silent NCCL
+            raise RuntimeError(f"rank {group.rank}: GRAPHRT_ALLREDUCE=p2p unavailable: {err}") from err
+        path, why = None, str(err)
+    if required:
+        return path
+    # NOTE: every rank must take the same path, or a p2p sum would wait for a peer inside NCCL
+    if not group.all_true(path is not None, "p2p all-reduce agreement"):
+        if path is not None:
+            path.close()
+        warnings.warn(
+            f"rank {group.rank}: p2p all-reduce off, NCCL only: {why or 'off on a peer'}", stacklevel=2
+        )
+        return None
+    return path
 
 
 #: ``GRAPHRT_ALLREDUCE`` values: ``None`` is NCCL for every sum.
 MODES: dict[str, SmallSums | None] = {
     "nccl": None,
-    "auto": SmallSums(_oneshot, "GRAPHRT_ONESHOT_MAX_BYTES", required=False),
+    "auto": SmallSums(_p2p, "GRAPHRT_P2P_MAX_BYTES", required=False),
     "oneshot": SmallSums(_oneshot, "GRAPHRT_ONESHOT_MAX_BYTES", required=True),
     "p2p": SmallSums(_p2p, "GRAPHRT_P2P_MAX_BYTES", required=True),
 }
+#: The mode when ``GRAPHRT_ALLREDUCE`` is unset.
+DEFAULT_MODE = "auto"
 #: Bytes up to which a mode's small path takes a sum, unless its ``limit_env`` says otherwise.
 DEFAULT_MAX_BYTES = 256 * 1024
 
@@ -87,15 +103,14 @@ def max_bytes(env: str) -> int:
 class Communicator:
     """One group's collectives: NCCL/gloo through ``torch.distributed``, a faster path for small sums.
 
-    ``GRAPHRT_ALLREDUCE`` (:data:`MODES`): ``nccl`` (default), ``auto`` (torch's one-shot up to
-    ``GRAPHRT_ONESHOT_MAX_BYTES`` on CUDA when symmetric memory works, NCCL above), ``oneshot``
-    (``auto``, but an error when symmetric memory does not work) or ``p2p`` (our one-kernel
-    one-shot, :mod:`graphrt.parallel.p2p`, up to ``GRAPHRT_P2P_MAX_BYTES``, NCCL above; an error
-    when it cannot be set up; 4.4 µs an 8 KB sum on 2x H200 against NCCL's 11.3, alone in a graph;
-    not yet timed inside the decode step). NCCL is the default because it was
-    faster inside the 8B decode graph on 2x H200 (3940 vs 4151 µs a step at bs 1, 4210 vs 4346
-    at bs 16), although torch's one-shot wins in a graph of sums alone (7.7 vs 10.3 µs for
-    8 KB); ``bench/results/h200x2/ring/``. CPU groups (gloo) ignore the mode.
+    ``GRAPHRT_ALLREDUCE`` (:data:`MODES`): ``auto`` (default: our one-kernel one-shot,
+    :mod:`graphrt.parallel.p2p`, for sums up to ``GRAPHRT_P2P_MAX_BYTES`` on CUDA when every rank
+    can set it up, NCCL above and otherwise, with a warning), ``p2p`` (the same, but an error when
+    it cannot be set up), ``oneshot`` (torch's symmetric-memory one-shot up to
+    ``GRAPHRT_ONESHOT_MAX_BYTES``; an error when unusable) or ``nccl`` (NCCL for every sum).
+    Measured on 2x H200 (8B shape, TP=2, bs 1, ``bench/results/h200x2/session-1127f``): 3302 µs a
+    step with p2p against 3589 with NCCL (bs 16: 3916 vs 4028); alone in a graph an 8 KB sum takes
+    4.4 µs against NCCL's 11.3 and torch's one-shot's 7.5. CPU groups (gloo) ignore the mode.
     """
 
     def __init__(self, group: TPGroup) -> None:
@@ -103,7 +118,7 @@ class Communicator:
         #: The small-sum path (:class:`~graphrt.parallel.symm.OneShot` or
         #: :class:`~graphrt.parallel.p2p.PeerSum`), or ``None``: NCCL/gloo for every sum.
         self.small: Any = None
-        mode = small_sums(os.environ.get("GRAPHRT_ALLREDUCE", "nccl"))
+        mode = small_sums(os.environ.get("GRAPHRT_ALLREDUCE", DEFAULT_MODE))
         if group.device.type == "cuda" and mode is not None:
             self.small = mode.build(group, max_bytes(mode.limit_env), mode.required)
 

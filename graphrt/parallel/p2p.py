@@ -119,7 +119,7 @@ class PeerSum:
             )
         g = self.group
         slot = self.max_bytes // x.element_size()
-        launch(x, slot, self.buffers, self.pads, self.epochs, g.rank, g.size, self.pdl)
+        launch(x, slot, self.buffers, self.pads, self.epochs, g.rank, g.size, self.pdl, g.timeout_s)
 
     def close(self) -> None:
         self.buffer = self.handle = None  # type: ignore[assignment]

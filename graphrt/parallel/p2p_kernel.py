@@ -36,11 +36,28 @@ NUM_WARPS = 4
 if triton is not None:
 
     @triton.jit
-    def _peer_barrier(pads, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
+    def _now_ns():
+        """The GPU's global nanosecond timer."""
+        return tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+
+    @triton.jit
+    def _trap():
+        """Abort the kernel: the context takes a sticky error, so the host's next sync raises."""
+        tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _peer_barrier(
+        pads, pid, epoch, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr, DEADLINE: tl.constexpr
+    ):
         """Program ``pid``'s flag exchange with program ``pid`` of every peer (see the module).
 
         One scalar flag per peer (unrolled over the ranks): a ``[WORLD]`` vector of flags spun on
         in a loop does not compile with Triton 3.6 (``TritonGPURemoveLayoutConversions`` fails).
+        ``DEADLINE``: a peer that has not arrived after ``timeout_ns`` traps the kernel (a dead
+        or diverged rank becomes an error on this one, never a hang); off under the interpreter,
+        which runs no PTX.
         """
         target = epoch + 1
         # NOTE: every thread's slot stores come before the release (bar.sync, then the flag
@@ -56,8 +73,13 @@ if triton is not None:
                 # NOTE: signed difference, so the epoch may wrap around; a peer may already be one
                 # launch ahead (its flag at target + 1), never behind once it has written target.
                 seen = tl.atomic_add(local + r, 0, sem="acquire", scope="sys")
+                if DEADLINE:
+                    start = _now_ns()
                 while seen - target < 0:
                     seen = tl.atomic_add(local + r, 0, sem="acquire", scope="sys")
+                    if DEADLINE:  # noqa: SIM102 - a constexpr branch: no timer read when off
+                        if _now_ns() - start > timeout_ns:
+                            _trap()
         tl.debug_barrier()  # NOTE: the acquire seen by one thread orders every thread's loads
 
     @triton.jit
@@ -68,10 +90,12 @@ if triton is not None:
         buffers,
         pads,
         epochs,
+        timeout_ns,
         RANK: tl.constexpr,
         WORLD: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
+        DEADLINE: tl.constexpr,
     ):
         """``x[:n] = sum over ranks r = 0..WORLD-1 of x_r[:n]`` (fp32 sum, in ``x``'s dtype).
 
@@ -91,7 +115,7 @@ if triton is not None:
         ty = x.dtype.element_ty
         own = tl.multiple_of(tl.load(buffers + RANK).to(tl.pointer_type(ty)), 16)
         tl.store(own + slot + offs, mine, mask=mask)
-        _peer_barrier(pads, pid, epoch, RANK, WORLD)
+        _peer_barrier(pads, pid, epoch, timeout_ns, RANK, WORLD, DEADLINE)
         acc = tl.zeros([BLOCK], tl.float32)
         for r in tl.static_range(WORLD):
             if r == RANK:
@@ -114,6 +138,7 @@ def launch(
     rank: int,
     world: int,
     pdl: bool = False,
+    timeout_s: float = 120.0,
 ) -> None:
     """Sum contiguous ``x`` (any float dtype, ``x.numel() <= slot_elems``) over the ranks in place.
 
@@ -121,11 +146,12 @@ def launch(
     :func:`blocks` ``(x.numel())`` entries. Every rank must launch with the same ``x.numel()``.
     ``pdl``: launch with programmatic dependent launch (the kernel waits before it reads ``x``, so
     its launch overlaps the previous kernel's tail, and lets the next kernel launch at once).
+    ``timeout_s``: on CUDA, a program that waits longer than this for a peer traps the kernel.
     """
     n = x.numel()
     p2p_all_reduce[(blocks(n),)](
-        x, n, slot_elems, buffers, pads, epochs, RANK=rank, WORLD=world,
-        BLOCK=BLOCK, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
+        x, n, slot_elems, buffers, pads, epochs, int(timeout_s * 1e9), RANK=rank, WORLD=world,
+        BLOCK=BLOCK, PDL=pdl, DEADLINE=x.is_cuda, num_warps=NUM_WARPS, launch_pdl=pdl,
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graphrt.parallel import TPGroup
-from graphrt.parallel.ops import DEFAULT_MAX_BYTES, MODES, Communicator, max_bytes, small_sums
+from graphrt.parallel.ops import DEFAULT_MAX_BYTES, DEFAULT_MODE, MODES, Communicator, max_bytes, small_sums
 from graphrt.parallel.p2p import ALIGN, check_capacity, fits, reference_sum
 from graphrt.parallel.p2p_kernel import BLOCK, blocks
 
@@ -22,7 +22,56 @@ def test_modes_table_names_p2p_with_its_own_limit() -> None:
     assert p2p is not None and p2p.required and p2p.limit_env == "GRAPHRT_P2P_MAX_BYTES"
     assert small_sums("nccl") is None
     assert not small_sums("auto").required and small_sums("oneshot").required  # type: ignore[union-attr]
+    assert small_sums("auto").build is p2p.build and DEFAULT_MODE == "auto"  # type: ignore[union-attr]
     assert list(MODES) == ["nccl", "auto", "oneshot", "p2p"]
+
+
+class _Path:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _agreed(rank: int, world: int) -> tuple[bool, bool, list[str]]:
+    """Rank 1 cannot set p2p up; rank 0 can. ``auto``: both end with NCCL (rank 0 closes its path)."""
+    import warnings
+
+    from graphrt.parallel import ops, p2p
+
+    group = TPGroup(rank=rank, size=world, device=CPU, cpu_group=torch.distributed.group.WORLD)
+    path = _Path()
+
+    def create(_group: TPGroup, _max: int) -> _Path:
+        if rank == 1:
+            raise RuntimeError("no peer access here")
+        return path
+
+    p2p.PeerSum.create = create  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = ops.small_sums("auto").build(group, 4096, False)  # type: ignore[union-attr]
+    return got is None, path.closed, [str(w.message) for w in seen]
+
+
+def test_auto_takes_p2p_only_when_every_rank_can() -> None:
+    from tests.tp_util import run_ranks
+
+    (none0, closed0, said0), (none1, _, said1) = run_ranks(_agreed, 2)
+    assert none0 and none1 and closed0
+    assert said0 == ["rank 0: p2p all-reduce off, NCCL only: off on a peer"]
+    assert said1 == ["rank 1: p2p all-reduce off, NCCL only: no peer access here"]
+
+
+def test_p2p_by_name_is_an_error_when_it_cannot_be_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphrt.parallel import p2p
+
+    def create(group: TPGroup, max_bytes: int) -> None:
+        raise RuntimeError("no symmetric memory")
+
+    monkeypatch.setattr(p2p.PeerSum, "create", create)
+    with pytest.raises(RuntimeError, match="rank 0: GRAPHRT_ALLREDUCE=p2p unavailable: no symmetric memory"):
+        small_sums("p2p").build(TPGroup(device=CPU), 4096, True)  # type: ignore[union-attr]
 
 
 def test_cpu_groups_ignore_the_p2p_mode(monkeypatch: pytest.MonkeyPatch) -> None:

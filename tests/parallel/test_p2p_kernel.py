@@ -74,7 +74,7 @@ def _ptx(world: int, dtype: str) -> str:
     from tests.triton_util import sm90_ptx
 
     names = p2p_all_reduce.arg_names
-    constexprs = dict(RANK=world - 1, WORLD=world, BLOCK=BLOCK, PDL=True)
+    constexprs = dict(RANK=world - 1, WORLD=world, BLOCK=BLOCK, PDL=True, DEADLINE=True)
     types = {
         "x": f"*{dtype}",
         "n": "i32",
@@ -82,9 +82,12 @@ def _ptx(world: int, dtype: str) -> str:
         "buffers": "*i64",
         "pads": "*i64",
         "epochs": "*i32",
+        "timeout_ns": "i64",
     }
     signature = {a: types.get(a, "constexpr") for a in names}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in types}  # NOTE: as a 16-aligned launch
+    attrs = {
+        (names.index(a),): [["tt.divisibility", 16]] for a in types if a != "timeout_ns"
+    }  # NOTE: as a 16-aligned launch
     return sm90_ptx(p2p_all_reduce, signature, constexprs, {"num_warps": 4}, attrs)
 
 
@@ -106,3 +109,40 @@ def test_sm90_build_has_system_scope_flags_and_vector_loads(world: int, dtype: s
     assert ptx.count("ld.global.v4.b32") == world * vectors, "x, then 16-byte vector loads of each peer slot"
     assert ptx.count("st.global.v4.b32") == 2 * vectors, "the own slot, then the sum"
     assert NO_SPILLS in ptxas_report(ptx)
+    # NOTE: a peer that never arrives traps the kernel after the group's timeout: no hang
+    assert ptx.count("%globaltimer") == 2 * peers and ptx.count("trap;") == peers
+
+
+_ABSENT_PEER = """
+import sys, time, torch
+from graphrt.parallel.p2p_kernel import blocks, launch
+dev = torch.device("cuda")
+x = torch.ones(3000, dtype=torch.bfloat16, device=dev)
+slot = 4096
+buf = torch.zeros(2 * 2 * slot, dtype=torch.uint8, device=dev)
+pad = torch.zeros(blocks(slot) * 2, dtype=torch.int32, device=dev)
+table = torch.tensor([buf.data_ptr()] * 2, dtype=torch.int64, device=dev)
+pads = torch.tensor([pad.data_ptr()] * 2, dtype=torch.int64, device=dev)
+epochs = torch.zeros(blocks(slot), dtype=torch.int32, device=dev)
+start = time.perf_counter()
+launch(x, slot, table, pads, epochs, rank=0, world=2, timeout_s=0.2)  # rank 1 never launches
+try:
+    torch.cuda.synchronize()
+except RuntimeError as err:
+    print(f"raised after {time.perf_counter() - start:.2f} s: {err}")
+    sys.exit(0)
+sys.exit("the sum returned although its peer never arrived")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_a_peer_that_never_arrives_is_an_error_after_the_timeout_not_a_hang() -> None:
+    """One rank of two launches; the other never does. The kernel traps after ``timeout_s`` and the
+    host's sync raises (in a child process: a trap ends its CUDA context)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ABSENT_PEER], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "raised after" in done.stdout
