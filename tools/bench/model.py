@@ -111,6 +111,9 @@ def measure_graphrt(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch
     batch = steps.graphrt_decode(stack, run["next_ids"][:bs].numpy(), context)
     ours = stack.runtime.run(batch).float().clone()
     row = {"bs": bs, "graphrt_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))}
+    # NOTE: run()'s host time to its return (launch included, device idle at the start): what of
+    # graphrt_us - the device span is the host's (8B bs 64 left 360-518 µs between the two)
+    row["host_us"] = percentiles(time_us(lambda: stack.runtime.run(batch), iters, device, host_only=True))
     row["device"] = profile_steps(lambda: stack.runtime.run(batch), device, PROFILE_STEPS)
     info = next(g for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
     # NOTE: from the graph's topology (cuda.bindings), kernel recording off; None: not read
@@ -231,7 +234,8 @@ def _line(row: dict[str, Any]) -> str:
     """One finished batch size as a log line (p50s)."""
     compiled = row["hf_compiled_us"]
     return (
-        f"bs {row['bs']}: graphrt {row['graphrt_us']['p50']:.0f} µs ({row['over_floor']:.2f}x floor), "
+        f"bs {row['bs']}: graphrt {row['graphrt_us']['p50']:.0f} µs ({row['over_floor']:.2f}x floor; "
+        f"host {row['host_us']['p50']:.0f} µs), "
         f"transformers {row['hf_eager_us']['p50']:.0f} µs, compiled "
         + (f"{compiled['p50']:.0f} µs (compile {row['compile_s']:.0f} s)" if compiled else "skipped")
     )

@@ -30,6 +30,7 @@ def print_table(result: dict[str, Any], out: Path) -> None:
         "bs",
         "graphrt µs",
         "× floor",
+        "host µs",
         "device µs",
         "× floor",
         "transformers µs",
@@ -47,6 +48,7 @@ def print_table(result: dict[str, Any], out: Path) -> None:
             str(r["bs"]),
             _cell(r["graphrt_us"]),
             f"{r['over_floor']:.2f}x",
+            f"{r['host_us']['p50']:.0f}" if "host_us" in r else "—",
             f"{r['device']['span_us']:.0f}" if r["device"]["span_us"] else "—",
             f"{r['device_over_floor']:.2f}x" if r["device_over_floor"] else "—",
             _cell(r["hf_eager_us"]),
@@ -56,7 +58,7 @@ def print_table(result: dict[str, Any], out: Path) -> None:
             anchors.summary(r),
         )
     table.caption = (
-        f"µs: p50 (p10–p90), {result['timer']}, run() to logits; device µs: one step of "
+        f"µs: p50 (p10–p90), {result['timer']}, run() to logits; host µs: run() to its return; device µs: one step of "
         f"{PROFILE_STEPS} replays back to back (profiler); floor {floor['floor_us']:.0f} µs = "
         f"{result['read_bytes'] / 1e9:.3g} GB at {floor['bandwidth_gb_s']:.0f} GB/s (copy); "
         f"parity: rel L2 ≤ {result['parity_check']['tolerance']:g} before timing"
