@@ -25,8 +25,10 @@ from graphrt.models import cos_sin, prologue, skinny
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
 #: the H100 (``graphrt bench gemm``, bench/results/h100/floor/): at M = 1 the kernel with PDL beats
-#: cuBLAS on every 1B and 8B projection (o 6.5 → 4.2 µs, lm_head 187 → 166 µs); at M = 16 its
-#: tensor-core path takes about twice cuBLAS's time, so only single-row steps take it.
+#: cuBLAS on every 1B and 8B projection (o 6.5 → 4.2 µs, lm_head 187 → 166 µs). Above one row,
+#: even with Triton's pipeliner its best common tiles only match cuBLAS (0.95× at M = 16, 0.99× at
+#: M = 64 over both models' projections) and the steps gain nothing (8B bs 16 7031 → 6942 µs, 1B
+#: bs 16 1539 → 1589; session-1127f), so only single-row steps take it.
 SKINNY_MAX_M = 1
 #: A/B switch: ``GRAPHRT_SKINNY_MAX_M=16`` sends steps of up to 16 rows to the skinny GEMM too.
 SKINNY_MAX_M_ENV = "GRAPHRT_SKINNY_MAX_M"
