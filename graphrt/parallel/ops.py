@@ -172,6 +172,20 @@ def unregister_all() -> None:
     _COMMS.clear()
 
 
+def stalled_sum() -> str | None:
+    """Why the CUDA context was lost, when a p2p sum gave up waiting for a peer (else None)."""
+    for comm in _COMMS.values():
+        peer = getattr(comm.small, "stalled_peer", lambda: None)()
+        if peer is not None:
+            g = comm.group
+            return (
+                f"rank {g.rank} of {g.size}: a p2p all-reduce waited more than {g.timeout_s:g} s "
+                f"(GRAPHRT_TP_TIMEOUT) for rank {peer} and trapped: that rank died or took another "
+                "path; this process's CUDA context is lost, restart every rank"
+            )
+    return None
+
+
 def communicator(name: str) -> Communicator:
     comm = _COMMS.get(name)
     if comm is None:

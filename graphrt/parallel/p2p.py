@@ -76,7 +76,12 @@ class PeerSum:
         if any(a % ALIGN for a in (*addresses, *handle.signal_pad_ptrs)):
             raise RuntimeError(f"rank {group.rank}: symmetric buffers not {ALIGN}-byte aligned: {addresses}")
         self.buffers = torch.tensor(addresses, dtype=torch.int64, device=dev)
-        self.pads = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=dev)
+        #: Where a sum that gave up on a peer writes that peer's rank + 1 before it traps: pinned
+        #: host memory (mapped into the device under UVA), readable once the context is lost.
+        self.stall = torch.zeros(1, dtype=torch.int32).pin_memory()
+        self.pads = torch.tensor(
+            [*handle.signal_pad_ptrs, self.stall.data_ptr()], dtype=torch.int64, device=dev
+        )
         self.epochs = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.pdl = pdl_enabled(KERNELS_PDL_ENV, dev)  # NOTE: the Triton kernels' one PDL switch
 
@@ -120,6 +125,11 @@ class PeerSum:
         g = self.group
         slot = self.max_bytes // x.element_size()
         launch(x, slot, self.buffers, self.pads, self.epochs, g.rank, g.size, self.pdl, g.timeout_s)
+
+    def stalled_peer(self) -> int | None:
+        """The peer a sum of this rank timed out waiting for (its kernel trapped), else None."""
+        peer = int(self.stall[0])
+        return peer - 1 if peer else None
 
     def close(self) -> None:
         self.buffer = self.handle = None  # type: ignore[assignment]

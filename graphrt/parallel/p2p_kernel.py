@@ -56,8 +56,9 @@ if triton is not None:
         One scalar flag per peer (unrolled over the ranks): a ``[WORLD]`` vector of flags spun on
         in a loop does not compile with Triton 3.6 (``TritonGPURemoveLayoutConversions`` fails).
         ``DEADLINE``: a peer that has not arrived after ``timeout_ns`` traps the kernel (a dead
-        or diverged rank becomes an error on this one, never a hang); off under the interpreter,
-        which runs no PTX.
+        or diverged rank becomes an error on this one, never a hang), after writing the peer's
+        rank + 1 into the stall word at ``pads[WORLD]`` (host memory, so the host can still read
+        it once the context is lost); off under the interpreter, which runs no PTX.
         """
         target = epoch + 1
         # NOTE: every thread's slot stores come before the release (bar.sync, then the flag
@@ -79,6 +80,8 @@ if triton is not None:
                     seen = tl.atomic_add(local + r, 0, sem="acquire", scope="sys")
                     if DEADLINE:  # noqa: SIM102 - a constexpr branch: no timer read when off
                         if _now_ns() - start > timeout_ns:
+                            stall = tl.load(pads + WORLD).to(tl.pointer_type(tl.int32))
+                            tl.atomic_xchg(stall, r + 1, sem="release", scope="sys")
                             _trap()
         tl.debug_barrier()  # NOTE: the acquire seen by one thread orders every thread's loads
 
@@ -99,8 +102,9 @@ if triton is not None:
     ):
         """``x[:n] = sum over ranks r = 0..WORLD-1 of x_r[:n]`` (fp32 sum, in ``x``'s dtype).
 
-        ``buffers``/``pads``: ``[WORLD]`` int64 addresses of every rank's symmetric buffer
-        (two slots of ``slot_elems`` elements) and signal pad (int32 flags ``[blocks, WORLD]``);
+        ``buffers``/``pads``: int64 addresses of every rank's symmetric buffer (``[WORLD]``, two
+        slots of ``slot_elems`` elements) and signal pad (int32 flags ``[blocks, WORLD]``), then,
+        with ``DEADLINE``, of this rank's int32 stall word (``pads[WORLD]``);
         ``epochs``: ``[blocks]`` int32, this rank's launches per program.
         """
         pid = tl.program_id(0)
@@ -142,7 +146,8 @@ def launch(
 ) -> None:
     """Sum contiguous ``x`` (any float dtype, ``x.numel() <= slot_elems``) over the ranks in place.
 
-    ``buffers``, ``pads``: ``[world]`` int64 on ``x.device``; ``epochs``: int32, at least
+    ``buffers``: ``[world]``, ``pads``: ``[world + 1]`` int64 on ``x.device`` (``pads[world]``: the
+    address of an int32 stall word in pinned host memory; read only on CUDA); ``epochs``: int32, at least
     :func:`blocks` ``(x.numel())`` entries. Every rank must launch with the same ``x.numel()``.
     ``pdl``: launch with programmatic dependent launch (the kernel waits before it reads ``x``, so
     its launch overlaps the previous kernel's tail, and lets the next kernel launch at once).

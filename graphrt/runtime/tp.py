@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from graphrt.parallel import CollectiveError, Feed, Message, Op, StepChannel
+from graphrt.parallel.ops import stalled_sum
 from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.runtime import GraphRuntime
 from graphrt.step.batch import Batch
@@ -55,9 +56,21 @@ class TPRuntime:
             return self.step(msg, feed)
 
     def step(self, msg: Message, feed: StepFeed | None = None) -> torch.Tensor:
-        """Run a step already received (by :func:`serve`)."""
+        """Run a step already received (by :func:`serve`).
+
+        A CUDA error after a p2p sum timed out waiting for a peer (its kernel traps) is raised
+        as :class:`CollectiveError` naming this rank, the peer and the timeout.
+        """
         assert msg.batch is not None
-        return self.inner.run(msg.batch, eager=msg.eager, feed=self._feed(msg.feed, feed))
+        try:
+            return self.inner.run(msg.batch, eager=msg.eager, feed=self._feed(msg.feed, feed))
+        except CollectiveError:
+            raise
+        except RuntimeError as err:
+            why = stalled_sum()
+            if why is None:
+                raise
+            raise CollectiveError(why) from err
 
     def _feed(self, kind: Feed, given: StepFeed | None) -> StepFeed | None:
         """The feed rank 0's step names: ``given`` (rank 0's), else this rank's runtime's own.

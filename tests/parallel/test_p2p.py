@@ -150,3 +150,44 @@ def test_reference_rounds_the_fp32_sum_once_to_bf16() -> None:
 def test_reference_keeps_negative_zero() -> None:
     zero = torch.tensor([-0.0], dtype=torch.bfloat16)
     assert torch.signbit(reference_sum([zero, zero])).item()
+
+
+class _Trapped:
+    """A p2p path whose kernel gave up on peer 0 (what ``PeerSum.stalled_peer`` reads)."""
+
+    def stalled_peer(self) -> int | None:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class _LostContext:
+    def run(self, batch: object, eager: bool, feed: object) -> None:
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+
+def test_a_trapped_sum_turns_the_next_cuda_error_into_a_collective_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from graphrt.parallel import CollectiveError, Message, Op, ops
+    from graphrt.runtime.tp import TPRuntime
+
+    group = TPGroup(rank=1, size=2, device=CPU, timeout_s=5.0, name="trap")
+    comm = Communicator(group)
+    monkeypatch.setitem(ops._COMMS, "trap", comm)
+    rt = TPRuntime(_LostContext(), SimpleNamespace(group=group))  # type: ignore[arg-type]
+    step = Message(Op.RUN, batch=object())  # type: ignore[arg-type]
+    assert ops.stalled_sum() is None
+    with pytest.raises(RuntimeError, match="unspecified launch failure") as plain:
+        rt.step(step)
+    assert type(plain.value) is RuntimeError  # NOTE: no stalled sum: the error as it came
+    comm.small = _Trapped()
+    with pytest.raises(
+        CollectiveError,
+        match=r"rank 1 of 2: a p2p all-reduce waited more than 5 s \(GRAPHRT_TP_TIMEOUT\) for rank 0 and trapped",
+    ) as err:
+        rt.step(step)
+    assert "unspecified launch failure" in str(err.value.__cause__)

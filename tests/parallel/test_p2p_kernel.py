@@ -97,7 +97,8 @@ def test_sm90_build_has_system_scope_flags_and_vector_loads(world: int, dtype: s
 
     ptx = _ptx(world, dtype)
     peers = world - 1
-    assert ptx.count("atom.global.sys.release.exch.b32") == peers, "one release per peer flag, system scope"
+    # NOTE: one release per peer flag, system scope; one more per peer: the stall word before a trap
+    assert ptx.count("atom.global.sys.release.exch.b32") == 2 * peers
     # NOTE: Triton lowers the acquire add of 0 to an acquire load (3.6 and 3.9 alike)
     acquires = ptx.count("ld.global.sys.acquire.b32") + ptx.count("atom.global.sys.acquire.add")
     assert acquires == 2 * peers, "acquire reads of the own flags, per peer: first, then the spin"
@@ -122,14 +123,15 @@ slot = 4096
 buf = torch.zeros(2 * 2 * slot, dtype=torch.uint8, device=dev)
 pad = torch.zeros(blocks(slot) * 2, dtype=torch.int32, device=dev)
 table = torch.tensor([buf.data_ptr()] * 2, dtype=torch.int64, device=dev)
-pads = torch.tensor([pad.data_ptr()] * 2, dtype=torch.int64, device=dev)
+stall = torch.zeros(1, dtype=torch.int32).pin_memory()
+pads = torch.tensor([pad.data_ptr()] * 2 + [stall.data_ptr()], dtype=torch.int64, device=dev)
 epochs = torch.zeros(blocks(slot), dtype=torch.int32, device=dev)
 start = time.perf_counter()
 launch(x, slot, table, pads, epochs, rank=0, world=2, timeout_s=0.2)  # rank 1 never launches
 try:
     torch.cuda.synchronize()
 except RuntimeError as err:
-    print(f"raised after {time.perf_counter() - start:.2f} s: {err}")
+    print(f"raised after {time.perf_counter() - start:.2f} s, stalled on {int(stall[0]) - 1}: {err}")
     sys.exit(0)
 sys.exit("the sum returned although its peer never arrived")
 """
@@ -139,10 +141,11 @@ sys.exit("the sum returned although its peer never arrived")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 def test_a_peer_that_never_arrives_is_an_error_after_the_timeout_not_a_hang() -> None:
     """One rank of two launches; the other never does. The kernel traps after ``timeout_s`` and the
-    host's sync raises (in a child process: a trap ends its CUDA context)."""
+    host's sync raises (in a child process: a trap ends its CUDA context); the stall word in
+    pinned host memory names the peer."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", _ABSENT_PEER], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "raised after" in done.stdout
+    assert "stalled on 1:" in done.stdout, done.stdout  # NOTE: the peer, written before the trap
