@@ -2,7 +2,7 @@
 # Tensor parallelism on 2 GPUs of one host (nvidia-h200-x2): gpu-marked TP tests, the all-reduce
 # bench (NCCL vs torch's one-shot vs our p2p kernel in a graph), the TP=1 vs TP=2 decode bench (Llama-3-8B shape, random
 # bf16), and the torchrun demo. NVLink multicast stays off. Everything lands in $OUT.
-#   bash bench/gpu_tp.sh [tests|bench|all|p2p]   (tests: TP tests + all-reduce bench; bench: the rest;
+#   bash bench/gpu_tp.sh [tests|bench|all|p2p|default]   (tests: TP tests + all-reduce bench; bench: the rest;
 #   p2p: the p2p tests and the decode step at TP=1 and TP=2 with NCCL and with the p2p kernel;
 #   default: the p2p GPU tests (2 GPUs, and its timeout on one) and the TP=2 step with the default mode)
 set -uo pipefail

@@ -99,8 +99,8 @@ TILES: tuple[tuple[int, int, Tile], ...] = (
 OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
 
 
-#: A/B switch for the ``M > 1`` classes: ``GRAPHRT_SKINNY_TILES="16=32x128w4s4,64=64x64w4s4"``
-#: replaces the tile of those classes for every shape (``NxKwWARPSsSTAGES``), ahead of
+#: A/B switch: ``GRAPHRT_SKINNY_TILES="16=32x128w4s4,64=64x64w4s4"`` replaces the tile of the
+#: named ``M`` classes for every shape (``NxKwWARPSsSTAGES``, stages 1 when left out), ahead of
 #: :data:`OVERRIDES` and :data:`TILES`. Read per call, so it applies to graphs captured after it is set.
 TILES_ENV = "GRAPHRT_SKINNY_TILES"
 
