@@ -37,7 +37,9 @@ def _oneshot_in_graph(rank: int, world: int) -> tuple[bool, bool, float]:
     from graphrt.parallel import init_tp
     from graphrt.parallel.ops import communicator
 
-    os.environ["GRAPHRT_ALLREDUCE"] = "oneshot"  # NOTE: torch's one-shot by name (the default is p2p); read by init_tp
+    os.environ["GRAPHRT_ALLREDUCE"] = (
+        "oneshot"  # NOTE: torch's one-shot by name (the default is p2p); read by init_tp
+    )
     group = init_tp(world, torch.device("cuda"))
     comm = communicator(group.name)
     assert type(comm.small).__name__ == "OneShot", "one-shot path unavailable"
