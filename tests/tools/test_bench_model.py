@@ -46,7 +46,7 @@ def test_writes_parity_floor_and_step_times(tmp_path: Path) -> None:
     for row in result["rows"]:
         parity = row["parity"]["transformers"]
         assert parity["passed"] and parity["rel_l2"] < 1e-3 and parity["top1_agree"] == 1.0
-        for key in ("graphrt_us", "host_us", "hf_eager_us"):
+        for key in ("graphrt_us", "host_us", "steady_us", "hf_eager_us"):
             assert row[key]["p10"] <= row[key]["p50"] <= row[key]["p90"]
         assert row["over_floor"] == pytest.approx(row["graphrt_us"]["p50"] / floor["floor_us"])
         assert row["hf_compiled_us"] is None and "CUDA only" in row["compile_skipped"]

@@ -111,9 +111,12 @@ def measure_graphrt(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch
     batch = steps.graphrt_decode(stack, run["next_ids"][:bs].numpy(), context)
     ours = stack.runtime.run(batch).float().clone()
     row = {"bs": bs, "graphrt_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))}
-    # NOTE: run()'s host time to its return (launch included, device idle at the start): what of
+    # NOTE: run()'s host time to its return (launch included, device idle at the start), and
+    # the step timed by events over PROFILE_STEPS calls back to back: together they tell what of
     # graphrt_us - the device span is the host's (8B bs 64 left 360-518 µs between the two)
     row["host_us"] = percentiles(time_us(lambda: stack.runtime.run(batch), iters, device, host_only=True))
+    steady = time_us(lambda: [stack.runtime.run(batch) for _ in range(PROFILE_STEPS)], iters, device)
+    row["steady_us"] = percentiles([us / PROFILE_STEPS for us in steady])
     row["device"] = profile_steps(lambda: stack.runtime.run(batch), device, PROFILE_STEPS)
     info = next(g for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
     # NOTE: from the graph's topology (cuda.bindings), kernel recording off; None: not read
@@ -235,7 +238,7 @@ def _line(row: dict[str, Any]) -> str:
     compiled = row["hf_compiled_us"]
     return (
         f"bs {row['bs']}: graphrt {row['graphrt_us']['p50']:.0f} µs ({row['over_floor']:.2f}x floor; "
-        f"host {row['host_us']['p50']:.0f} µs), "
+        f"host {row['host_us']['p50']:.0f} µs, back to back {row['steady_us']['p50']:.0f} µs), "
         f"transformers {row['hf_eager_us']['p50']:.0f} µs, compiled "
         + (f"{compiled['p50']:.0f} µs (compile {row['compile_s']:.0f} s)" if compiled else "skipped")
     )
