@@ -112,6 +112,8 @@ def test_sm90_build_has_system_scope_flags_and_vector_loads(world: int, dtype: s
     assert NO_SPILLS in ptxas_report(ptx)
     # NOTE: a peer that never arrives traps the kernel after the group's timeout: no hang
     assert ptx.count("%globaltimer") == 2 * peers and ptx.count("trap;") == peers
+    before_trap = ptx[: ptx.index("trap;")]
+    assert before_trap.count("atom.global.sys.release.exch.b32") == peers + 1, "the stall word, then trap"
 
 
 _ABSENT_PEER = """
