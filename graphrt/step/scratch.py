@@ -1,10 +1,11 @@
 """Scratch that a kernel leaves as it found it, shared per (device, stream): arrival counters.
 
 A kernel whose last-arriving program finishes a group's work (the split decode attention's merge,
-the fused sampler's decision: its whole workspace is kept so) counts arrivals in int32 counters that must read 0 when a launch
-starts, and the last program of each group sets its counter back to 0. So a buffer is zeroed once,
-when allocated, and then reused by every later launch on the same stream: two launches on one
-stream never overlap, so graphs and eager steps can share it. It is allocated outside graph
+the fused sampler's decision) counts arrivals in int32 counters that must read 0 when a launch
+starts, and the last program of each group sets its counter back to 0 (the sampler also zeroes
+its row sums, so its whole workspace is kept this way). So a buffer is zeroed once, when
+allocated, and then reused by every later launch on the same stream: two launches on one stream
+never overlap, so graphs and eager steps can share it. It is allocated outside graph
 capture (a runtime's warm-up runs on its capture stream, so the capture finds it) and kept for the
 process. A capture that finds none allocates its own, not shared: its zeroing runs as a memset
 node of the graph on every replay.
