@@ -36,8 +36,8 @@ splits() {
 }
 
 host() {
-  timeout 300 graphrt bench host --device cuda --modes decode --page-sizes 1,16 --context-lens 4096,131072 \
-    --batch-sizes 1,16,64 --iters 300 --out "$OUT/json" 2>&1 | grep -E "^│|^┃|ratio|written" | tee -a "$log"
+  timeout 280 graphrt bench host --device cuda --modes decode --page-sizes 1,16 --context-lens 4096,131072 \
+    --batch-sizes 1,16,64 --iters 200 --out "$OUT/json" 2>&1 | grep -E "^│|^┃|ratio|written" | tee -a "$log"
 }
 
 case "$what" in

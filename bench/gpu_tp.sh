@@ -4,7 +4,7 @@
 # bf16), and the torchrun demo. NVLink multicast stays off. Everything lands in $OUT.
 #   bash bench/gpu_tp.sh [tests|bench|all|p2p|default]   (tests: TP tests + all-reduce bench; bench: the rest;
 #   p2p: the p2p tests and the decode step at TP=1 and TP=2 with NCCL and with the p2p kernel;
-#   default: the p2p GPU tests (2 GPUs, and its timeout on one) and the TP=2 step with the default mode)
+#   default: the p2p GPU tests (2 GPUs, and its timeout on one), then the step at TP=1 and at TP=2 with the default mode)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=${PYTHONPATH:-/tmp/sglk}
@@ -20,6 +20,7 @@ status=0
 step() { echo "== $*" | tee -a "$log"; timeout "${STEP_LIMIT:-480}" "$@" 2>&1 | tee -a "$log"; s=${PIPESTATUS[0]}; echo "== exit $s" | tee -a "$log"; [ "$s" = 0 ] || status=1; }
 if [ "$part" = default ]; then
   step python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/parallel/test_p2p_gpu.py tests/parallel/test_p2p_kernel.py
+  step python3 -m graphrt.tools.bench.tp --tp 1 --out "$OUT"
   step torchrun --nproc-per-node 2 -m graphrt.tools.bench.tp --tp 2 --out "$OUT"
   echo "status $status" | tee -a "$log"
   exit $status
