@@ -43,9 +43,14 @@ if triton is not None:
         )
 
     @triton.jit
-    def _trap():
-        """Abort the kernel: the context takes a sticky error, so the host's next sync raises."""
-        tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    def _trap(after):
+        """Abort the kernel once ``after`` (int32) is in hand: the context takes a sticky error,
+        so the host's next sync raises. ``after`` is the stall word's old value: a scalar atomic
+        runs on one thread, and every thread must wait for its return (and ``membar.sys`` for
+        the write to reach host memory) before one trap discards what is still in flight."""
+        tl.inline_asm_elementwise(
+            "membar.sys; trap; mov.u32 $0, $1;", "=r,r", [after], dtype=tl.int32, is_pure=False, pack=1
+        )
 
     @triton.jit
     def _peer_barrier(
@@ -81,8 +86,7 @@ if triton is not None:
                     if DEADLINE:  # noqa: SIM102 - a constexpr branch: no timer read when off
                         if _now_ns() - start > timeout_ns:
                             stall = tl.load(pads + WORLD).to(tl.pointer_type(tl.int32))
-                            tl.atomic_xchg(stall, r + 1, sem="release", scope="sys")
-                            _trap()
+                            _trap(tl.atomic_xchg(stall, r + 1, sem="release", scope="sys"))
         tl.debug_barrier()  # NOTE: the acquire seen by one thread orders every thread's loads
 
     @triton.jit

@@ -114,6 +114,10 @@ def test_sm90_build_has_system_scope_flags_and_vector_loads(world: int, dtype: s
     assert ptx.count("%globaltimer") == 2 * peers and ptx.count("trap;") == peers
     before_trap = ptx[: ptx.index("trap;")]
     assert before_trap.count("atom.global.sys.release.exch.b32") == peers + 1, "the stall word, then trap"
+    # NOTE: the stall word's atomic runs on one thread: every thread waits for its return (the
+    # barrier of its broadcast) and for the write to reach host memory before one of them traps
+    stall_write = before_trap[before_trap.rindex("atom.global.sys.release.exch.b32") :]
+    assert "bar.sync" in stall_write and ptx.count("membar.sys; trap;") == peers
 
 
 _ABSENT_PEER = """
