@@ -52,7 +52,8 @@ ENV = "GRAPHRT_DECODE_ATTENTION"
 #: ``GRAPHRT_DECODE_ROPE``: ``1`` folds RoPE and the KV store into the kernel where it takes the
 #: step (:func:`rope_takes`); ``0`` (default) keeps ``rope_store`` + the kernel. Off because it
 #: does not pay everywhere on the H100 (bs 1 device busy, ``bench/results/h100/session-1127c/fold``):
-#: Llama-3.2-1B 1050 -> 1079 µs, the 8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458 µs.
+#: Llama-3.2-1B 1050 -> 1079 µs, the 8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458 µs;
+#: with the merge by the last split, 1B 1035 -> 1063 µs and 8B 5735 -> 6036 µs (session-1127g).
 ROPE_ENV = "GRAPHRT_DECODE_ROPE"
 #: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
@@ -61,7 +62,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
 #: ``GRAPHRT_DECODE_MAX_SPLITS``: a cap on :func:`num_splits`' count (unset: none), for timing
-#: fewer splits (the last program's merge walks every split holding keys; not yet measured).
+#: fewer splits. On the H100 at bs 1, context 512 (33 splits uncapped) caps of 16 / 8 / 4 gained
+#: nothing: 1B busy 1035 -> 1036 / 1066 / 1087 µs, 8B 5743 -> 5744 / 5768 / 5802 (session-1127g).
 #: Still a function of the bucket and the table's width: read per launch, fixed per process.
 MAX_SPLITS_ENV = "GRAPHRT_DECODE_MAX_SPLITS"
 #: The merge's switch (:mod:`graphrt.attention.decode_launch` says what it does).
