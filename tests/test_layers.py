@@ -22,21 +22,23 @@ LAYERS: tuple[tuple[int, str], ...] = (
     (0, "graphrt.buffers"),
     (0, "graphrt.capture"),
     (1, "graphrt.step"),
+    (1, "graphrt.kernels"),  # Triton kernels, PDL and launch helpers, scratch, switches: no model, no mode
     (2, "graphrt.kv"),
     (3, "graphrt.metadata"),
     (3, "graphrt.parallel"),  # TP groups, collectives as ops, step broadcast: below the models
     (4, "graphrt.attention"),
     (5, "graphrt.models"),
     (5, "graphrt.runtime"),
-    (6, "graphrt.engine"),
-    (6, "graphrt.text"),  # tokenizers, chat templates, streamed text: beside the engine, which is ids only
-    (7, "graphrt"),  # the package's own __init__: the public facade
-    (7, "graphrt.hf"),  # facade of the transformers wrapper (models.hf_wrap + engine.stack)
-    (8, "graphrt.debug"),
-    (8, "graphrt.serve"),  # the OpenAI-compatible server over graphrt.LLM (FastAPI + uvicorn)
-    (9, "graphrt.tools"),
-    (10, "graphrt.cli"),  # the console entry point: dispatches to tools
-    (11, "graphrt.__main__"),
+    (6, "graphrt.checkpoints"),  # safetensors, GGUF, configs and the conversion cache, read into models
+    (7, "graphrt.engine"),
+    (7, "graphrt.text"),  # tokenizers, chat templates, streamed text: beside the engine, which is ids only
+    (8, "graphrt"),  # the package's own __init__: the public facade
+    (8, "graphrt.hf"),  # facade of the transformers wrapper (models.hf_wrap + engine.stack)
+    (9, "graphrt.debug"),
+    (9, "graphrt.serve"),  # the OpenAI-compatible server over graphrt.LLM (FastAPI + uvicorn)
+    (10, "graphrt.tools"),
+    (11, "graphrt.cli"),  # the console entry point: dispatches to tools
+    (12, "graphrt.__main__"),
 )
 
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from graphrt.attention import decode_kernel
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.fa3_options import check_sinks, descale, fa3_query
 from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
+from graphrt.attention.split_decode import attend as decode_kernel
 from graphrt.kv.quant import FP8, LayerScales
 from graphrt.metadata.base import StepMetadata
 

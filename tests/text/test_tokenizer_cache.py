@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from graphrt.models import gguf_file
+from graphrt.checkpoints import gguf_file
 from graphrt.text import load_tokenizer
 from graphrt.text.tokenizer import declared_stop_ids
 from tests.text.test_tokenizer import CHATS, TEXTS, write_gguf

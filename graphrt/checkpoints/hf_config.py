@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from graphrt.models.errors import CheckpointError
+from graphrt.checkpoints.errors import CheckpointError
+from graphrt.models.config import ModelConfig
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import check_rope_type
 
@@ -46,37 +47,6 @@ ARCHS: dict[str, Arch] = {
 
 #: Architectures with dense multi-head latent attention (:class:`MLAConfig`).
 MLA_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """A loaded decoder's shape and features (the field names :class:`Decoder` reads)."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_eps: float
-    rope_theta: float
-    rope_type: str = "default"
-    rope_params: Mapping[str, Any] = field(default_factory=dict)
-    qkv_bias: bool = False
-    o_bias: bool = False
-    qk_norm: bool = False
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 2048
-    #: Per layer: graphrt's window (a query at ``p`` sees ``p - w … p``) or ``None`` (full).
-    windows: tuple[int | None, ...] = ()
-
-    def window(self, layer_id: int) -> int | None:
-        return self.windows[layer_id] if self.windows else None
-
-    def chunk(self, layer_id: int) -> int | None:
-        return None
 
 
 def _architecture(raw: Raw) -> str:

@@ -1,0 +1,1 @@
+"""The split-KV Triton decode attention: kernels, launch and the attend function."""

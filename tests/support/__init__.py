@@ -1,0 +1,1 @@
+"""Helpers shared by the tests (builders, oracles, toy backends); no tests here."""
