@@ -19,6 +19,11 @@ that regime:
 - **Deterministic**: no split-K, no atomics. Each output element is summed by one program in a
   fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
   with different ``M`` may round differently (another path or tile), as cuBLAS's do.
+- **Batch-invariant** (:func:`invariant_linear`, ``deterministic=True`` engines): every ``M``,
+  one row or thousands, takes the same kernel with one fixed tile (:data:`INVARIANT_TILE`) and
+  ``BLOCK_M`` (:data:`INVARIANT_BLOCK_M`), the rows split over a second grid axis: each row's
+  products are summed by the same ``tl.dot`` over the same ``K`` tiles in the same order, so a
+  row's bits do not depend on the rows beside it.
 - **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the fixed rule
   table :data:`TILES` by ``M`` and ``K``; :data:`OVERRIDES` (per ``(M class, N, K)``) and the
   ``tile=`` argument replace it. ``graphrt bench gemm --sweep`` times candidates on a GPU.
@@ -43,6 +48,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_M = 64
 #: ``M`` classes of the tile table: a tile is chosen for the smallest class ``>= M``.
 M_CLASSES = (1, 16, 64)
+#: Rows per program of :func:`invariant_linear`, whatever ``M`` (the ``tl.dot`` minimum).
+INVARIANT_BLOCK_M = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,11 @@ TILES: tuple[tuple[int, int, Tile], ...] = (
 #: smallest of :data:`M_CLASSES` ``>= M``), from ``bench gemm --sweep`` on the H100: the 8B down
 #: projection streams 1 us faster in 8 x 1024 tiles on 4 warps.
 OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
+
+
+#: The one tile of :func:`invariant_linear` for every shape and ``M`` (the ``M <= 64`` rule's: small
+#: enough for ``x``'s share to stay in registers at ``BLOCK_M = 16``).
+INVARIANT_TILE = Tile(block_n=32, block_k=128, warps=4)
 
 
 #: A/B switch: ``GRAPHRT_SKINNY_TILES="16=32x128w4s4,64=64x64w4s4"`` replaces the tile of the
@@ -160,12 +172,15 @@ def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
         raise ValueError(f"skinny GEMM: {why}")
 
 
-def problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
-    """What the kernel cannot take in these tensors (naming the value and the limit), or None."""
+def problem(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, max_m: int | None = MAX_M
+) -> str | None:
+    """What the kernel cannot take in these tensors (naming the value and the limit), or None;
+    ``max_m``: the most rows (None: any, as :func:`invariant_linear` takes)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
-    if not 0 < x.shape[0] <= MAX_M:
-        return f"x has {x.shape[0]} rows; the kernel takes 1..{MAX_M}"
+    if x.shape[0] < 1 or (max_m is not None and x.shape[0] > max_m):
+        return f"x has {x.shape[0]} rows; the kernel takes 1..{max_m or 'any'}"
     if x.dtype not in DTYPES or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         got = (x.dtype, w.dtype, None if b is None else b.dtype)
         return f"dtypes (x, weight, bias) {got}: all one of {DTYPES}"
@@ -207,15 +222,46 @@ def skinny_linear(
     return torch.ops.graphrt.skinny_gemm(x, weight, bias, list(astuple(tile)), pdl)
 
 
+def invariant_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether :func:`invariant_linear` takes these tensors (any number of rows)."""
+    return problem(x, weight, bias, max_m=None) is None
+
+
+def invariant_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pdl: bool | None = None
+) -> torch.Tensor:
+    """``x @ weight^T (+ bias)`` whose row ``i`` has the same bits for any ``M`` (batch-invariant).
+
+    Parameters
+    ----------
+    x : ``[M, K]``, bf16 or fp16, any ``M >= 1``, unit stride along ``K``.
+    weight, bias, pdl : as :func:`skinny_linear`.
+
+    Returns
+    -------
+    ``[M, N]`` in ``x``'s dtype, from :data:`INVARIANT_TILE` and :data:`INVARIANT_BLOCK_M` rows
+    per program whatever ``M`` (no split-K): each row reduced in one fixed order.
+    """
+    why = problem(x, weight, bias, max_m=None)
+    if why is not None:
+        raise ValueError(f"batch-invariant GEMM: {why}")
+    n, k = weight.shape
+    tile = INVARIANT_TILE.fit(INVARIANT_BLOCK_M, n, k)
+    pdl = pdl_default(x.device) if pdl is None else pdl
+    return torch.ops.graphrt.skinny_gemm(x, weight, bias, [*astuple(tile), -INVARIANT_BLOCK_M], pdl)
+
+
 def _skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool
 ) -> torch.Tensor:
+    """``tile``: ``Tile``'s fields, then (batch-invariant launches) ``-BLOCK_M``: that many rows per
+    program over a second grid axis, whatever ``M``."""
     assert triton is not None, "the skinny GEMM needs Triton"
     (m, k), n = x.shape, weight.shape[0]
-    block_n, block_k, warps, stages = tile
+    block_n, block_k, warps, stages = tile[:4]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = 1 if m == 1 else max(16, _pow2(m))
-    _skinny[(triton.cdiv(n, block_n),)](
+    block_m = -tile[4] if len(tile) > 4 else 1 if m == 1 else max(16, _pow2(m))
+    _skinny[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
         PDL=pdl, F32_DOT=not x.is_cuda, PIPELINED=stages > 1, num_warps=warps, num_stages=stages, launch_pdl=pdl,
@@ -266,7 +312,7 @@ if triton is not None:
     ):  # fmt: skip
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
-        rm = tl.arange(0, BLOCK_M)
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         w_rows = w + rn.to(tl.int64) * w_stride
         if HAS_BIAS:
             b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)

@@ -31,6 +31,7 @@ from graphrt.metadata.window import derive_window
 from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
+from graphrt.step.switches import batch_invariant
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -55,6 +56,8 @@ class StepEnv:
     encoder: EncoderKV | None = None
     #: Each request row's last sampled token (``RuntimeConfig(sample=True)``; see :func:`fed`).
     tokens: TokenFeed | None = None
+    #: Batch-invariant kernels in every forward (``RuntimeConfig.deterministic``).
+    deterministic: bool = False
 
     def call(
         self,
@@ -92,7 +95,8 @@ class StepEnv:
             cross,
             window,
         )
-        return self.forward(input_ids, buffers.positions, self.context(inp))
+        with batch_invariant(self.deterministic):
+            return self.forward(input_ids, buffers.positions, self.context(inp))
 
     def derive_window(self, buffers: StepBuffers, full_loc: torch.Tensor, inputs: StepInputs) -> None:
         """Record the step's window slots and gather the window page table (with a window pool)."""

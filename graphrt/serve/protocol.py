@@ -144,8 +144,9 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none)$|[\[\]-]")
 
 
 def validation_error(errors: list[dict[str, Any]]) -> RequestError:
-    """pydantic's first error as one message naming the field (``messages.0.role``)."""
-    first = errors[0]
+    """pydantic's first error as one message naming the field (``messages.0.role``); of a
+    union's errors, a bad value (a lone surrogate) before "not this type"."""
+    first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")), errors[0])
     if first.get("type") == "json_invalid":
         return RequestError(f"the request body is not valid JSON: {first.get('msg', '')}")
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
