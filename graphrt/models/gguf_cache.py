@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from graphrt.models.cache_dir import FORMAT, entry_dir, make_room, touch, write_atomic
+from graphrt.models.cache_dir import FORMAT, entry_dir, make_room, source_id, touch, write_atomic
 from graphrt.models.checkpoint import Shape, TensorSource
 from graphrt.models.gguf_file import GGUFFile
 from graphrt.models.hf_config import ModelConfig, parse_config
@@ -69,6 +69,7 @@ def write_weights(file: Path, gguf: GGUFFile, dtype: torch.dtype) -> None:
         "tensors": str(len(shapes)),
         "config": json.dumps(gguf.raw_config),
         "source": str(gguf.path),
+        "source_id": source_id(gguf.path),
     }
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # NOTE: safetensors aligns the data to 8 bytes
@@ -96,8 +97,9 @@ class CachedWeights:
         self._handles: dict[str, Any] = {}
 
     @classmethod
-    def open(cls, file: Path, dtype: torch.dtype) -> CachedWeights | None:
-        """The converted ``file`` if it is whole and of this format and ``dtype``, else None."""
+    def open(cls, file: Path, dtype: torch.dtype, source: Path | None = None) -> CachedWeights | None:
+        """The converted ``file`` if it is whole, of this format and ``dtype`` and (given
+        ``source``) converted from that GGUF as it is now, else None (said in one warning)."""
         from safetensors import SafetensorError
 
         if not file.is_file():
@@ -107,6 +109,10 @@ class CachedWeights:
                 meta = f.metadata() or {}
                 if meta.get("format") != str(FORMAT) or meta.get("dtype") != DTYPES[dtype]:
                     raise ValueError(f"format {meta.get('format')}, dtype {meta.get('dtype')}")
+                if source is not None and meta.get("source_id") != source_id(source):
+                    raise ValueError(
+                        f"converted from {meta.get('source')!r}, not from {str(source)!r} as it is now"
+                    )
                 names = [n for n in f.keys() if n != ROPE_FREQS]  # noqa: SIM118 - not a mapping
                 if len(names) != int(meta["tensors"]):
                     raise ValueError(f"{len(names)} tensors, {meta['tensors']} written")
@@ -170,7 +176,7 @@ def gguf_source(path: Path, dtype: torch.dtype) -> TensorSource:
     if entry is None or dtype not in DTYPES:
         return GGUFFile(path)
     file = entry / f"weights-{DTYPES[dtype]}.safetensors"
-    hit = CachedWeights.open(file, dtype)
+    hit = CachedWeights.open(file, dtype, path)
     if hit is not None:
         touch(file)
         return hit

@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
-from graphrt.models import cos_sin, prologue, skinny
+from graphrt.models import cos_sin, invariant, prologue, skinny
 from graphrt.step.switches import batch_invariant_on
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
@@ -70,11 +70,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
     Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
     In a batch-invariant forward (``RuntimeConfig.deterministic``) every ``M`` takes
-    :func:`graphrt.models.skinny.invariant_linear` instead: a row's bits do not depend on ``M``.
+    :func:`graphrt.models.invariant.invariant_linear` instead: a row's bits do not depend on ``M``.
     """
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if batch_invariant_on() and skinny.enabled(x.device) and skinny.invariant_fits(rows, weight, bias):
-        return skinny.invariant_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if batch_invariant_on() and skinny.enabled(x.device) and invariant.fits(rows, weight, bias):
+        return invariant.invariant_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     if 0 < rows.shape[0] <= skinny_max_m() and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
         return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)

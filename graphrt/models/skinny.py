@@ -19,11 +19,7 @@ that regime:
 - **Deterministic**: no split-K, no atomics. Each output element is summed by one program in a
   fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
   with different ``M`` may round differently (another path or tile), as cuBLAS's do.
-- **Batch-invariant** (:func:`invariant_linear`, ``deterministic=True`` engines): every ``M``,
-  one row or thousands, takes the same kernel with one fixed tile (:data:`INVARIANT_TILE`) and
-  ``BLOCK_M`` (:data:`INVARIANT_BLOCK_M`), the rows split over a second grid axis: each row's
-  products are summed by the same ``tl.dot`` over the same ``K`` tiles in the same order, so a
-  row's bits do not depend on the rows beside it.
+- **Batch-invariant**: :mod:`graphrt.models.invariant` launches it with one tile for every ``M``.
 - **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the fixed rule
   table :data:`TILES` by ``M`` and ``K``; :data:`OVERRIDES` (per ``(M class, N, K)``) and the
   ``tile=`` argument replace it. ``graphrt bench gemm --sweep`` times candidates on a GPU.
@@ -48,8 +44,6 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_M = 64
 #: ``M`` classes of the tile table: a tile is chosen for the smallest class ``>= M``.
 M_CLASSES = (1, 16, 64)
-#: Rows per program of :func:`invariant_linear`, whatever ``M`` (the ``tl.dot`` minimum).
-INVARIANT_BLOCK_M = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +98,6 @@ TILES: tuple[tuple[int, int, Tile], ...] = (
 #: smallest of :data:`M_CLASSES` ``>= M``), from ``bench gemm --sweep`` on the H100: the 8B down
 #: projection streams 1 us faster in 8 x 1024 tiles on 4 warps.
 OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
-
-
-#: The one tile of :func:`invariant_linear` for every shape and ``M`` (the ``M <= 64`` rule's: small
-#: enough for ``x``'s share to stay in registers at ``BLOCK_M = 16``).
-INVARIANT_TILE = Tile(block_n=32, block_k=128, warps=4)
 
 
 #: A/B switch: ``GRAPHRT_SKINNY_TILES="16=32x128w4s4,64=64x64w4s4"`` replaces the tile of the
@@ -176,7 +165,7 @@ def problem(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, max_m: int | None = MAX_M
 ) -> str | None:
     """What the kernel cannot take in these tensors (naming the value and the limit), or None;
-    ``max_m``: the most rows (None: any, as :func:`invariant_linear` takes)."""
+    ``max_m``: the most rows (None: any, as :mod:`graphrt.models.invariant` takes)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
     if x.shape[0] < 1 or (max_m is not None and x.shape[0] > max_m):
@@ -222,40 +211,10 @@ def skinny_linear(
     return torch.ops.graphrt.skinny_gemm(x, weight, bias, list(astuple(tile)), pdl)
 
 
-def invariant_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether :func:`invariant_linear` takes these tensors (any number of rows)."""
-    return problem(x, weight, bias, max_m=None) is None
-
-
-def invariant_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pdl: bool | None = None
-) -> torch.Tensor:
-    """``x @ weight^T (+ bias)`` whose row ``i`` has the same bits for any ``M`` (batch-invariant).
-
-    Parameters
-    ----------
-    x : ``[M, K]``, bf16 or fp16, any ``M >= 1``, unit stride along ``K``.
-    weight, bias, pdl : as :func:`skinny_linear`.
-
-    Returns
-    -------
-    ``[M, N]`` in ``x``'s dtype, from :data:`INVARIANT_TILE` and :data:`INVARIANT_BLOCK_M` rows
-    per program whatever ``M`` (no split-K): each row reduced in one fixed order.
-    """
-    why = problem(x, weight, bias, max_m=None)
-    if why is not None:
-        raise ValueError(f"batch-invariant GEMM: {why}")
-    n, k = weight.shape
-    tile = INVARIANT_TILE.fit(INVARIANT_BLOCK_M, n, k)
-    pdl = pdl_default(x.device) if pdl is None else pdl
-    return torch.ops.graphrt.skinny_gemm(x, weight, bias, [*astuple(tile), -INVARIANT_BLOCK_M], pdl)
-
-
 def _skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool
 ) -> torch.Tensor:
-    """``tile``: ``Tile``'s fields, then (batch-invariant launches) ``-BLOCK_M``: that many rows per
-    program over a second grid axis, whatever ``M``."""
+    """``tile``: ``Tile``'s fields, then (:mod:`.invariant`) ``-BLOCK_M``: rows per program, any M."""
     assert triton is not None, "the skinny GEMM needs Triton"
     (m, k), n = x.shape, weight.shape[0]
     block_n, block_k, warps, stages = tile[:4]

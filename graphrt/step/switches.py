@@ -49,7 +49,9 @@ def pdl_enabled(env: str, device: torch.device) -> bool:
 #: Whether the step being traced runs batch-invariant kernels (``RuntimeConfig.deterministic``):
 #: set by the runtime around each model forward (eager, warm-up and capture alike), read by the
 #: GEMM and attention dispatch. A context variable, so two engines in one process keep their own.
-_BATCH_INVARIANT: contextvars.ContextVar[bool] = contextvars.ContextVar("graphrt_batch_invariant", default=False)
+_BATCH_INVARIANT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "graphrt_batch_invariant", default=False
+)
 
 
 def batch_invariant_on() -> bool:

@@ -109,7 +109,11 @@ def test_strict_types_and_bounded_stops_at_the_door(client: TestClient, body: di
     ("path", "raw", "param"),
     [
         ("/v1/completions", '{"prompt": "a\\ud800b"}', "prompt"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "\\udc00"}]}',
+            "messages.0.content",
+        ),
         ("/v1/completions", '{"prompt": "Hi", "stop": ["\\ud83d"]}', "stop.0"),
     ],
 )
@@ -135,7 +139,9 @@ def test_a_body_over_the_limit_is_a_413(client: TestClient) -> None:
 def test_a_long_prompt_is_tokenized_off_the_event_loop(client: TestClient) -> None:
     prompt = " ".join(f"w{i}x{i * 7 % 13}" for i in range(90_000))  # NOTE: under the body limit
     done: list[Any] = []
-    worker = threading.Thread(target=lambda: done.append(client.post("/v1/completions", json={"prompt": prompt})))
+    worker = threading.Thread(
+        target=lambda: done.append(client.post("/v1/completions", json={"prompt": prompt}))
+    )
     worker.start()
     time.sleep(0.2)
     health = client.get("/health")
@@ -149,7 +155,9 @@ def test_a_temperature_too_small_to_divide_by_is_greedy(client: TestClient) -> N
     body = {"prompt": "The capital of France is", "max_tokens": 3}
     greedy = client.post("/v1/completions", json=body | {"temperature": 0}).json()
     tiny = client.post("/v1/completions", json=body | {"temperature": 1e-40}).json()
-    assert tiny["choices"][0]["text"] == greedy["choices"][0]["text"] and "Paris" in greedy["choices"][0]["text"]
+    assert (
+        tiny["choices"][0]["text"] == greedy["choices"][0]["text"] and "Paris" in greedy["choices"][0]["text"]
+    )
 
 
 def test_chat_content_with_special_tokens_is_refused_unless_allowed(llm: LLM) -> None:
