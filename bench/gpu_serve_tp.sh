@@ -9,7 +9,7 @@ log="$OUT/serve_tp.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "pip install failed"; exit 1; }
 for whl in .gpu/wheels/*.whl; do [ -f "$whl" ] && python3 -m pip install -q --no-deps "$whl" >/dev/null 2>&1; done
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$log"
-python3 -c "from pathlib import Path; from tests.parallel.test_tp_load import make_checkpoint; from tests.hf_util import save_word_tokenizer; p=make_checkpoint(Path('/tmp/tiny-tp'),'Llama',dict(num_attention_heads=4,num_key_value_heads=2)); save_word_tokenizer(p,96)" 2>&1 | tail -2
+python3 -c "from pathlib import Path; from tests.parallel.test_tp_load import make_checkpoint; from tests.support.hf_util import save_word_tokenizer; p=make_checkpoint(Path('/tmp/tiny-tp'),'Llama',dict(num_attention_heads=4,num_key_value_heads=2)); save_word_tokenizer(p,96)" 2>&1 | tail -2
 ask() { curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \
   -d '{"model":"m","prompt":"t1 t2 t3","max_tokens":8,"temperature":0}'; echo; }
 GRAPHRT_TP_TIMEOUT=10 torchrun --nproc-per-node 2 -m graphrt serve --model /tmp/tiny-tp --tp 2 --device cuda \

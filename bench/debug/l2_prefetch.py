@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrt.models.skinny import skinny_linear
+from graphrt.kernels.skinny import skinny_linear
 from graphrt.tools.bench.record import time_us
 
 LINE = 128  # bytes of an L2 line

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from graphrt.models import skinny
+from graphrt.kernels import skinny
 from graphrt.tools.bench.gemm import SWEEP
 
 

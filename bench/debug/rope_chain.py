@@ -7,9 +7,9 @@ dummy slot they share, so the last writer won. The test now projects one token f
 
 import torch
 
-from graphrt.attention import decode_kernel as dk
+from graphrt.attention.split_decode import attend as dk
 from graphrt.kv import rope_store as rs
-from graphrt.models import skinny as sk
+from graphrt.kernels import skinny as sk
 from tests.attention.test_decode_rope import make_step
 
 device = torch.device("cuda")

@@ -29,10 +29,11 @@ import triton.language as tl
 from sampler_kernels import graph_of, kernel_us  # NOTE: this folder, on sys.path when run as a script
 
 from graphrt.metadata.sampling import sampling_inputs
-from graphrt.runtime import sampler_count, sampler_kernel
-from graphrt.runtime.sampler import sample_torch
-from graphrt.runtime.sampler_count import _decide, _tally
-from graphrt.runtime.sampler_kernel import (
+from graphrt.runtime.sampler import count as sampler_count
+from graphrt.runtime.sampler import kernel as sampler_kernel
+from graphrt.runtime.sampler.draw import sample_torch
+from graphrt.runtime.sampler.count import _decide, _tally
+from graphrt.runtime.sampler.kernel import (
     COUNT,
     MIN64,
     _chunk,
@@ -42,7 +43,7 @@ from graphrt.runtime.sampler_kernel import (
     _row_key,
     _scores,
 )
-from graphrt.runtime.sampler_launch import DECIDE, FRONTIER, layout_for, workspace
+from graphrt.runtime.sampler.launch import DECIDE, FRONTIER, layout_for, workspace
 from graphrt.tools.bench.sampler import KINDS, zipf_logits
 
 

@@ -21,8 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from graphrt.metadata.sampling import sampling_inputs
-from graphrt.runtime.sampler import sample_torch
-from graphrt.runtime.sampler_launch import fused_sample
+from graphrt.runtime.sampler.draw import sample_torch
+from graphrt.runtime.sampler.launch import fused_sample
 from graphrt.tools.bench.record import percentiles, time_us
 from graphrt.tools.bench.sampler import KINDS, REPS, zipf_logits
 

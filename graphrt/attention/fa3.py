@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from graphrt.attention import decode_kernel
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.fa3_options import check_sinks, descale, fa3_query
 from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
+from graphrt.attention.split_decode import attend as decode_kernel
+from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.quant import FP8, LayerScales
 from graphrt.metadata.base import StepMetadata
-from graphrt.step.switches import batch_invariant_on
 
 #: KV cache dtypes the FA3 kernel takes (it refuses fp32 at launch; FP8 with a 16-bit model).
 FA3_DTYPES = (torch.bfloat16, torch.float16, FP8)

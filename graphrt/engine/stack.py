@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from graphrt.checkpoints.loader import default_dtype, load, resolve
 from graphrt.kv import EncoderKV, KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import MLAKVCache, MLAShape
 from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
@@ -18,7 +19,6 @@ from graphrt.models.cross import CrossDecoder
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.hf_wrap import HFWrapped
 from graphrt.models.llama import TinyLlama
-from graphrt.models.loader import default_dtype, load, resolve
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import PRESETS, CrossConfig, DSAConfig, MLAConfig, preset
@@ -52,7 +52,7 @@ def build_stack(
     progress: Callable[[int, int], None] | None = None,
     window_pool: bool = False,
 ) -> ModelStack:
-    """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.models.load``).
+    """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.checkpoints.load``).
 
     ``name``: a preset, a checkpoint directory, a ``.gguf`` file or ``"smollm2"``. ``dtype``
     defaults to bf16 on CUDA, fp32 elsewhere.

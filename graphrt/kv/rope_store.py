@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 from graphrt.kv.quant import FP8, FP8_MAX, LayerScales
 from graphrt.kv.quant import store_slots as store_ref
-from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
-#: The switch of the fused kernel (:mod:`graphrt.step.switches`).
+#: The switch of the fused kernel (:mod:`graphrt.kernels.switches`).
 ENV = "GRAPHRT_FUSED_ROPE_STORE"
 #: Its PDL switch, the GEMMs' and the decode kernel's (``GRAPHRT_SKINNY_PDL=0``: no PDL).
 PDL_ENV = KERNELS_PDL_ENV

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.step.switches import tl, triton, triton_enabled
+from graphrt.kernels.switches import tl, triton, triton_enabled
 
 #: Page-table columns per program iteration, and programs per row.
 BLOCK = 256
 SPLIT = 4
-#: The switch of this kernel (:mod:`graphrt.step.switches`).
+#: The switch of this kernel (:mod:`graphrt.kernels.switches`).
 ENV = "GRAPHRT_FUSED_UPDATE"
 
 

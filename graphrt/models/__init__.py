@@ -6,11 +6,11 @@ and calls ``ctx.attention(layer_id, q, k, v)`` (MHA/GQA), ``ctx.mla`` (dense MLA
 random weights, and :func:`load` builds one from a Hugging Face directory or a GGUF file.
 """
 
+from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.loader import load
 from graphrt.models.causal_lm import CausalLM
-from graphrt.models.errors import CheckpointError
-from graphrt.models.hf_config import ModelConfig
+from graphrt.models.config import ModelConfig
 from graphrt.models.llama import TinyLlama
-from graphrt.models.loader import load
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.presets import PRESETS, LlamaConfig, MLAConfig, preset
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graphrt.kv.quant import KVScales
-from graphrt.models.hf_config import ModelConfig
+from graphrt.models.config import ModelConfig
 from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
 from graphrt.models.parallel import SINGLE
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope

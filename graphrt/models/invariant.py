@@ -3,7 +3,7 @@ same bits whatever the number of rows ``M`` beside it.
 
 cuBLAS (and the skinny GEMM's tile table) pick another kernel, tile or split-K by ``M``, so one
 request's logits change in the last bits with its batch mates and greedy choices can flip. Here
-every ``M``, one decode row or a long prefill, takes :mod:`graphrt.models.skinny`'s kernel with
+every ``M``, one decode row or a long prefill, takes :mod:`graphrt.kernels.skinny`'s kernel with
 one fixed tile (:data:`TILE`) and :data:`BLOCK_M` rows per program, the rows spread over a
 second grid axis: each row's products are summed by the same ``tl.dot`` over the same ``K``
 tiles in the same order, with no split-K and no atomics.
@@ -15,7 +15,7 @@ from dataclasses import astuple
 
 import torch
 
-from graphrt.models.skinny import Tile, pdl_default, problem
+from graphrt.kernels.skinny import Tile, pdl_default, problem
 
 #: Rows per program, whatever ``M`` (the ``tl.dot`` minimum).
 BLOCK_M = 16

@@ -141,7 +141,7 @@ class Block(nn.Module):
     sublayer's output to it first (``RMSNorm.add``, one fused kernel on GPU). Each norm goes
     with the projection after it (``RMSNorm.linear``: qkv of an :class:`Attention`, the MLP's
     gate_up) and SiLU-and-mul with ``down`` (``MLP.gated_down``): a single-row step computes
-    them in the GEMMs' prologues (:mod:`graphrt.models.prologue`), any other step runs the same
+    them in the GEMMs' prologues (:mod:`graphrt.kernels.prologue`), any other step runs the same
     ops as the unfused path. Under TP those projections are column-parallel (no collective
     between the norm and the GEMM) and ``down`` is all-reduced after its GEMM, as unfused.
     """

@@ -1,9 +1,9 @@
 """Model ops with one torch definition (CPU path and oracle) and fused kernels on GPU.
 
 Each op picks the fused kernel when the tensor is on CUDA in bf16/fp16 and ``sgl_kernel``
-imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.models.skinny`; for single-row
+imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.kernels.skinny`; for single-row
 steps :func:`add_norm_linear` and :func:`silu_mul_linear` fold the norm or the activation into
-it, :mod:`graphrt.models.prologue`); otherwise the torch code below runs. Both compute in
+it, :mod:`graphrt.kernels.prologue`); otherwise the torch code below runs. Both compute in
 float32 and round once to the input dtype, so they agree to bf16 rounding (tested per op on
 the GPU). None of them syncs the host or allocates outside the graph pool, so all of them
 capture.
@@ -19,9 +19,10 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
+from graphrt.kernels import cos_sin, prologue, skinny
+from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
-from graphrt.models import cos_sin, invariant, prologue, skinny
-from graphrt.step.switches import batch_invariant_on
+from graphrt.models import invariant
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
@@ -132,7 +133,7 @@ def add_norm_linear(
 
     ``x, residual [T, K]`` (``residual`` None: ``h = x``, the first block's input), ``norm_weight
     [K]``, ``weight [N, K]``, ``bias [N]``; returns ``([T, N], h [T, K])``. One row of 16-bit
-    ``x`` where the fused prologue runs: one launch (:func:`graphrt.models.prologue.norm_linear`,
+    ``x`` where the fused prologue runs: one launch (:func:`graphrt.kernels.prologue.norm_linear`,
     ``h`` a new tensor); else :func:`add_rms_norm` (or :func:`rms_norm`) then :func:`linear`,
     which may write ``x`` and ``residual`` in place. Callers use the returned pair either way.
     """
@@ -155,7 +156,7 @@ def silu_mul_linear(
 ) -> torch.Tensor:
     """``linear(silu_and_mul(gate_up), weight, bias)``: ``gate_up [T, 2 K]`` (gate first), ``weight
     [N, K]``; returns ``[T, N]``. One row of 16-bit ``gate_up`` where the fused prologue runs: one
-    launch (:func:`graphrt.models.prologue.silu_mul_linear`); else the two ops."""
+    launch (:func:`graphrt.kernels.prologue.silu_mul_linear`); else the two ops."""
     one_row = gate_up.dim() == 2 and gate_up.shape[0] == 1 and not batch_invariant_on()
     if one_row and prologue.enabled(gate_up.device) and prologue.silu_problem(gate_up, weight, bias) is None:
         return prologue.silu_mul_linear(gate_up, weight, bias)
@@ -166,7 +167,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     """``[T, rotary_dim]``: the cos half then the sin half of each token's angles, in ``dtype``.
 
     Computed in float32 from ``inv_freq [rotary_dim / 2]`` and rounded once, as transformers does;
-    on CUDA in one launch (:mod:`graphrt.models.cos_sin`, the same bits).
+    on CUDA in one launch (:mod:`graphrt.kernels.cos_sin`, the same bits).
     """
     if cos_sin.takes(positions, inv_freq, dtype):
         return cos_sin.cos_sin(positions, inv_freq, dtype)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled
 from graphrt.parallel.p2p_kernel import BLOCK, blocks, launch
-from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled
 
 if TYPE_CHECKING:
     from graphrt.parallel.group import TPGroup

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.step.switches import tl, triton
+from graphrt.kernels.switches import tl, triton
 
 #: Elements per program: one 16-byte vector per thread for bf16 at 4 warps.
 BLOCK = 1024

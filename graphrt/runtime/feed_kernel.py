@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.step.switches import tl, triton, triton_enabled
+from graphrt.kernels.switches import tl, triton, triton_enabled
 
 #: Request rows per program (a DECODE bucket rarely has more: one program).
 BLOCK = 256
-#: The switch of these kernels (:mod:`graphrt.step.switches`).
+#: The switch of these kernels (:mod:`graphrt.kernels.switches`).
 ENV = "GRAPHRT_FUSED_FEED"
 
 

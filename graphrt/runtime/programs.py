@@ -19,6 +19,7 @@ import torch
 
 from graphrt.attention import ContextInputs, CrossStep, LocalStep, ScalarLog
 from graphrt.attention.context import WindowStep
+from graphrt.kernels.switches import batch_invariant
 from graphrt.kv import EncoderKV, ReqToToken
 from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
@@ -31,7 +32,6 @@ from graphrt.metadata.window import derive_window
 from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.sampler import sample
 from graphrt.step.modes import ForwardMode
-from graphrt.step.switches import batch_invariant
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]

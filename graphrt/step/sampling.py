@@ -28,7 +28,7 @@ class SamplingParams:
     ``top_p`` of the mass (so the kept prefix is the smallest whose mass reaches ``top_p``);
     ``min_p`` keeps tokens with ``p >= min_p * max(p)``. A token is kept when it passes all three;
     the most likely token always does. The token is then drawn from the kept tokens with
-    probabilities proportional to ``p`` (exact definition: :mod:`graphrt.runtime.sampler`).
+    probabilities proportional to ``p`` (exact definition: :mod:`graphrt.runtime.sampler.draw`).
 
     Parameters
     ----------

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphrt.models.errors import CheckpointError, read_json
-from graphrt.models.gguf_file import read_gguf
-from graphrt.models.loader import resolve
+from graphrt.checkpoints.errors import CheckpointError, read_json
+from graphrt.checkpoints.gguf_file import read_gguf
+from graphrt.checkpoints.loader import resolve
 from graphrt.text import tokenizer_cache
 from graphrt.text.gguf_vocab import gguf_tokenizer
 from graphrt.text.template import Messages, render_chat

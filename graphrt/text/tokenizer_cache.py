@@ -4,7 +4,7 @@ Building SmolLM2's tokenizer means parsing the GGUF's 49k-token vocabulary and m
 (``GGUFReader`` fields: most of a second, more on a busy host) and building the BPE model; the
 cache holds the result as ``tokenizers`` JSON with the chat template, the special tokens' text
 and the stop ids, so a later start reads one JSON file and never opens the GGUF. The entry is
-:func:`graphrt.models.cache_dir.entry_dir` (keyed by the file's identity; ``GRAPHRT_CACHE=0``
+:func:`graphrt.checkpoints.cache_dir.entry_dir` (keyed by the file's identity; ``GRAPHRT_CACHE=0``
 turns it off); an entry that does not parse, records another source or holds a stop id outside
 the vocabulary is ignored (one warning naming the file) and written anew.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphrt.models.cache_dir import FORMAT, entry_dir, source_id, write_atomic
+from graphrt.checkpoints.cache_dir import FORMAT, entry_dir, source_id, write_atomic
 
 log = logging.getLogger("graphrt.cache")
 FILE = "tokenizer.json"

@@ -16,7 +16,7 @@ import torch
 from graphrt.attention import available_backends, select_backend
 from graphrt.attention.fa3 import check_sinks
 from graphrt.kv.quant import FP8, LayerScales, dequantize, quantize
-from tests.paged_util import HEAD_DIM, HEADS, PagedCase, oracle, paged_case
+from tests.support.paged_util import HEAD_DIM, HEADS, PagedCase, oracle, paged_case
 
 W, CONTEXT = 24, 96
 SCALES = (0.02, 0.05)  # k, v: random N(0, 1) keys land in e4m3's normal range

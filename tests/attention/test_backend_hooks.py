@@ -1,4 +1,4 @@
-"""A backend is one file plus one registry row: the toy backend (``tests/toy_backend.py``) with
+"""A backend is one file plus one registry row: the toy backend (``tests/support/toy_backend.py``) with
 its own host-written buffer and an in-graph plan, run graphed and eager on the CPU."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from graphrt.attention import registry
 from graphrt.step import ForwardMode, SpecGeometry
-from tests.toy_backend import ToyBackend
-from tests.util import build_runtime, decode_batch, next_lens, prefill
+from tests.support.toy_backend import ToyBackend
+from tests.support.util import build_runtime, decode_batch, next_lens, prefill
 
 ROWS = [0, 1, 2]
 
@@ -18,7 +18,7 @@ ROWS = [0, 1, 2]
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "BACKENDS", {k: dict(v) for k, v in registry.BACKENDS.items()})
-    registry.add_backend("mha", "toy", "tests.toy_backend:ToyBackend")  # NOTE: the one line
+    registry.add_backend("mha", "toy", "tests.support.toy_backend:ToyBackend")  # NOTE: the one line
 
 
 def test_toy_backend_plans_once_per_step_in_the_graph_and_eagerly(toy: None) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graphrt.attention import available_backends, select_backend
-from tests.paged_util import HEAD_DIM, oracle, paged_case, tolerance
+from tests.support.paged_util import HEAD_DIM, oracle, paged_case, tolerance
 
 CONTEXT = 96
 CASES = [

@@ -17,7 +17,7 @@ from graphrt import ForwardMode
 from graphrt.attention import select_backend
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.encoder import EncoderBuffers
-from tests.util import backends, dtype_for
+from tests.support.util import backends, dtype_for
 
 KV_HEADS, HEADS, HEAD_DIM, PAGE = 2, 8, 64, 16
 ENCODER_LENS = [1, 15, 17, 64]  # one token, both sides of a page edge, four full pages

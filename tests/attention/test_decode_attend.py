@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from graphrt.attention import decode_kernel as dk
+from graphrt.attention.split_decode import attend as dk
 from tests.attention.test_decode_kernel import oracle
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
 
 ATOL = 2e-2
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.attention import decode_kernel as dk
+from graphrt.attention.split_decode import attend as dk
 
 GPU = pytest.mark.skipif(not (torch.cuda.is_available() and dk.triton is not None), reason="no CUDA / Triton")
 #: bf16 rounds q, k, v and the output; fp32 sums in another order than the oracle's.
@@ -106,7 +106,7 @@ def test_the_split_rule_fills_two_waves_within_the_key_blocks() -> None:
 def test_only_single_token_steps_short_of_the_gpu_take_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule a backend applies (``takes``), on CPU tensors with the switch forced on: one
     token per request, no options, and ``requests x KV heads`` under 80 % of the SMs."""
-    from tests.paged_util import paged_case
+    from tests.support.paged_util import paged_case
 
     monkeypatch.setattr(dk, "enabled", lambda device: True)
     monkeypatch.setattr(dk, "sm_count", lambda device: 132)

@@ -1,4 +1,4 @@
-"""The split decode kernel's two merges (``graphrt.attention.decode_launch``): the last split
+"""The split decode kernel's two merges (``graphrt.attention.split_decode.launch``): the last split
 program holding keys merging in the split launch (the default), and the merge launch over every
 split (``GRAPHRT_DECODE_MERGE_LAST=0``).
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.attention import decode_kernel as dk
-from graphrt.attention import decode_launch as dl
-from graphrt.step import scratch
+from graphrt.attention.split_decode import attend as dk
+from graphrt.attention.split_decode import launch as dl
+from graphrt.kernels import scratch
 from tests.attention.test_decode_kernel import oracle
-from tests.triton_util import (
+from tests.support.triton_util import (
     INTERPRET,
     NO_SPILLS,
     ptxas_report,

@@ -16,12 +16,17 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from graphrt.attention import decode_kernel as dk
+from graphrt.attention.split_decode import attend as dk
 from graphrt.kv import rope_store as rs
 from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
 from tests.attention.test_decode_kernel import oracle
-from tests.triton_util import replay_matches_eager, rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import (
+    replay_matches_eager,
+    rerun_marks,
+    rerun_under_interpreter,
+    triton_devices,
+)
 
 #: As the unfused kernel's tests: bf16 inputs and output, fp32 sums in another order.
 ATOL = 2e-2
@@ -173,7 +178,7 @@ def test_pdl_chains_in_a_graph_match_eager() -> None:
     """qkv GEMM -> rope_store -> split + merge, and qkv GEMM -> the fused pair, all with PDL in a
     graph: each replay equals eager launches without PDL (a launch that read q, k or v before the
     GEMM finished, or the cache before rope_store did, would differ)."""
-    from graphrt.models import skinny as sk
+    from graphrt.kernels import skinny as sk
 
     device = torch.device("cuda")
     step = make_step(device, [40, 100, 7], (32, 8, 64), 16)
@@ -206,7 +211,7 @@ def test_only_what_the_kernel_takes_folds_rope_in(monkeypatch: pytest.MonkeyPatc
     as the projection gives them; not an FP8 cache, a window, sinks, unpacked heads, fp32 angles,
     a multi-token step, nor without ``GRAPHRT_DECODE_ROPE=1`` (off by default)."""
     from graphrt.kv.quant import FP8
-    from tests.paged_util import paged_case
+    from tests.support.paged_util import paged_case
 
     monkeypatch.setattr(dk, "enabled", lambda device: True)
     monkeypatch.setattr(dk, "sm_count", lambda device: 132)

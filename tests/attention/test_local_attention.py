@@ -20,8 +20,8 @@ from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import LOCAL_GROUP, LocalBuffers, LocalGeometry, derive_local
 from graphrt.models import TinyLlama, preset
 from graphrt.step.modes import SpecGeometry
-from tests.paged_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
-from tests.util import backends, build_runtime, decode_batch, prefill, refill, slot_of, spec_batch
+from tests.support.paged_util import HEAD_DIM, PagedCase, oracle, paged_case, parity_step, tolerance
+from tests.support.util import backends, build_runtime, decode_batch, prefill, refill, slot_of, spec_batch
 
 C = preset("tiny-llama-local").attention_chunk_size
 CONTEXT = 3 * C

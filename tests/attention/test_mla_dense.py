@@ -15,7 +15,7 @@ import torch
 from graphrt.attention import available_backends, select_backend
 from graphrt.attention.fa3_mla import FA3MLABackend
 from graphrt.buffers import Dims
-from tests.paged_util import PagedCase, paged_case
+from tests.support.paged_util import PagedCase, paged_case
 
 HEADS, NOPE, ROPE, LATENT, V = 4, 32, 64, 512, 48
 SCALE = (NOPE + ROPE) ** -0.5

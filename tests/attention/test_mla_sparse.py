@@ -10,7 +10,7 @@ from graphrt.attention import available_backends, select_backend
 from graphrt.attention.flashmla import flashmla_available
 from graphrt.attention.mla import SparseMLAReference
 from graphrt.kv.mla import KV_LORA_RANK, QK_DIM
-from tests.mla_util import decode_meta, filled_cache, random_slots, sparse_for
+from tests.support.mla_util import decode_meta, filled_cache, random_slots, sparse_for
 
 SCALE = 128**-0.5
 

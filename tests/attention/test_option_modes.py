@@ -18,7 +18,7 @@ import torch
 from graphrt.models.presets import PRESETS
 from graphrt.step.modes import ForwardMode, SpecGeometry
 from tests.runtime.test_spec_modes import CONTEXT, ROWS, SCRATCH, draft_batch, filled, verify_batch
-from tests.util import Setup, build_runtime, remade, spec_batch
+from tests.support.util import Setup, build_runtime, remade, spec_batch
 
 M = ForwardMode
 CHAIN = SpecGeometry(num_steps=3)

@@ -14,8 +14,8 @@ from graphrt import ForwardMode
 from graphrt.attention import available_backends, select_backend
 from graphrt.models import LlamaConfig, preset
 from graphrt.step.modes import SpecGeometry
-from tests.paged_util import HEAD_DIM, oracle, paged_case, parity_step, tolerance
-from tests.util import backends, build_runtime, decode_batch, prefill, refill, spec_batch
+from tests.support.paged_util import HEAD_DIM, oracle, paged_case, parity_step, tolerance
+from tests.support.util import backends, build_runtime, decode_batch, prefill, refill, spec_batch
 
 W = preset("tiny-llama-swa").sliding_window
 EDGE = [W - 1, W, W + 1, W + 2, 2 * W, 2 * W + 1]

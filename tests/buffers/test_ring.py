@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tests.runtime.test_decode_parity import tolerance
-from tests.util import build_runtime, decode_batch, prefill
+from tests.support.util import build_runtime, decode_batch, prefill
 
 STEPS = 24
 REQS = 8

@@ -8,7 +8,7 @@ import gc
 import pytest
 import torch
 
-from tests.util import build_runtime
+from tests.support.util import build_runtime
 
 
 def test_emulated_split() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graphrt.capture import CaptureSyncError, EmulatedEngine
-from tests.capture_ops import ALLOWED, DEVICE_ONLY, REFUSED, Inputs
+from tests.support.capture_ops import ALLOWED, DEVICE_ONLY, REFUSED, Inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,11 @@ def test_cuda_capture_agrees(name: str) -> None:
     """The same snippet fails (or passes) under a real CUDA stream capture as under emulation."""
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     run = subprocess.run(
-        [sys.executable, "-m", "tests.capture_ops", name], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "tests.support.capture_ops", name],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split()[-1] == ("refused" if name in REFUSED else "ok")

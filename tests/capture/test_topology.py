@@ -13,8 +13,8 @@ import torch
 
 from graphrt.capture import EmulatedEngine, GraphTopology, KernelCount, TopologyNode
 from graphrt.capture.topology import cuda_bindings_missing, cuda_topology, requests_pdl
-from graphrt.models import prologue  # noqa: F401  (registers graphrt::prologue_*)
-from graphrt.models import skinny as sk
+from graphrt.kernels import prologue  # noqa: F401  (registers graphrt::prologue_*)
+from graphrt.kernels import skinny as sk
 
 _LIB = torch.library.Library("graphrt_topology_test", "DEF")
 _LIB.define("scale(Tensor x, float s, bool pdl) -> Tensor")

@@ -13,8 +13,8 @@ from graphrt.debug.schema import Snapshot
 from graphrt.debug.snapshot import SNAPSHOT_VERSION, SnapshotVersionError, load_snapshot, npz_path
 from graphrt.runtime.telemetry import Telemetry
 from graphrt.tools.inspection import report
-from tests.snapshots import BUCKETS, LAST_BS, take
-from tests.util import Setup
+from tests.support.snapshots import BUCKETS, LAST_BS, take
+from tests.support.util import Setup
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from graphrt.debug.snapshot import SnapshotError, SnapshotVersionError, load_snapshot, npz_path
-from tests.snapshots import take
+from tests.support.snapshots import take
 
 
 @pytest.fixture(scope="module")

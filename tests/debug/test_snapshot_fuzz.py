@@ -17,8 +17,8 @@ import pytest
 from graphrt.cli import main
 from graphrt.debug import reader
 from graphrt.debug.snapshot import SnapshotError, load_snapshot, npz_path
-from tests.fuzz_util import damaged, damaged_json, outcomes
-from tests.snapshots import take
+from tests.support.fuzz_util import damaged, damaged_json, outcomes
+from tests.support.snapshots import take
 
 COPIES = 200
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphrt import Engine
-from tests.cross_util import plain_logits
+from tests.support.cross_util import plain_logits
 
 PROMPTS = [[1, 2, 3], [9], [4, 4, 4, 4, 4]]
 ENCODER = [[5, 6, 7, 8, 9], list(range(40)), [3]]

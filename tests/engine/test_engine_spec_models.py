@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from graphrt import Engine
-from graphrt.models.loader import packaged_path
-from tests.hf_util import SMALL, save_checkpoint
+from graphrt.checkpoints.loader import packaged_path
+from tests.support.hf_util import SMALL, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

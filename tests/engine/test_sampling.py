@@ -19,7 +19,7 @@ import torch
 from graphrt import Batch, Engine, ForwardMode, SamplingParams
 from graphrt.runtime.programs import Sampled
 from tests.conftest import DEVICES
-from tests.util import Setup, build_runtime, prefill, slot_of
+from tests.support.util import Setup, build_runtime, prefill, slot_of
 
 DECODE = ForwardMode.DECODE
 HOT = SamplingParams(temperature=1.5, seed=11)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.util import Setup, build_runtime
+from tests.support.util import Setup, build_runtime
 
 PAGE, CONTEXT, ROWS = 16, 64, 4
 

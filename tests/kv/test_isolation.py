@@ -12,8 +12,8 @@ import torch
 
 from graphrt import Batch, ForwardMode
 from graphrt.kv.ledger import KVIsolationError
-from tests.state import assert_same_state, state_of
-from tests.util import Setup, decode_batch, prefill, slot_of
+from tests.support.state import assert_same_state, state_of
+from tests.support.util import Setup, decode_batch, prefill, slot_of
 
 
 def refused(s: Setup, batch: Batch, eager: bool, message: str) -> None:

@@ -10,8 +10,8 @@ from graphrt import ForwardMode
 from graphrt.kv.ledger import KVIsolationError, KVLedger, KVWrites
 from graphrt.step.modes import SpecGeometry
 from tests.runtime.test_spec_modes import draft_batch, filled, setup_for, verify_batch
-from tests.state import assert_same_state, state_of
-from tests.util import decode_batch, prefill, remade, slot_of, spec_batch
+from tests.support.state import assert_same_state, state_of
+from tests.support.util import decode_batch, prefill, remade, slot_of, spec_batch
 
 M = ForwardMode
 

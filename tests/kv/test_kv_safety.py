@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from graphrt import Batch
-from tests.util import Setup, backends, build_runtime, decode_batch, prefill
+from tests.support.util import Setup, backends, build_runtime, decode_batch, prefill
 
 CONTEXT = 64
 LIVE = list(range(8))

@@ -10,7 +10,7 @@ import pytest
 from graphrt.kv.ledger import KVIsolationError
 from tests.kv.conftest import PAGE
 from tests.kv.test_isolation import refused, step
-from tests.util import Setup, prefill, slot_of
+from tests.support.util import Setup, prefill, slot_of
 
 EAGER = pytest.mark.parametrize("eager", [False, True], ids=["graph", "eager"])
 

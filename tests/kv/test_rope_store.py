@@ -12,7 +12,7 @@ import torch
 from graphrt.kv import rope_store as rs
 from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
 
 
 def _inputs(device: torch.device, dtype: torch.dtype, tokens: int, hq: int, hk: int, d: int):

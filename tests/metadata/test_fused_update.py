@@ -19,7 +19,7 @@ from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.step import derive, derive_draft, gather_page_table, record_slots
 from graphrt.step import Batch, ForwardMode, SpecGeometry
-from tests.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
 
 
 @pytest.fixture(autouse=True)

@@ -18,11 +18,11 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from graphrt.models import CheckpointError, load  # noqa: E402
+from graphrt.checkpoints import CheckpointError, load  # noqa: E402
 from graphrt.text.tokenizer import load_tokenizer  # noqa: E402
-from tests.fuzz_util import damaged, damaged_json, outcomes  # noqa: E402
-from tests.gguf_util import write_gguf  # noqa: E402
-from tests.hf_util import randomize, save_checkpoint, save_word_tokenizer  # noqa: E402
+from tests.support.fuzz_util import damaged, damaged_json, outcomes  # noqa: E402
+from tests.support.gguf_util import write_gguf  # noqa: E402
+from tests.support.hf_util import randomize, save_checkpoint, save_word_tokenizer  # noqa: E402
 
 COPIES = 200
 #: One layer, rows of 32 (one Q8_0 block): small enough that a copy that loads costs little.

@@ -1,4 +1,4 @@
-"""RoPE's cos/sin rows in one launch (``graphrt.models.cos_sin``) against the torch ops.
+"""RoPE's cos/sin rows in one launch (``graphrt.kernels.cos_sin``) against the torch ops.
 
 Runs on the GPU (``-m gpu``), where the rows must be bit-equal (the same float32 operations,
 CUDA's ``cosf``/``sinf`` on both sides), and on the CPU under ``TRITON_INTERPRET=1``, where the
@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.models import cos_sin, ops
+from graphrt.kernels import cos_sin
+from graphrt.models import ops
 from graphrt.models.rope import default_inv_freq
-from tests.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
 
 #: One unit in the last place, relative.
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 2**-23}

@@ -19,12 +19,12 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
+from graphrt.checkpoints import CheckpointError, load  # noqa: E402
 from graphrt.cli import main  # noqa: E402
-from graphrt.models import CheckpointError, load  # noqa: E402
 from graphrt.text.tokenizer import load_tokenizer  # noqa: E402
-from tests.gguf_util import write_gguf  # noqa: E402
-from tests.hf_util import randomize, save_checkpoint, save_word_tokenizer  # noqa: E402
 from tests.models.test_checkpoint_fuzz import TINY  # noqa: E402
+from tests.support.gguf_util import write_gguf  # noqa: E402
+from tests.support.hf_util import randomize, save_checkpoint, save_word_tokenizer  # noqa: E402
 
 Make = Callable[[dict[str, Path], Path], Path]
 

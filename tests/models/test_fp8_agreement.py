@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrt.models.loader import packaged_path
+from graphrt.checkpoints.loader import packaged_path
 from graphrt.tools.bench.kv_agreement import AGREEMENT_BOUND, PROMPTS, measure
 
 pytest.importorskip("gguf")

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from graphrt import RuntimeConfig
+from graphrt.checkpoints.checkpoint import CheckpointError
+from graphrt.checkpoints.loader import load
 from graphrt.engine.stack import build_stack
 from graphrt.models.causal_lm import CausalLM
-from graphrt.models.checkpoint import CheckpointError
-from graphrt.models.loader import load
-from tests.hf_util import SMALL, save_checkpoint
+from tests.support.hf_util import SMALL, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

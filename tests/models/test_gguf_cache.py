@@ -17,12 +17,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 from graphrt import Engine  # noqa: E402
-from graphrt.models import gguf_file  # noqa: E402
-from graphrt.models.cache_dir import entry_dir  # noqa: E402
-from graphrt.models.gguf_cache import CachedWeights, ConvertingGGUF, gguf_source  # noqa: E402
-from graphrt.models.loader import load  # noqa: E402
-from tests.gguf_util import write_gguf  # noqa: E402
-from tests.hf_util import SMALL, randomize  # noqa: E402
+from graphrt.checkpoints import gguf_file  # noqa: E402
+from graphrt.checkpoints.cache_dir import entry_dir  # noqa: E402
+from graphrt.checkpoints.gguf_cache import CachedWeights, ConvertingGGUF, gguf_source  # noqa: E402
+from graphrt.checkpoints.loader import load  # noqa: E402
+from tests.support.gguf_util import write_gguf  # noqa: E402
+from tests.support.hf_util import SMALL, randomize  # noqa: E402
 
 HEADS = dict(num_attention_heads=4, num_key_value_heads=2)
 PROMPT = [5, 17, 3, 88, 41, 9]

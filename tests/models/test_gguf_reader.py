@@ -10,7 +10,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from graphrt.models.gguf_file import read_gguf  # noqa: E402
+from graphrt.checkpoints.gguf_file import read_gguf  # noqa: E402
 
 
 def write(path: Path, tokens: list[str]) -> Path:

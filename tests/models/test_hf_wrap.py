@@ -5,7 +5,7 @@ takes its logits over every full sequence (no cache, transformers' own attention
 of three prompts and four decode steps through graphrt, eager and graphed, with bs 3 in
 bucket 4 (one pad row). Tolerances: fp32 on the CPU, atol = rtol = 1e-4 (measured max |diff|
 ~1e-6: summation order only); bf16 on CUDA, atol = rtol = three times transformers' own bf16 error against the fp32
-CPU reference (``tests.hf_util.tolerance``).
+CPU reference (``tests.support.hf_util.tolerance``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from graphrt import Batch, ForwardMode, RuntimeConfig  # noqa: E402
 from graphrt.capture import CaptureSyncError  # noqa: E402
 from graphrt.models import hf_wrap  # noqa: E402
 from graphrt.step.modes import SpecGeometry  # noqa: E402
-from tests.hf_util import (  # noqa: E402
+from tests.support.hf_util import (  # noqa: E402
     BUCKETS,
     LLAMA3,
     MAX_CONTEXT,

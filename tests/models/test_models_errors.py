@@ -13,9 +13,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from graphrt.checkpoints import gguf_file as gguf_module  # noqa: E402
 from graphrt.models import CausalLM, load  # noqa: E402
-from graphrt.models import gguf_file as gguf_module  # noqa: E402
-from tests.hf_util import SMALL, randomize, save_checkpoint  # noqa: E402
+from tests.support.hf_util import SMALL, randomize, save_checkpoint  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 
@@ -103,7 +103,7 @@ def test_bad_checkpoint_named_before_allocation(good: Path, tmp_path: Path, case
 
 def test_gguf_quant_type_not_supported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("gguf")
-    from tests.gguf_util import write_gguf
+    from tests.support.gguf_util import write_gguf
 
     model = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2)

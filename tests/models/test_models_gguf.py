@@ -15,9 +15,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")  # NOTE: transformers needs it to load a GGUF file
 
-from graphrt.models import load  # noqa: E402
-from tests.gguf_util import write_gguf  # noqa: E402
-from tests.hf_util import (  # noqa: E402
+from graphrt.checkpoints import load  # noqa: E402
+from tests.support.gguf_util import write_gguf  # noqa: E402
+from tests.support.hf_util import (  # noqa: E402
     SMALL,
     assert_parity,
     randomize,

@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tests.hf_util import LLAMA3, check_checkpoint, saved_reference  # noqa: E402
+from tests.support.hf_util import LLAMA3, check_checkpoint, saved_reference  # noqa: E402
 
 #: id → (model class, config class, config kwargs, rewrite rope keys in the legacy spelling)
 CASES: dict[str, tuple[str, str, dict[str, Any], bool]] = {

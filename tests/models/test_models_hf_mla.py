@@ -22,9 +22,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from graphrt import Engine  # noqa: E402
-from graphrt.models import CheckpointError, load  # noqa: E402
+from graphrt.checkpoints import CheckpointError, load  # noqa: E402
 from graphrt.models.mla import MLACausalLM  # noqa: E402
-from tests.hf_util import PROMPT_LENS, SMALL, check_checkpoint, saved_reference, sequences  # noqa: E402
+from tests.support.hf_util import PROMPT_LENS, SMALL, check_checkpoint, saved_reference, sequences  # noqa: E402
 
 MLA = dict(qk_nope_head_dim=16, v_head_dim=24, first_k_dense_replace=SMALL["num_hidden_layers"])
 #: id → (model class, config class, config kwargs)

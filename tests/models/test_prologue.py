@@ -1,4 +1,4 @@
-"""Fused-prologue skinny GEMM (``graphrt.models.prologue``) against the unfused torch ops.
+"""Fused-prologue skinny GEMM (``graphrt.kernels.prologue``) against the unfused torch ops.
 
 Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1``. The oracle is the
 unfused torch path: :func:`ops.rms_norm_ref` of ``residual + x`` (or :func:`ops.silu_and_mul_ref`
@@ -15,11 +15,11 @@ import torch
 from torch.nn import functional as F
 
 from graphrt.capture.emulated import EmulatedEngine
+from graphrt.kernels import prologue as pr
+from graphrt.kernels import skinny as sk
+from graphrt.kernels.switches import triton
 from graphrt.models import ops
-from graphrt.models import prologue as pr
-from graphrt.models import skinny as sk
-from graphrt.step.switches import triton
-from tests.triton_util import (
+from tests.support.triton_util import (
     INTERPRET,
     replay_matches_eager,
     rerun_marks,

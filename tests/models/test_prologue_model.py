@@ -32,13 +32,13 @@ from graphrt import Batch, ForwardMode, RuntimeConfig
 from graphrt.capture.topology import cuda_bindings_missing
 from graphrt.debug.snapshot import take_snapshot
 from graphrt.engine.stack import stack_for
+from graphrt.kernels import prologue as pr
+from graphrt.kernels import skinny as sk
 from graphrt.models import PRESETS, CausalLM, MLACausalLM, ModelConfig, TinyLlama, ops
-from graphrt.models import prologue as pr
-from graphrt.models import skinny as sk
 from graphrt.parallel import TPGroup
 from graphrt.tools.inspection import report
-from tests.triton_util import triton_devices
-from tests.util import Setup, backends, prefill, slot_of
+from tests.support.triton_util import triton_devices
+from tests.support.util import Setup, backends, prefill, slot_of
 
 #: Largest relative difference between the fused and unfused bf16 logits of a step, in L2 norm
 #: and in max |difference| / max |logit|. Measured on the CPU (interpreter): at most 1.3 % and

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from graphrt.checkpoints.hf_config import parse_config
 from graphrt.models import ops
 from graphrt.models import qk_norm_rope as qkr
 from graphrt.models.causal_lm import CausalLM
-from graphrt.models.hf_config import parse_config
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 #: Qwen3-8B's attention: 32 query heads, 8 KV heads, head_dim 128, rope_theta 1e6, eps 1e-6.

@@ -1,4 +1,4 @@
-"""Skinny GEMM (``graphrt.models.skinny``) against torch's ``F.linear``, and ``ops.linear``'s choice.
+"""Skinny GEMM (``graphrt.kernels.skinny``) against torch's ``F.linear``, and ``ops.linear``'s choice.
 
 The kernel runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1`` (Triton's
 interpreter). The oracle is ``F.linear`` in float32 on the same bf16/fp16 values, rounded once
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from graphrt.kernels import skinny as sk
 from graphrt.models import ops
-from graphrt.models import skinny as sk
-from tests.triton_util import (
+from tests.support.triton_util import (
     INTERPRET,
     NO_SPILLS,
     ptxas_report,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from graphrt import Engine
-from graphrt.models.loader import packaged_path
+from graphrt.checkpoints.loader import packaged_path
 from graphrt.tools.bench.model_twin import checkpoint_twin
 
 transformers = pytest.importorskip("transformers")

@@ -55,7 +55,7 @@ def _agreed(rank: int, world: int) -> tuple[bool, bool, list[str]]:
 
 
 def test_auto_takes_p2p_only_when_every_rank_can() -> None:
-    from tests.tp_util import run_ranks
+    from tests.support.tp_util import run_ranks
 
     (none0, closed0, said0), (none1, _, said1) = run_ranks(_agreed, 2)
     assert none0 and none1 and closed0

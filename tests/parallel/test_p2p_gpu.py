@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tp_util import run_ranks
+from tests.support.tp_util import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -131,7 +131,7 @@ def _decode_logits(rank: int, world: int, mode: str) -> tuple[np.ndarray, np.nda
     from graphrt.parallel.ops import communicator
     from graphrt.step.modes import SpecGeometry
     from tests.runtime.test_spec_modes import filled, setup_for
-    from tests.util import decode_batch
+    from tests.support.util import decode_batch
 
     os.environ["GRAPHRT_ALLREDUCE"] = mode
     group = init_tp(world, torch.device("cuda"))

@@ -14,10 +14,10 @@ import os
 import pytest
 import torch
 
+from graphrt.kernels.switches import triton
 from graphrt.parallel.p2p import reference_sum
 from graphrt.parallel.p2p_kernel import BLOCK, blocks
-from graphrt.step.switches import triton
-from tests.tp_util import run_ranks
+from tests.support.tp_util import run_ranks
 
 pytestmark = pytest.mark.skipif(triton is None, reason="needs Triton")
 SLOT_BYTES = 4 * 4096
@@ -71,7 +71,7 @@ def test_interpreted_ranks_sum_in_rank_order_launch_after_launch(
 
 def _ptx(world: int, dtype: str) -> str:
     from graphrt.parallel.p2p_kernel import p2p_all_reduce
-    from tests.triton_util import sm90_ptx
+    from tests.support.triton_util import sm90_ptx
 
     names = p2p_all_reduce.arg_names
     constexprs = dict(RANK=world - 1, WORLD=world, BLOCK=BLOCK, PDL=True, DEADLINE=True)
@@ -93,7 +93,7 @@ def _ptx(world: int, dtype: str) -> str:
 
 @pytest.mark.parametrize(("world", "dtype"), [(2, "bf16"), (8, "bf16"), (3, "fp32")])
 def test_sm90_build_has_system_scope_flags_and_vector_loads(world: int, dtype: str) -> None:
-    from tests.triton_util import NO_SPILLS, ptxas_report
+    from tests.support.triton_util import NO_SPILLS, ptxas_report
 
     ptx = _ptx(world, dtype)
     peers = world - 1

@@ -14,7 +14,7 @@ import torch
 from graphrt import Batch, ForwardMode
 from graphrt.parallel import Message, Op, StepChannel, init_tp, pack
 from graphrt.parallel.shm_ring import SHM_DIR, SLOT_WORDS, SLOTS, ring_for
-from tests.tp_util import run_ranks
+from tests.support.tp_util import run_ranks
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="no /dev/shm")
 CPU = torch.device("cpu")

@@ -20,8 +20,8 @@ from graphrt.models.parallel import kv_heads
 from graphrt.parallel import Message, Op, TPGroup, init_tp, pack, unpack
 from graphrt.step.modes import SpecGeometry
 from tests.runtime.test_spec_modes import draft_batch, filled, setup_for, verify_batch
-from tests.tp_util import run_ranks
-from tests.util import decode_batch, spec_batch
+from tests.support.tp_util import run_ranks
+from tests.support.util import decode_batch, spec_batch
 
 M = ForwardMode
 ATOL = 1e-4

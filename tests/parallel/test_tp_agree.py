@@ -16,8 +16,8 @@ import torch
 
 from graphrt import Batch, ForwardMode
 from graphrt.parallel import init_tp, shutdown
-from tests.tp_util import outcome, run_ranks
-from tests.util import build_runtime, decode_batch, prefill, remade
+from tests.support.tp_util import outcome, run_ranks
+from tests.support.util import build_runtime, decode_batch, prefill, remade
 
 CPU = torch.device("cpu")
 LENS = [5, 9, 3, 12, 7, 4]

@@ -24,12 +24,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from graphrt import Engine  # noqa: E402
-from graphrt.models import load  # noqa: E402
-from graphrt.models.loader import packaged_path  # noqa: E402
+from graphrt.checkpoints import load  # noqa: E402
+from graphrt.checkpoints.loader import packaged_path  # noqa: E402
 from graphrt.parallel import init_tp  # noqa: E402
-from tests.hf_util import LLAMA3, ParityRun, run_graphrt, save_word_tokenizer, sequences  # noqa: E402
 from tests.parallel.test_tp_load import CASES, make_checkpoint  # noqa: E402
-from tests.tp_util import run_ranks  # noqa: E402
+from tests.support.hf_util import LLAMA3, ParityRun, run_graphrt, save_word_tokenizer, sequences  # noqa: E402
+from tests.support.tp_util import run_ranks  # noqa: E402
 
 ATOL = 1e-4
 ATOL_BF16 = 0.1  # NOTE: as tests/parallel/test_tp_gpu.py

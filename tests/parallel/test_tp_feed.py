@@ -8,7 +8,7 @@ import torch
 
 from graphrt.parallel import init_tp
 from tests.runtime.test_feed import setup, trajectory
-from tests.tp_util import run_ranks
+from tests.support.tp_util import run_ranks
 
 
 def fed_and_host_fed(rank: int, world: int) -> tuple[list[list[int]], list[list[int]], list[int]]:

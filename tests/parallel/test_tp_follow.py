@@ -9,7 +9,7 @@ import torch
 
 from graphrt.engine.tp import Heartbeat, tp_end, tp_follow
 from graphrt.parallel import CollectiveError, StepChannel, init_tp
-from tests.tp_util import outcome, run_ranks
+from tests.support.tp_util import outcome, run_ranks
 
 TIMEOUT_S = 1.0  # NOTE: the group's timeout (the heartbeat comes every 0.25 s)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.parallel.test_tp import SAMPLED, engine_tokens, mode_outputs
-from tests.tp_util import run_ranks
+from tests.support.tp_util import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,

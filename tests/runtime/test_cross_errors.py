@@ -12,7 +12,7 @@ from graphrt import Batch, ForwardMode, GraphRuntime
 from graphrt.attention import Backend
 from graphrt.engine.stack import ModelStack
 from graphrt.step.modes import SpecGeometry
-from tests.cross_util import cross_stack
+from tests.support.cross_util import cross_stack
 
 CPU = torch.device("cpu")
 

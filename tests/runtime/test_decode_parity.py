@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graphrt import ForwardMode, PoisonLeft
-from tests.util import Setup, backends, build_runtime, decode_batch, prefill, refill
+from tests.support.util import Setup, backends, build_runtime, decode_batch, prefill, refill
 
 MAX_BS = 8
 MAX_CONTEXT = 64

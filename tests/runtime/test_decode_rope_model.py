@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from graphrt.attention import decode_kernel as dk
-from tests.util import backends, build_runtime, decode_batch, next_lens, prefill
+from graphrt.attention.split_decode import attend as dk
+from tests.support.util import backends, build_runtime, decode_batch, next_lens, prefill
 
 ROWS = [0, 1, 2]
 

@@ -10,7 +10,7 @@ import torch
 
 from graphrt import ForwardMode
 from graphrt.step.modes import SpecGeometry
-from tests.util import Setup, build_runtime, decode_batch, prefill, slot_of, spec_batch
+from tests.support.util import Setup, build_runtime, decode_batch, prefill, slot_of, spec_batch
 
 DECODE, VERIFY = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY
 TOPK = 64

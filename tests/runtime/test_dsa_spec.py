@@ -30,7 +30,7 @@ from tests.runtime.spec_checks import (
     tree_paths,
 )
 from tests.runtime.test_spec_modes import ROWS, SCRATCH, draft_batch, verify_batch
-from tests.util import Setup, prefill, slot_of
+from tests.support.util import Setup, prefill, slot_of
 
 M = ForwardMode
 TOPK = 64  # tiny-dsa's index_topk

@@ -11,7 +11,7 @@ from graphrt.runtime.telemetry import StepRecord, Telemetry
 from graphrt.step.hostops import any_true, umax, umin
 from graphrt.step.modes import MODES
 from tests.runtime.test_decode_parity import tolerance
-from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill
+from tests.support.util import Setup, build_runtime, decode_batch, next_lens, prefill
 
 ROWS = list(range(6))
 

@@ -20,8 +20,8 @@ from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.feed_kernel import gather_kernel, record_kernel
 from graphrt.step import FED
 from tests.conftest import DEVICES
-from tests.triton_util import triton_devices
-from tests.util import Setup, build_runtime, slot_of
+from tests.support.triton_util import triton_devices
+from tests.support.util import Setup, build_runtime, slot_of
 
 CPU = torch.device("cpu")
 ROWS = 6  # request rows (max_reqs); the dummy row is ROWS

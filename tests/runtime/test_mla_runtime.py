@@ -20,7 +20,7 @@ from tests.runtime.spec_checks import (
     tol,
 )
 from tests.runtime.test_spec_modes import ROWS, SCRATCH
-from tests.util import Setup, prefill
+from tests.support.util import Setup, prefill
 
 M = ForwardMode
 CONTEXT = 64

@@ -11,7 +11,7 @@ import torch
 
 from graphrt.capture import optimal_buckets
 from tests.runtime.test_decode_parity import tolerance
-from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill
+from tests.support.util import Setup, build_runtime, decode_batch, next_lens, prefill
 
 ROWS = list(range(6))
 

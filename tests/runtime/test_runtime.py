@@ -16,7 +16,7 @@ from graphrt import (
     HostScalarMismatch,
 )
 from graphrt.metadata import StepBuffers
-from tests.util import Setup, build_runtime, decode_batch, next_lens, prefill, slot_of
+from tests.support.util import Setup, build_runtime, decode_batch, next_lens, prefill, slot_of
 
 DECODE = ForwardMode.DECODE
 BUCKETS = (1, 2, 4, 8)

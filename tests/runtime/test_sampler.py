@@ -18,7 +18,7 @@ import torch
 from graphrt import SamplingParams
 from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime import make_engine
-from graphrt.runtime.sampler import filtered_probs, sample, uniforms
+from graphrt.runtime.sampler.draw import filtered_probs, sample, uniforms
 
 ALPHA = 1e-4
 DRAWS = 20_000

@@ -1,4 +1,4 @@
-"""The fused sampler (``graphrt.runtime.sampler_kernel``) against the torch sampler, token for token.
+"""The fused sampler (``graphrt.runtime.sampler.kernel``) against the torch sampler, token for token.
 
 Runs on the GPU (``-m gpu``: real vocabularies, graphs) and on the CPU under ``TRITON_INTERPRET=1``
 (chunks of 128 entries there, so that a few hundred tokens make several chunks). Both sides
@@ -15,9 +15,9 @@ import torch
 
 from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
-from graphrt.runtime import sampler_launch as launch
-from graphrt.runtime.sampler import ENV, fused_sampler, sample, sample_torch
-from tests.triton_util import (
+from graphrt.runtime.sampler import launch
+from graphrt.runtime.sampler.draw import ENV, fused_sampler, sample, sample_torch
+from tests.support.triton_util import (
     INTERPRET,
     NO_SPILLS,
     ptxas_report,
@@ -250,8 +250,8 @@ def test_kernels_compile_for_hopper_without_spills(vocab: int) -> None:
     PDL (no GPU needed: the interpreter does not type-check as the compiler does); each row's
     arrival is one acq_rel atomic, only ``_count`` waits for the kernel before it, and ptxas
     spills no register."""
-    from graphrt.runtime.sampler_count import _count
-    from graphrt.runtime.sampler_kernel import _scan
+    from graphrt.runtime.sampler.count import _count
+    from graphrt.runtime.sampler.kernel import _scan
 
     layout = launch.layout_for(vocab)
     chunks = -(-vocab // layout.chunk)

@@ -30,9 +30,9 @@ import graphrt.capture
 from graphrt import ForwardMode, GraphRuntime
 from graphrt.runtime.telemetry import Telemetry
 from graphrt.step.modes import SpecGeometry
-from tests.soak import Step, Workload
-from tests.state import assert_same_state, state_of
-from tests.util import Setup, build_runtime
+from tests.support.soak import Step, Workload
+from tests.support.state import assert_same_state, state_of
+from tests.support.util import Setup, build_runtime
 
 M = ForwardMode
 PAGE, CONTEXT, ROWS = 16, 64, 8
@@ -263,8 +263,8 @@ def test_soak_long(device: torch.device) -> None:
 
 
 def test_bench_ledger_runs() -> None:
-    """The README's isolation cost comes from ``python -m tests.bench_ledger``: keep it working."""
-    from tests.bench_ledger import measure
+    """The README's isolation cost comes from ``python -m tests.support.bench_ledger``: keep it working."""
+    from tests.support.bench_ledger import measure
 
     for rewrite in (False, True):
         p50, p90 = measure(8, rewrite)

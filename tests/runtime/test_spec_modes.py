@@ -9,7 +9,7 @@ import torch
 from graphrt import Batch, ForwardMode
 from graphrt.metadata.cascade import chain_tree_mask
 from graphrt.step.modes import SpecGeometry
-from tests.util import Setup, build_runtime, prefill, remade, slot_of, spec_batch
+from tests.support.util import Setup, build_runtime, prefill, remade, slot_of, spec_batch
 
 M = ForwardMode
 CONTEXT, ROWS = 64, 8

@@ -9,7 +9,7 @@ import torch
 
 from graphrt import Batch
 from tests.runtime.test_decode_parity import tolerance
-from tests.util import Setup, build_runtime, decode_batch, prefill
+from tests.support.util import Setup, build_runtime, decode_batch, prefill
 
 STEPS = 100
 PROMPT = 8

@@ -16,7 +16,7 @@ import torch
 from graphrt.kv.ledger import KVIsolationError
 from graphrt.step.modes import ForwardMode, SpecGeometry
 from tests.runtime.test_spec_modes import draft_batch, verify_batch
-from tests.util import Setup, build_runtime, decode_batch, prefill, slot_of, spec_batch
+from tests.support.util import Setup, build_runtime, decode_batch, prefill, slot_of, spec_batch
 
 M = ForwardMode
 CHAIN = SpecGeometry(num_steps=3)

@@ -30,9 +30,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("transformers")
 
-from tests.hf_util import save_word_tokenizer  # noqa: E402
 from tests.parallel.test_tp_load import make_checkpoint  # noqa: E402
 from tests.serve.test_serve import free_port  # noqa: E402
+from tests.support.hf_util import save_word_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 2.0  # NOTE: the group's timeout: the heartbeat comes every 0.5 s

@@ -11,7 +11,7 @@ import torch
 
 from graphrt import Batch, Engine, ForwardMode, RuntimeConfig
 from graphrt.attention import available_backends, select_backend
-from tests.util import Setup, build_runtime, prefill, slot_of
+from tests.support.util import Setup, build_runtime, prefill, slot_of
 
 PAGE = 16
 CONTEXT = 64

@@ -15,9 +15,9 @@ from graphrt.kv.ledger import KVIsolationError
 from graphrt.models import TinyLlama, preset
 from graphrt.step.limits import model_vocab_size
 from graphrt.step.modes import SpecGeometry
-from tests.state import assert_same_state, state_of
 from tests.step.test_bad_input import CASES, CONTEXT, MAX_REQS, PAGE, VOCAB, valid
-from tests.util import Setup, prefill, slot_of
+from tests.support.state import assert_same_state, state_of
+from tests.support.util import Setup, prefill, slot_of
 
 U64_MAX = 2**64 - 1
 

@@ -53,7 +53,7 @@ def same_as_transformers(mine: object, theirs: object) -> None:
 
 @needs_smollm2
 def test_smollm2_gguf_without_transformers() -> None:
-    from graphrt.models.loader import resolve
+    from graphrt.checkpoints.loader import resolve
 
     mine = load_tokenizer("smollm2")
     assert mine.source == "gguf" and mine.stop_ids == {2} and mine.eos_token_id == 2
@@ -109,7 +109,7 @@ def test_unknown_pre_tokenizer_goes_through_transformers(tmp_path: Path) -> None
 
 @needs_smollm2
 def test_directory_tokenizer_json(tmp_path: Path) -> None:
-    from graphrt.models.loader import resolve
+    from graphrt.checkpoints.loader import resolve
 
     path = resolve("smollm2")
     assert path is not None

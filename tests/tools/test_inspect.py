@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graphrt.cli import main
-from tests.snapshots import take
+from tests.support.snapshots import take
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from graphrt.debug.snapshot import GraphFacts, KernelFacts, Snapshot
 from graphrt.tools.inspection import report
-from tests.snapshots import take
+from tests.support.snapshots import take
 
 FA3 = "cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::Mainloop<2>, flash::Epi> > >"
 

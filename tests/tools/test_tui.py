@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Input, Static
 from graphrt.debug.snapshot import load_snapshot
 from graphrt.tools.inspection.tui.app import VIEWS, GraphDebugApp
 from graphrt.tools.inspection.tui.screenshots import save_screenshots
-from tests.snapshots import take
+from tests.support.snapshots import take
 
 SIZE = (100, 30)
 

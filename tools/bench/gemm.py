@@ -6,7 +6,7 @@ presets) and per ``M`` (``--batch-sizes``, default 1, 16, 64 rows): 20 distinct 
 GEMM finds its weight in L2) multiplied back to back by one ``x [M, K]`` in one graph, replayed
 ``--iters`` times (CUDA events); µs per GEMM = replay p50 / 20, TB/s = bytes moved (weight +
 ``x`` + ``y``) / µs. Paths: ``cublas`` (``torch.matmul``), ``skinny`` and ``skinny_pdl``
-(:func:`graphrt.models.skinny.skinny_linear`, PDL only on SM90+). The floor reads the weight's
+(:func:`graphrt.kernels.skinny.skinny_linear`, PDL only on SM90+). The floor reads the weight's
 bytes at the bandwidth of a 1 GiB D2D copy measured in the same run (``model_steps.weight_floor``).
 Every path's 20 outputs are checked against cuBLAS's before the row is kept (``ParityError``
 otherwise). ``--sweep`` also times :data:`SWEEP`'s tiles with PDL (rows' ``sweep``, ``best_tile``):
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from graphrt.models import skinny
+from graphrt.kernels import skinny
 from graphrt.models.presets import LlamaConfig, preset
 from graphrt.tools.bench.gemm_prologue import sweep_prologue
 from graphrt.tools.bench.model_steps import weight_floor
@@ -44,7 +44,7 @@ CPU_SHRINK = 32
 #: rounds each output once after fp32 sums in another order (~2e-3); a wrong tile is ~1.
 AGREE = 1e-2
 FLOOR_COPY_BYTES = 1 << 30
-#: Tiles ``--sweep`` times per M class, around :data:`graphrt.models.skinny.TILES`.
+#: Tiles ``--sweep`` times per M class, around :data:`graphrt.kernels.skinny.TILES`.
 SWEEP: dict[int, tuple[skinny.Tile, ...]] = {
     1: tuple(skinny.Tile(n, k, w) for n, k, w in [(2, 2048, 4), (4, 2048, 4), (8, 2048, 8), (8, 1024, 4),
                                                   (16, 512, 4), (16, 256, 4), (32, 256, 4)]),

@@ -1,13 +1,13 @@
 """``graphrt bench gemm --sweep``, single-row rows: the fused prologue kernels' tiles.
 
-At ``M == 1`` the model runs most projections through :mod:`graphrt.models.prologue` (the
+At ``M == 1`` the model runs most projections through :mod:`graphrt.kernels.prologue` (the
 skinny GEMM with its input's RMSNorm, or SiLU-and-mul, computed while the weight streams): the
 qkv, gate_up and lm_head shapes through ``prologue_norm_gemm`` (after the residual add), down
 through ``prologue_silu_gemm``. Every program recomputes that input from ``x`` (read from L2),
 so the best tile trades programs (wave fill) against the input work each one repeats; this
 times :data:`SWEEP`'s tiles, with PDL, 20 weights per graph as the plain sweep does. Each
 candidate's outputs are checked against the unfused torch path (norm or SiLU-and-mul in torch,
-then cuBLAS). The winner per shape is what :data:`graphrt.models.prologue.TILES` holds.
+then cuBLAS). The winner per shape is what :data:`graphrt.kernels.prologue.TILES` holds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from graphrt.models import ops, prologue, skinny
+from graphrt.kernels import prologue, skinny
+from graphrt.models import ops
 
 #: Which fused kernel each single-row projection runs (``o`` has none: its input is attention's).
 KERNEL = {"qkv": "norm", "gate_up": "norm", "lm_head": "norm", "down": "silu"}

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from rich.table import Table
 
+from graphrt.checkpoints.loader import default_dtype
 from graphrt.engine.stack import mha_kv_dtype
 from graphrt.kv.paged import KVShape, token_bytes
-from graphrt.models.loader import default_dtype
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.model import measure_graphrt, resolve_shape
 from graphrt.tools.bench.model_twin import compare, random_llama, require, step_read_bytes, weight_bytes

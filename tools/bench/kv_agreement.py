@@ -24,8 +24,8 @@ import torch
 from rich.table import Table
 
 from graphrt import Batch, ForwardMode, RuntimeConfig
+from graphrt.checkpoints.loader import default_dtype, load
 from graphrt.engine.stack import ModelStack, stack_for
-from graphrt.models.loader import default_dtype, load
 from graphrt.text.tokenizer import chat_prompt, load_tokenizer
 from graphrt.tools.bench.decode import PAGE_SIZE, slots
 from graphrt.tools.bench.record import header, write_result

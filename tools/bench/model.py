@@ -38,10 +38,10 @@ from typing import Any
 import torch
 
 from graphrt import ForwardMode
-from graphrt.models import skinny
-from graphrt.models.loader import default_dtype
+from graphrt.checkpoints.loader import default_dtype
+from graphrt.kernels import skinny
 from graphrt.models.presets import LlamaConfig, preset
-from graphrt.runtime import sampler_launch
+from graphrt.runtime.sampler import launch as sampler_launch
 from graphrt.tools.bench import anchors
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps

@@ -104,7 +104,7 @@ def checkpoint_twin(model: Any) -> Any:
     :class:`~graphrt.models.CausalLM`, renamed back to transformers' names: ``checkpoint.slots``)."""
     import transformers
 
-    from graphrt.models.checkpoint import slots
+    from graphrt.checkpoints.checkpoint import slots
 
     cfg = model.cfg
     config = hf_config(cfg, cfg.max_position_embeddings, tied=cfg.tie_word_embeddings)

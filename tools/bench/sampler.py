@@ -28,8 +28,8 @@ from rich.table import Table
 
 from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
-from graphrt.runtime.sampler import sample_torch
-from graphrt.runtime.sampler_launch import fused_sample
+from graphrt.runtime.sampler.draw import sample_torch
+from graphrt.runtime.sampler.launch import fused_sample
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
 from graphrt.tools.bench.sampler_sweep import best_layouts, sweep_layouts, sweep_table
 from graphrt.tools.cli.args import resolve_device

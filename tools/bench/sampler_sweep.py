@@ -7,7 +7,7 @@ each; smaller ones fill the GPU but give the merge more records to walk. This ti
 :data:`SWEEP`'s layouts for each vocabulary and kind of rows, each captured in a graph as the
 plain bench does, and checks every layout's tokens against the torch sampler. The best layout
 per vocabulary (the smallest worst case over the kinds) is what
-:data:`graphrt.runtime.sampler_launch.LAYOUTS` holds.
+:data:`graphrt.runtime.sampler.launch.LAYOUTS` holds.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 from rich.table import Table
 
 from graphrt.metadata.sampling import sampling_inputs
-from graphrt.runtime.sampler import sample_torch
-from graphrt.runtime.sampler_launch import Layout, fused_sample, layout_for
+from graphrt.runtime.sampler.draw import sample_torch
+from graphrt.runtime.sampler.launch import Layout, fused_sample, layout_for
 
 #: Candidates ``(chunk, warps, records, tally, scan_warps)`` (scan_warps 0: ``warps``).
 SWEEP = tuple(

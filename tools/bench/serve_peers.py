@@ -125,7 +125,7 @@ def cache_dir() -> Path:
 
 def hf_checkpoint(model: str) -> Path:
     """A transformers checkpoint directory holding the weights graphrt runs for ``model``."""
-    from graphrt.models.loader import resolve
+    from graphrt.checkpoints.loader import resolve
 
     path = resolve(model)
     if path is None:
@@ -142,7 +142,7 @@ def hf_checkpoint(model: str) -> Path:
 def _save_twin(model: str, target: Path) -> None:
     from transformers.utils import logging as hf_logging
 
-    from graphrt.models import load
+    from graphrt.checkpoints import load
     from graphrt.text import load_tokenizer
     from graphrt.tools.bench.model_twin import checkpoint_twin
 

@@ -120,7 +120,7 @@ def resolve_device(value: str) -> torch.device:
 def resolve_backend(value: str, device: torch.device, model: str = "tiny-llama") -> str | None:
     """``None`` for ``auto``; else ``value`` after checking it can run ``model`` on ``device``."""
     from graphrt.attention import available_backends
-    from graphrt.models.loader import default_dtype
+    from graphrt.checkpoints.loader import default_dtype
     from graphrt.models.presets import PRESETS, DSAConfig, MLAConfig, preset
 
     if value == AUTO:
@@ -158,7 +158,7 @@ def kv_cache_dtypes() -> list[str]:
 
 def model_names() -> list[str]:
     """Every built-in preset and packaged model name."""
-    from graphrt.models.loader import PACKAGED
+    from graphrt.checkpoints.loader import PACKAGED
     from graphrt.models.presets import PRESETS
 
     return [*PRESETS, *PACKAGED]

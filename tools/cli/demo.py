@@ -11,9 +11,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from graphrt.checkpoints.loader import packaged_path, resolve
 from graphrt.debug import parity_sweep, take_snapshot
 from graphrt.engine import Engine
-from graphrt.models.loader import packaged_path, resolve
 from graphrt.parallel import shutdown
 from graphrt.step.sampling import SamplingParams
 from graphrt.text.tokenizer import chat_prompt, load_tokenizer, reply_tokens, stop_ids

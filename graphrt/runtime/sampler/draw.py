@@ -1,7 +1,7 @@
 """The sampler a program runs inside the captured graph: logits → one token id per request row.
 
 **What is drawn** (row ``r``, vocabulary ``V``, float32 logits ``z``; the Triton kernel of
-:mod:`graphrt.runtime.sampler_kernel` and the torch code here compute the same thing):
+:mod:`graphrt.runtime.sampler.kernel` and the torch code here compute the same thing):
 
 - ``temperature <= 0``: greedy, the argmax of ``z`` (the lowest id among equal maxima).
 - Otherwise tokens are ranked by ``z`` descending, equal logits by id ascending (``rank 0`` is
@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kernels.switches import triton_enabled
 from graphrt.metadata.sampling import SamplingBuffers
-from graphrt.runtime.sampler_launch import check_vocab, fused_sample
-from graphrt.step.switches import triton_enabled
+from graphrt.runtime.sampler.launch import check_vocab, fused_sample
 
 MASK32 = 0xFFFFFFFF
 #: Mantissa bits of a float32 uniform: ``u = (h + 0.5) / 2**24`` lies strictly inside (0, 1).
@@ -46,7 +46,7 @@ UNIFORM_BITS = 24
 VOCAB_SALT = 0x9E3779B9
 #: A token's mass is its probability relative to the most likely token in units of 2**-MASS_BITS.
 MASS_BITS = 32
-#: The switch of the fused kernel (:mod:`graphrt.step.switches`).
+#: The switch of the fused kernel (:mod:`graphrt.kernels.switches`).
 ENV = "GRAPHRT_FUSED_SAMPLER"
 
 

@@ -1,18 +1,18 @@
-"""Triton kernels of the fused prologues (launched by :mod:`graphrt.models.prologue`).
+"""Triton kernels of the fused prologues (launched by :mod:`graphrt.kernels.prologue`).
 
 Two entry points, named so a graph's kernel table shows them: ``prologue_norm_gemm`` (RMSNorm,
 optionally after the residual add, then the GEMM) and ``prologue_silu_gemm`` (SiLU-and-mul, then
-the GEMM). Both are the single-row skinny GEMM of :mod:`graphrt.models.skinny` (one program per
+the GEMM). Both are the single-row skinny GEMM of :mod:`graphrt.kernels.skinny` (one program per
 ``BLOCK_N`` rows of ``W``, the next ``W`` tile loaded ahead, fp32 products summed per tile) whose
 input vector is computed while it is loaded. Empty without Triton (CI's CPU torch has none).
 """
 
 from __future__ import annotations
 
-from graphrt.step.switches import tl, triton
+from graphrt.kernels.switches import tl, triton
 
 if triton is not None:
-    from graphrt.models.skinny import w_tile
+    from graphrt.kernels.skinny import w_tile
 
     @triton.jit
     def _rne(v, BF16: tl.constexpr):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from graphrt.step.switches import triton
+from graphrt.kernels.switches import triton
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -1,9 +1,9 @@
-"""Launching the fused sampler (:mod:`graphrt.runtime.sampler_kernel`): its workspace, two launches.
+"""Launching the fused sampler (:mod:`graphrt.runtime.sampler.kernel`): its workspace, two launches.
 
 The kernels keep per-chunk partial results and a per-row arrival counter in a workspace. The
 counters must read 0 when a launch starts; every launch leaves them at 0, so a workspace is
 zeroed once, when allocated, and then reused: one per (device, stream, rows rounded up to a
-power of two, layout), made and kept as :mod:`graphrt.step.scratch` keeps shared scratch
+power of two, layout), made and kept as :mod:`graphrt.kernels.scratch` keeps shared scratch
 (outside graph capture; a capture that finds none allocates its own, not shared).
 
 On SM90+ ``_count`` is launched with programmatic dependent launch (as the skinny GEMM is):
@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graphrt.kernels import scratch
+from graphrt.kernels.switches import pdl_enabled, triton
 from graphrt.metadata.sampling import SamplingBuffers
-from graphrt.runtime import sampler_count, sampler_kernel
-from graphrt.step import scratch
-from graphrt.step.switches import pdl_enabled, triton
+from graphrt.runtime.sampler import count as sampler_count
+from graphrt.runtime.sampler import kernel as sampler_kernel
 
 #: Masses of a row sum below 2**53 (exact in float64): ``V * 2**32 < 2**53``.
 MAX_VOCAB = 2**21
@@ -130,7 +131,7 @@ def check_vocab(vocab: int) -> None:
 
 
 def workspace(rows: int, chunks: int, device: torch.device, records: int | None = None) -> Workspace:
-    """The shared workspace for ``rows`` rows on the current stream (:func:`graphrt.step.scratch.shared`:
+    """The shared workspace for ``rows`` rows on the current stream (:func:`graphrt.kernels.scratch.shared`:
     see the module docstring); ``records`` a chunk keeps (default :data:`RECORDS`)."""
     records = RECORDS if records is None else records
     capacity = max(8, 1 << (rows - 1).bit_length())
@@ -149,7 +150,7 @@ def fused_sample(
     pdl: bool | None = None,
     layout: Layout | None = None,
 ) -> torch.Tensor:
-    """:func:`graphrt.runtime.sampler.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
+    """:func:`graphrt.runtime.sampler.draw.sample` by the Triton kernels: ``[R, V]`` logits → ``[R]`` int64.
 
     ``pdl``: launch ``_count`` with programmatic dependent launch (default :func:`pdl_default`);
     ``layout``: how rows are cut (default :func:`layout_for` the vocabulary).

@@ -1,6 +1,6 @@
 """The fused sampler's second launch, ``_count``: what ranks before each of a row's records.
 
-For rows :mod:`graphrt.runtime.sampler_kernel`'s ``_scan`` left waiting (state COUNT: top-k /
+For rows :mod:`graphrt.runtime.sampler.kernel`'s ``_scan`` left waiting (state COUNT: top-k /
 top-p rows whose score-best token is not rank 0), each program of the grid ``(rows, chunks)``
 counts, for every record of its row at once, the tokens of its chunk ranked before it and their
 mass (a ``[chunk, GB]`` comparison summed over the chunk: ``GB - 1`` records in the first pass,
@@ -17,10 +17,10 @@ are ``_scan``'s input, not its output.
 
 from __future__ import annotations
 
-from graphrt.step.switches import tl, triton
+from graphrt.kernels.switches import tl, triton
 
 if triton is not None:
-    from graphrt.runtime.sampler_kernel import (
+    from graphrt.runtime.sampler.kernel import (
         COUNT,
         MIN64,
         _chunk,

@@ -1,4 +1,4 @@
-"""The Triton kernels of the split decode attention (:mod:`graphrt.attention.decode_kernel`).
+"""The Triton kernels of the split decode attention (:mod:`graphrt.attention.split_decode.attend`).
 
 ``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
 ``G`` query heads of KV head ``h_k``; ``_decode_merge`` program ``(b, h)``: the splits of query
@@ -16,7 +16,7 @@ cache (so no program reads a slot this launch writes), and the program whose sha
 
 from __future__ import annotations
 
-from graphrt.step.switches import tl, triton
+from graphrt.kernels.switches import tl, triton
 
 if triton is not None:
     from graphrt.kv.rope_store import rotate_halves

@@ -1,4 +1,4 @@
-"""The fused sampler's two Triton kernels: :mod:`graphrt.runtime.sampler`'s draw, sorting nothing.
+"""The fused sampler's two Triton kernels: :mod:`graphrt.runtime.sampler.draw`'s draw, sorting nothing.
 
 A row's tokens have two orders: **rank** (logit descending, then id ascending; an int64 *rank
 key* ``zkey``, larger = ranked first) and **score** (Gumbel score ``z / T + g`` descending, then
@@ -16,7 +16,7 @@ atomic counter, which it resets to 0 for the next launch) finishes the row.
 - ``_scan``: each program writes its chunk's rank maximum and (sampled rows) its records, at most
   ``PF``. The row's last program merges the chunks' records into the row's records (at most
   ``GF``) and writes the token of greedy rows, of rows without filters and of min-p-only rows.
-- ``_count`` (top-k / top-p rows, :mod:`graphrt.runtime.sampler_count`): each program counts, per
+- ``_count`` (top-k / top-p rows, :mod:`graphrt.runtime.sampler.count`): each program counts, per
   row record, its tokens ranked before it and their mass. The row's last program adds them up
   and writes the lowest kept record.
 
@@ -36,7 +36,7 @@ the row per record: slow, still exact (``tests/runtime/test_sampler_kernel.py`` 
 
 from __future__ import annotations
 
-from graphrt.step.switches import tl, triton
+from graphrt.kernels.switches import tl, triton
 
 if triton is not None:
     from triton.language.extra import libdevice

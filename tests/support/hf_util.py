@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from graphrt import Batch, ForwardMode, RuntimeConfig
+from graphrt.checkpoints import load
 from graphrt.engine.stack import stack_for
-from graphrt.models import load
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.mla import MLACausalLM
 
@@ -83,7 +83,7 @@ def saved_reference(
 
 
 def check_checkpoint(device: torch.device, path: Path, reference: Any) -> None:
-    """``graphrt.models.load(path)``: prefill and decode logits (graphed and eager) == transformers'."""
+    """``graphrt.checkpoints.load(path)``: prefill and decode logits (graphed and eager) == transformers'."""
     seqs = sequences(reference.config.vocab_size)
     model = load(path, device=device)
     atol = tolerance(device, reference, seqs)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphrt.models.errors import CheckpointError
+from graphrt.checkpoints.errors import CheckpointError
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import check_rope_type
 

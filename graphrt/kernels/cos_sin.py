@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
+from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
-#: The kernel's switch (:mod:`graphrt.step.switches`).
+#: The kernel's switch (:mod:`graphrt.kernels.switches`).
 ENV = "GRAPHRT_COS_SIN"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Tokens per program.

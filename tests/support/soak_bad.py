@@ -1,4 +1,4 @@
-"""The soak workload's bad batches: each one breaks exactly one rule (tests/soak.py proposes them)."""
+"""The soak workload's bad batches: each one breaks exactly one rule (tests/support/soak.py proposes them)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import numpy as np
 
 from graphrt import Batch, ForwardMode
 from graphrt.kv.ledger import KVIsolationError
-from tests.util import Setup, remade, slot_of
+from tests.support.util import Setup, remade, slot_of
 
 if TYPE_CHECKING:
-    from tests.soak import Step, Workload
+    from tests.support.soak import Step, Workload
 
 M = ForwardMode
 
 
 class BadSteps:
-    """Bad batches for a :class:`~tests.soak.Workload`'s live rows."""
+    """Bad batches for a :class:`~tests.support.soak.Workload`'s live rows."""
 
     def __init__(self, w: Workload) -> None:
         self.w = w
@@ -198,6 +198,6 @@ class BadSteps:
         return self._bad("draft_extend_q", b, ValueError, rf"q_len {n + 1} > num_draft_tokens {n}")
 
     def _bad(self, kind: str, batch: Batch, error: type[Exception], message: str) -> Step:
-        from tests.soak import Step
+        from tests.support.soak import Step
 
         return Step("bad:" + kind, batch, error=error, message=message)

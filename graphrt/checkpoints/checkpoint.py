@@ -17,10 +17,10 @@ from typing import Protocol
 
 import torch
 
+from graphrt.checkpoints.errors import CheckpointError
 from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
-from graphrt.models.errors import CheckpointError
-from graphrt.models.hf_config import ModelConfig
+from graphrt.models.config import ModelConfig
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, copy_shard, to_empty, whole
 from graphrt.models.presets import MLAConfig

@@ -1,6 +1,6 @@
 """Host cost of KV isolation per DECODE step: ``KVWrites.of`` + ``KVLedger.check`` + ``commit``.
 
-``python -m tests.bench_ledger`` prints p50/p90 µs per batch size on this machine. Every row
+``python -m tests.support.bench_ledger`` prints p50/p90 µs per batch size on this machine. Every row
 holds ``REAL`` positions and each timed step writes the next one (the decode steady state);
 the batches are built before timing, as ``graphrt bench host`` does for ``validate``.
 ``rewrite``: each step writes the same position again (a verify rewriting its rejected

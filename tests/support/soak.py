@@ -1,7 +1,7 @@
 """A seeded continuous-batching workload for the soak test: good steps and bad batches.
 
 Rows are request slots of ``req_to_token``; row ``r`` owns the contiguous pages of
-``tests.util.slot_of``, so a good step never writes a slot of another row. The workload keeps
+``tests.support.util.slot_of``, so a good step never writes a slot of another row. The workload keeps
 its own view of each live row's valid length (checked against the runtime's ledger by the
 test) and proposes, per step, one of: arrivals (EXTEND from position 0 into free rows, or a
 chunk appended to a live row), a finish (``ReqToToken.free``), DECODE over a random subset of
@@ -19,8 +19,8 @@ import numpy as np
 
 from graphrt import Batch, ForwardMode
 from graphrt.step.modes import SpecGeometry
-from tests.soak_bad import BadSteps
-from tests.util import Setup, slot_of
+from tests.support.soak_bad import BadSteps
+from tests.support.util import Setup, slot_of
 
 M = ForwardMode
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphrt.models.errors import CheckpointError
+from graphrt.checkpoints.errors import CheckpointError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

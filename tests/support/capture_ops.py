@@ -1,6 +1,6 @@
 """Model-code snippets a CUDA stream capture rejects (or accepts), shared by both engines' tests.
 
-``python -m tests.capture_ops NAME`` captures one snippet with the CUDA engine in a fresh
+``python -m tests.support.capture_ops NAME`` captures one snippet with the CUDA engine in a fresh
 process (a failed capture may leave the CUDA context unusable) and prints ``refused`` or ``ok``.
 """
 

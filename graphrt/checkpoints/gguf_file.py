@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.models.checkpoint import Shape
-from graphrt.models.errors import CheckpointError
-from graphrt.models.gguf_header import check_gguf
-from graphrt.models.hf_config import ModelConfig, parse_config
+from graphrt.checkpoints.checkpoint import Shape
+from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.gguf_header import check_gguf
+from graphrt.checkpoints.hf_config import parse_config
+from graphrt.models.config import ModelConfig
 from graphrt.models.parallel import Shard, cut
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -153,7 +154,7 @@ def _raw_config(reader: Any, tensors: dict[str, Any]) -> dict[str, Any]:
 
 
 class GGUFFile:
-    """:class:`~graphrt.models.checkpoint.TensorSource` for a ``.gguf`` file (memory-mapped)."""
+    """:class:`~graphrt.checkpoints.checkpoint.TensorSource` for a ``.gguf`` file (memory-mapped)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -2,7 +2,7 @@
 
 A single-row decode step runs ~9 kernels per layer, each a few µs however small; the norms and
 the SwiGLU activation read and write a few KB. Here the single-row (``M == 1``) skinny GEMM of
-:mod:`graphrt.models.skinny` computes its own input while it loads it (the *prologue*):
+:mod:`graphrt.kernels.skinny` computes its own input while it loads it (the *prologue*):
 
 - :func:`norm_linear`: ``rms_norm(h) @ W^T (+ b)`` with ``h = x``, or ``h = residual + x`` (the
   fused add + norm). The reduction over the hidden size is tiny (576-8192 values), so every
@@ -19,7 +19,7 @@ rounding. PDL as the skinny GEMM: weights and bias before ``gdc_wait()``, every 
 Each launch is one ``torch.ops.graphrt`` op (``prologue_norm_gemm``, ``prologue_silu_gemm``,
 the names of their Triton kernels too), so the emulated capture engine records and replays it
 like any aten op and both engines' kernel tables name it. ``GRAPHRT_FUSED_PROLOGUE``
-(:mod:`graphrt.step.switches`) switches the fused kernels; ``GRAPHRT_SKINNY_GEMM=0`` turns them
+(:mod:`graphrt.kernels.switches`) switches the fused kernels; ``GRAPHRT_SKINNY_GEMM=0`` turns them
 off too (they are the skinny GEMM).
 """
 
@@ -29,9 +29,9 @@ from dataclasses import astuple
 
 import torch
 
-from graphrt.models import prologue_kernel as kernels
-from graphrt.models import skinny
-from graphrt.step.switches import triton, triton_enabled
+from graphrt.kernels import prologue_triton as kernels
+from graphrt.kernels import skinny
+from graphrt.kernels.switches import triton, triton_enabled
 
 ENV = "GRAPHRT_FUSED_PROLOGUE"
 #: The norm kernel's tile (None: the skinny GEMM's single-row rule). Every program recomputes
@@ -95,7 +95,7 @@ def norm_linear(
     x : ``[1, K]`` bf16 or fp16, unit stride: the previous sublayer's output.
     residual : ``[1, K]`` in ``x``'s dtype, or None (then ``h = x``, the first block's input).
     norm_weight : ``[K]``, any float dtype. eps : the norm's epsilon.
-    weight, bias, tile, pdl : as :func:`graphrt.models.skinny.skinny_linear`.
+    weight, bias, tile, pdl : as :func:`graphrt.kernels.skinny.skinny_linear`.
 
     Returns
     -------
@@ -118,7 +118,7 @@ def silu_mul_linear(
     """``(silu(gate) * up) @ weight^T (+ bias)`` of ``gate_up [1, 2 K] = [gate | up]``: ``[1, N]``.
 
     ``weight [N, K]`` and ``bias [N]`` in ``gate_up``'s dtype (bf16 or fp16), unit stride along
-    ``K``; ``tile`` and ``pdl`` as :func:`graphrt.models.skinny.skinny_linear`.
+    ``K``; ``tile`` and ``pdl`` as :func:`graphrt.kernels.skinny.skinny_linear`.
     """
     problem = silu_problem(gate_up, weight, bias)
     if problem is not None:

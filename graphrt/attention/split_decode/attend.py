@@ -43,17 +43,17 @@ import os
 
 import torch
 
-from graphrt.attention import decode_launch
 from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
-from graphrt.kv import rope_store
-from graphrt.metadata.base import StepMetadata
-from graphrt.step.switches import (  # noqa: F401
+from graphrt.attention.split_decode import launch as decode_launch
+from graphrt.kernels.switches import (  # noqa: F401
     KERNELS_PDL_ENV,
     batch_invariant_on,
     pdl_enabled,
     triton,
     triton_enabled,
 )
+from graphrt.kv import rope_store
+from graphrt.metadata.base import StepMetadata
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
 #: where it applies, ``0`` keeps FA3's call.
@@ -64,7 +64,7 @@ ENV = "GRAPHRT_DECODE_ATTENTION"
 #: Llama-3.2-1B 1050 -> 1079 µs, the 8B shape 5678 -> 5675 µs, SmolLM2's engine 469 -> 458 µs;
 #: with the merge by the last split, 1B 1035 -> 1063 µs and 8B 5735 -> 6036 µs (session-1127g).
 ROPE_ENV = "GRAPHRT_DECODE_ROPE"
-#: Its PDL switch, the GEMMs' (:data:`graphrt.step.switches.KERNELS_PDL_ENV`).
+#: Its PDL switch, the GEMMs' (:data:`graphrt.kernels.switches.KERNELS_PDL_ENV`).
 PDL_ENV = KERNELS_PDL_ENV
 DTYPES = (torch.bfloat16, torch.float16)
 #: Head dims the kernel takes (powers of two: ``tl.arange`` over the head).
@@ -75,7 +75,7 @@ MAX_GROUP = 16
 #: nothing: 1B busy 1035 -> 1036 / 1066 / 1087 µs, 8B 5743 -> 5744 / 5768 / 5802 (session-1127g).
 #: Still a function of the bucket and the table's width: read per launch, fixed per process.
 MAX_SPLITS_ENV = "GRAPHRT_DECODE_MAX_SPLITS"
-#: The merge's switch (:mod:`graphrt.attention.decode_launch` says what it does).
+#: The merge's switch (:mod:`graphrt.attention.split_decode.launch` says what it does).
 MERGE_LAST_ENV = decode_launch.MERGE_LAST_ENV
 #: Splits per (request, KV head) in a batch-invariant forward, whatever the bucket.
 INVARIANT_SPLITS = 16

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from graphrt.models.checkpoint import Shape
-from graphrt.models.errors import CheckpointError, read_json
-from graphrt.models.hf_config import ModelConfig, parse_config
+from graphrt.checkpoints.checkpoint import Shape
+from graphrt.checkpoints.errors import CheckpointError, read_json
+from graphrt.checkpoints.hf_config import parse_config
+from graphrt.models.config import ModelConfig
 from graphrt.models.parallel import Shard
 from graphrt.models.presets import MLAConfig
 
@@ -75,7 +76,7 @@ def _files(path: Path) -> dict[str, Path]:
 
 
 class SafetensorsDir:
-    """:class:`~graphrt.models.checkpoint.TensorSource` for a local Hugging Face directory."""
+    """:class:`~graphrt.checkpoints.checkpoint.TensorSource` for a local Hugging Face directory."""
 
     freq_factors = None
 

@@ -1,4 +1,4 @@
-"""The launches of the split decode attention (:mod:`graphrt.attention.decode_kernel`) and the
+"""The launches of the split decode attention (:mod:`graphrt.attention.split_decode.attend`) and the
 ``torch.ops.graphrt`` ops that run them; which merge runs.
 
 Two merges, chosen by a switch read at each launch (a graph keeps the one it was captured with):
@@ -8,7 +8,7 @@ Two merges, chosen by a switch read at each launch (a graph keeps the one it was
   only the first ``n = cdiv(seqlen, per)`` hold any (0 for a row without keys; at 512 keys on a
   4k-wide table the 1B's 33 splits hold 8); the others store nothing. Each of the ``n`` programs
   holding keys counts itself on its (request, KV head)'s counter
-  (:func:`graphrt.step.scratch.counters`, left at 0) after storing its state; the last merges
+  (:func:`graphrt.kernels.scratch.counters`, left at 0) after storing its state; the last merges
   the ``G`` query heads of its KV head at once, ``CHUNK`` splits of every head a step (one L2
   round trip for up to ``CHUNK`` splits; sums in another order: equal to the merge launch's to
   fp32 rounding). A row without keys: program 0 writes its zeros.
@@ -29,9 +29,9 @@ import os
 
 import torch
 
-from graphrt.attention import decode_triton as kernels
-from graphrt.step import scratch
-from graphrt.step.switches import triton
+from graphrt.attention.split_decode import triton_kernels as kernels
+from graphrt.kernels import scratch
+from graphrt.kernels.switches import triton
 
 #: ``GRAPHRT_DECODE_MERGE_LAST``: ``1`` (default) lets the last split program holding keys merge
 #: (one launch); ``0`` merges in a second launch.

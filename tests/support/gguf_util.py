@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from graphrt.models.gguf_file import GLOBAL_NAMES, LAYER_NAMES
+from graphrt.checkpoints.gguf_file import GLOBAL_NAMES, LAYER_NAMES
 
 TO_GGUF = {hf: g for g, hf in GLOBAL_NAMES.items()} | {
     f"{hf}.{kind}": f"{g}.{kind}" for g, hf in LAYER_NAMES.items() for kind in ("weight", "bias")

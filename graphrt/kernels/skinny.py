@@ -33,9 +33,9 @@ from dataclasses import astuple, dataclass
 
 import torch
 
-from graphrt.step.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
+from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
-#: The switch of the kernel (:mod:`graphrt.step.switches`); ``GRAPHRT_SKINNY_PDL=0`` launches
+#: The switch of the kernel (:mod:`graphrt.kernels.switches`); ``GRAPHRT_SKINNY_PDL=0`` launches
 #: it without programmatic dependent launch.
 ENV = "GRAPHRT_SKINNY_GEMM"
 PDL_ENV = KERNELS_PDL_ENV
