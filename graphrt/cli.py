@@ -22,15 +22,19 @@ from graphrt.tools.cli.args import (
     device_name,
     fail,
     install_hint,
+    megabytes,
     model_name,
     model_names,
+    port_number,
     positive_int,
+    seconds,
     token_ids,
 )
 from graphrt.tools.cli.flags import (
     BENCH_SIZES,
     add_bench,
     bench_defaults,
+    deterministic_arg,
     device_args,
     kv_arg,
     sampling_args,
@@ -125,6 +129,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
         p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
     )
     kv_arg(p)
+    deterministic_arg(p)
     tp_arg(p)
 
 
@@ -139,7 +144,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         help="smollm2 | checkpoint dir | file.gguf (with a tokenizer)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=positive_int, default=8000, help="TCP port")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (1 to 65535)")
     p.add_argument(
         "--device", type=device_name, default=AUTO, help="auto (CUDA when available, else CPU), cpu, cuda[:N]"
     )
@@ -157,10 +162,24 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        type=float,
+        type=seconds,
         default=5.0,
         help="seconds Ctrl-C lets requests in flight finish before cancelling them",
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="every /v1 request needs 'Authorization: Bearer KEY' (default: $GRAPHRT_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--max-body-mb", type=megabytes, default=None, help="largest request body in MiB (default: 4)"
+    )
+    p.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="let chat content hold the template's special tokens (<|im_start|>...: a user can fake a turn)",
+    )
+    deterministic_arg(p)
     tp_arg(p)
 
 

@@ -10,7 +10,6 @@ unless ``SamplingParams(seed=...)`` gives one.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -123,7 +122,7 @@ class LLM:
         built = time.perf_counter() - loaded
         self.timings = {"tokenizer": loaded - start, "load": built - capture, "capture": capture}
         self.replies = Replies(self.engine, self.tokenizer, stop)
-        self._lock = threading.Lock()
+        self._lock = self.engine.lock  # NOTE: one lock: LLM calls and engine.generate take turns
 
     # ---- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -153,12 +152,13 @@ class LLM:
         sampling: SamplingParams | None = None,
         *,
         max_new_tokens: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
     ) -> list[Completion]:
         """One :class:`Completion` per prompt (a str, a token-id list, or a list of those).
 
         ``sampling``: None is greedy. ``max_new_tokens``: None runs to the end of the context.
-        ``stop``: strings that end a reply (the text is cut before them). Raises ``ValueError``
+        ``stop``: strings that end a reply (the text is cut before them; a bare ``str`` is one
+        stop string; at most :data:`~graphrt.text.stream.MAX_STOPS`). Raises ``ValueError``
         (naming the prompt) before anything runs when a prompt cannot be served.
         """
         many = not isinstance(prompts, str) and not (prompts and _is_ids(prompts))  # NOTE: [] is no prompts
@@ -171,7 +171,7 @@ class LLM:
         sampling: SamplingParams | None = None,
         *,
         max_new_tokens: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
     ) -> list[Completion]:
         """The assistant's reply to each conversation (one list of messages, or a list of them)."""
         chats = [messages] if messages and _is_chat(messages) else list(messages)  # type: ignore[list-item]
@@ -183,7 +183,7 @@ class LLM:
         sampling: SamplingParams | None = None,
         *,
         max_new_tokens: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
     ) -> Iterator[str]:
         """The reply's text as it decodes (a list of messages goes through the chat template).
 

@@ -35,6 +35,7 @@ from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.fa3_options import check_sinks, descale, fa3_query
 from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
 from graphrt.attention.split_decode import attend as decode_kernel
+from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.quant import FP8, LayerScales
 from graphrt.metadata.base import StepMetadata
 
@@ -75,7 +76,10 @@ class FA3Backend(Backend):
         self.num_splits: int | None = None if fixed == "auto" else int(fixed)
 
     def splits_for(self, batch: int, heads_k: int, device: torch.device) -> int:
-        """:func:`planned_splits` on ``device`` (plan and calls pass the same)."""
+        """:func:`planned_splits` on ``device`` (plan and calls pass the same); 1 (unsplit, for
+        every bucket) in a batch-invariant forward."""
+        if batch_invariant_on():
+            return 1
         return planned_splits(batch, heads_k, sm_count(device), self.num_splits)
 
     @classmethod
@@ -160,7 +164,7 @@ class FA3Backend(Backend):
             window_size=(-1, -1) if window is None else (window, 0),
             scheduler_metadata=plan if planned else None,
             num_splits=self.splits_for(b.cache_seqlens.shape[0], k_cache.shape[2], q.device)
-            if planned
+            if planned or batch_invariant_on()
             else 0,
             **descale(kv_scales, b.cache_seqlens.shape[0], k_cache.shape[2]),
             **({} if sinks is None else {"sinks": sinks}),
@@ -210,7 +214,7 @@ class FA3Backend(Backend):
             "qv": qv,
             "softmax_scale": scale,
             "causal": False,
-            "num_splits": 0,
+            "num_splits": 1 if batch_invariant_on() else 0,
             "return_softmax_lse": True,
         }
         kvh = k_cache.shape[2]

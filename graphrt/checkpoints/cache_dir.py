@@ -11,7 +11,8 @@ into safetensors) under ``$XDG_CACHE_HOME/graphrt/gguf/<key>/`` (``~/.cache`` wi
 | ``GRAPHRT_CACHE_MAX_GB`` | GiB of converted weights kept; the least recently used go first | 4 |
 
 Every file is written under a temporary name and renamed into place, so a reader sees a whole
-file or none; a file that cannot be read back is ignored and rebuilt.
+file or none; a file that cannot be read back, that records another source (:func:`source_id`)
+or that holds impossible values is ignored and rebuilt, with one warning naming it.
 """
 
 from __future__ import annotations
@@ -59,19 +60,26 @@ def max_bytes() -> int:
     return int(gb * 2**30)
 
 
-def entry_dir(source: Path) -> Path | None:
-    """The cache folder of checkpoint file ``source`` (None when the cache is off).
+def source_id(source: Path) -> str:
+    """The hash of checkpoint file ``source``'s identity (resolved path, size, modification
+    time) and :data:`FORMAT`: what names its entry, and what each file of the entry records so
+    that a file copied in from another entry is found out (and converted again).
 
-    NOTE: keyed by the file's identity, not a hash of its content: hashing a multi-GB GGUF
-    would cost seconds on every start, which is what the cache is there to save.
+    NOTE: the file's identity, not a hash of its content: hashing a multi-GB GGUF would cost
+    seconds on every start, which is what the cache is there to save.
     """
-    root = cache_root()
-    if root is None:
-        return None
     path = source.resolve()
     stat = path.stat()
     identity = f"{FORMAT}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    return root / "gguf" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return hashlib.sha256(identity.encode()).hexdigest()
+
+
+def entry_dir(source: Path) -> Path | None:
+    """The cache folder of checkpoint file ``source`` (None when the cache is off)."""
+    root = cache_root()
+    if root is None:
+        return None
+    return root / "gguf" / source_id(source)[:32]
 
 
 def write_atomic(dest: Path, write: Callable[[Path], None]) -> bool:

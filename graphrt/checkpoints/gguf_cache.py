@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from graphrt.checkpoints.cache_dir import FORMAT, entry_dir, make_room, touch, write_atomic
+from graphrt.checkpoints.cache_dir import FORMAT, entry_dir, make_room, source_id, touch, write_atomic
 from graphrt.checkpoints.checkpoint import Shape, TensorSource
 from graphrt.checkpoints.gguf_file import GGUFFile
 from graphrt.checkpoints.hf_config import parse_config
@@ -70,6 +70,7 @@ def write_weights(file: Path, gguf: GGUFFile, dtype: torch.dtype) -> None:
         "tensors": str(len(shapes)),
         "config": json.dumps(gguf.raw_config),
         "source": str(gguf.path),
+        "source_id": source_id(gguf.path),
     }
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # NOTE: safetensors aligns the data to 8 bytes
@@ -97,8 +98,9 @@ class CachedWeights:
         self._handles: dict[str, Any] = {}
 
     @classmethod
-    def open(cls, file: Path, dtype: torch.dtype) -> CachedWeights | None:
-        """The converted ``file`` if it is whole and of this format and ``dtype``, else None."""
+    def open(cls, file: Path, dtype: torch.dtype, source: Path | None = None) -> CachedWeights | None:
+        """The converted ``file`` if it is whole, of this format and ``dtype`` and (given
+        ``source``) converted from that GGUF as it is now, else None (said in one warning)."""
         from safetensors import SafetensorError
 
         if not file.is_file():
@@ -108,6 +110,10 @@ class CachedWeights:
                 meta = f.metadata() or {}
                 if meta.get("format") != str(FORMAT) or meta.get("dtype") != DTYPES[dtype]:
                     raise ValueError(f"format {meta.get('format')}, dtype {meta.get('dtype')}")
+                if source is not None and meta.get("source_id") != source_id(source):
+                    raise ValueError(
+                        f"converted from {meta.get('source')!r}, not from {str(source)!r} as it is now"
+                    )
                 names = [n for n in f.keys() if n != ROPE_FREQS]  # noqa: SIM118 - not a mapping
                 if len(names) != int(meta["tensors"]):
                     raise ValueError(f"{len(names)} tensors, {meta['tensors']} written")
@@ -171,7 +177,7 @@ def gguf_source(path: Path, dtype: torch.dtype) -> TensorSource:
     if entry is None or dtype not in DTYPES:
         return GGUFFile(path)
     file = entry / f"weights-{DTYPES[dtype]}.safetensors"
-    hit = CachedWeights.open(file, dtype)
+    hit = CachedWeights.open(file, dtype, path)
     if hit is not None:
         touch(file)
         return hit

@@ -76,6 +76,7 @@ class EngineConfig:
     tp: int = 1
     tp_timeout_s: float | None = None
     overlap: bool | None = None
+    deterministic: bool = False
 
     @classmethod
     def of(cls, config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
@@ -100,4 +101,5 @@ class EngineConfig:
             speculative=spec,
             sample=spec is None,  # NOTE: speculative decoding stays greedy
             record_kernels=self.record_kernels,
+            deterministic=self.deterministic,
         )

@@ -115,8 +115,9 @@ class Engine:
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
         #: One generate() at a time: concurrent callers are served one after another, each
-        #: getting exactly the tokens it would get alone.
-        self._lock = threading.Lock()
+        #: getting exactly the tokens it would get alone. ``graphrt.LLM`` holds the same lock
+        #: for its calls, so an LLM and its engine used from two threads take turns.
+        self.lock = threading.Lock()
         self._handed_out = 0  # NOTE: tokens of requests generate() returned (and forgot)
 
     # ---- the scheduler's state, as engine builders read it ---------------------------------
@@ -248,7 +249,7 @@ class Engine:
         With TP, call it on every rank: rank 0's prompts, budgets and sampling are generated,
         every rank returns them.
         """
-        with self._lock:
+        with self.lock:
             if self.channel is not None:
                 if encoder_ids is not None:
                     raise ValueError("encoder_ids: encoder-decoder models run on one rank (tp 1)")

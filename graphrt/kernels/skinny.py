@@ -19,6 +19,7 @@ that regime:
 - **Deterministic**: no split-K, no atomics. Each output element is summed by one program in a
   fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
   with different ``M`` may round differently (another path or tile), as cuBLAS's do.
+- **Batch-invariant**: :mod:`graphrt.models.invariant` launches it with one tile for every ``M``.
 - **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the fixed rule
   table :data:`TILES` by ``M`` and ``K``; :data:`OVERRIDES` (per ``(M class, N, K)``) and the
   ``tile=`` argument replace it. ``graphrt bench gemm --sweep`` times candidates on a GPU.
@@ -160,12 +161,15 @@ def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
         raise ValueError(f"skinny GEMM: {why}")
 
 
-def problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
-    """What the kernel cannot take in these tensors (naming the value and the limit), or None."""
+def problem(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, max_m: int | None = MAX_M
+) -> str | None:
+    """What the kernel cannot take in these tensors (naming the value and the limit), or None;
+    ``max_m``: the most rows (None: any, as :mod:`graphrt.models.invariant` takes)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
-    if not 0 < x.shape[0] <= MAX_M:
-        return f"x has {x.shape[0]} rows; the kernel takes 1..{MAX_M}"
+    if x.shape[0] < 1 or (max_m is not None and x.shape[0] > max_m):
+        return f"x has {x.shape[0]} rows; the kernel takes 1..{max_m or 'any'}"
     if x.dtype not in DTYPES or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         got = (x.dtype, w.dtype, None if b is None else b.dtype)
         return f"dtypes (x, weight, bias) {got}: all one of {DTYPES}"
@@ -210,12 +214,13 @@ def skinny_linear(
 def _skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool
 ) -> torch.Tensor:
+    """``tile``: ``Tile``'s fields, then (:mod:`.invariant`) ``-BLOCK_M``: rows per program, any M."""
     assert triton is not None, "the skinny GEMM needs Triton"
     (m, k), n = x.shape, weight.shape[0]
-    block_n, block_k, warps, stages = tile
+    block_n, block_k, warps, stages = tile[:4]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = 1 if m == 1 else max(16, _pow2(m))
-    _skinny[(triton.cdiv(n, block_n),)](
+    block_m = -tile[4] if len(tile) > 4 else 1 if m == 1 else max(16, _pow2(m))
+    _skinny[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
         PDL=pdl, F32_DOT=not x.is_cuda, PIPELINED=stages > 1, num_warps=warps, num_stages=stages, launch_pdl=pdl,
@@ -266,7 +271,7 @@ if triton is not None:
     ):  # fmt: skip
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
-        rm = tl.arange(0, BLOCK_M)
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         w_rows = w + rn.to(tl.int64) * w_stride
         if HAS_BIAS:
             b = tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)

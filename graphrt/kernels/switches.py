@@ -8,7 +8,10 @@ only: the emulated capture engine cannot record a Triton launch).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -41,3 +44,26 @@ def pdl_enabled(env: str, device: torch.device) -> bool:
     if device.type != "cuda" or os.environ.get(env, "1") == "0":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+#: Whether the step being traced runs batch-invariant kernels (``RuntimeConfig.deterministic``):
+#: set by the runtime around each model forward (eager, warm-up and capture alike), read by the
+#: GEMM and attention dispatch. A context variable, so two engines in one process keep their own.
+_BATCH_INVARIANT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "graphrt_batch_invariant", default=False
+)
+
+
+def batch_invariant_on() -> bool:
+    """Whether the forward now running must give each row the same bits whatever its batch."""
+    return _BATCH_INVARIANT.get()
+
+
+@contextlib.contextmanager
+def batch_invariant(on: bool) -> Iterator[None]:
+    """Run the enclosed forward with batch-invariant kernels (``on``) or the fastest ones."""
+    token = _BATCH_INVARIANT.set(on)
+    try:
+        yield
+    finally:
+        _BATCH_INVARIANT.reset(token)

@@ -20,7 +20,9 @@ import torch
 from torch.nn import functional as F
 
 from graphrt.kernels import cos_sin, prologue, skinny
+from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
+from graphrt.models import invariant
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
@@ -68,8 +70,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     With at most :func:`skinny_max_m` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
     Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
+    In a batch-invariant forward (``RuntimeConfig.deterministic``) every ``M`` takes
+    :func:`graphrt.models.invariant.invariant_linear` instead: a row's bits do not depend on ``M``.
     """
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if batch_invariant_on() and skinny.enabled(x.device) and invariant.fits(rows, weight, bias):
+        return invariant.invariant_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     if 0 < rows.shape[0] <= skinny_max_m() and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
         return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
@@ -133,6 +139,7 @@ def add_norm_linear(
     """
     if (
         x.shape[0] == 1
+        and not batch_invariant_on()  # NOTE: one row only: a batch would take another path
         and prologue.enabled(x.device)
         and prologue.norm_problem(x, residual, norm_weight, weight, bias) is None
     ):
@@ -150,7 +157,7 @@ def silu_mul_linear(
     """``linear(silu_and_mul(gate_up), weight, bias)``: ``gate_up [T, 2 K]`` (gate first), ``weight
     [N, K]``; returns ``[T, N]``. One row of 16-bit ``gate_up`` where the fused prologue runs: one
     launch (:func:`graphrt.kernels.prologue.silu_mul_linear`); else the two ops."""
-    one_row = gate_up.dim() == 2 and gate_up.shape[0] == 1
+    one_row = gate_up.dim() == 2 and gate_up.shape[0] == 1 and not batch_invariant_on()
     if one_row and prologue.enabled(gate_up.device) and prologue.silu_problem(gate_up, weight, bias) is None:
         return prologue.silu_mul_linear(gate_up, weight, bias)
     return linear(silu_and_mul(gate_up), weight, bias)

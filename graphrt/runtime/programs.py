@@ -19,6 +19,7 @@ import torch
 
 from graphrt.attention import ContextInputs, CrossStep, LocalStep, ScalarLog
 from graphrt.attention.context import WindowStep
+from graphrt.kernels.switches import batch_invariant
 from graphrt.kv import EncoderKV, ReqToToken
 from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
@@ -55,6 +56,8 @@ class StepEnv:
     encoder: EncoderKV | None = None
     #: Each request row's last sampled token (``RuntimeConfig(sample=True)``; see :func:`fed`).
     tokens: TokenFeed | None = None
+    #: Batch-invariant kernels in every forward (``RuntimeConfig.deterministic``).
+    deterministic: bool = False
 
     def call(
         self,
@@ -92,7 +95,8 @@ class StepEnv:
             cross,
             window,
         )
-        return self.forward(input_ids, buffers.positions, self.context(inp))
+        with batch_invariant(self.deterministic):
+            return self.forward(input_ids, buffers.positions, self.context(inp))
 
     def derive_window(self, buffers: StepBuffers, full_loc: torch.Tensor, inputs: StepInputs) -> None:
         """Record the step's window slots and gather the window page table (with a window pool)."""

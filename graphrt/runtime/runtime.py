@@ -92,6 +92,7 @@ class GraphRuntime:
             layout.window,
             encoder=encoder,
             tokens=self.tokens,
+            deterministic=config.deterministic,
         )
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
         self.limits = Limits(

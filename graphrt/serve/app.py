@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -21,7 +22,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from graphrt.llm import LLM
 from graphrt.replies import Update
-from graphrt.serve.loop import EngineLoop, Job
+from graphrt.serve.guard import MAX_BODY_BYTES, Guard
+from graphrt.serve.loop import EngineLoop, Job, ShuttingDown
 from graphrt.serve.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -50,6 +52,7 @@ class Served:
             raise
         except (ValueError, TypeError) as err:
             raise sampling_error(err) from err
+        stops = fields.stops()
         self.queue: asyncio.Queue[Update | Exception] = asyncio.Queue()
         aio = asyncio.get_running_loop()
 
@@ -59,12 +62,14 @@ class Served:
                 aio.call_soon_threadsafe(self.queue.put_nowait, item)
 
         self.loop = loop
-        self.job = Job(prompt, budget, sampling, fields.stops(), deliver)
+        self.job = Job(prompt, budget, sampling, stops, deliver)
         loop.submit(self.job)
 
     async def next(self) -> Update:
         item = await self.queue.get()
         if isinstance(item, Exception):
+            if isinstance(item, ShuttingDown):
+                raise item
             if isinstance(item, ValueError | TypeError):  # NOTE: the engine refused the request
                 raise RequestError(str(item), "prompt" if "prompt" in str(item) else None) from item
             raise RequestError(str(item), None, status=503) from item
@@ -76,13 +81,21 @@ class Served:
 
 async def _whole(served: Served, envelope: Envelope, request: Request) -> JSONResponse:
     text: list[str] = []
+    checked = time.monotonic()
     while True:
         try:
-            update = await asyncio.wait_for(served.next(), DISCONNECT_POLL_S)
+            update: Update | None = await asyncio.wait_for(served.next(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
+            update = None
+        except ShuttingDown as err:
+            raise RequestError(str(err), None, status=503) from err
+        # NOTE: by the clock, not only when idle: a reply whose tokens keep coming is checked too
+        if update is None or time.monotonic() - checked >= DISCONNECT_POLL_S:
+            checked = time.monotonic()
             if await request.is_disconnected():
                 served.cancel()
                 return JSONResponse({}, status_code=499)
+        if update is None:
             continue
         text.append(update.text)
         if update.done is not None:
@@ -113,6 +126,9 @@ async def _stream(served: Served, envelope: Envelope, first: Update, usage: bool
         if usage:
             yield _sse(envelope.usage_chunk(d.prompt_tokens, d.completion_tokens))
         yield "data: [DONE]\n\n"
+    except ShuttingDown:  # NOTE: Ctrl-C's drain ran out: end the stream as a stream ends
+        yield _sse(envelope.chunk(None if envelope.chat else "", "abort"))
+        yield "data: [DONE]\n\n"
     except RequestError as err:  # NOTE: the engine failed mid-stream: say so in the stream
         yield _sse(err.body())
     finally:
@@ -128,6 +144,9 @@ async def _respond(
         return await _whole(served, envelope, request)
     try:
         first = await served.next()  # NOTE: a refusal is still a plain 400, before any SSE
+    except ShuttingDown as err:
+        served.cancel()
+        raise RequestError(str(err), None, status=503) from err
     except BaseException:
         served.cancel()
         raise
@@ -136,8 +155,21 @@ async def _respond(
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
-def build_app(llm: LLM, loop: EngineLoop) -> FastAPI:
-    """The app serving ``llm`` through ``loop`` (started and stopped with the app)."""
+def build_app(
+    llm: LLM,
+    loop: EngineLoop,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    allow_special_tokens: bool = False,
+) -> FastAPI:
+    """The app serving ``llm`` through ``loop`` (started and stopped with the app).
+
+    ``api_key``: every ``/v1`` request needs ``Authorization: Bearer <api_key>`` (None: open).
+    ``max_body_bytes``: larger request bodies get ``413``. ``allow_special_tokens``: chat
+    content may hold the chat template's special tokens (``<|im_start|>``...), which then act
+    as such (a fake turn); by default such content is refused with a ``400``.
+    """
     tokenizer = llm.tokenizer
     if tokenizer is None:
         raise ValueError(f"{llm.name} has no tokenizer: graphrt serve needs text in and out")
@@ -148,6 +180,7 @@ def build_app(llm: LLM, loop: EngineLoop) -> FastAPI:
         await asyncio.to_thread(loop.stop)
 
     app = FastAPI(title="graphrt", lifespan=lifespan)  # type: ignore[arg-type]
+    app.add_middleware(Guard, max_body_bytes=max_body_bytes, api_key=api_key)  # type: ignore[arg-type]
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, err: RequestError) -> JSONResponse:
@@ -165,15 +198,27 @@ def build_app(llm: LLM, loop: EngineLoop) -> FastAPI:
         except ValueError as err:  # NOTE: the chat template refused the messages
             raise RequestError(str(err), "messages") from err
 
+    def chat_ids(body: ChatRequest) -> list[int]:
+        messages = [m.plain() for m in body.messages]
+        for i, m in enumerate(messages if not allow_special_tokens else ()):
+            if (special := tokenizer.special_in(m["content"])) is not None:
+                raise RequestError(
+                    f"messages.{i}.content holds the chat template's special token {special!r}"
+                    " (graphrt serve --allow-special-tokens lets it through)",
+                    f"messages.{i}.content",
+                )
+        return tokenizer.encode_chat(messages)
+
+    # NOTE: tokenizing runs in a worker thread: a long prompt never holds the event loop
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         prompt = body.single()
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = await asyncio.to_thread(tokenizer.encode, prompt) if isinstance(prompt, str) else list(prompt)
         return await _respond(request, llm, loop, body, ids, body.max_tokens or 16)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
-        ids = guarded(lambda: tokenizer.encode_chat([m.plain() for m in body.messages]))
+        ids = await asyncio.to_thread(guarded, lambda: chat_ids(body))
         budget = body.budget or max(llm.engine.max_context_len - len(ids), 1)
         return await _respond(request, llm, loop, body, ids, budget)
 

@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5
 
 
+class ShuttingDown(RuntimeError):
+    """What a request still in flight gets when the server stops: a stream ends with
+    ``finish_reason: "abort"`` and ``[DONE]``, a whole reply is a ``503``."""
+
+
 @dataclass(slots=True)
 class Job:
     """One request: prompt ids, budget, sampling and stop strings; ``deliver`` receives each
@@ -110,7 +115,7 @@ class EngineLoop:
                 self._step()
             self._publish()
         for job in list(self._counts.jobs.values()):
-            self._end(job, RuntimeError("the server is shutting down"))
+            self._end(job, ShuttingDown("the server is shutting down"))
         self._publish(alive=False)
 
     def _drain(self) -> bool:

@@ -1,20 +1,41 @@
 """OpenAI's wire format: request bodies checked field by field, responses, stream chunks, errors.
 
-Requests are pydantic models (pydantic comes with FastAPI); a bad field becomes
-:class:`RequestError` naming it, answered as ``400`` in OpenAI's error shape. Responses are the
+Requests are pydantic models (pydantic comes with FastAPI) in strict mode: a bool is not an
+int, ``"16"`` is not a number and ``2.0`` is not a token id; text holding a lone UTF-16
+surrogate is not text. A bad field becomes :class:`RequestError` naming it, answered as ``400``
+in OpenAI's error shape. Responses are the
 JSON objects OpenAI's clients parse (``text_completion``, ``chat.completion`` and their stream
 chunks), built from a :class:`~graphrt.Completion` or one step's new text.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from graphrt.step.sampling import SamplingParams
+from graphrt.step.sampling import MAX_TOP_K, SamplingParams
+from graphrt.text.stream import stop_strings
+
+#: Stop strings a request may give (OpenAI's API: "up to 4 sequences").
+HTTP_MAX_STOPS = 4
+
+
+def _unicode(text: str) -> str:
+    """``text`` if it encodes as UTF-8; a lone surrogate (``"\\ud800"`` in JSON) is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = f"U+{ord(text[err.start]):04X}"
+        raise ValueError(f"a lone UTF-16 surrogate ({char}) at character {err.start} is not text") from None
+    return text
+
+
+#: A string field: valid Unicode (what a tokenizer can take).
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class RequestError(ValueError):
@@ -33,16 +54,16 @@ class SamplingFields(BaseModel):
     """What both endpoints take besides the prompt (unknown fields are ignored, as OpenAI's
     clients send some this server has no use for)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)  # NOTE: vLLM's extension; -1 and 0 keep every token
+    top_k: int = Field(default=0, ge=-1, le=MAX_TOP_K)  # NOTE: vLLM's extension; -1 and 0 keep every token
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     n: int = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -54,10 +75,10 @@ class SamplingFields(BaseModel):
         return SamplingParams(self.temperature, max(self.top_k, 0), self.top_p, self.min_p, self.seed)
 
     def stops(self) -> tuple[str, ...]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(not s for s in stops):
-            raise RequestError("stop strings must be non-empty", "stop")
-        return tuple(stops)
+        try:
+            return stop_strings(self.stop, HTTP_MAX_STOPS)
+        except ValueError as err:
+            raise RequestError(str(err), "stop") from err
 
     @property
     def include_usage(self) -> bool:
@@ -67,7 +88,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Text | list[int] | list[Text] | list[list[int]]
 
     def single(self) -> str | list[int]:
         p = self.prompt
@@ -81,15 +102,17 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def plain(self) -> dict[str, str]:
         """The message as chat templates take it: ``{"role", "content"}`` with text content."""
@@ -116,12 +139,17 @@ def sampling_error(err: ValueError | TypeError) -> RequestError:
     return RequestError(text, field)
 
 
+#: A ``loc`` part naming a member of a union (``str``, ``list[int]``, ``function-after[...]``).
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none)$|[\[\]-]")
+
+
 def validation_error(errors: list[dict[str, Any]]) -> RequestError:
-    """pydantic's first error as one message naming the field (``messages.0.role``)."""
-    first = errors[0]
+    """pydantic's first error as one message naming the field (``messages.0.role``); of a
+    union's errors, a bad value (a lone surrogate) before "not this type"."""
+    first = next((e for e in errors if not str(e.get("type", "")).endswith("_type")), errors[0])
     if first.get("type") == "json_invalid":
         return RequestError(f"the request body is not valid JSON: {first.get('msg', '')}")
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
     field = ".".join(loc) or None
     return RequestError(f"{field or 'body'}: {first.get('msg', 'invalid')}", field)
 

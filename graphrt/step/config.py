@@ -48,6 +48,11 @@ class RuntimeConfig:
         Allocate the sampling family: DECODE graphs (and eager EXTEND steps) then also sample
         one token per request inside the program, returned when the batch carries
         ``Batch.sampling``. Off: programs and outputs are exactly the logits path.
+    deterministic : bool
+        Batch-invariant kernels (CUDA): each row's GEMMs reduce in an order that does not depend
+        on the number of rows, and attention's split count does not depend on the bucket, so a
+        request gets the same bits alone or batched (:mod:`graphrt.models.ops`). The CPU's fp32
+        path already is; off by default (it costs speed).
     """
 
     max_batch_size: int = 32
@@ -64,6 +69,7 @@ class RuntimeConfig:
     speculative: SpecGeometry | None = None
     attention_chunk_size: int | None = None
     sample: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context_len", "page_size"):

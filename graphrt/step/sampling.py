@@ -11,6 +11,11 @@ from graphrt.step.ints import is_int, token_ids
 
 #: Seeds are non-negative int64 (the sampling family stores them as int64).
 MAX_SEED = 2**63 - 1
+#: The largest ``top_k`` (int32's largest value; any ``top_k >= vocab`` keeps every token).
+MAX_TOP_K = 2**31 - 1
+#: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``z / T`` would overflow to
+#: ``-inf`` for every kept token (a float32 subnormal ``T``) and the draw would be token 0.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +34,9 @@ class SamplingParams:
     ----------
     temperature : float
         ``0`` is greedy (argmax of the logits, whatever the other filters say); ``> 0`` samples.
+        A temperature below :data:`MIN_TEMPERATURE` is stored as ``0`` (greedy).
     top_k : int
-        Keep the ``top_k`` most likely tokens; ``0`` keeps every token.
+        Keep the ``top_k`` most likely tokens; ``0`` keeps every token. At most :data:`MAX_TOP_K`.
     top_p : float
         Nucleus mass in ``(0, 1]``; ``1`` keeps every token.
     min_p : float
@@ -54,7 +60,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature, 0.0, math.inf, "[0, inf), finite")
-        _check_int("top_k", self.top_k, 0, None, ">= 0 (0: every token)")
+        _check_int("top_k", self.top_k, 0, MAX_TOP_K, f"[0, {MAX_TOP_K}] (0: every token)")
         _check_real("top_p", self.top_p, 0.0, 1.0, "(0, 1]", open_low=True)
         _check_real("min_p", self.min_p, 0.0, 1.0, "[0, 1]")
         if self.seed is not None:
@@ -69,6 +75,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(stops))
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
+        if self.temperature < MIN_TEMPERATURE:  # NOTE: too small to divide by: greedy
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def greedy(self) -> bool:

@@ -62,6 +62,12 @@ class Tokenizer:
         """``text``'s token ids (with the BOS the tokenizer adds, when ``add_special_tokens``)."""
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def special_in(self, text: str) -> str | None:
+        """The first special token (``<|im_start|>``, the EOS, ...) written in ``text``, or None."""
+        specials = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
+        specials |= {v for v in self.special.values() if v}
+        return next((s for s in sorted(specials) if s in text), None)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 

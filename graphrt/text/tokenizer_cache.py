@@ -5,7 +5,8 @@ Building SmolLM2's tokenizer means parsing the GGUF's 49k-token vocabulary and m
 cache holds the result as ``tokenizers`` JSON with the chat template, the special tokens' text
 and the stop ids, so a later start reads one JSON file and never opens the GGUF. The entry is
 :func:`graphrt.checkpoints.cache_dir.entry_dir` (keyed by the file's identity; ``GRAPHRT_CACHE=0``
-turns it off); an entry that does not parse is ignored and written anew.
+turns it off); an entry that does not parse, records another source or holds a stop id outside
+the vocabulary is ignored (one warning naming the file) and written anew.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphrt.checkpoints.cache_dir import FORMAT, entry_dir, write_atomic
+from graphrt.checkpoints.cache_dir import FORMAT, entry_dir, source_id, write_atomic
 
 log = logging.getLogger("graphrt.cache")
 FILE = "tokenizer.json"
@@ -50,7 +51,9 @@ def load(gguf: Path) -> CachedTokenizer | None:
         record = json.loads(file.read_text(encoding="utf-8"))
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')}")
-        return CachedTokenizer(
+        if record.get("source_id") != source_id(gguf):
+            raise ValueError(f"built from another file than {str(gguf)!r} as it is now")
+        hit = CachedTokenizer(
             Tokenizer.from_str(record["backend"]),
             record["chat_template"],
             {str(k): str(v) for k, v in record["special"].items()},
@@ -58,8 +61,14 @@ def load(gguf: Path) -> CachedTokenizer | None:
             frozenset(int(i) for i in record["stop_ids"]),
             frozenset(int(i) for i in record["declared_stop_ids"]),
         )
+        vocab = hit.backend.get_vocab_size(with_added_tokens=True)
+        bad = sorted(i for i in hit.stop_ids | hit.declared_stop_ids if not 0 <= i < vocab)
+        if bad:
+            raise ValueError(f"stop id {bad[0]} out of range [0, {vocab})")
+        return hit
     except Exception as err:  # NOTE: tokenizers raises plain Exception on a JSON it cannot build
         log.warning("graphrt cache: ignoring %s (%s); converting again", file, err)
+        file.unlink(missing_ok=True)  # NOTE: said once: the next look finds no entry until rebuilt
         return None
 
 
@@ -70,6 +79,7 @@ def save(gguf: Path, tok: Any, declared_stop_ids: set[int]) -> None:
         return
     record = {
         "format": FORMAT,
+        "source_id": source_id(gguf),
         "source": tok.source,
         "chat_template": tok.chat_template,
         "special": tok.special,

@@ -203,3 +203,21 @@ def test_a_failed_conversion_leaves_no_file(
     monkeypatch.setattr(gguf_file.GGUFFile, "dequantized", original)
     load(path, device="cpu")
     assert isinstance(gguf_source(path, torch.float32), CachedWeights)
+
+
+def test_weights_of_another_model_copied_in_are_converted_again(
+    cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Red team (issue 40, row 9): another GGUF's converted file over this one's entry."""
+    mine, other = small_gguf(tmp_path / "a", seed=1), small_gguf(tmp_path / "b", seed=2)
+    want = state(load(mine, device="cpu"))
+    assert not torch.equal(state(load(other, device="cpu"))["lm_head.weight"], want["lm_head.weight"])
+    file, theirs = (entry_dir(p) / "weights-F32.safetensors" for p in (mine, other))  # type: ignore[operator]
+    whole = file.read_bytes()
+    file.write_bytes(theirs.read_bytes())
+    with caplog.at_level("WARNING", logger="graphrt.cache"):
+        got = state(load(mine, device="cpu"))
+    assert_same_bits(want, got)
+    warned = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(warned) == 1 and str(file) in warned[0] and "converted from" in warned[0], warned
+    assert file.read_bytes() == whole

@@ -4,6 +4,7 @@ rebuilt; ``GRAPHRT_CACHE=0`` writes nothing. Each test has its own ``XDG_CACHE_H
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,31 @@ def test_smollm2_hit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hit = load_tokenizer("smollm2")
     assert_same(built, hit)
     assert hit.backend.to_str() == built.backend.to_str() and hit.stop_ids == {2}
+
+
+@needs_smollm2
+@pytest.mark.parametrize("damage", ["stop id out of range", "another file's entry"])
+def test_an_entry_with_impossible_values_is_rebuilt_saying_so_once(
+    cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """Red team (issue 40, row 10): stop ids out of range; the entry of another GGUF copied in."""
+    from graphrt.checkpoints.loader import packaged_path
+
+    built = load_tokenizer("smollm2")
+    (file,) = cache.glob("gguf/*/tokenizer.json")
+    whole = file.read_text(encoding="utf-8")
+    record = json.loads(whole)
+    if damage == "stop id out of range":
+        record["stop_ids"] = [2, 10**9]
+    else:
+        other = write_gguf(tmp_path / "tok.gguf", "llama-bpe")
+        load_tokenizer(other)
+        record = json.loads(next(p for p in cache.glob("gguf/*/tokenizer.json") if p != file).read_text())
+    file.write_text(json.dumps(record), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="graphrt.cache"):
+        again = load_tokenizer(packaged_path("smollm2"))
+        stops = declared_stop_ids("smollm2")
+    warned = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(warned) == 1 and str(file) in warned[0], warned
+    assert_same(built, again) and again.stop_ids == {2} and 2 in stops
+    assert json.loads(file.read_text(encoding="utf-8"))["stop_ids"] == [2]

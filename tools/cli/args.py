@@ -54,6 +54,36 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """A TCP port: an integer in [1, 65535]."""
+    value = int(text) if text.strip().isdigit() else 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port: allowed 1 to 65535")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (``nan``, ``inf`` and negatives refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):  # NOTE: also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: allowed finite, >= 0")
+    return value
+
+
+def megabytes(text: str) -> float:
+    """A finite number of MiB > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.0 < value < float("inf") or value * 2**20 < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MiB: allowed finite, > 0")
+    return value
+
+
 def batch_sizes(text: str) -> tuple[int, ...]:
     """``"1,8,64"`` → ``(1, 8, 64)``: comma-separated positive integers."""
     parts = [p.strip() for p in text.split(",")]

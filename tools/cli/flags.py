@@ -76,6 +76,15 @@ def tp_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
+def deterministic_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help=f"{scope}batch-invariant kernels: a request's tokens do not depend on its batch mates "
+        "(CUDA; the CPU already is)",
+    )
+
+
 def sampling_args(p: argparse.ArgumentParser, seed_help: str, seed: int | None = 0) -> None:
     """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
@@ -205,6 +214,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=330.0,
         help="model only: seconds of torch.compile; a batch size whose compile would overrun it is skipped",
     )
+    deterministic_arg(p, "model only: time graphrt with and without ")
     p.add_argument(
         "--parity-tol",
         type=float,

@@ -1,9 +1,10 @@
 """``graphrt serve``: the model behind an OpenAI-compatible HTTP API (``graphrt.serve``).
 
 Builds the tokenizer, the engine and its graphs, then runs uvicorn. Ctrl-C stops taking
-requests, gives the ones in flight ``--drain-timeout`` seconds to finish, then cancels the
-rest and stops the engine thread; a second Ctrl-C quits at once. ``--tp N`` under
-``torchrun``: :mod:`.serve_tp`.
+requests, says how many are in flight, gives them ``--drain-timeout`` seconds to finish, then
+ends the rest (a stream with ``finish_reason: "abort"`` and ``[DONE]``, a whole reply with a
+``503``) and stops the engine thread; a second Ctrl-C ends them at once, as cleanly (no
+traceback). ``--tp N`` under ``torchrun``: :mod:`.serve_tp`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch_size": batch,
         "max_context_len": context,
         "show_progress": progress_wanted(),
+        "deterministic": args.deterministic,
     }
 
 
@@ -78,7 +80,15 @@ def build_server(args: argparse.Namespace, llm: Any, loop: EngineLoop, start: fl
 
     if llm.tokenizer is None:
         raise UsageError("--model", args.model, "has no tokenizer: graphrt serve takes and gives text")
-    app = build_app(llm, loop)
+    from graphrt.serve.guard import MAX_BODY_BYTES, api_key_from
+
+    app = build_app(
+        llm,
+        loop,
+        api_key=api_key_from(args.api_key),
+        max_body_bytes=MAX_BODY_BYTES if args.max_body_mb is None else int(args.max_body_mb * 2**20),
+        allow_special_tokens=args.allow_special_tokens,
+    )
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -110,17 +120,31 @@ def _server(config: Any, ready_line: str, loop: EngineLoop, drain_s: float) -> A
                 print(ready_line, file=sys.stderr, flush=True)
 
         async def shutdown(self, sockets: Any = None) -> None:
+            _say_draining(loop, drain_s)
+
             async def cancel_late() -> None:
-                await asyncio.sleep(drain_s)
-                # NOTE: each request left gets an error (a 503, or an error event in its stream)
-                # and ends on its own, before uvicorn would cancel its task with a traceback
+                deadline = time.monotonic() + drain_s
+                while time.monotonic() < deadline and not self.force_exit:
+                    await asyncio.sleep(0.05)
+                # NOTE: each request left ends on its own (a 503, or a stream's last chunk and
+                # [DONE]), before uvicorn would cancel its task with a traceback
                 await asyncio.to_thread(loop.stop)
 
             late = asyncio.create_task(cancel_late())
             try:
                 await super().shutdown(sockets)
+                if self.force_exit:  # NOTE: a second Ctrl-C: end the rest now, as cleanly
+                    await late
+                    await self._closed(within_s=2.0)
+                    await self.lifespan.shutdown()
             finally:
                 late.cancel()
+
+        async def _closed(self, within_s: float) -> None:
+            """Wait (at most ``within_s``) for the connections still open to send their last bytes."""
+            deadline = time.monotonic() + within_s
+            while self.server_state.connections and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -140,6 +164,20 @@ def _server(config: Any, ready_line: str, loop: EngineLoop, drain_s: float) -> A
                     signal.signal(sig, handler)
 
     return Server(config)
+
+
+def _say_draining(loop: EngineLoop, drain_s: float) -> None:
+    """One line on stderr: what the shutdown waits for, and how long."""
+    s = loop.stats
+    if s.running + s.waiting == 0:
+        print("graphrt serve: stopping (no request in flight)", file=sys.stderr, flush=True)
+        return
+    print(
+        f"graphrt serve: stopping: draining {s.running + s.waiting} request(s) ({s.running} running,"
+        f" {s.waiting} waiting) for up to {drain_s:g} s; Ctrl-C again ends them now",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 __all__ = ["build_server", "engine_sizes", "llm_options", "run_serve"]

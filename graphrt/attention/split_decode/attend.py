@@ -29,7 +29,10 @@ attends the new token's rotated key and value straight from the projection, and 
 the bits ``rope_store`` + :func:`attend` leave (pad rows' dummy slot included).
 
 The split count is a function of the bucket and the page table's width only (a graph key):
-enough programs for two waves of the SMs, never more splits than key blocks. The math is the
+enough programs for two waves of the SMs, never more splits than key blocks. In a
+batch-invariant forward (``RuntimeConfig.deterministic``) every bucket takes this kernel with
+:data:`INVARIANT_SPLITS` (capped by the key blocks: the table's width only), so a row's
+reduction order does not depend on its batch. The math is the
 reference backend's (``graphrt.attention.reference``): fp32 scores and sums, one rounding of the
 output; the order of the sums differs from FA3's, so the two agree to bf16 rounding.
 """
@@ -42,7 +45,13 @@ import torch
 
 from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
 from graphrt.attention.split_decode import launch as decode_launch
-from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_enabled  # noqa: F401
+from graphrt.kernels.switches import (  # noqa: F401
+    KERNELS_PDL_ENV,
+    batch_invariant_on,
+    pdl_enabled,
+    triton,
+    triton_enabled,
+)
 from graphrt.kv import rope_store
 from graphrt.metadata.base import StepMetadata
 
@@ -68,6 +77,8 @@ MAX_GROUP = 16
 MAX_SPLITS_ENV = "GRAPHRT_DECODE_MAX_SPLITS"
 #: The merge's switch (:mod:`graphrt.attention.split_decode.launch` says what it does).
 MERGE_LAST_ENV = decode_launch.MERGE_LAST_ENV
+#: Splits per (request, KV head) in a batch-invariant forward, whatever the bucket.
+INVARIANT_SPLITS = 16
 BLOCK_N = decode_launch.BLOCK_N
 
 
@@ -121,7 +132,7 @@ def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: 
         and q.shape[0] == b.cache_seqlens.shape[0]
         and enabled(q.device)
         and fits(q, k_cache, b.page_table)
-        and q.shape[0] * k_cache.shape[2] < FULL_SHARE * sm_count(q.device)
+        and (batch_invariant_on() or q.shape[0] * k_cache.shape[2] < FULL_SHARE * sm_count(q.device))
     )
 
 
@@ -139,7 +150,10 @@ def _split_plan(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> t
     """The step's split count (a function of the bucket and the page table's width: a graph
     key) and whether it launches with PDL."""
     keys = meta.buffers.page_table.shape[1] * meta.page_size
-    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
+    if batch_invariant_on():  # NOTE: the table's width only, never the bucket
+        splits = max(1, min(INVARIANT_SPLITS, -(-keys // BLOCK_N)))
+    else:
+        splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
     return min(splits, split_cap()), pdl_enabled(PDL_ENV, q.device)
 
 
