@@ -98,8 +98,15 @@ def fused_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> torch.
     """The routed experts' weighted sum for ``x [T, H]`` (``routing`` written for this step).
 
     The fused Triton kernels where they run (:mod:`graphrt.kernels.moe.triton_experts`), else
-    :func:`experts_reference`.
+    :func:`experts_reference`. Without the Triton path, ``routing``'s alignment buffers are
+    left as they were (the reference reads ``topk_ids`` / ``topk_weights`` only); the grouped
+    Triton path writes them (:func:`graphrt.kernels.moe.align.moe_align`), the skinny one (``T * k``
+    up to ``triton_experts.skinny_max_slots()``) does not need them.
     """
+    from graphrt.kernels.moe import triton_experts  # NOTE: it imports this module's types
+
+    if triton_experts.enabled(x.device):
+        return triton_experts.fused_experts_triton(x, w, routing)
     return experts_reference(x, w, routing.topk_ids, routing.topk_weights)
 
 
