@@ -60,6 +60,24 @@ class Routing:
     expert_counts: torch.Tensor
 
 
+def new_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> Routing:
+    """A :class:`Routing` over these ``[T, k]`` tensors with fresh alignment buffers at their bounds
+    (benches and tests; a runtime takes views of its routing buffer group instead)."""
+    tokens, topk = topk_ids.shape
+
+    def vector(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int32, device=topk_ids.device)
+
+    return Routing(
+        topk_ids,
+        topk_weights,
+        vector(align_bound(tokens, topk, num_experts)),
+        vector(block_bound(tokens, topk, num_experts)),
+        vector(1),
+        vector(num_experts),
+    )
+
+
 def activate(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     """``[..., 2 I] -> [..., I]``: SiLU(gate) * up, or gpt-oss's clamped SwiGLU."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -89,8 +107,8 @@ def experts_reference(
         h = torch.einsum("tn,thn->th", activate(h, w.activation), w.w2[e].float())
         if w.b2 is not None:
             h = h + w.b2[e].float()
-        scale = torch.where(valid[:, j], weights[:, j].float(), 0.0)
-        out += scale[:, None] * h
+        # NOTE: where, not a zero scale: a pad row's garbage (NaN poison) must not reach the sum
+        out += torch.where(valid[:, j, None], weights[:, j, None].float() * h, 0.0)
     return out.to(x.dtype)
 
 
@@ -120,4 +138,5 @@ __all__ = [
     "block_bound",
     "experts_reference",
     "fused_experts",
+    "new_routing",
 ]

@@ -56,7 +56,7 @@ if triton is not None:
 
     @triton.jit
     def _grouped_up(
-        x, w13, b13, inter, sorted_ids, block_experts, num_padded, S, H, I, TOPK, x_stride,
+        x, w13, b13, inter, sorted_ids, block_experts, num_padded, S, H, INTER, TOPK, x_stride,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr,
         HAS_BIAS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
     ):  # fmt: skip
@@ -68,29 +68,31 @@ if triton is not None:
             rn = tl.program_id(1) * BN + tl.arange(0, BN)
             rk = tl.arange(0, BK)
             x_rows = x + (slots // TOPK).to(tl.int64) * x_stride
-            gate_rows = w13 + expert.to(tl.int64) * 2 * I * H + rn.to(tl.int64) * H
-            up_rows = gate_rows + I * H
+            gate_rows = w13 + expert.to(tl.int64) * 2 * INTER * H + rn.to(tl.int64) * H
+            up_rows = gate_rows + INTER * H
             acc_g = tl.zeros((BM, BN), dtype=tl.float32)
             acc_u = tl.zeros((BM, BN), dtype=tl.float32)
             for k0 in range(0, H, BK):
                 cols = k0 + rk
-                wmask = (rn[:, None] < I) & (cols[None, :] < H)
-                xt = tl.load(x_rows[:, None] + cols[None, :], mask=valid[:, None] & (cols[None, :] < H), other=0.0)
+                wmask = (rn[:, None] < INTER) & (cols[None, :] < H)
+                xt = tl.load(
+                    x_rows[:, None] + cols[None, :], mask=valid[:, None] & (cols[None, :] < H), other=0.0
+                )
                 g = tl.load(gate_rows[:, None] + cols[None, :], mask=wmask, other=0.0)
                 u = tl.load(up_rows[:, None] + cols[None, :], mask=wmask, other=0.0)
                 acc_g = mma(acc_g, xt, g, F32_DOT)
                 acc_u = mma(acc_u, xt, u, F32_DOT)
             if HAS_BIAS:
-                b_rows = b13 + expert * 2 * I + rn
-                acc_g += tl.load(b_rows, mask=rn < I, other=0.0).to(tl.float32)[None, :]
-                acc_u += tl.load(b_rows + I, mask=rn < I, other=0.0).to(tl.float32)[None, :]
+                b_rows = b13 + expert * 2 * INTER + rn
+                acc_g += tl.load(b_rows, mask=rn < INTER, other=0.0).to(tl.float32)[None, :]
+                acc_u += tl.load(b_rows + INTER, mask=rn < INTER, other=0.0).to(tl.float32)[None, :]
             h = activate(acc_g, acc_u, ACT)
-            out = inter + slots[:, None].to(tl.int64) * I + rn[None, :]
-            tl.store(out, h.to(inter.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < I))
+            out = inter + slots[:, None].to(tl.int64) * INTER + rn[None, :]
+            tl.store(out, h.to(inter.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < INTER))
 
     @triton.jit
     def _grouped_down(
-        inter, w2, b2, topk_weights, buf, sorted_ids, block_experts, num_padded, S, H, I,
+        inter, w2, b2, topk_weights, buf, sorted_ids, block_experts, num_padded, S, H, INTER,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr,
         PDL: tl.constexpr, F32_DOT: tl.constexpr,
     ):  # fmt: skip
@@ -101,13 +103,19 @@ if triton is not None:
         if live:
             rn = tl.program_id(1) * BN + tl.arange(0, BN)
             rk = tl.arange(0, BK)
-            a_rows = inter + slots.to(tl.int64) * I
-            w_rows = w2 + expert.to(tl.int64) * H * I + rn.to(tl.int64) * I
+            a_rows = inter + slots.to(tl.int64) * INTER
+            w_rows = w2 + expert.to(tl.int64) * H * INTER + rn.to(tl.int64) * INTER
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for k0 in range(0, I, BK):
+            for k0 in range(0, INTER, BK):
                 cols = k0 + rk
-                a = tl.load(a_rows[:, None] + cols[None, :], mask=valid[:, None] & (cols[None, :] < I), other=0.0)
-                w = tl.load(w_rows[:, None] + cols[None, :], mask=(rn[:, None] < H) & (cols[None, :] < I), other=0.0)
+                a = tl.load(
+                    a_rows[:, None] + cols[None, :], mask=valid[:, None] & (cols[None, :] < INTER), other=0.0
+                )
+                w = tl.load(
+                    w_rows[:, None] + cols[None, :],
+                    mask=(rn[:, None] < H) & (cols[None, :] < INTER),
+                    other=0.0,
+                )
                 acc = mma(acc, a, w, F32_DOT)
             if HAS_BIAS:
                 acc += tl.load(b2 + expert * H + rn, mask=rn < H, other=0.0).to(tl.float32)[None, :]

@@ -23,18 +23,18 @@ from graphrt.kernels.switches import tl, triton
 if triton is not None:
 
     @triton.jit
-    def _gate_up_tile(w13, expert, rn, k0, rk, H, I, ok):
+    def _gate_up_tile(w13, expert, rn, k0, rk, H, INTER, ok):
         """Gate and up rows ``rn`` of ``expert`` at columns ``k0 + rk`` (zeros where masked)."""
-        rows = w13 + expert.to(tl.int64) * 2 * I * H + rn.to(tl.int64) * H
+        rows = w13 + expert.to(tl.int64) * 2 * INTER * H + rn.to(tl.int64) * H
         cols = k0 + rk
-        mask = ok & (rn[:, None] < I) & (cols[None, :] < H)
+        mask = ok & (rn[:, None] < INTER) & (cols[None, :] < H)
         g = tl.load(rows[:, None] + cols[None, :], mask=mask, other=0.0)
-        u = tl.load(rows[:, None] + I * H + cols[None, :], mask=mask, other=0.0)
+        u = tl.load(rows[:, None] + INTER * H + cols[None, :], mask=mask, other=0.0)
         return g, u
 
     @triton.jit
     def _skinny_up(
-        x, w13, b13, inter, topk_ids, E, H, I, TOPK, x_stride,
+        x, w13, b13, inter, topk_ids, E, H, INTER, TOPK, x_stride,
         BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
@@ -49,22 +49,22 @@ if triton is not None:
             x_row = x + (slot // TOPK).to(tl.int64) * x_stride
             acc_g = tl.zeros((BN,), dtype=tl.float32)
             acc_u = tl.zeros((BN,), dtype=tl.float32)
-            g, u = _gate_up_tile(w13, expert, rn, 0, rk, H, I, True)
+            g, u = _gate_up_tile(w13, expert, rn, 0, rk, H, INTER, True)
             for k0 in range(0, H, BK):
                 xt = tl.load(x_row + k0 + rk, mask=k0 + rk < H, other=0.0).to(tl.float32)
-                g_next, u_next = _gate_up_tile(w13, expert, rn, k0 + BK, rk, H, I, True)
+                g_next, u_next = _gate_up_tile(w13, expert, rn, k0 + BK, rk, H, INTER, True)
                 acc_g += tl.sum(g.to(tl.float32) * xt[None, :], axis=1)
                 acc_u += tl.sum(u.to(tl.float32) * xt[None, :], axis=1)
                 g, u = g_next, u_next
             if HAS_BIAS:
-                b_rows = b13 + expert * 2 * I + rn
-                acc_g += tl.load(b_rows, mask=rn < I, other=0.0).to(tl.float32)
-                acc_u += tl.load(b_rows + I, mask=rn < I, other=0.0).to(tl.float32)
+                b_rows = b13 + expert * 2 * INTER + rn
+                acc_g += tl.load(b_rows, mask=rn < INTER, other=0.0).to(tl.float32)
+                acc_u += tl.load(b_rows + INTER, mask=rn < INTER, other=0.0).to(tl.float32)
             h = activate(acc_g, acc_u, ACT)
-            tl.store(inter + slot.to(tl.int64) * I + rn, h.to(inter.dtype.element_ty), mask=rn < I)
+            tl.store(inter + slot.to(tl.int64) * INTER + rn, h.to(inter.dtype.element_ty), mask=rn < INTER)
 
     @triton.jit
-    def _down_tile(w2, topk_ids, t, q, NK, TOPK, E, rn, rk, H, I, BK: tl.constexpr):
+    def _down_tile(w2, topk_ids, t, q, NK, TOPK, E, rn, rk, H, INTER, BK: tl.constexpr):
         """Step ``q`` of the walk (slot ``q // NK``, column tile ``q % NK``): its ``w2`` tile,
         zeros for a pad slot or past the last step."""
         j = q // NK
@@ -72,20 +72,20 @@ if triton is not None:
         in_walk = q < NK * TOPK
         expert = tl.load(topk_ids + t * TOPK + j, mask=in_walk, other=E)
         ok = expert < E
-        rows = w2 + tl.where(ok, expert, 0).to(tl.int64) * H * I + rn.to(tl.int64) * I
+        rows = w2 + tl.where(ok, expert, 0).to(tl.int64) * H * INTER + rn.to(tl.int64) * INTER
         cols = k0 + rk
-        mask = ok & (rn[:, None] < H) & (cols[None, :] < I)
+        mask = ok & (rn[:, None] < H) & (cols[None, :] < INTER)
         return tl.load(rows[:, None] + cols[None, :], mask=mask, other=0.0)
 
     @triton.jit
     def _skinny_down(
-        inter, w2, b2, topk_ids, topk_weights, out, E, H, I, TOPK, NK,
+        inter, w2, b2, topk_ids, topk_weights, out, E, H, INTER, TOPK, NK,
         BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
-        tile = _down_tile(w2, topk_ids, t, 0, NK, TOPK, E, rn, rk, H, I, BK)  # NOTE: before the wait
+        tile = _down_tile(w2, topk_ids, t, 0, NK, TOPK, E, rn, rk, H, INTER, BK)  # NOTE: before the wait
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: inter is the previous kernel's output
             tl.extra.cuda.gdc_launch_dependents()
@@ -96,8 +96,8 @@ if triton is not None:
             k0 = (q % NK) * BK
             expert = tl.load(topk_ids + slot)
             ok = expert < E
-            ahead = _down_tile(w2, topk_ids, t, q + 1, NK, TOPK, E, rn, rk, H, I, BK)
-            h = tl.load(inter + slot.to(tl.int64) * I + k0 + rk, mask=ok & (k0 + rk < I), other=0.0)
+            ahead = _down_tile(w2, topk_ids, t, q + 1, NK, TOPK, E, rn, rk, H, INTER, BK)
+            h = tl.load(inter + slot.to(tl.int64) * INTER + k0 + rk, mask=ok & (k0 + rk < INTER), other=0.0)
             acc += tl.sum(tile.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
             if q % NK == NK - 1:
                 if HAS_BIAS:

@@ -81,7 +81,9 @@ def check_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> None:
         raise ValueError(f"activation {w.activation!r} is not one of {tuple(ACT_CODES)}")
     ids, weights = routing.topk_ids, routing.topk_weights
     if ids.shape != weights.shape or ids.dim() != 2 or ids.shape[0] != x.shape[0]:
-        raise ValueError(f"topk_ids {tuple(ids.shape)}, topk_weights {tuple(weights.shape)} for x {tuple(x.shape)}")
+        raise ValueError(
+            f"topk_ids {tuple(ids.shape)}, topk_weights {tuple(weights.shape)} for x {tuple(x.shape)}"
+        )
     if ids.dtype != torch.int32 or not ids.is_contiguous() or not weights.is_contiguous():
         raise ValueError(f"topk_ids must be contiguous int32 (got {ids.dtype}), topk_weights contiguous")
 
