@@ -25,6 +25,7 @@ from graphrt.kernels.switches import tl, triton
 ACT_CODES = {"silu": 0, "swiglu_clamp": 1}
 
 if triton is not None:
+    _ALPHA, _LIMIT = tl.constexpr(SWIGLU_ALPHA), tl.constexpr(SWIGLU_LIMIT)
 
     @triton.jit
     def activate(gate, up, ACT: tl.constexpr):
@@ -32,9 +33,9 @@ if triton is not None:
         if ACT == 0:
             return gate * tl.sigmoid(gate) * up
         else:
-            gate = tl.minimum(gate, SWIGLU_LIMIT)
-            up = tl.minimum(tl.maximum(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-            return (up + 1.0) * gate * tl.sigmoid(gate * SWIGLU_ALPHA)
+            gate = tl.minimum(gate, _LIMIT)
+            up = tl.minimum(tl.maximum(up, -_LIMIT), _LIMIT)
+            return (up + 1.0) * gate * tl.sigmoid(gate * _ALPHA)
 
     @triton.jit
     def mma(acc, a, b, F32_DOT: tl.constexpr):
