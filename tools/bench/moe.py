@@ -8,8 +8,10 @@ bytes are the 9 requests' experts only. :data:`LAYERS` layers (own weights and r
 to back in one graph so a replay never finds its experts in L2; µs per layer = replay p50 /
 layers. Bytes = the distinct experts routed to (``w13``, ``w2``, biases) + ``x`` and the output;
 GB/s = bytes / µs, against the bandwidth of a 1 GiB D2D copy measured in the same run
-(``floor_us`` = bytes at that bandwidth). Paths: ``triton`` (:func:`graphrt.kernels.moe.fused_experts`),
-``reference`` (:func:`graphrt.kernels.moe.experts_reference`); the alignment alone: ``align``
+(``floor_us`` = bytes at that bandwidth). Paths: ``triton``
+(:func:`graphrt.kernels.moe.fused_experts`; ``triton_skinny`` / ``triton_grouped``: one kernel
+path forced, to place ``GRAPHRT_MOE_SKINNY_SLOTS``), ``reference``
+(:func:`graphrt.kernels.moe.experts_reference`); the alignment alone: ``align``
 (ours) and ``sgl_align`` (sgl-kernel's ``moe_align_block_size``, when it imports). Every path's
 output is checked against the reference first (:class:`ParityError`).
 
@@ -20,6 +22,7 @@ Each run writes ``<out>/moe_<device>_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -96,9 +99,28 @@ def paths() -> dict[str, Callable[[Layer], torch.Tensor] | None]:
     return {
         "reference": (lambda lay: experts_reference(lay[0], lay[1], lay[2].topk_ids, lay[2].topk_weights)),
         "triton": (lambda lay: fused_experts(*lay)),
+        "triton_skinny": _forced(1 << 30),
+        "triton_grouped": _forced(0),
         "align": (lambda lay: moe_align.moe_align(lay[2].topk_ids, lay[1].num_experts, lay[2])),
         "sgl_align": _sgl_align(sgl_kernel) if sgl_kernel is not None else None,
     }
+
+
+def _forced(slots: int) -> Callable[[Layer], torch.Tensor]:
+    """The Triton path with the skinny kernels up to ``slots`` token slots (0: always grouped)."""
+
+    def run(layer: Layer) -> torch.Tensor:
+        before = os.environ.get(triton_experts.SKINNY_SLOTS_ENV)
+        os.environ[triton_experts.SKINNY_SLOTS_ENV] = str(slots)
+        try:
+            return fused_experts(*layer)
+        finally:
+            if before is None:
+                del os.environ[triton_experts.SKINNY_SLOTS_ENV]
+            else:
+                os.environ[triton_experts.SKINNY_SLOTS_ENV] = before
+
+    return run
 
 
 def _sgl_align(sgl: Any) -> Callable[[Layer], None]:
@@ -149,7 +171,7 @@ def measure(run: dict[str, Any], name: str, rows: int, real: int) -> dict[str, A
             "us": us,
             "gb_s": nbytes / us["p50"] / 1e3 if us and "align" not in path else None,
         }
-        if path in ("reference", "triton"):  # NOTE: the reference runs first
+        if not path.endswith("align"):  # NOTE: the reference runs first
             ref = ref or outs
             cell |= _agreement(outs, ref, f"{name} T={rows} {path}")
         row["paths"][path] = cell
@@ -234,7 +256,8 @@ def print_table(result: dict[str, Any], out: str) -> None:
         floor, ratio = r["floor_us"], r["triton_over_floor"]
         table.add_row(
             r["shape"], str(r["tokens"]), str(r["requests"]), "/".join(map(str, r["distinct_experts"])),
-            f"{r['bytes'] / 1e6:.1f}", _us(p["triton"]), _us(p["reference"]), _us(p["align"]), _us(p["sgl_align"]),
+            f"{r['bytes'] / 1e6:.1f}", _us(p["triton"]), _us(p["triton_skinny"]), _us(p["triton_grouped"]),
+            _us(p["reference"]), _us(p["align"]), _us(p["sgl_align"]),
             f"{floor:.1f}" if floor else "—", f"{ratio:.2f}" if ratio else "—",
         )  # fmt: skip
     console = wide_console()
