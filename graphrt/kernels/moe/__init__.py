@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.moe.align import BLOCK_M, align_bound, block_bound
+from graphrt.kernels.moe.align import BLOCK_M, align_bound, block_bound, moe_align
 
 #: gpt-oss's clamped SwiGLU: ``(up + 1) * gate * sigmoid(ALPHA * gate)``, gate clamped above at
 #: LIMIT and up to ``[-LIMIT, LIMIT]``.
@@ -138,5 +138,6 @@ __all__ = [
     "block_bound",
     "experts_reference",
     "fused_experts",
+    "moe_align",
     "new_routing",
 ]
