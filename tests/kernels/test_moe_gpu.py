@@ -107,7 +107,11 @@ def test_alignment_agrees_with_sgl_kernel(tokens: int, topk: int, experts: int) 
     blocks = torch.empty(-(-bound // BLOCK_M), dtype=torch.int32, device="cuda")
     padded = torch.empty(1, dtype=torch.int32, device="cuda")
     cumsum = torch.zeros(experts + 2, dtype=torch.int32, device="cuda")
-    sgl.moe_align_block_size(ids, experts + 1, BLOCK_M, sorted_ids, blocks, padded, cumsum, True)
+    args = (ids, experts + 1, BLOCK_M, sorted_ids, blocks, padded, cumsum)
+    try:
+        sgl.moe_align_block_size(*args, True)  # NOTE: pad_sorted_token_ids (newer releases)
+    except TypeError:
+        sgl.moe_align_block_size(*args)
     n_sgl, n_ours = int(padded), int(ours.num_padded)
     for e in range(experts):
         theirs = sorted_ids[:n_sgl].view(-1, BLOCK_M)[blocks[: n_sgl // BLOCK_M] == e]

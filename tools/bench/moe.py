@@ -125,14 +125,18 @@ def _forced(slots: int) -> Callable[[Layer], torch.Tensor]:
 
 def _sgl_align(sgl: Any) -> Callable[[Layer], None]:
     """sgl-kernel's alignment over ``E + 1`` experts (pad rows as one more expert), into buffers
-    sized for that (allocated per call: the capture keeps them)."""
+    sized for that (allocated per call: the capture keeps them; the sentinel fill, as sglang
+    does it, is part of the timed work)."""
 
     def run(layer: Layer) -> None:
         ids, experts = layer[2].topk_ids, layer[1].num_experts
         bound = ids.numel() + (experts + 1) * (BLOCK_M - 1)
         new = lambda n: torch.empty(n, dtype=torch.int32, device=ids.device)  # noqa: E731
-        sgl.moe_align_block_size(ids, experts + 1, BLOCK_M, new(bound), new(-(-bound // BLOCK_M)), new(1),
-                                 torch.zeros(experts + 2, dtype=torch.int32, device=ids.device), True)  # fmt: skip
+        sorted_ids = torch.full((bound,), ids.numel(), dtype=torch.int32, device=ids.device)
+        cumsum = torch.zeros(experts + 2, dtype=torch.int32, device=ids.device)
+        sgl.moe_align_block_size(
+            ids, experts + 1, BLOCK_M, sorted_ids, new(-(-bound // BLOCK_M)), new(1), cumsum
+        )
 
     return run
 
