@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler, serve), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, moe, sampler, serve), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -233,6 +233,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "model"): ("graphrt.tools.bench.model", "run_bench_model"),
     ("bench", "overlap"): ("graphrt.tools.bench.overlap", "run_bench_overlap"),
     ("bench", "gemm"): ("graphrt.tools.bench.gemm", "run_bench_gemm"),
+    ("bench", "moe"): ("graphrt.tools.bench.moe", "run_bench_moe"),
     ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
     ("bench", "serve"): ("graphrt.tools.bench.serve", "run_bench_serve"),
 }

@@ -22,6 +22,7 @@ BENCH_SIZES = {
     "buckets": "1,8,64",
     "model": "1,16,64",
     "gemm": "1,16,64",
+    "moe": "1,16,64",
     "sampler": "1,8,64",
 }
 #: ``graphrt bench TARGET`` defaults on a CPU where the GPU's would run for minutes.
@@ -99,12 +100,13 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler", "serve"),
+        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "moe", "sampler", "serve"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
         "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
         "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
-        "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
+        "(--batch-sizes: rows M); moe: one MoE layer's experts in a graph, Triton vs the torch reference vs "
+        "the routed experts' read floor (--batch-sizes: tokens); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
         "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency",
     )
     p.add_argument(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.moe.align import BLOCK_M, align_bound, block_bound
+from graphrt.kernels.moe.align import BLOCK_M, align_bound, block_bound, moe_align
 
 #: gpt-oss's clamped SwiGLU: ``(up + 1) * gate * sigmoid(ALPHA * gate)``, gate clamped above at
 #: LIMIT and up to ``[-LIMIT, LIMIT]``.
@@ -60,6 +60,24 @@ class Routing:
     expert_counts: torch.Tensor
 
 
+def new_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> Routing:
+    """A :class:`Routing` over these ``[T, k]`` tensors with fresh alignment buffers at their bounds
+    (benches and tests; a runtime takes views of its routing buffer group instead)."""
+    tokens, topk = topk_ids.shape
+
+    def vector(n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int32, device=topk_ids.device)
+
+    return Routing(
+        topk_ids,
+        topk_weights,
+        vector(align_bound(tokens, topk, num_experts)),
+        vector(block_bound(tokens, topk, num_experts)),
+        vector(1),
+        vector(num_experts),
+    )
+
+
 def activate(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     """``[..., 2 I] -> [..., I]``: SiLU(gate) * up, or gpt-oss's clamped SwiGLU."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -89,8 +107,8 @@ def experts_reference(
         h = torch.einsum("tn,thn->th", activate(h, w.activation), w.w2[e].float())
         if w.b2 is not None:
             h = h + w.b2[e].float()
-        scale = torch.where(valid[:, j], weights[:, j].float(), 0.0)
-        out += scale[:, None] * h
+        # NOTE: where, not a zero scale: a pad row's garbage (NaN poison) must not reach the sum
+        out += torch.where(valid[:, j, None], weights[:, j, None].float() * h, 0.0)
     return out.to(x.dtype)
 
 
@@ -98,8 +116,15 @@ def fused_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> torch.
     """The routed experts' weighted sum for ``x [T, H]`` (``routing`` written for this step).
 
     The fused Triton kernels where they run (:mod:`graphrt.kernels.moe.triton_experts`), else
-    :func:`experts_reference`.
+    :func:`experts_reference`. Without the Triton path, ``routing``'s alignment buffers are
+    left as they were (the reference reads ``topk_ids`` / ``topk_weights`` only); the grouped
+    Triton path writes them (:func:`graphrt.kernels.moe.align.moe_align`), the skinny one (``T * k``
+    up to ``triton_experts.skinny_max_slots()``) does not need them.
     """
+    from graphrt.kernels.moe import triton_experts  # NOTE: it imports this module's types
+
+    if triton_experts.enabled(x.device):
+        return triton_experts.fused_experts_triton(x, w, routing)
     return experts_reference(x, w, routing.topk_ids, routing.topk_weights)
 
 
@@ -113,4 +138,6 @@ __all__ = [
     "block_bound",
     "experts_reference",
     "fused_experts",
+    "moe_align",
+    "new_routing",
 ]

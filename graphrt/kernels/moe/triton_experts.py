@@ -1,0 +1,174 @@
+"""The fused Triton path of :func:`graphrt.kernels.moe.fused_experts`: which kernels, which tiles.
+
+``T * k <= skinny_max_slots()`` (decode at bs 1-4 with k = 8): the skinny kernels
+(:mod:`graphrt.kernels.moe.skinny_experts`, two launches, no alignment). Else the alignment
+(:func:`graphrt.kernels.moe.align.moe_align`, written into ``routing``), the two grouped GEMMs
+(:mod:`graphrt.kernels.moe.grouped`) and a reduction over ``k`` in a fixed order. Intermediates
+are sized by ``T * k`` and the static bounds only, so the launches capture into a CUDA graph and
+replay for any routing; nothing is read on the host.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.kernels.moe import ExpertWeights, Routing
+from graphrt.kernels.moe.align import BLOCK_M, PDL_ENV, block_bound, moe_align
+from graphrt.kernels.moe.grouped import ACT_CODES, _grouped_down, _grouped_up
+from graphrt.kernels.moe.skinny_experts import _skinny_down, _skinny_up
+from graphrt.kernels.switches import pdl_enabled, tl, triton, triton_enabled
+
+#: The switch of the fused expert kernels (:func:`graphrt.kernels.switches.triton_enabled`).
+ENV = "GRAPHRT_MOE_EXPERTS"
+#: Largest ``T * k`` the skinny path takes (``GRAPHRT_MOE_SKINNY_SLOTS`` replaces it; 0: never).
+SKINNY_SLOTS, SKINNY_SLOTS_ENV = 32, "GRAPHRT_MOE_SKINNY_SLOTS"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    """``block_n x block_k`` of the grouped GEMMs (``tl.dot``, ``BLOCK_M`` rows) and of the skinny
+    GEMVs (``skinny_n`` rows by up to ``skinny_k`` columns per loop step)."""
+
+    block_n: int = 64
+    block_k: int = 64
+    warps: int = 8
+    stages: int = 3
+    skinny_n: int = 8
+    skinny_k: int = 1024
+    skinny_warps: int = 8
+
+
+#: The tiles the dispatch uses. NOTE: 8 warps: on 4, sm_90's 64-bit tile pointers take 228-255
+#: registers and the up GEMM spills (``tests/kernels/test_moe_ptx.py`` checks none spills).
+TILES = Tiles()
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether the Triton kernels run for tensors on ``device`` (:data:`ENV`)."""
+    return triton_enabled(ENV, device)
+
+
+def skinny_max_slots() -> int:
+    """:data:`SKINNY_SLOTS`, or ``GRAPHRT_MOE_SKINNY_SLOTS`` (a count >= 0)."""
+    raw = os.environ.get(SKINNY_SLOTS_ENV, str(SKINNY_SLOTS))
+    if not raw.isdigit():
+        raise ValueError(f"{SKINNY_SLOTS_ENV}={raw!r}: expected a slot count >= 0")
+    return int(raw)
+
+
+def check_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> None:
+    """``ValueError`` naming the value and the limit when the kernels cannot take these tensors."""
+    num_experts, two_i, hidden = w.w13.shape
+    shapes = {
+        "w2": (w.w2, (num_experts, hidden, two_i // 2)),
+        "b13": (w.b13, (num_experts, two_i)),
+        "b2": (w.b2, (num_experts, hidden)),
+    }
+    if x.dim() != 2 or x.shape[1] != hidden or two_i % 2:
+        raise ValueError(f"x {tuple(x.shape)} and w13 {tuple(w.w13.shape)} are not [T, H] and [E, 2 I, H]")
+    for name, (t, want) in shapes.items():
+        if t is not None and tuple(t.shape) != want:
+            raise ValueError(f"{name} is {tuple(t.shape)}; w13 {tuple(w.w13.shape)} needs {want}")
+    tensors = [t for t in (w.w13, w.w2, w.b13, w.b2) if t is not None]
+    if x.dtype not in DTYPES or any(t.dtype != x.dtype for t in tensors):
+        got = [x.dtype] + [t.dtype for t in tensors]
+        raise ValueError(f"dtypes of x and the expert weights {got}: all one of {DTYPES}")
+    if x.stride(1) != 1 or not all(t.is_contiguous() for t in tensors):
+        raise ValueError("x needs a contiguous last dim and the expert weights to be contiguous")
+    if w.activation not in ACT_CODES:
+        raise ValueError(f"activation {w.activation!r} is not one of {tuple(ACT_CODES)}")
+    ids, weights = routing.topk_ids, routing.topk_weights
+    if ids.shape != weights.shape or ids.dim() != 2 or ids.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"topk_ids {tuple(ids.shape)}, topk_weights {tuple(weights.shape)} for x {tuple(x.shape)}"
+        )
+    if ids.dtype != torch.int32 or not ids.is_contiguous() or not weights.is_contiguous():
+        raise ValueError(f"topk_ids must be contiguous int32 (got {ids.dtype}), topk_weights contiguous")
+
+
+def fused_experts_triton(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> torch.Tensor:
+    """:func:`graphrt.kernels.moe.fused_experts` in Triton kernels (see the module docstring)."""
+    check_experts(x, w, routing)
+    tokens, topk = routing.topk_ids.shape
+    if tokens == 0:
+        return torch.zeros_like(x)
+    pdl = pdl_enabled(PDL_ENV, x.device)
+    if tokens * topk <= skinny_max_slots():
+        return _skinny(x, w, routing, pdl)
+    moe_align(routing.topk_ids, w.num_experts, routing)
+    return _grouped(x, w, routing, pdl)
+
+
+def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> torch.Tensor:
+    (tokens, hidden), (num_experts, two_i, _), topk = x.shape, w.w13.shape, routing.topk_ids.shape[1]
+    inter_dim, t = two_i // 2, TILES
+    inter = torch.empty((tokens * topk, inter_dim), dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    bk_up, bk_down = min(t.skinny_k, _pow2(hidden)), min(t.skinny_k, _pow2(inter_dim))
+    _skinny_up[(tokens * topk, triton.cdiv(inter_dim, t.skinny_n // 2))](
+        x, w.w13, _or(w.b13, w.w13), inter, routing.topk_ids, num_experts, hidden, inter_dim, topk,
+        x.stride(0), BN=t.skinny_n // 2, BK=bk_up, ACT=ACT_CODES[w.activation],
+        HAS_BIAS=w.b13 is not None, PDL=pdl, num_warps=t.skinny_warps, launch_pdl=pdl,
+    )  # fmt: skip
+    _skinny_down[(tokens, triton.cdiv(hidden, t.skinny_n))](
+        inter, w.w2, _or(w.b2, w.w2), routing.topk_ids, routing.topk_weights, out, num_experts,
+        hidden, inter_dim, topk, triton.cdiv(inter_dim, bk_down), BN=t.skinny_n, BK=bk_down,
+        HAS_BIAS=w.b2 is not None, PDL=pdl, num_warps=t.skinny_warps, launch_pdl=pdl,
+    )  # fmt: skip
+    return out
+
+
+def _grouped(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> torch.Tensor:
+    (tokens, hidden), (num_experts, two_i, _), topk = x.shape, w.w13.shape, routing.topk_ids.shape[1]
+    inter_dim, t, slots = two_i // 2, TILES, tokens * topk
+    blocks = block_bound(tokens, topk, num_experts)
+    inter = torch.empty((slots, inter_dim), dtype=x.dtype, device=x.device)
+    buf = torch.empty((slots, hidden), dtype=torch.float32, device=x.device)
+    f32 = x.dtype == torch.float32 or not x.is_cuda
+    aligned = (routing.sorted_ids, routing.block_experts, routing.num_padded, slots)
+    _grouped_up[(blocks, triton.cdiv(inter_dim, t.block_n))](
+        x, w.w13, _or(w.b13, w.w13), inter, *aligned, hidden, inter_dim, topk, x.stride(0),
+        BM=BLOCK_M, BN=t.block_n, BK=t.block_k, ACT=ACT_CODES[w.activation], HAS_BIAS=w.b13 is not None,
+        PDL=pdl, F32_DOT=f32, num_warps=t.warps, num_stages=t.stages, launch_pdl=pdl,
+    )  # fmt: skip
+    _grouped_down[(blocks, triton.cdiv(hidden, t.block_n))](
+        inter, w.w2, _or(w.b2, w.w2), routing.topk_weights, buf, *aligned, hidden, inter_dim,
+        BM=BLOCK_M, BN=t.block_n, BK=t.block_k, HAS_BIAS=w.b2 is not None, PDL=pdl, F32_DOT=f32,
+        num_warps=t.warps, num_stages=t.stages, launch_pdl=pdl,
+    )  # fmt: skip
+    out = torch.empty_like(x)
+    block_h = min(1024, _pow2(hidden))
+    _sum_topk[(tokens, triton.cdiv(hidden, block_h))](
+        buf, routing.topk_ids, out, num_experts, hidden, topk, BH=block_h, PDL=pdl, launch_pdl=pdl
+    )
+    return out
+
+
+def _or(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
+    return other if t is None else t  # NOTE: a pointer the kernel never reads (HAS_BIAS False)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _sum_topk(buf, topk_ids, out, E, H, TOPK, BH: tl.constexpr, PDL: tl.constexpr):
+        """``out[t] = sum_j buf[t k + j]`` over the token's routed slots, in slot order."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: buf is the previous kernel's output
+            tl.extra.cuda.gdc_launch_dependents()
+        t = tl.program_id(0)
+        rh = tl.program_id(1) * BH + tl.arange(0, BH)
+        acc = tl.zeros((BH,), dtype=tl.float32)
+        for j in range(0, TOPK):
+            slot = t * TOPK + j
+            ok = tl.load(topk_ids + slot) < E
+            acc += tl.load(buf + slot.to(tl.int64) * H + rh, mask=ok & (rh < H), other=0.0)
+        tl.store(out + t.to(tl.int64) * H + rh, acc.to(out.dtype.element_ty), mask=rh < H)

@@ -1,0 +1,111 @@
+"""The fused expert kernels (``graphrt.kernels.moe``) against ``experts_reference``.
+
+Both paths (skinny: ``T * k`` slots streaming their own experts; grouped: the aligned GEMMs),
+both activations, with and without biases, pad rows (id ``E``, NaN weights, NaN activations)
+that must add nothing. fp32 weights, so kernel and reference differ only by summation order.
+Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt.kernels.moe import align, experts_reference, fused_experts, new_routing
+from graphrt.kernels.moe import triton_experts as te
+from tests.support.moe_util import random_experts, random_routing
+from tests.support.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+
+E, K, H, INTER = 8, 2, 64, 32
+#: fp32 sums of H or I products in another order.
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+#: Fewer, larger programs under the interpreter (its cost is per program).
+SMALL_TILES = te.Tiles(block_n=32, block_k=32, skinny_n=64, skinny_k=64)
+PATHS = {"skinny": "1000", "grouped": "0"}
+#: ``(path, T, pad rows)``: the skinny path at decode sizes, the grouped one from 3 rows.
+BATCHES = [("skinny", 1, ()), ("skinny", 3, (1,)), ("grouped", 3, (1,)), ("grouped", 16, (0, 9, 15))]
+KINDS = [("silu", False), ("swiglu_clamp", True), ("silu", True)]
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    if INTERPRET:
+        monkeypatch.setenv(te.ENV, "interpret")
+        monkeypatch.setenv(align.ENV, "interpret")
+        monkeypatch.setattr(te, "TILES", SMALL_TILES)
+
+
+def _layer(device, tokens: int, pads, activation: str, bias: bool, seed: int = 0):
+    w = random_experts(
+        E, H, INTER, bias=bias, activation=activation, dtype=torch.float32, device=device, seed=seed
+    )
+    routing = random_routing(tokens, K, E, device, pad_rows=pads, seed=seed + tokens)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(seed)).to(device)
+    x[list(pads)] = float("nan")  # NOTE: a pad row's input is garbage; it must reach nothing
+    return x, w, routing
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize(("path", "tokens", "pads"), BATCHES)
+@pytest.mark.parametrize(("activation", "bias"), KINDS)
+def test_matches_reference(device, monkeypatch, path, tokens, pads, activation, bias) -> None:
+    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, PATHS[path])
+    x, w, routing = _layer(device, tokens, pads, activation, bias)
+    got = fused_experts(x, w, routing)
+    want = experts_reference(x, w, routing.topk_ids, routing.topk_weights)
+    real = [t for t in range(tokens) if t not in pads]
+    torch.testing.assert_close(got[real], want[real], **TOL)
+    assert torch.equal(got[list(pads)], torch.zeros(len(pads), H, device=device)), "pad rows add nothing"
+    if path == "grouped":  # NOTE: the alignment ran into routing: counts exclude the pad rows
+        counts = torch.bincount(routing.topk_ids.reshape(-1).long().cpu(), minlength=E + 1)[:E]
+        assert torch.equal(routing.expert_counts.cpu(), counts.int())
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("path", list(PATHS))
+def test_pad_rows_do_not_change_real_rows_and_calls_repeat(device, monkeypatch, path) -> None:
+    """A batch with pad rows gives its real rows what they get alone; two calls agree bit for bit."""
+    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, PATHS[path])
+    x, w, routing = _layer(device, 6, (3, 4), "swiglu_clamp", True, seed=5)
+    got = fused_experts(x, w, routing)
+    assert torch.equal(got, fused_experts(x, w, routing))
+    keep = [t for t in range(6) if t not in (3, 4)]
+    alone = new_routing(routing.topk_ids[keep].contiguous(), routing.topk_weights[keep].contiguous(), E)
+    torch.testing.assert_close(got[keep], fused_experts(x[keep], w, alone), **TOL)
+
+
+def test_cpu_default_is_the_reference(monkeypatch) -> None:
+    monkeypatch.delenv(te.ENV, raising=False)
+    x, w, routing = _layer(torch.device("cpu"), 3, (1,), "silu", True)
+    assert not te.enabled(x.device)
+    want = experts_reference(x, w, routing.topk_ids, routing.topk_weights)
+    assert torch.equal(fused_experts(x, w, routing), want)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda x, w, r: (x[:, :60], w, r), r"x \(3, 60\) and w13 \(8, 64, 64\)"),
+        (lambda x, w, r: (x, w.__class__(w.w13, w.w2[:, :, :16], w.b13, w.b2), r), r"w2 is \(8, 64, 16\)"),
+        (lambda x, w, r: (x.double(), w, r), "dtypes of x and the expert weights"),
+        (lambda x, w, r: (x, w.__class__(w.w13, w.w2, activation="gelu"), r), "activation 'gelu'"),
+        (lambda x, w, r: (x, w, new_routing(r.topk_ids.long(), r.topk_weights, E)), "topk_ids must be"),
+    ],
+)
+def test_refuses_what_it_cannot_compute(change, match) -> None:
+    x, w, routing = change(*_layer(torch.device("cpu"), 3, (), "silu", False))
+    with pytest.raises(ValueError, match=match):
+        te.check_experts(x, w, routing)
+
+
+def test_skinny_slots_env(monkeypatch) -> None:
+    assert te.skinny_max_slots() == te.SKINNY_SLOTS
+    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, "x")
+    with pytest.raises(ValueError, match="GRAPHRT_MOE_SKINNY_SLOTS='x'"):
+        te.skinny_max_slots()
+
+
+@rerun_marks
+def test_kernels_under_triton_interpreter() -> None:
+    """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
+    rerun_under_interpreter(__file__, passed=21)
