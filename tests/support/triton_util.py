@@ -18,6 +18,27 @@ from graphrt.kernels.switches import triton
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _index_scalars_under_numpy_2_4() -> None:
+    """Triton 3.6's interpreter holds a scalar as a 1-element array and takes ``int()`` of it for
+    ``range(0, K, ...)``; numpy >= 2.4 refuses ``int()`` of a 1-d array. Index its one element."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "graphrt_fixed", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.graphrt_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET and triton is not None:
+    _index_scalars_under_numpy_2_4()
+
+
 def triton_devices() -> list:
     """``parametrize`` values: CUDA when present, the CPU under the interpreter; else one skip."""
     out = []
