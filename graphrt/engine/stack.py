@@ -22,6 +22,7 @@ from graphrt.models.llama import TinyLlama
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import PRESETS, CrossConfig, DSAConfig, MLAConfig, preset
+from graphrt.models.quantize import check_quantization, quantize
 from graphrt.parallel import TPGroup
 from graphrt.runtime import GraphRuntime
 from graphrt.step.config import RuntimeConfig
@@ -51,6 +52,7 @@ def build_stack(
     tp: TPGroup = SINGLE,
     progress: Callable[[int, int], None] | None = None,
     window_pool: bool = False,
+    quantization: str | None = None,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.checkpoints.load``).
 
@@ -67,16 +69,25 @@ def build_stack(
     ``progress(done, total)``: called after each checkpoint tensor is read. ``window_pool``:
     sliding-window layers keep their KV in a pool of ``window + step`` positions per request
     (:mod:`graphrt.kv.window`, :func:`window_layers`) instead of the full context.
+    ``quantization``: ``"fp8"`` quantizes the model's projections once built
+    (:func:`graphrt.models.quantize.quantize`).
     """
     dtype = dtype or default_dtype(device)
+    check_quantization(quantization)
     checkpoint = None if name in PRESETS else resolve(name)
     if checkpoint is not None:
-        model = load(checkpoint, device=device, dtype=dtype, tp=tp, progress=progress)
+        model = load(
+            checkpoint, device=device, dtype=dtype, tp=tp, progress=progress, quantization=quantization
+        )
         return stack_for(
             model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype, window_pool=window_pool
         )
     cfg = preset(name)
     if isinstance(cfg, CrossConfig):
+        if quantization is not None:
+            raise ValueError(
+                f"quantization {quantization!r} is not supported for encoder-decoder presets ({name})"
+            )
         return cross_stack(
             cfg, device, config, max_reqs or config.max_batch_size, seed, dtype, kv_cache_dtype, tp
         )
@@ -85,6 +96,7 @@ def build_stack(
     model, kv = preset_model_kv(
         name, cfg, config, max_reqs, PresetOptions(seed, device, dtype, kv_cache_dtype, tp, window_pool)
     )
+    quantize(model, quantization)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)

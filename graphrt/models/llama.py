@@ -51,7 +51,9 @@ class RMSNorm(nn.Module):
         """``(proj(norm(residual + x)), residual + x)`` of ``x, residual [T, H]`` (``residual``
         None: ``x`` is the stream); one launch for a single-row step (:func:`ops.add_norm_linear`).
         ``proj`` is column-parallel: a plain GEMM of this rank's columns, no collective."""
-        return ops.add_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias)
+        return ops.add_norm_linear(
+            x, residual, self.weight, self.eps, proj.weight, proj.bias, proj.weight_scale
+        )
 
 
 #: What :meth:`Attention.heads` returns: q, k, v and the ``cos_sin`` still to apply to q and
@@ -130,8 +132,8 @@ class MLP(nn.Module):
         (:func:`ops.silu_mul_linear`), then under TP the down projection's all-reduce."""
         down = self.down
         if down.tp.size == 1:
-            return ops.silu_mul_linear(gate_up, down.weight, down.bias)
-        return down.reduce(ops.silu_mul_linear(gate_up, down.weight))
+            return ops.silu_mul_linear(gate_up, down.weight, down.bias, down.weight_scale)
+        return down.reduce(ops.silu_mul_linear(gate_up, down.weight, None, down.weight_scale))
 
 
 class Block(nn.Module):

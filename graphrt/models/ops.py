@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
-from graphrt.kernels import cos_sin, prologue, skinny
+from graphrt.kernels import cos_sin, fp8_gemm, prologue, skinny
 from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
 from graphrt.models import invariant
@@ -64,8 +64,13 @@ def fused(x: torch.Tensor) -> ModuleType | None:
     return _sgl()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ weight^T (+ bias)``: ``x [..., K]``, ``weight [N, K]``, ``bias [N]``; returns ``[..., N]``.
+
+    ``scale [N]`` float32: ``weight`` is e4m3 standing for ``weight * scale[:, None]``
+    (:func:`graphrt.kernels.fp8_gemm.fp8_linear`: its skinny GEMM, or the same math in torch).
 
     With at most :func:`skinny_max_m` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
@@ -73,6 +78,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     In a batch-invariant forward (``RuntimeConfig.deterministic``) every ``M`` takes
     :func:`graphrt.models.invariant.invariant_linear` instead: a row's bits do not depend on ``M``.
     """
+    if scale is not None:
+        return fp8_gemm.fp8_linear(x, weight, scale, bias)
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if batch_invariant_on() and skinny.enabled(x.device) and invariant.fits(rows, weight, bias):
         return invariant.invariant_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
@@ -127,7 +134,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def add_norm_linear(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-    weight: torch.Tensor, bias: torch.Tensor | None = None,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``linear(rms_norm(h), weight, bias)`` and the residual stream ``h = residual + x``.
 
@@ -139,6 +146,7 @@ def add_norm_linear(
     """
     if (
         x.shape[0] == 1
+        and scale is None  # NOTE: FP8 weights: the norm, then the FP8 GEMM
         and not batch_invariant_on()  # NOTE: one row only: a batch would take another path
         and prologue.enabled(x.device)
         and prologue.norm_problem(x, residual, norm_weight, weight, bias) is None
@@ -148,19 +156,22 @@ def add_norm_linear(
         h, residual = rms_norm(x, norm_weight, eps), x
     else:
         h, residual = add_rms_norm(x, residual, norm_weight, eps)
-    return linear(h, weight, bias), residual
+    return linear(h, weight, bias, scale), residual
 
 
 def silu_mul_linear(
-    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``linear(silu_and_mul(gate_up), weight, bias)``: ``gate_up [T, 2 K]`` (gate first), ``weight
-    [N, K]``; returns ``[T, N]``. One row of 16-bit ``gate_up`` where the fused prologue runs: one
-    launch (:func:`graphrt.kernels.prologue.silu_mul_linear`); else the two ops."""
-    one_row = gate_up.dim() == 2 and gate_up.shape[0] == 1 and not batch_invariant_on()
+    """``linear(silu_and_mul(gate_up), weight, bias, scale)``: ``gate_up [T, 2 K]`` (gate first),
+    ``weight [N, K]``; returns ``[T, N]``. One row of 16-bit ``gate_up`` where the fused prologue
+    runs: one launch (:func:`graphrt.kernels.prologue.silu_mul_linear`); else the two ops."""
+    one_row = gate_up.dim() == 2 and gate_up.shape[0] == 1 and not batch_invariant_on() and scale is None
     if one_row and prologue.enabled(gate_up.device) and prologue.silu_problem(gate_up, weight, bias) is None:
         return prologue.silu_mul_linear(gate_up, weight, bias)
-    return linear(silu_and_mul(gate_up), weight, bias)
+    return linear(silu_and_mul(gate_up), weight, bias, scale)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

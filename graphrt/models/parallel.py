@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from graphrt.kernels import fp8_gemm
 from graphrt.models.ops import linear
 from graphrt.parallel import TPGroup, all_gather_last, all_reduce_
 
@@ -159,6 +160,16 @@ def _loader(shard: Sharding) -> Callable[..., None]:
     return load
 
 
+def quantize_weight(module: nn.Module) -> None:
+    """Replace ``module.weight`` by its e4m3 rows and register their float32 ``weight_scale``.
+
+    Per row of this rank's shard (a column-parallel shard keeps whole rows; a row-parallel one's
+    rows are this rank's columns of each output, scaled on their own)."""
+    q, scale = fp8_gemm.quantize(module.weight)
+    module.weight = nn.Parameter(q, requires_grad=False)
+    module.weight_scale = scale  # NOTE: a buffer: moves with the module
+
+
 class ColumnParallelLinear(nn.Module):
     """``y = x W^T`` with W's output rows split: one or more fused blocks (``parts``), no collective.
 
@@ -174,6 +185,8 @@ class ColumnParallelLinear(nn.Module):
         local, full = sum(p.size for p in parts), sum(p.full for p in parts)
         self.weight = _loader_param((local, in_features), (full, in_features), self._sharding(in_features))
         self.bias = _loader_param((local,), (full,), self._sharding()) if bias else None
+        # NOTE: per-row float32 scales once the weight is FP8 (quantize_fp8), else None
+        self.register_buffer("weight_scale", None, persistent=False)
         for p in (self.weight, self.bias):
             if p is not None:  # NOTE: a fused tensor at once: every block's shard in turn
                 p.weight_loader = self._fused_loader(p.weight_loader)  # type: ignore[attr-defined]
@@ -197,7 +210,11 @@ class ColumnParallelLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.weight_scale)
+
+    def quantize_fp8(self) -> None:
+        """Hold this rank's weight as e4m3 with per-row scales (:mod:`graphrt.kernels.fp8_gemm`)."""
+        quantize_weight(self)
 
 
 class RowParallelLinear(nn.Module):
@@ -216,9 +233,14 @@ class RowParallelLinear(nn.Module):
         self.bias = (
             _loader_param((out_features,), (out_features,), lambda part=None: bias_shard) if bias else None
         )
+        self.register_buffer("weight_scale", None, persistent=False)  # NOTE: as the column layer's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.reduce(linear(x, self.weight))
+        return self.reduce(linear(x, self.weight, None, self.weight_scale))
+
+    def quantize_fp8(self) -> None:
+        """Hold this rank's weight as e4m3 with per-row scales (:mod:`graphrt.kernels.fp8_gemm`)."""
+        quantize_weight(self)
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """This rank's ``x_r W_r^T`` summed over the ranks, plus the bias (once)."""

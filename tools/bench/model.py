@@ -207,6 +207,10 @@ def _setup(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, An
 
 def run_bench_model(args: argparse.Namespace) -> int:
     """``graphrt bench model``: writes a new result file under ``args.out`` and prints its table."""
+    if getattr(args, "quantization", None) is not None:
+        from graphrt.tools.bench.quant import run_quant_compare  # NOTE: it imports this module
+
+        return run_quant_compare(args)
     if getattr(args, "kv_cache_dtype", "auto") != "auto":
         from graphrt.tools.bench.kv import run_kv_compare  # NOTE: it imports this module
 

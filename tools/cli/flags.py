@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from graphrt.models.quantize import QUANTIZATIONS
 from graphrt.tools.cli.args import (
     AUTO,
     Parser,
@@ -65,6 +66,16 @@ def kv_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
         default="auto",
         help=f"{scope}KV cache: auto (the model's dtype); fp8_e4m3 (MHA/GQA: FP8, half of bf16's "
         "bytes; model: timed against bf16 KV); bf16 | fp8 (DSA presets' MLA layouts)",
+    )
+
+
+def quant_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help=f"{scope}weights: fp8 (projections as e4m3 with per-row scales, quantized at load; "
+        "model: timed against bf16 weights); default: the checkpoint's dtype",
     )
 
 
@@ -257,6 +268,7 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
     p.set_defaults(default_iters=iters)
     if name == "bench":
         kv_arg(p, "decode and model: ")
+        quant_arg(p, "model: ")
     if name == "bench-spec":
         _spec_engine_args(p)
     tp_arg(p, "decode only: " if name == "bench" else "")

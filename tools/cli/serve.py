@@ -68,6 +68,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_context_len": context,
         "show_progress": progress_wanted(),
         "deterministic": args.deterministic,
+        "quantization": args.quantization,
     }
 
 
