@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from graphrt.kernels import switches
+
 DEVICES = [
     "cpu",
     pytest.param(
@@ -30,3 +32,40 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.delenv("GRAPHRT_CACHE", raising=False)
         mp.delenv("GRAPHRT_CACHE_MAX_GB", raising=False)
         yield
+
+
+class SwitchPatch(pytest.MonkeyPatch):
+    """``monkeypatch`` whose ``setenv`` / ``delenv`` make the process read its switches anew.
+
+    The library reads the ``GRAPHRT_*`` switches once (:mod:`graphrt.kernels.switches`: when a
+    runtime is built, else at first use); a test that sets one and then calls a kernel directly
+    wants it read again at its next use, and read anew once the test undoes it.
+    """
+
+    def setenv(self, name: str, value: str, prepend: str | None = None) -> None:
+        super().setenv(name, value, prepend)
+        switches.forget()
+
+    def delenv(self, name: str, raising: bool = True) -> None:
+        super().delenv(name, raising)
+        switches.forget()
+
+    def undo(self) -> None:
+        super().undo()
+        switches.forget()
+
+
+@pytest.fixture
+def monkeypatch() -> Iterator[SwitchPatch]:
+    """pytest's ``monkeypatch``, the switch record read anew after each environment change."""
+    patch = SwitchPatch()
+    yield patch
+    patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_switches() -> Iterator[None]:
+    """Each test starts from the environment's switches, not a record an earlier test read."""
+    switches.forget()
+    yield
+    switches.forget()

@@ -26,8 +26,6 @@ that regime:
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import astuple, dataclass
 
 import torch
@@ -99,26 +97,6 @@ TILES: tuple[tuple[int, int, Tile], ...] = (
 OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
 
 
-#: A/B switch: ``GRAPHRT_SKINNY_TILES="16=32x128w4s4,64=64x64w4s4"`` replaces the tile of the
-#: named ``M`` classes for every shape (``NxKwWARPSsSTAGES``, stages 1 when left out), ahead of
-#: :data:`OVERRIDES` and :data:`TILES`. Read per call, so it applies to graphs captured after it is set.
-TILES_ENV = "GRAPHRT_SKINNY_TILES"
-
-
-def parse_tiles(spec: str) -> dict[int, Tile]:
-    """``"16=32x128w4s4,64=..."`` as ``{M class: Tile}``; ``ValueError`` naming the bad part."""
-    out: dict[int, Tile] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        match = re.fullmatch(r"(\d+)=(\d+)x(\d+)w(\d+)(?:s(\d+))?", part)
-        if match is None or int(match[1]) not in M_CLASSES:
-            raise ValueError(
-                f"{TILES_ENV}: {part!r} is not <M class in {M_CLASSES}>=<N>x<K>w<warps>[s<stages>]"
-            )
-        n, k, w, st = (int(g) for g in match.groups("1")[1:])
-        out[int(match[1])] = Tile(n, k, w, st)
-    return out
-
-
 def m_class(m: int) -> int:
     """The smallest of :data:`M_CLASSES` that is ``>= m``."""
     for bound in M_CLASSES:
@@ -129,10 +107,7 @@ def m_class(m: int) -> int:
 
 def tile_for(m: int, n: int, k: int) -> Tile:
     """The tile of ``[m, k] x [n, k]^T``: :data:`OVERRIDES`, else the first fitting :data:`TILES` row."""
-    spec = os.environ.get(TILES_ENV, "")
-    tile = parse_tiles(spec).get(m_class(m)) if spec else None
-    if tile is None:
-        tile = OVERRIDES.get((m_class(m), n, k))
+    tile = OVERRIDES.get((m_class(m), n, k))
     if tile is None:
         tile = next(t for most_m, most_k, t in TILES if m <= most_m and k <= most_k)
     return tile.fit(m, n, k)

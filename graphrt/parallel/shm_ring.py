@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
+from graphrt.kernels import switches
 from graphrt.parallel.group import CollectiveError, TPGroup
 
 SLOTS = 4
@@ -62,7 +63,7 @@ class ShmRing:
         ``/dev/shm``, ``GRAPHRT_STEP_CHANNEL=gloo``). Collective over ``group.cpu_group``."""
         nbytes = (SLOTS * _SLOT + group.size) * 8
         path, mapped = None, None
-        wanted = os.environ.get("GRAPHRT_STEP_CHANNEL", "shm") == "shm"
+        wanted = switches.active()["GRAPHRT_STEP_CHANNEL"] == "shm"
         if group.is_driver and wanted:
             path = SHM_DIR / f"graphrt-{uuid.uuid4().hex}"
             mapped = _map(path, nbytes, create=True)

@@ -18,6 +18,32 @@ from graphrt.kernels.switches import triton
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def fix_interpreter_scalars() -> None:
+    """Let Triton's interpreter take a loaded scalar as a loop bound under numpy >= 2.4.
+
+    NOTE: Triton 3.6's interpreter turns a scalar tensor into an int with ``int(array)``, which
+    numpy 2.4 refuses for the 1-element arrays it holds (``range(start, end)`` over a loaded
+    length fails); later Triton squeezes the array first. This is the same fix, for any Triton.
+    """
+    if triton is None or not INTERPRET:
+        return
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "scalar_fix", False):
+        return
+
+    def patched(tensor: object, scope: object) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))  # type: ignore[attr-defined]
+
+    patched.scalar_fix = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+fix_interpreter_scalars()
+
+
 def triton_devices() -> list:
     """``parametrize`` values: CUDA when present, the CPU under the interpreter; else one skip."""
     out = []

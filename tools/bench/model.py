@@ -29,7 +29,6 @@ Each run writes ``<out>/model_<device>_<shape>_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -275,7 +274,8 @@ def _result(args: argparse.Namespace, run: dict[str, Any], rows: list, seconds: 
             ],
         },
         # NOTE: what tells a PDL-on run from a PDL-off one (the switches' values, "1" = on)
-        "pdl_switches": {env: os.environ.get(env, "1") for env in (skinny.PDL_ENV, sampler_launch.PDL_ENV)},
+        "pdl_switches": {env: report.switches[env] for env in (skinny.PDL_ENV, sampler_launch.PDL_ENV)},
+        "switches": report.switches,
         "graph_replays": stats.replays.get("DECODE", 0),
         "eager_fallbacks": stats.fallbacks.get("DECODE", {}),
         "weight_bytes": weight_bytes(run["model"]),
