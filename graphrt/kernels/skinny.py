@@ -80,8 +80,7 @@ def _pow2(n: int) -> int:
 #: wins. A program keeps one ``W`` tile in flight while it multiplies the previous one, and an
 #: SM needs ~32 KB in flight to stream at ~3 TB/s. ``M == 1``: 8 rows x 2048 columns (32 KB) on
 #: 8 warps, the best or within 3 % of it on every Llama-3.2-1B and 8B projection (H100, ``graphrt
-#: bench gemm --sweep``, bench/results/h100/session-1127b; 1B down 14.7 -> 12.3 us, 8B qkv 20.6 ->
-#: 18.1 us against the older 4 x 2048 / 8 x 1024 rule); with ``K <= 2048`` one tile holds a
+#: bench gemm --sweep``; docs/gpu.md has the figures against the older 4 x 2048 / 8 x 1024 rule); with ``K <= 2048`` one tile holds a
 #: program's whole slice of ``W``, all of it loaded before ``gdc_wait``. ``tl.dot`` (``M > 1``):
 #: 32 KB tiles on 8 warps (127 registers, 64 KB of shared memory for the operand layout), so N =
 #: 2048 still has 128 programs with 32 KB in flight each; at ``M <= 64`` smaller tiles keep
@@ -93,7 +92,7 @@ TILES: tuple[tuple[int, int, Tile], ...] = (
 )
 #: Tiles measured better for one weight shape: ``(M class, N, K) -> Tile`` (``M class``: the
 #: smallest of :data:`M_CLASSES` ``>= M``), from ``bench gemm --sweep`` on the H100: the 8B down
-#: projection streams 1 us faster in 8 x 1024 tiles on 4 warps.
+#: projection streams faster in 8 x 1024 tiles on 4 warps (docs/gpu.md).
 OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
 
 

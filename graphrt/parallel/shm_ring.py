@@ -1,8 +1,8 @@
 """Rank 0's step to the other ranks of one host through shared memory, in microseconds.
 
-A gloo broadcast of the step costs every rank 117-203 µs a step on the 2x H200 host, against
-15-27 µs through this ring (``graphrt.tools.bench.tp``'s ``step_message_us``, the same message;
-140-190 µs against 10 µs on a 2-core CPU box). When every rank runs on one host, rank 0 writes the packed step into a ring of :data:`SLOTS` slots in a
+A gloo broadcast of the step costs every rank about ten times what this ring does
+(``graphrt.tools.bench.tp``'s ``step_message_us``; docs/tensor-parallelism.md has the figures).
+When every rank runs on one host, rank 0 writes the packed step into a ring of :data:`SLOTS` slots in a
 ``/dev/shm`` file instead, and the other ranks poll for it; each reader acknowledges what it
 read, so rank 0 never overwrites a slot a reader has not finished.
 

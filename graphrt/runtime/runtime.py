@@ -186,7 +186,7 @@ class GraphRuntime:
         start = time.perf_counter()
         self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
-        # NOTE: no torch.no_grad() (~3 µs): a CUDA graph replay records no autograd, and the
+        # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)

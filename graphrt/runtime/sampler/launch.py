@@ -69,11 +69,9 @@ class Layout:
 
 
 #: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
-#: :class:`Layout`'s defaults. From ``graphrt bench sampler --sweep`` on the H100 (bs 1, top-p
-#: rows, ``bench/results/h100/session-1127c``): chunks of 2048 on 8 warps beat 4096 on 8
-#: (the old default) by 2.5 µs at 49k (17.2 -> 14.6) and 3.9 µs at 128k (24.2 -> 20.3); 1024
-#: and 16 warps lose at both. At 128k, once the row sums went to atomics (session-1127f), two
-#: records a tally pass beat four: top-p 15.4 -> 14.0 µs (top-k 50 the same; greedy 4.2 either way).
+#: :class:`Layout`'s defaults. Chosen by ``graphrt bench sampler --sweep`` on the H100: chunks of
+#: 2048 on 8 warps beat 4096 (the old default), 1024 and 16 warps; at 128k two records a tally
+#: pass beat four (docs/gpu.md has the figures).
 LAYOUTS: tuple[tuple[int, Layout], ...] = (
     (65536, Layout(2048, 8, 16)),
     (MAX_VOCAB, Layout(2048, 8, 8, 2)),
