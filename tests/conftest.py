@@ -1,13 +1,25 @@
-"""Every test that takes ``device`` runs on the CPU, and on CUDA when one is present."""
+"""Every test that takes ``device`` runs on the CPU, and on CUDA when one is present.
+
+Without CUDA the Triton kernels' tests run on the CPU through Triton's interpreter:
+``TRITON_INTERPRET=1`` is set here, before anything imports triton (unless it is set already).
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-import pytest
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # NOTE: read by triton at import: before graphrt's
+
+import pytest
+
 from graphrt.kernels import switches
+from tests.support.triton_util import fix_interpreter_scalars
+
+fix_interpreter_scalars()
 
 DEVICES = [
     "cpu",
