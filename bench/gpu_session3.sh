@@ -68,8 +68,8 @@ tiles() {  # the new tiles and FA3 splits: tests, then the model bench with the 
   echo "== GRAPHRT_FUSED_PROLOGUE=0" | tee -a "$log"
   TAIL=3 GRAPHRT_FUSED_PROLOGUE=0 bench_model llama-3.2-1b 1 512
   TAIL=3 GRAPHRT_FUSED_PROLOGUE=0 bench_model llama-3-8b 1 512
-  echo "== PDL off (GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0)" | tee -a "$log"
-  TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3.2-1b 1 512
+  echo "== PDL off (GRAPHRT_PDL=0 GRAPHRT_PDL=0)" | tee -a "$log"
+  TAIL=3 GRAPHRT_PDL=0 GRAPHRT_PDL=0 bench_model llama-3.2-1b 1 512
 }
 
 floor() {  # the step-floor benches, levers on (JSON with PDL edges, anchors, targets); PDL off; SmolLM2
@@ -77,9 +77,9 @@ floor() {  # the step-floor benches, levers on (JSON with PDL edges, anchors, ta
   echo "== levers on" | tee -a "$log"
   TAIL=8 bench_model llama-3.2-1b 1,16,64 512
   TAIL=8 bench_model llama-3-8b 1,16,64 512
-  echo "== PDL off (GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0)" | tee -a "$log"
-  TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3.2-1b 1 512
-  TAIL=3 GRAPHRT_SKINNY_PDL=0 GRAPHRT_SAMPLER_PDL=0 bench_model llama-3-8b 1 512
+  echo "== PDL off (GRAPHRT_PDL=0 GRAPHRT_PDL=0)" | tee -a "$log"
+  TAIL=3 GRAPHRT_PDL=0 GRAPHRT_PDL=0 bench_model llama-3.2-1b 1 512
+  TAIL=3 GRAPHRT_PDL=0 GRAPHRT_PDL=0 bench_model llama-3-8b 1 512
   gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
   if [ -f "$gguf" ]; then
     for sampled in "" --sampled; do

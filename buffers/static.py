@@ -96,7 +96,7 @@ class StaticBuffers(Generic[T]):
             end = _align(end + spec.nbytes(dims))
             host_end = end if spec.host else host_end
         self.arena = torch.zeros(end, dtype=torch.uint8, device=device)
-        # NOTE: the upload's destination, sliced once (a tensor slice costs ~2 µs per step).
+        # NOTE: the upload's destination, sliced once (a tensor slice is costly per step).
         self._upload_dst = self.arena[:host_end]
         pin = device.type == "cuda"
         # NOTE: a ring of pinned mirrors on CUDA: the host fills mirror k+1 while mirror k's

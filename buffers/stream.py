@@ -1,8 +1,8 @@
 """The current CUDA stream, cheaply: events recorded every step need it.
 
 ``torch.cuda.Event.record()`` without a stream asks ``torch.cuda.current_stream()``, which
-resolves the device and builds a new ``Stream`` object each time: on the H100 host that was
-~20-30 µs per call, three calls per engine step. :func:`current_stream` reads the raw stream
+resolves the device and builds a new ``Stream`` object each time, three calls per engine step
+(docs/performance.md has the cost). :func:`current_stream` reads the raw stream
 handle (one C call) and keeps one ``Stream`` per handle.
 """
 

@@ -5,8 +5,7 @@ once per forward (inside the graph) by ``get_scheduler_metadata`` and read by ev
 place of the ``prepare_varlen_num_blocks`` kernel FA3 otherwise runs before each layer. The
 plan uses what every layer's call uses, all functions of the graph key: ``max_seqlen_k`` is the
 page table's width (what ``flash_attn_with_kvcache`` derives itself), ``num_splits`` the
-bucket's (:mod:`graphrt.attention.fa3_plan`; ``GRAPHRT_FA3_NUM_SPLITS=N`` fixes it for every
-bucket). Layers with a sliding window, token trees (cascade) and chunked-local layers keep
+bucket's (:mod:`graphrt.attention.fa3_plan`). Layers with a sliding window, token trees (cascade) and chunked-local layers keep
 FA3's own per-call schedule.
 ``GRAPHRT_FA3_PLAN=0`` turns the plan off. ``qv`` (dense MLA's absorbed ``q_nope``, scored
 against the values; :mod:`graphrt.attention.fa3_mla`) passes through to every call.
@@ -26,15 +25,15 @@ self-attention's).
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 import torch
 
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.fa3_options import check_sinks, descale, fa3_query
-from graphrt.attention.fa3_plan import SCHEDULER_SPECS, SPLITS_ENV, FA3Buffers, planned_splits, sm_count
+from graphrt.attention.fa3_plan import SCHEDULER_SPECS, FA3Buffers, planned_splits, sm_count
 from graphrt.attention.split_decode import attend as decode_kernel
+from graphrt.kernels import switches
 from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.quant import FP8, LayerScales
 from graphrt.metadata.base import StepMetadata
@@ -71,16 +70,14 @@ class FA3Backend(Backend):
             merge_state_v2,
             get_scheduler_metadata,
         )
-        self.planned = os.environ.get("GRAPHRT_FA3_PLAN", "1") != "0"
-        fixed = os.environ.get(SPLITS_ENV, "auto")
-        self.num_splits: int | None = None if fixed == "auto" else int(fixed)
+        self.planned = bool(switches.active()["GRAPHRT_FA3_PLAN"])
 
     def splits_for(self, batch: int, heads_k: int, device: torch.device) -> int:
         """:func:`planned_splits` on ``device`` (plan and calls pass the same); 1 (unsplit, for
         every bucket) in a batch-invariant forward."""
         if batch_invariant_on():
             return 1
-        return planned_splits(batch, heads_k, sm_count(device), self.num_splits)
+        return planned_splits(batch, heads_k, sm_count(device))
 
     @classmethod
     def available(cls, device: torch.device, dtype: torch.dtype | None = None, **_: Any) -> bool:
@@ -171,27 +168,6 @@ class FA3Backend(Backend):
         )
         return out if out.dtype == dtype else out.to(dtype)
 
-    def store_and_attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cos_sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        loc: torch.Tensor,
-        meta: StepMetadata,
-        scale: float,
-        window: int | None = None,
-        sinks: torch.Tensor | None = None,
-        kv_scales: LayerScales | None = None,
-    ) -> torch.Tensor | None:
-        """The split decode kernel with RoPE and the KV store folded in, where it takes the step
-        (:func:`decode_kernel.rope_takes`); else None (``rope_store``, then :meth:`forward`)."""
-        if not decode_kernel.rope_takes(q, k, v, cos_sin, k_cache, v_cache, meta, window, sinks, kv_scales):
-            return None
-        return decode_kernel.attend_rope(q, k, v, cos_sin, k_cache, v_cache, loc, meta, scale)
-
     def _cascade(
         self,
         q: torch.Tensor,
@@ -275,5 +251,4 @@ class FA3Backend(Backend):
         return out if out.dtype == dtype else out.to(dtype)
 
     def host_scalars(self) -> dict[str, Any]:
-        splits = "auto" if self.num_splits is None else self.num_splits
-        return {"fa3.causal": True, "fa3.num_splits": splits, "fa3.plan": self.planned}
+        return {"fa3.causal": True, "fa3.num_splits": "auto", "fa3.plan": self.planned}

@@ -21,9 +21,6 @@ SCHEDULER_SPECS = (
 )
 
 
-#: ``GRAPHRT_FA3_NUM_SPLITS``: ``auto`` (default: :meth:`FA3Backend.splits_for`) or a fixed count
-#: for every bucket (0: FA3's own heuristic).
-SPLITS_ENV = "GRAPHRT_FA3_NUM_SPLITS"
 #: A bucket whose ``requests x KV heads`` tiles cover this share of the SMs runs unsplit: FA3's
 #: own rule, which its planned (dynamic-split) path applies as if the batch held one request,
 #: and so splits, and adds a combine kernel, even where the tiles already fill the GPU.
@@ -36,13 +33,10 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def planned_splits(batch: int, heads_k: int, sms: int, fixed: int | None = None) -> int:
+def planned_splits(batch: int, heads_k: int, sms: int) -> int:
     """FA3's ``num_splits`` for a planned step of ``batch`` requests (the bucket, a graph key) with
     ``heads_k`` KV heads on ``sms`` SMs: 1 (unsplit, no combine kernel) where the ``batch *
-    heads_k`` tiles fill :data:`FULL_SHARE` of the SMs, else 0 (FA3's heuristic splits the keys);
-    ``fixed`` (``GRAPHRT_FA3_NUM_SPLITS=N``) wins."""
-    if fixed is not None:
-        return fixed
+    heads_k`` tiles fill :data:`FULL_SHARE` of the SMs, else 0 (FA3's heuristic splits the keys)."""
     return 1 if batch * heads_k >= FULL_SHARE * sms else 0
 
 

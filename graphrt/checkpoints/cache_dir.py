@@ -25,19 +25,19 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from graphrt.kernels import switches
+
 log = logging.getLogger("graphrt.cache")
 
 #: Bumped whenever what a cache entry holds changes: older entries are then never read.
 FORMAT = 1
-#: Default bound on the converted weights kept (``GRAPHRT_CACHE_MAX_GB``), in GiB.
-DEFAULT_MAX_GB = 4.0
 #: Suffix of the converted weight files (what the size bound counts and evicts).
 WEIGHTS_SUFFIX = ".safetensors"
 
 
 def cache_root() -> Path | None:
     """``$XDG_CACHE_HOME/graphrt`` (or ``~/.cache/graphrt``); None when ``GRAPHRT_CACHE=0``."""
-    if os.environ.get("GRAPHRT_CACHE", "1").strip() == "0":
+    if not switches.active()["GRAPHRT_CACHE"]:
         return None
     base = os.environ.get("XDG_CACHE_HOME")
     if not base:
@@ -50,14 +50,7 @@ def cache_root() -> Path | None:
 
 def max_bytes() -> int:
     """The bound on converted weights, from ``GRAPHRT_CACHE_MAX_GB`` (GiB, >= 0)."""
-    raw = os.environ.get("GRAPHRT_CACHE_MAX_GB", str(DEFAULT_MAX_GB))
-    try:
-        gb = float(raw)
-    except ValueError:
-        gb = -1.0
-    if not gb >= 0:  # NOTE: also refuses nan
-        raise ValueError(f"GRAPHRT_CACHE_MAX_GB={raw!r} is not a number of GiB >= 0")
-    return int(gb * 2**30)
+    return int(float(switches.active()["GRAPHRT_CACHE_MAX_GB"]) * 2**30)
 
 
 def source_id(source: Path) -> str:

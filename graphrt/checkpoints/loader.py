@@ -84,8 +84,7 @@ def load(
     Parameters
     ----------
     path : str or Path
-        A Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not), a
-        ``.gguf`` file, or a packaged model name (``"smollm2"``).
+        A Hugging Face directory (``config.json`` + ``*.safetensors``), a ``.gguf``, or ``"smollm2"``.
     device : str or torch.device, optional
         Default: CUDA when available, else CPU. Tensors are read straight onto it.
     dtype : torch.dtype, optional
@@ -114,9 +113,8 @@ def load(
         numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either; any TP size > 1
         for an MLA model.
 
-    ``progress(done, total)``, when given, is called after each tensor is read. ``quantization``:
-    ``"fp8"`` quantizes the projections once loaded (:func:`graphrt.models.quantize.quantize`;
-    an unknown name is refused before anything is read).
+    ``progress(done, total)``: called after each tensor is read. ``quantization="fp8"``: the
+    projections quantized once loaded (:mod:`graphrt.models.quantize`; unknown names refused first).
     """
     check_quantization(quantization)
     resolved = resolve(path)
@@ -128,8 +126,6 @@ def load(
     try:
         model = materialize(source, dev, dtype, tp, progress)
     except CheckpointError as err:
-        if str(resolved) in str(err):
-            raise
-        raise CheckpointError(f"{resolved}: {err}") from None  # NOTE: name the checkpoint
+        raise err if str(resolved) in str(err) else CheckpointError(f"{resolved}: {err}") from None
     quantize(model, quantization)
     return model

@@ -173,6 +173,8 @@ class Snapshot:
     families: tuple[MemoryFacts, ...] = ()
     #: The KV cache (MHA/GQA caches; None for an MLA cache, and in files written before it).
     kv: KVFacts | None = None
+    #: The ``GRAPHRT_*`` switches the runtime was built with, name -> value (empty in older files).
+    switches: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

@@ -141,6 +141,7 @@ def take_snapshot(
         parity=tuple(parity),
         families=tuple(_memory(f) for f in _families(runtime)),
         kv=_kv(runtime.kv),
+        switches=runtime.switches.as_dict(),
         arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)

@@ -86,11 +86,8 @@ class Engine:
             )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.encoder = stack.encoder
-        self.use_graphs, self.max_context_len, self.page_size = (
-            cfg.use_graphs,
-            cfg.max_context_len,
-            cfg.page_size,
-        )
+        self.use_graphs = cfg.use_graphs
+        self.max_context_len, self.page_size = cfg.max_context_len, cfg.page_size
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(cfg.show_progress) if cfg.use_graphs else None
         )

@@ -2,7 +2,7 @@
 
 Every decode step computes ``[T, rotary_dim]`` cos/sin once, from the step's positions, for
 every layer's RoPE. In torch that is six kernels (``float``, the outer product, ``cos``,
-``sin``, ``cat``, the rounding), ~2 µs each in a graph on the H100 and none of them PDL. This
+``sin``, ``cat``, the rounding), each a launch in the graph and none of them PDL. This
 kernel does the same float32 math (a rounded int -> float conversion, one IEEE multiply,
 CUDA's ``cosf``/``sinf`` through libdevice as torch's kernels call them, one round-to-nearest
 to ``dtype``), so its rows equal torch's bit for bit (``tests/models/test_cos_sin.py``).

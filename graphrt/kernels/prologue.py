@@ -37,8 +37,8 @@ ENV = "GRAPHRT_FUSED_PROLOGUE"
 #: The norm kernel's tile (None: the skinny GEMM's single-row rule). Every program recomputes
 #: ``rsqrt(mean(h^2))`` over all of ``h``, so 8 rows of ``W`` a program halve that repeated work
 #: against the skinny GEMM's 4; 4 warps beat 8 on every Llama-3.2-1B and 8B shape (H100, ``graphrt
-#: bench gemm --sweep``, bench/results/h100/session-1127b: 8B qkv 23.9 -> 19.8 us). The SiLU kernel
-#: takes the skinny rule (8 x 2048 on 8 warps; 1B down 17.5 -> 13.2 us).
+#: bench gemm --sweep``; docs/gpu.md has the figures). The SiLU kernel takes the skinny rule
+#: (8 x 2048 on 8 warps).
 NORM_TILE: skinny.Tile | None = skinny.Tile(block_n=8, block_k=2048, warps=4)
 #: Tiles for one weight shape ``(N, K)``, replacing the rules (the sweep's ``prologue_best_tile``).
 TILES: dict[tuple[int, int], skinny.Tile] = {}

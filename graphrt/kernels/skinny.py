@@ -27,15 +27,13 @@ that regime:
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import astuple, dataclass
 
 import torch
 
 from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
-#: The switch of the kernel (:mod:`graphrt.kernels.switches`); ``GRAPHRT_SKINNY_PDL=0`` launches
+#: The switch of the kernel (:mod:`graphrt.kernels.switches`); ``GRAPHRT_PDL=0`` launches
 #: it without programmatic dependent launch.
 ENV = "GRAPHRT_SKINNY_GEMM"
 PDL_ENV = KERNELS_PDL_ENV
@@ -83,8 +81,7 @@ def _pow2(n: int) -> int:
 #: wins. A program keeps one ``W`` tile in flight while it multiplies the previous one, and an
 #: SM needs ~32 KB in flight to stream at ~3 TB/s. ``M == 1``: 8 rows x 2048 columns (32 KB) on
 #: 8 warps, the best or within 3 % of it on every Llama-3.2-1B and 8B projection (H100, ``graphrt
-#: bench gemm --sweep``, bench/results/h100/session-1127b; 1B down 14.7 -> 12.3 us, 8B qkv 20.6 ->
-#: 18.1 us against the older 4 x 2048 / 8 x 1024 rule); with ``K <= 2048`` one tile holds a
+#: bench gemm --sweep``; docs/gpu.md has the figures against the older 4 x 2048 / 8 x 1024 rule); with ``K <= 2048`` one tile holds a
 #: program's whole slice of ``W``, all of it loaded before ``gdc_wait``. ``tl.dot`` (``M > 1``):
 #: 32 KB tiles on 8 warps (127 registers, 64 KB of shared memory for the operand layout), so N =
 #: 2048 still has 128 programs with 32 KB in flight each; at ``M <= 64`` smaller tiles keep
@@ -96,28 +93,8 @@ TILES: tuple[tuple[int, int, Tile], ...] = (
 )
 #: Tiles measured better for one weight shape: ``(M class, N, K) -> Tile`` (``M class``: the
 #: smallest of :data:`M_CLASSES` ``>= M``), from ``bench gemm --sweep`` on the H100: the 8B down
-#: projection streams 1 us faster in 8 x 1024 tiles on 4 warps.
+#: projection streams faster in 8 x 1024 tiles on 4 warps (docs/gpu.md).
 OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
-
-
-#: A/B switch: ``GRAPHRT_SKINNY_TILES="16=32x128w4s4,64=64x64w4s4"`` replaces the tile of the
-#: named ``M`` classes for every shape (``NxKwWARPSsSTAGES``, stages 1 when left out), ahead of
-#: :data:`OVERRIDES` and :data:`TILES`. Read per call, so it applies to graphs captured after it is set.
-TILES_ENV = "GRAPHRT_SKINNY_TILES"
-
-
-def parse_tiles(spec: str) -> dict[int, Tile]:
-    """``"16=32x128w4s4,64=..."`` as ``{M class: Tile}``; ``ValueError`` naming the bad part."""
-    out: dict[int, Tile] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        match = re.fullmatch(r"(\d+)=(\d+)x(\d+)w(\d+)(?:s(\d+))?", part)
-        if match is None or int(match[1]) not in M_CLASSES:
-            raise ValueError(
-                f"{TILES_ENV}: {part!r} is not <M class in {M_CLASSES}>=<N>x<K>w<warps>[s<stages>]"
-            )
-        n, k, w, st = (int(g) for g in match.groups("1")[1:])
-        out[int(match[1])] = Tile(n, k, w, st)
-    return out
 
 
 def m_class(m: int) -> int:
@@ -130,10 +107,7 @@ def m_class(m: int) -> int:
 
 def tile_for(m: int, n: int, k: int) -> Tile:
     """The tile of ``[m, k] x [n, k]^T``: :data:`OVERRIDES`, else the first fitting :data:`TILES` row."""
-    spec = os.environ.get(TILES_ENV, "")
-    tile = parse_tiles(spec).get(m_class(m)) if spec else None
-    if tile is None:
-        tile = OVERRIDES.get((m_class(m), n, k))
+    tile = OVERRIDES.get((m_class(m), n, k))
     if tile is None:
         tile = next(t for most_m, most_k, t in TILES if m <= most_m and k <= most_k)
     return tile.fit(m, n, k)
@@ -145,7 +119,7 @@ def enabled(device: torch.device) -> bool:
 
 
 def pdl_default(device: torch.device) -> bool:
-    """PDL on SM90+ CUDA devices unless ``GRAPHRT_SKINNY_PDL=0`` (never under the interpreter)."""
+    """PDL on SM90+ CUDA devices unless ``GRAPHRT_PDL=0`` (never under the interpreter)."""
     return pdl_enabled(PDL_ENV, device)
 
 

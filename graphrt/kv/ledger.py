@@ -35,7 +35,7 @@ class KVWrites(NamedTuple):
     position. ``recorded=False``: scratch slots (tree drafts) that enter no row. ``per_row``:
     slot ``i`` belongs to request ``i`` (one write per request, at position ``starts[i]``), so the hot path skips the
     ``rows[slot_req]`` gathers. A named tuple, not a frozen dataclass: built every step, and
-    a frozen dataclass's ``__init__`` costs ~1 µs of ``object.__setattr__`` calls.
+    a frozen dataclass's ``__init__`` pays for ``object.__setattr__`` calls.
     """
 
     rows: np.ndarray
@@ -195,7 +195,7 @@ class KVLedger:
             rows = w.rows if w.per_row else w.rows[w.slot_req]
             self.table[rows, w.slot_pos] = w.slots
             # NOTE: free (checked) and distinct within a batch (Batch.check): one holder each,
-            # set without reading refs back (refs[slots] += 1 costs ~0.7 µs more).
+            # set without reading refs back (refs[slots] += 1 costs more).
             self.refs[w.slots] = 1
             self.owner[w.slots] = rows
             self.slot_pos[w.slots] = w.slot_pos
@@ -218,7 +218,7 @@ class KVLedger:
 
         NOTE: a verify after a verify, or a step retried, rewrites its own tail with the slots
         the engine gave those positions before; this costs two gathers instead of a release
-        plus a write (~4 µs).
+        plus a write.
         """
         if valid.tobytes() != (w.starts + w.counts).tobytes():
             return False

@@ -31,7 +31,7 @@ from graphrt.kv.quant import store_slots as store_ref
 
 #: The switch of the fused kernel (:mod:`graphrt.kernels.switches`).
 ENV = "GRAPHRT_FUSED_ROPE_STORE"
-#: Its PDL switch, the GEMMs' and the decode kernel's (``GRAPHRT_SKINNY_PDL=0``: no PDL).
+#: Its PDL switch, the GEMMs' and the decode kernel's (``GRAPHRT_PDL=0``: no PDL).
 PDL_ENV = KERNELS_PDL_ENV
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 

@@ -67,7 +67,7 @@ class PageBounds:
         self.held = np.full(max_bs, max_pages, dtype=np.int64)
         self.need = np.zeros(max_bs, dtype=np.int64)
         # NOTE: 0-d arrays, not ints: numpy 2 converts a Python scalar operand on every call
-        # (~0.2 µs per ufunc, measured); ``_bias`` per ``keys`` (a function of the mode).
+        # (docs/performance.md); ``_bias`` per ``keys`` (a function of the mode).
         self._ps = np.array(page_size, dtype=np.int64)
         self._bias: dict[int, np.ndarray] = {}
 
@@ -157,7 +157,7 @@ def _positions(batch: Batch, out: np.ndarray, bs: int, n: int) -> None:
         np.add((batch.seq_lens - q)[:, None], arange(q), out=out[:n].reshape(bs, q))
 
 
-#: 0-d, not an int: numpy 2 converts a Python scalar operand on every call (~0.2 µs).
+#: 0-d, not an int: numpy 2 converts a Python scalar operand on every call.
 _ONE = np.array(1, dtype=np.int64)
 
 
@@ -195,7 +195,7 @@ def write_host(
     host["req_pool_indices"][:bs] = batch.req_pool_indices
     host["cache_seqlens"][:bs] = batch.seq_lens
     # NOTE: in the steady state (same key, batch not shrinking) no pad element changes: the
-    # guards skip five empty slice assignments (~0.2 µs each).
+    # guards skip five empty slice assignments.
     if tok_end > n:
         host["input_ids"][n:tok_end] = 0
         host["positions"][n:tok_end] = 0

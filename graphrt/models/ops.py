@@ -13,43 +13,26 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from types import ModuleType
 
 import torch
 from torch.nn import functional as F
 
-from graphrt.kernels import cos_sin, fp8_gemm, prologue, skinny
+from graphrt.kernels import cos_sin, fp8_gemm, prologue, skinny, switches
 from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
 from graphrt.models import invariant
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
-#: Token rows up to which :func:`linear` streams the weight through the skinny GEMM. Measured on
-#: the H100 (``graphrt bench gemm``, bench/results/h100/floor/): at M = 1 the kernel with PDL beats
-#: cuBLAS on every 1B and 8B projection (o 6.5 → 4.2 µs, lm_head 187 → 166 µs). Above one row,
-#: even with Triton's pipeliner its best common tiles only match cuBLAS (0.95× at M = 16, 0.99× at
-#: M = 64 over both models' projections) and the steps gain nothing (8B bs 16 7031 → 6942 µs, 1B
-#: bs 16 1539 → 1589; session-1127f), so only single-row steps take it.
+#: Token rows up to which :func:`linear` streams the weight through the skinny GEMM: one. Above
+#: one row its best tiles only match cuBLAS and the steps gain nothing (docs/gpu.md, "not kept").
 SKINNY_MAX_M = 1
-#: A/B switch: ``GRAPHRT_SKINNY_MAX_M=16`` sends steps of up to 16 rows to the skinny GEMM too.
-SKINNY_MAX_M_ENV = "GRAPHRT_SKINNY_MAX_M"
-
-
-def skinny_max_m() -> int:
-    """:data:`SKINNY_MAX_M`, or ``GRAPHRT_SKINNY_MAX_M`` (0..``skinny.MAX_M``) when set."""
-    raw = os.environ.get(SKINNY_MAX_M_ENV, "")
-    if not raw:
-        return SKINNY_MAX_M
-    if not raw.isdigit() or int(raw) > skinny.MAX_M:
-        raise ValueError(f"{SKINNY_MAX_M_ENV}={raw!r}: want an integer in 0..{skinny.MAX_M}")
-    return int(raw)
 
 
 @functools.cache
 def _sgl() -> ModuleType | None:
     """``sgl_kernel``, or None when it does not import (or ``GRAPHRT_FUSED_OPS=0`` turns it off)."""
-    if os.environ.get("GRAPHRT_FUSED_OPS", "1") == "0":
+    if not switches.active()["GRAPHRT_FUSED_OPS"]:
         return None
     try:
         return importlib.import_module("sgl_kernel")
@@ -72,7 +55,7 @@ def linear(
     ``scale [N]`` float32: ``weight`` is e4m3 standing for ``weight * scale[:, None]``
     (:func:`graphrt.kernels.fp8_gemm.fp8_linear`: its skinny GEMM, or the same math in torch).
 
-    With at most :func:`skinny_max_m` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
+    With at most :data:`SKINNY_MAX_M` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
     Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
     In a batch-invariant forward (``RuntimeConfig.deterministic``) every ``M`` takes
@@ -83,7 +66,7 @@ def linear(
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if batch_invariant_on() and skinny.enabled(x.device) and invariant.fits(rows, weight, bias):
         return invariant.invariant_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
-    if 0 < rows.shape[0] <= skinny_max_m() and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
+    if 0 < rows.shape[0] <= SKINNY_MAX_M and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
         return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 

@@ -6,19 +6,22 @@ issues has the group's timeout; a failure raises :class:`CollectiveError` naming
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from graphrt.kernels import switches
+
 T = TypeVar("T")
 CPU = torch.device("cpu")
 
-#: Seconds a collective may wait for the other ranks (``GRAPHRT_TP_TIMEOUT`` overrides).
-DEFAULT_TIMEOUT_S = float(os.environ.get("GRAPHRT_TP_TIMEOUT", "120"))
+
+def default_timeout_s() -> float:
+    """Seconds a collective may wait for the other ranks (the ``GRAPHRT_TP_TIMEOUT`` switch)."""
+    return float(switches.active()["GRAPHRT_TP_TIMEOUT"])
 
 
 class CollectiveError(RuntimeError):
@@ -38,7 +41,7 @@ class TPGroup:
     device_group: Any = None
     cpu_group: Any = None
     device: torch.device = CPU
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float = field(default_factory=default_timeout_s)
     name: str = ""
 
     @property

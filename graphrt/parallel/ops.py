@@ -10,7 +10,6 @@ emulated engine records the op and re-issues it over gloo on replay. ``comm`` na
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+from graphrt.kernels import switches
 
 if TYPE_CHECKING:
     from graphrt.parallel.group import TPGroup
@@ -88,16 +89,9 @@ def small_sums(mode: str) -> SmallSums | None:
     return MODES[mode]
 
 
-def max_bytes(env: str) -> int:
-    """The byte limit in environment variable ``env`` (default ``DEFAULT_MAX_BYTES``)."""
-    value = os.environ.get(env, str(DEFAULT_MAX_BYTES))
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if limit <= 0:
-        raise ValueError(f"{env}={value!r}: expected a positive number of bytes")
-    return limit
+def max_bytes(name: str) -> int:
+    """The byte limit of switch ``name`` (default ``DEFAULT_MAX_BYTES``; :mod:`graphrt.kernels.switches`)."""
+    return int(switches.active()[name])
 
 
 class Communicator:
@@ -108,9 +102,8 @@ class Communicator:
     can set it up, NCCL above and otherwise, with a warning), ``p2p`` (the same, but an error when
     it cannot be set up), ``oneshot`` (torch's symmetric-memory one-shot up to
     ``GRAPHRT_ONESHOT_MAX_BYTES``; an error when unusable) or ``nccl`` (NCCL for every sum).
-    Measured on 2x H200 (8B shape, TP=2, bs 1, ``bench/results/h200x2/session-1127f``): 3302 µs a
-    step with p2p against 3589 with NCCL (bs 16: 3916 vs 4028); alone in a graph an 8 KB sum takes
-    4.4 µs against NCCL's 11.3 and torch's one-shot's 7.5. CPU groups (gloo) ignore the mode.
+    ``auto`` is the default because the one-kernel sum is faster than NCCL's for a step's small
+    messages (docs/tensor-parallelism.md has the measurements). CPU groups (gloo) ignore the mode.
     """
 
     def __init__(self, group: TPGroup) -> None:
@@ -118,7 +111,7 @@ class Communicator:
         #: The small-sum path (:class:`~graphrt.parallel.symm.OneShot` or
         #: :class:`~graphrt.parallel.p2p.PeerSum`), or ``None``: NCCL/gloo for every sum.
         self.small: Any = None
-        mode = small_sums(os.environ.get("GRAPHRT_ALLREDUCE", DEFAULT_MODE))
+        mode = small_sums(str(switches.active()["GRAPHRT_ALLREDUCE"]))
         if group.device.type == "cuda" and mode is not None:
             self.small = mode.build(group, max_bytes(mode.limit_env), mode.required)
 

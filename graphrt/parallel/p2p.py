@@ -5,10 +5,9 @@ torch's one-shot kernel (two kernels, torch's barrier), :class:`PeerSum` launche
 (:mod:`graphrt.parallel.p2p_kernel`) that stores ``x`` into the buffer, meets every peer at a
 per-program barrier through the signal pads and sums every rank's slot in rank order, over
 NVLink loads (no multicast). One buffer of two slots of ``max_bytes`` and the signal pads are
-rendezvoused once, before any capture; graphs bake in their addresses. On 2 x H200 a sum of
-2-64 KB takes 4.4-4.7 us in a graph (torch's one-shot 7.4-8.0, NCCL 9.5-11.3;
-docs/tensor-parallelism.md). The default (``GRAPHRT_ALLREDUCE=auto``) where every rank can set
-it up: the 8B TP=2 step at bs 1 took 3302 µs with it against 3589 with NCCL.
+rendezvoused once, before any capture; graphs bake in their addresses. The default
+(``GRAPHRT_ALLREDUCE=auto``) where every rank can set it up, because a small sum takes less
+time this way than through torch's one-shot or NCCL (docs/tensor-parallelism.md has the figures).
 
 :func:`reference_sum` is the same math in torch (the tests' oracle).
 """

@@ -1,8 +1,8 @@
 """Rank 0's step to the other ranks of one host through shared memory, in microseconds.
 
-A gloo broadcast of the step costs every rank 117-203 µs a step on the 2x H200 host, against
-15-27 µs through this ring (``graphrt.tools.bench.tp``'s ``step_message_us``, the same message;
-140-190 µs against 10 µs on a 2-core CPU box). When every rank runs on one host, rank 0 writes the packed step into a ring of :data:`SLOTS` slots in a
+A gloo broadcast of the step costs every rank about ten times what this ring does
+(``graphrt.tools.bench.tp``'s ``step_message_us``; docs/tensor-parallelism.md has the figures).
+When every rank runs on one host, rank 0 writes the packed step into a ring of :data:`SLOTS` slots in a
 ``/dev/shm`` file instead, and the other ranks poll for it; each reader acknowledges what it
 read, so rank 0 never overwrites a slot a reader has not finished.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
+from graphrt.kernels import switches
 from graphrt.parallel.group import CollectiveError, TPGroup
 
 SLOTS = 4
@@ -62,7 +63,7 @@ class ShmRing:
         ``/dev/shm``, ``GRAPHRT_STEP_CHANNEL=gloo``). Collective over ``group.cpu_group``."""
         nbytes = (SLOTS * _SLOT + group.size) * 8
         path, mapped = None, None
-        wanted = os.environ.get("GRAPHRT_STEP_CHANNEL", "shm") == "shm"
+        wanted = switches.active()["GRAPHRT_STEP_CHANNEL"] == "shm"
         if group.is_driver and wanted:
             path = SHM_DIR / f"graphrt-{uuid.uuid4().hex}"
             mapped = _map(path, nbytes, create=True)

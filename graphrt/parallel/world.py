@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from graphrt.parallel.group import DEFAULT_TIMEOUT_S, TPGroup
+from graphrt.parallel.group import TPGroup, default_timeout_s
 from graphrt.parallel.ops import register, unregister_all
 from graphrt.parallel.shm_ring import close_rings, open_ring
 
@@ -33,7 +33,7 @@ def init_tp(size: int, device: torch.device, timeout_s: float | None = None) -> 
     """
     if size < 1:
         raise ValueError(f"tp must be >= 1, got {size}")
-    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    timeout_s = default_timeout_s() if timeout_s is None else timeout_s
     if size == 1:
         return TPGroup(device=device, timeout_s=timeout_s)
     key = (size, device.type)

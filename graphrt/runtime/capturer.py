@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine
+from graphrt.kernels.switches import Switches
 from graphrt.metadata.families import Families
 from graphrt.runtime.fastpath import Routes
 from graphrt.runtime.programs import PROGRAMS, StepEnv
@@ -49,7 +50,13 @@ class Capturer:
     """Makes and drops the graphs of one runtime (the caller holds the runtime's lock)."""
 
     def __init__(
-        self, config: RuntimeConfig, device: torch.device, families: Families, env: StepEnv, backend: Any
+        self,
+        config: RuntimeConfig,
+        device: torch.device,
+        families: Families,
+        env: StepEnv,
+        backend: Any,
+        switches: Switches,
     ) -> None:
         self.config, self.device, self.families, self.env, self.backend = (
             config,
@@ -58,6 +65,8 @@ class Capturer:
             env,
             backend,
         )
+        #: The switches the runtime was built with (the capture report carries them).
+        self.switches = switches
         self.engine = make_engine(config.engine, device, config.record_kernels)
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         #: Each graph's output (static tensors in the graph's pool), by (mode, bucket).
@@ -87,6 +96,7 @@ class Capturer:
             graphs,
             time.perf_counter() - start,
             self.families.step.memory_report(),
+            self.switches.as_dict(),
         )
         log.info(
             "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",

@@ -2,9 +2,9 @@
 
 Profiled on the CPU (``graphrt bench host --profile``), the host time of a step that was not
 a check, the write or the launch went to lookups that give the same answer every step: the
-mode table (an enum hash is a Python-level call, ~0.3 µs, and a step made ~17), the
+mode table (an enum hash is a Python-level call, and a step made ~17), the
 dispatcher, the graph's host scalars and the slice of the static output (a
-``torch.Tensor.__getitem__`` costs ~2 µs). They are functions of the mode, or of
+``torch.Tensor.__getitem__`` is costly; docs/performance.md has the figures). They are functions of the mode, or of
 ``(mode, bs)``, and are worked out once here:
 
 - :class:`ModePlan` per mode: the mode-table facts ``run()`` reads and the pad values.

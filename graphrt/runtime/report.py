@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphrt.buffers import MemoryReport
 from graphrt.capture import GraphInfo
@@ -10,13 +10,15 @@ from graphrt.capture import GraphInfo
 
 @dataclass(frozen=True, slots=True)
 class CaptureReport:
-    """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers."""
+    """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers,
+    and the switches the runtime was built with (name -> value, :mod:`graphrt.kernels.switches`)."""
 
     engine: str
     backend: str
     graphs: tuple[GraphInfo, ...]
     seconds: float
     buffers: MemoryReport
+    switches: dict[str, str] = field(default_factory=dict)
 
     @property
     def pool_bytes(self) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from graphrt.attention import attention_kind
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
+from graphrt.kernels import switches
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
 from graphrt.runtime.capturer import Capturer
@@ -68,6 +69,8 @@ class GraphRuntime:
             raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
         self.forward, self.kv, self.req_to_token, self.config = forward, kv, req_to_token, config
         self.device = kv.device
+        #: The ``GRAPHRT_*`` switches, read once here (a bad or unknown one is refused here).
+        self.switches = switches.refresh()
         self.kind = attention_kind(kv)
         self.backend = self.kind.select_backend(config.backend, self.device)
         max_bs = BucketPolicy.create(config.max_batch_size, config.buckets).largest
@@ -94,7 +97,7 @@ class GraphRuntime:
             tokens=self.tokens,
             deterministic=config.deterministic,
         )
-        self.capturer = Capturer(config, self.device, self.families, self.env, self.backend)
+        self.capturer = Capturer(config, self.device, self.families, self.env, self.backend, self.switches)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -184,7 +187,7 @@ class GraphRuntime:
         start = time.perf_counter()
         self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
-        # NOTE: no torch.no_grad() (~3 µs): a CUDA graph replay records no autograd, and the
+        # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)

@@ -47,7 +47,7 @@ class Telemetry:
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY, sync: bool = False) -> None:
         # NOTE: the ring holds plain tuples, made into StepRecords only when read: a frozen
-        # dataclass costs ~0.6 µs to build, and a step builds one whether or not anyone reads it.
+        # dataclass is slow to build, and a step builds one whether or not anyone reads it.
         self._ring: deque[tuple] = deque(maxlen=capacity)
         self.sync = sync
         self.fallbacks: Counter[tuple[str, str]] = Counter()

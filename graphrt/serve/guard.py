@@ -30,7 +30,7 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 def api_key_from(flag: str | None) -> str | None:
     """The API key: ``flag`` (``--api-key``) or ``$GRAPHRT_API_KEY``; None (no key) when neither."""
-    key = flag if flag is not None else os.environ.get(API_KEY_ENV)
+    key = flag if flag is not None else os.environ.get("GRAPHRT_API_KEY")
     return key or None
 
 

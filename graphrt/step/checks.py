@@ -65,7 +65,7 @@ class Scratch:
         self.geometry: dict[ForwardMode, Any] = {}
 
 
-#: A dtype instance, not the class: ``view`` skips converting it (~30 ns).
+#: A dtype instance, not the class: ``view`` skips converting it.
 _U64 = np.dtype(np.uint64)
 
 
@@ -82,7 +82,7 @@ def distinct_rows(rows: np.ndarray, scratch: Scratch) -> bool:
     index = scratch.index[:n]
     scratch.rows[rows] = index
     # NOTE: with a repeat, the later index wins in the table, so the earlier one reads back
-    # wrong. Comparing raw bytes is a memcmp (array_equal costs ~2 µs of Python wrappers).
+    # wrong. Comparing raw bytes is a memcmp (array_equal goes through Python wrappers).
     return scratch.rows[rows].tobytes() == index.tobytes()
 
 
@@ -96,7 +96,7 @@ def distinct(values: np.ndarray) -> bool:
 
 def distinct_below(values: np.ndarray, hi: int) -> bool:
     """True when no value repeats and every value lies in ``[0, hi)``: one sorted copy gives
-    both (its ends are the min and max), ~0.5 µs less than :func:`below` plus :func:`distinct`."""
+    both (its ends are the min and max), cheaper than :func:`below` plus :func:`distinct`."""
     n = values.size
     if n < 2:
         return n == 0 or 0 <= int(values[0]) < hi
@@ -144,7 +144,7 @@ def aligned(batch: Batch, page: np.ndarray) -> bool:
     """``out_cache_loc % ps == kv_positions % ps`` for every entry (``page``: 0-d ``ps``).
 
     NOTE: ``page`` is a 0-d array, not an int: numpy 2 converts a Python scalar operand on
-    every call (~0.2 µs per ufunc); in-place and ``out=`` forms cost more than a fresh array
+    every call; in-place and ``out=`` forms cost more than a fresh array
     at these sizes (measured). Remainders are >= 0 (numpy's % takes the divisor's sign).
     """
     spec, seq, loc = MODES[batch.mode], batch.seq_lens, batch.out_cache_loc

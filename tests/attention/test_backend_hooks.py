@@ -65,9 +65,8 @@ def test_backends_load_lazily_from_module_class_rows() -> None:
 
 def test_fa3_plans_unsplit_steps_once_the_tiles_fill_the_gpu() -> None:
     """H100 (132 SMs), 8 KV heads: a bucket of 16 fills 128 of them (>= 80 %): one split, no
-    combine kernel; a bucket of 1 leaves FA3's heuristic to split the keys; a fixed count wins."""
+    combine kernel; a bucket of 1 leaves FA3's heuristic to split the keys."""
     from graphrt.attention.fa3_plan import planned_splits
 
     assert [planned_splits(bs, 8, 132) for bs in (1, 8, 13, 14, 16, 64)] == [0, 0, 0, 1, 1, 1]
     assert planned_splits(1, 32, 132) == 0 and planned_splits(4, 32, 132) == 1
-    assert planned_splits(64, 8, 132, fixed=4) == 4 and planned_splits(1, 8, 132, fixed=0) == 0

@@ -50,12 +50,7 @@ def oracle(q, k, v, table, lens, scale: float) -> torch.Tensor:
 @GPU
 @pytest.mark.parametrize(("heads", "heads_k", "d"), [(32, 8, 64), (32, 8, 128), (9, 3, 64), (4, 4, 64)])
 @pytest.mark.parametrize("page", [1, 16])
-@pytest.mark.parametrize("merge_last", ["1", "0"])
-def test_matches_the_oracle_at_every_split_count(
-    heads: int, heads_k: int, d: int, page: int, merge_last: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both merges (``GRAPHRT_DECODE_MERGE_LAST``: the last split's, the default; the merge launch)."""
-    monkeypatch.setenv(dk.MERGE_LAST_ENV, merge_last)
+def test_matches_the_oracle_at_every_split_count(heads: int, heads_k: int, d: int, page: int) -> None:
     max_pages = 160 // page
     lens = [1, 16, 17, 63, 64, 65, 129, 160]
     q, k, v, table, seqlens = case(lens, heads, heads_k, d, page, max_pages)

@@ -119,7 +119,7 @@ def test_cuda_graph_programmatic_edge_into_the_second_gemm(pdl, monkeypatch) -> 
 @no_bindings
 @pytest.mark.parametrize("off", ["arg", "env"])
 def test_cuda_graph_without_pdl_has_no_programmatic_edge(off, monkeypatch) -> None:
-    """``pdl=False``, or ``GRAPHRT_SKINNY_PDL=0``: the same two GEMMs, no programmatic edge."""
+    """``pdl=False``, or ``GRAPHRT_PDL=0``: the same two GEMMs, no programmatic edge."""
     monkeypatch.setenv(sk.PDL_ENV, "0" if off == "env" else "1")
     topo, kernels = _two_gemms(False if off == "arg" else None)
     assert [n.name for n in topo.nodes if n.kernel].count("_skinny") == 2

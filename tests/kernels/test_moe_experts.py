@@ -21,7 +21,14 @@ E, K, H, INTER = 8, 2, 64, 32
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 #: Fewer, larger programs under the interpreter (its cost is per program).
 SMALL_TILES = te.Tiles(block_n=32, block_k=32, skinny_n=64, skinny_k=64)
-PATHS = {"skinny": "1000", "grouped": "0"}
+PATHS = {"skinny": 1000, "grouped": 0}
+
+
+def _run(path: str, x: torch.Tensor, w, routing) -> torch.Tensor:
+    """The Triton kernels with the path forced (the skinny ones up to ``PATHS[path]`` slots)."""
+    return te.fused_experts_triton(x, w, routing, skinny_slots=PATHS[path])
+
+
 #: ``(path, T, pad rows)``: the skinny path at decode sizes, the grouped one from 3 rows.
 BATCHES = [("skinny", 1, ()), ("skinny", 3, (1,)), ("grouped", 3, (1,)), ("grouped", 16, (0, 9, 15))]
 KINDS = [("silu", False), ("swiglu_clamp", True), ("silu", True)]
@@ -49,9 +56,8 @@ def _layer(device, tokens: int, pads, activation: str, bias: bool, seed: int = 0
 @pytest.mark.parametrize(("path", "tokens", "pads"), BATCHES)
 @pytest.mark.parametrize(("activation", "bias"), KINDS)
 def test_matches_reference(device, monkeypatch, path, tokens, pads, activation, bias) -> None:
-    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, PATHS[path])
     x, w, routing = _layer(device, tokens, pads, activation, bias)
-    got = fused_experts(x, w, routing)
+    got = _run(path, x, w, routing)
     want = experts_reference(x, w, routing.topk_ids, routing.topk_weights)
     real = [t for t in range(tokens) if t not in pads]
     torch.testing.assert_close(got[real], want[real], **TOL)
@@ -65,13 +71,12 @@ def test_matches_reference(device, monkeypatch, path, tokens, pads, activation, 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_pad_rows_do_not_change_real_rows_and_calls_repeat(device, monkeypatch, path) -> None:
     """A batch with pad rows gives its real rows what they get alone; two calls agree bit for bit."""
-    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, PATHS[path])
     x, w, routing = _layer(device, 6, (3, 4), "swiglu_clamp", True, seed=5)
-    got = fused_experts(x, w, routing)
-    assert torch.equal(got, fused_experts(x, w, routing))
+    got = _run(path, x, w, routing)
+    assert torch.equal(got, _run(path, x, w, routing))
     keep = [t for t in range(6) if t not in (3, 4)]
     alone = new_routing(routing.topk_ids[keep].contiguous(), routing.topk_weights[keep].contiguous(), E)
-    torch.testing.assert_close(got[keep], fused_experts(x[keep], w, alone), **TOL)
+    torch.testing.assert_close(got[keep], _run(path, x[keep], w, alone), **TOL)
 
 
 def test_cpu_default_is_the_reference(monkeypatch) -> None:
@@ -98,14 +103,7 @@ def test_refuses_what_it_cannot_compute(change, match) -> None:
         te.check_experts(x, w, routing)
 
 
-def test_skinny_slots_env(monkeypatch) -> None:
-    assert te.skinny_max_slots() == te.SKINNY_SLOTS
-    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, "x")
-    with pytest.raises(ValueError, match="GRAPHRT_MOE_SKINNY_SLOTS='x'"):
-        te.skinny_max_slots()
-
-
 @rerun_marks
 def test_kernels_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=21)
+    rerun_under_interpreter(__file__, passed=20)

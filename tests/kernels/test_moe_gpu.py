@@ -62,8 +62,7 @@ def test_real_shapes_match_reference(name: str, tokens: int) -> None:
 def test_skinny_and_grouped_paths_agree(name: str, tokens: int, monkeypatch) -> None:
     x, w, routing = _layer(name, tokens)
     skinny = fused_experts(x, w, routing)
-    monkeypatch.setenv(te.SKINNY_SLOTS_ENV, "0")
-    assert _rel(fused_experts(x, w, routing), skinny) < AGREE
+    assert _rel(te.fused_experts_triton(x, w, routing, skinny_slots=0), skinny) < AGREE
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

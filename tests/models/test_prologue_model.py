@@ -180,7 +180,7 @@ def test_kernel_table_names_the_fused_kernels(device, kernels_on, tmp_path) -> N
 @pytest.mark.parametrize("device", [torch.device("cuda")])
 def test_decode_graph_carries_programmatic_edges(device, kernels_on, monkeypatch) -> None:
     """The bucket-1 DECODE graph's fused launches (PDL on SM90+) have programmatic in-edges,
-    read from the CUDA graph; with ``GRAPHRT_SKINNY_PDL=0`` the same graph has none."""
+    read from the CUDA graph; with ``GRAPHRT_PDL=0`` the same graph has none."""
     if torch.cuda.get_device_capability(device)[0] < 9:
         pytest.skip("PDL needs SM90+")
     monkeypatch.setenv(sk.PDL_ENV, "1")

@@ -48,9 +48,9 @@ BAD_RATE = 0.12
 #: short run's 300 steps and 1.6 KB over the long run's 3000, i.e. bounded warm-up; the CPU
 #: gains nothing.
 HOST_SLACK, HOST_SLACK_PER_STEP = 12 * 1024, 8
-#: frames kept per traced allocation (``GRAPHRT_SOAK_FRAMES``): 1 is enough to name the line that
+#: frames kept per traced allocation (``GRAPHRT_TEST_SOAK_FRAMES``): 1 is enough to name the line that
 #: grows; more show who called it, at several times the cost (tracing dominates the run)
-FRAMES = int(os.environ.get("GRAPHRT_SOAK_FRAMES", "1"))
+FRAMES = int(os.environ.get("GRAPHRT_TEST_SOAK_FRAMES", "1"))
 
 
 def twins(device: torch.device) -> tuple[Setup, Setup]:

@@ -1,4 +1,4 @@
-"""Every check runs before the first write, on a runtime built as in the README (no vocab_size).
+"""Every check runs before the first write, on a runtime built as in docs/runtime-api.md (no vocab_size).
 
 Each refused batch leaves the KV cache, ``req_to_token`` (device table and host ledger) and
 every buffer family (device arena and host mirror) bit-identical.
@@ -23,7 +23,7 @@ U64_MAX = 2**64 - 1
 
 
 def readme_setup(device: torch.device) -> Setup:
-    """The README quick start: no ``vocab_size`` given; plus verify and draft graphs."""
+    """The runtime API example (docs/runtime-api.md): no ``vocab_size`` given; plus verify and draft graphs."""
     cfg = preset("tiny-llama")
     spec = SpecGeometry(num_steps=3)
     config = RuntimeConfig(

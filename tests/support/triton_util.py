@@ -18,25 +18,30 @@ from graphrt.kernels.switches import triton
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _index_scalars_under_numpy_2_4() -> None:
-    """Triton 3.6's interpreter holds a scalar as a 1-element array and takes ``int()`` of it for
-    ``range(0, K, ...)``; numpy >= 2.4 refuses ``int()`` of a 1-d array. Index its one element."""
+def fix_interpreter_scalars() -> None:
+    """Let Triton's interpreter take a loaded scalar as a loop bound under numpy >= 2.4.
+
+    NOTE: Triton 3.6's interpreter turns a scalar tensor into an int with ``int(array)``, which
+    numpy 2.4 refuses for the 1-element arrays it holds (``range(start, end)`` over a loaded
+    length fails); later Triton squeezes the array first. This is the same fix, for any Triton.
+    """
+    if triton is None or not INTERPRET:
+        return
     from triton.runtime import interpreter
 
-    patch = interpreter._patch_lang_tensor
-    if getattr(patch, "graphrt_fixed", False):
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "scalar_fix", False):
         return
 
-    def patched(tensor, scope) -> None:
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    def patched(tensor: object, scope: object) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))  # type: ignore[attr-defined]
 
-    patched.graphrt_fixed = True
+    patched.scalar_fix = True  # type: ignore[attr-defined]
     interpreter._patch_lang_tensor = patched
 
 
-if INTERPRET and triton is not None:
-    _index_scalars_under_numpy_2_4()
+fix_interpreter_scalars()
 
 
 def triton_devices() -> list:

@@ -138,8 +138,7 @@ def test_tied_head_is_read_whole_and_matches_transformers(
 ) -> None:
     tied = replace(bench_model.preset("tiny-llama"), tie_word_embeddings=True)
     monkeypatch.setitem(PRESETS, "tiny-llama-tied", tied)
-    for env in ("GRAPHRT_SKINNY_PDL", "GRAPHRT_SAMPLER_PDL"):
-        monkeypatch.delenv(env, raising=False)
+    monkeypatch.delenv("GRAPHRT_PDL", raising=False)
     argv = _argv(tmp_path, "2")
     argv[argv.index("tiny-llama")] = "tiny-llama-tied"
     assert main(argv) == 0  # NOTE: the parity check against transformers' tied head passed
@@ -150,7 +149,7 @@ def test_tied_head_is_read_whole_and_matches_transformers(
     assert result["rows"][0]["graph_nodes"] > 0
     # the emulated graph's topology: no op launches with PDL on the CPU; the switches recorded
     assert result["rows"][0]["pdl_edges"] == 0 and result["graphs"]["per_graph"][0]["pdl_edges"] == 0
-    assert result["pdl_switches"] == {"GRAPHRT_SKINNY_PDL": "1", "GRAPHRT_SAMPLER_PDL": "1"}
+    assert result["pdl_switch"] == {"GRAPHRT_PDL": "1"}
 
 
 def test_llama_3_2_1b_reads_its_published_bytes() -> None:

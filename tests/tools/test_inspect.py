@@ -40,6 +40,7 @@ def test_inspect_prints_every_view(snap_path: Path, capsys: pytest.CaptureFixtur
     assert [c.strip() for c in contents.split("│")[1:6]] == ["cache_seqlens", "3", "0", "1", "3"]
     assert "bs 5 > largest bucket 4" in out and "launch time" in out
     assert sum(ln.rstrip().endswith("│ ok     │") for ln in lines) == 3
+    assert "all 19 at their defaults" in out  # the switches the runtime was built with
 
 
 def test_inspect_unknown_version(snap_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ On CUDA, five graphrt replays per batch size also run under ``torch.profiler`` (
 only): the row's ``device`` holds the busy and idle µs per step, the launches per step and the
 top kernels by time; ``graph_nodes`` counts the nodes of the batch size's captured graph and
 ``pdl_edges`` its programmatic (PDL) edges (read through ``cuda.bindings``; null without it).
-``GRAPHRT_SKINNY_PDL=0`` / ``GRAPHRT_SAMPLER_PDL=0`` measure the same with PDL off
+``GRAPHRT_PDL=0`` / ``GRAPHRT_PDL=0`` measure the same with PDL off
 (``pdl_switches`` records them).
 
 Before timing a batch size the bench checks that graphrt's logits match transformers' (and the
@@ -29,7 +29,6 @@ Each run writes ``<out>/model_<device>_<shape>_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -41,7 +40,6 @@ from graphrt import ForwardMode
 from graphrt.checkpoints.loader import default_dtype
 from graphrt.kernels import skinny
 from graphrt.models.presets import LlamaConfig, preset
-from graphrt.runtime.sampler import launch as sampler_launch
 from graphrt.tools.bench import anchors
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps
@@ -279,7 +277,8 @@ def _result(args: argparse.Namespace, run: dict[str, Any], rows: list, seconds: 
             ],
         },
         # NOTE: what tells a PDL-on run from a PDL-off one (the switches' values, "1" = on)
-        "pdl_switches": {env: os.environ.get(env, "1") for env in (skinny.PDL_ENV, sampler_launch.PDL_ENV)},
+        "pdl_switch": {skinny.PDL_ENV: report.switches[skinny.PDL_ENV]},
+        "switches": report.switches,
         "graph_replays": stats.replays.get("DECODE", 0),
         "eager_fallbacks": stats.fallbacks.get("DECODE", {}),
         "weight_bytes": weight_bytes(run["model"]),

@@ -22,7 +22,6 @@ Each run writes ``<out>/moe_<device>_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,15 +109,7 @@ def _forced(slots: int) -> Callable[[Layer], torch.Tensor]:
     """The Triton path with the skinny kernels up to ``slots`` token slots (0: always grouped)."""
 
     def run(layer: Layer) -> torch.Tensor:
-        before = os.environ.get(triton_experts.SKINNY_SLOTS_ENV)
-        os.environ[triton_experts.SKINNY_SLOTS_ENV] = str(slots)
-        try:
-            return fused_experts(*layer)
-        finally:
-            if before is None:
-                del os.environ[triton_experts.SKINNY_SLOTS_ENV]
-            else:
-                os.environ[triton_experts.SKINNY_SLOTS_ENV] = before
+        return triton_experts.fused_experts_triton(*layer, skinny_slots=slots)
 
     return run
 
@@ -220,7 +211,7 @@ def run_bench_moe(args: argparse.Namespace) -> int:
         "layers_per_graph": LAYERS[device.type], "shrink": run["shrink"], "block_m": BLOCK_M,
         "timer": "cuda events, graph replay" if cuda else None,
         "speeds": "measured" if cuda else "not measured on the CPU (shapes shrunk, one eager call)",
-        "kernel": {"enabled": triton_experts.enabled(device), "skinny_max_slots": triton_experts.skinny_max_slots()},
+        "kernel": {"enabled": triton_experts.enabled(device), "skinny_max_slots": triton_experts.SKINNY_SLOTS},
         "floor": run["floor"], "agree_rel_l2": AGREE, "seconds": time.perf_counter() - start, "rows": rows,
     }  # fmt: skip
     out = write_result(result, args.out, f"moe_{device.type}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,6 @@ from graphrt import Batch, ForwardMode, GraphRuntime, KVShape, PagedKVCache, Req
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import PRESETS, LlamaConfig
 from graphrt.parallel import Message, Op, StepChannel, TPGroup, init_tp, pack, shutdown
-from graphrt.parallel.ops import DEFAULT_MODE
 from graphrt.runtime import TPRuntime
 from graphrt.tools.bench.decode import PAGE_SIZE, decode_batch, prefill_batch, time_us
 from graphrt.tools.bench.device_ops import profile_steps
@@ -184,12 +182,13 @@ def _write(runtime: Any, tp: Any, report: Any, args: argparse.Namespace, rows: l
         "iters": args.iters,
         "backend": runtime.backend.name,
         "engine": report.engine,
-        "allreduce": os.environ.get("GRAPHRT_ALLREDUCE", DEFAULT_MODE),
+        "allreduce": report.switches["GRAPHRT_ALLREDUCE"],
+        "switches": report.switches,
         "env": environment(device),
         "capture_seconds": report.seconds,
         "rows": rows,
     }
-    path = "" if tp.size == 1 else "_" + os.environ.get("GRAPHRT_ALLREDUCE", DEFAULT_MODE)
+    path = "" if tp.size == 1 else "_" + report.switches["GRAPHRT_ALLREDUCE"]
     out = Path(args.out) / f"decode_tp{tp.size}_{device.type}{path}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from graphrt.debug.snapshot import GraphFacts, KVFacts, MemoryFacts, Snapshot
+from graphrt.kernels import switches
 
 # NOTE: re-exported: inspect and the TUI read every kind of row from this module
 from graphrt.tools.inspection.buffer_contents import BufferRows as BufferRows
@@ -227,9 +228,19 @@ def header_rows(snap: Snapshot) -> list[Row]:
         ("device", f"{env.get('device')} (torch {env.get('torch')}, sgl-kernel {env.get('sgl_kernel')})"),
         ("engine / backend", f"{snap.engine} / {snap.backend}"),
         ("config", ", ".join(f"{k}={v}" for k, v in cfg.items())),
+        ("switches", switches_line(snap.switches)),
         ("static buffers", f"{snap.memory.total_bytes} B declared, arena {snap.memory.arena_bytes} B"),
         *([("KV cache", kv_line(snap.kv))] if snap.kv is not None else []),
     ]
+
+
+def switches_line(values: dict[str, str]) -> str:
+    """The switches that differ from their default (docs/switches.md), or that none does."""
+    if not values:
+        return "not recorded (a snapshot from before the switch table)"
+    default = switches.read({}).as_dict()
+    changed = [f"{k}={v}" for k, v in values.items() if default.get(k) != v]
+    return ", ".join(changed) if changed else f"all {len(values)} at their defaults"
 
 
 def kv_line(kv: KVFacts) -> str:

@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from graphrt.kernels.switches import pdl_enabled, triton_enabled
+from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, triton_enabled
 
 if TYPE_CHECKING:
     from graphrt.kernels.moe import Routing
 
-#: The switch of the Triton alignment (:func:`graphrt.kernels.switches.triton_enabled`): ``0``
-#: runs :func:`align_reference` on CUDA too, ``interpret`` runs the kernel under the interpreter.
-ENV = "GRAPHRT_MOE_ALIGN"
-#: ``GRAPHRT_MOE_PDL=0`` launches every MoE kernel without programmatic dependent launch.
-PDL_ENV = "GRAPHRT_MOE_PDL"
+#: The switch of the MoE kernels, the alignment's and the experts' (:func:`graphrt.kernels.switches.
+#: triton_enabled`): ``0`` runs the torch references on CUDA too, ``interpret`` the kernels under
+#: the interpreter.
+ENV = "GRAPHRT_FUSED_MOE"
+#: PDL for every MoE kernel: the switch of the other GEMMs.
+PDL_ENV = KERNELS_PDL_ENV
 
 #: Rows of one block of the grouped GEMM (each block holds one expert's token slots).
 BLOCK_M = 16

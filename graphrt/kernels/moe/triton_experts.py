@@ -1,6 +1,6 @@
 """The fused Triton path of :func:`graphrt.kernels.moe.fused_experts`: which kernels, which tiles.
 
-``T * k <= skinny_max_slots()`` (decode at bs 1-4 with k = 8): the skinny kernels
+``T * k <=`` :data:`SKINNY_SLOTS` (decode at bs 1-4 with k = 8): the skinny kernels
 (:mod:`graphrt.kernels.moe.skinny_experts`, two launches, no alignment). Else the alignment
 (:func:`graphrt.kernels.moe.align.moe_align`, written into ``routing``), the two grouped GEMMs
 (:mod:`graphrt.kernels.moe.grouped`) and a reduction over ``k`` in a fixed order. Intermediates
@@ -10,21 +10,21 @@ replay for any routing; nothing is read on the host.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from graphrt.kernels.moe import ExpertWeights, Routing
 from graphrt.kernels.moe.align import BLOCK_M, PDL_ENV, block_bound, moe_align
+from graphrt.kernels.moe.align import ENV as ALIGN_ENV
 from graphrt.kernels.moe.grouped import ACT_CODES, _grouped_down, _grouped_up
 from graphrt.kernels.moe.skinny_experts import _skinny_down, _skinny_up
 from graphrt.kernels.switches import pdl_enabled, tl, triton, triton_enabled
 
-#: The switch of the fused expert kernels (:func:`graphrt.kernels.switches.triton_enabled`).
-ENV = "GRAPHRT_MOE_EXPERTS"
-#: Largest ``T * k`` the skinny path takes (``GRAPHRT_MOE_SKINNY_SLOTS`` replaces it; 0: never).
-SKINNY_SLOTS, SKINNY_SLOTS_ENV = 32, "GRAPHRT_MOE_SKINNY_SLOTS"
+#: The switch of the MoE kernels (:data:`graphrt.kernels.moe.align.ENV`).
+ENV = ALIGN_ENV
+#: Largest ``T * k`` the skinny path takes (``fused_experts_triton``'s ``skinny_slots``; 0: never).
+SKINNY_SLOTS = 32
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -50,14 +50,6 @@ TILES = Tiles()
 def enabled(device: torch.device) -> bool:
     """Whether the Triton kernels run for tensors on ``device`` (:data:`ENV`)."""
     return triton_enabled(ENV, device)
-
-
-def skinny_max_slots() -> int:
-    """:data:`SKINNY_SLOTS`, or ``GRAPHRT_MOE_SKINNY_SLOTS`` (a count >= 0)."""
-    raw = os.environ.get(SKINNY_SLOTS_ENV, str(SKINNY_SLOTS))
-    if not raw.isdigit():
-        raise ValueError(f"{SKINNY_SLOTS_ENV}={raw!r}: expected a slot count >= 0")
-    return int(raw)
 
 
 def check_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> None:
@@ -90,14 +82,17 @@ def check_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> None:
         raise ValueError(f"topk_ids must be contiguous int32 (got {ids.dtype}), topk_weights contiguous")
 
 
-def fused_experts_triton(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> torch.Tensor:
-    """:func:`graphrt.kernels.moe.fused_experts` in Triton kernels (see the module docstring)."""
+def fused_experts_triton(
+    x: torch.Tensor, w: ExpertWeights, routing: Routing, skinny_slots: int = SKINNY_SLOTS
+) -> torch.Tensor:
+    """:func:`graphrt.kernels.moe.fused_experts` in Triton kernels (see the module docstring);
+    the skinny kernels up to ``skinny_slots`` token slots (0: always the grouped GEMMs)."""
     check_experts(x, w, routing)
     tokens, topk = routing.topk_ids.shape
     if tokens == 0:
         return torch.zeros_like(x)
     pdl = pdl_enabled(PDL_ENV, x.device)
-    if tokens * topk <= skinny_max_slots():
+    if tokens * topk <= skinny_slots:
         return _skinny(x, w, routing, pdl)
     moe_align(routing.topk_ids, w.num_experts, routing)
     return _grouped(x, w, routing, pdl)

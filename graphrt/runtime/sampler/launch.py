@@ -8,7 +8,7 @@ power of two, layout), made and kept as :mod:`graphrt.kernels.scratch` keeps sha
 
 On SM90+ ``_count`` is launched with programmatic dependent launch (as the skinny GEMM is):
 ``_scan`` lets it launch at once, and its programs wait (``gdc_wait``) for all of ``_scan``
-before reading anything, so its launch latency hides behind ``_scan``. ``GRAPHRT_SAMPLER_PDL=0``
+before reading anything, so its launch latency hides behind ``_scan``. ``GRAPHRT_PDL=0``
 launches it plainly (A/B timing); never under the interpreter.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from graphrt.kernels import scratch
-from graphrt.kernels.switches import pdl_enabled, triton
+from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, triton
 from graphrt.metadata.sampling import SamplingBuffers
 from graphrt.runtime.sampler import count as sampler_count
 from graphrt.runtime.sampler import kernel as sampler_kernel
@@ -69,11 +69,9 @@ class Layout:
 
 
 #: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
-#: :class:`Layout`'s defaults. From ``graphrt bench sampler --sweep`` on the H100 (bs 1, top-p
-#: rows, ``bench/results/h100/session-1127c``): chunks of 2048 on 8 warps beat 4096 on 8
-#: (the old default) by 2.5 µs at 49k (17.2 -> 14.6) and 3.9 µs at 128k (24.2 -> 20.3); 1024
-#: and 16 warps lose at both. At 128k, once the row sums went to atomics (session-1127f), two
-#: records a tally pass beat four: top-p 15.4 -> 14.0 µs (top-k 50 the same; greedy 4.2 either way).
+#: :class:`Layout`'s defaults. Chosen by ``graphrt bench sampler --sweep`` on the H100: chunks of
+#: 2048 on 8 warps beat 4096 (the old default), 1024 and 16 warps; at 128k two records a tally
+#: pass beat four (docs/gpu.md has the figures).
 LAYOUTS: tuple[tuple[int, Layout], ...] = (
     (65536, Layout(2048, 8, 16)),
     (MAX_VOCAB, Layout(2048, 8, 8, 2)),
@@ -89,7 +87,7 @@ def layout_for(vocab: int) -> Layout:
 
 
 #: ``0`` launches ``_count`` without programmatic dependent launch.
-PDL_ENV = "GRAPHRT_SAMPLER_PDL"
+PDL_ENV = KERNELS_PDL_ENV
 
 
 @dataclass(slots=True)
@@ -140,7 +138,7 @@ def workspace(rows: int, chunks: int, device: torch.device, records: int | None 
 
 
 def pdl_default(device: torch.device) -> bool:
-    """PDL on SM90+ CUDA devices unless ``GRAPHRT_SAMPLER_PDL=0``."""
+    """PDL on SM90+ CUDA devices unless ``GRAPHRT_PDL=0``."""
     return pdl_enabled(PDL_ENV, device)
 
 
