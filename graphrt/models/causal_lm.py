@@ -14,6 +14,7 @@ from torch import nn
 from graphrt.kv.quant import KVScales
 from graphrt.models.config import ModelConfig
 from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
+from graphrt.models.moe import layer_mlp
 from graphrt.models.parallel import SINGLE
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
 from graphrt.models.rope import rope_inv_freq
@@ -57,7 +58,9 @@ class CausalLM(Decoder):
     def __init__(
         self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None, tp: TPGroup = SINGLE
     ) -> None:
-        super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp)
+        super().__init__(
+            cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp, lambda i: layer_mlp(cfg, i, tp)
+        )
         self.freq_factors = freq_factors
 
     @property

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphrt.models.moe_config import MoESpec
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -30,6 +32,8 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     #: Per layer: graphrt's window (a query at ``p`` sees ``p - w … p``) or ``None`` (full).
     windows: tuple[int | None, ...] = ()
+    #: Mixture-of-experts MLPs (None: every MLP dense).
+    moe: MoESpec | None = None
 
     def window(self, layer_id: int) -> int | None:
         return self.windows[layer_id] if self.windows else None
