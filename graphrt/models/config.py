@@ -28,6 +28,10 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    #: RMSNorm over the whole q and k projections before RoPE (OLMoE).
+    qk_norm_full: bool = False
+    #: Learned attention sinks per query head (gpt-oss).
+    sinks: bool = False
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
     #: Per layer: graphrt's window (a query at ``p`` sees ``p - w … p``) or ``None`` (full).

@@ -56,7 +56,8 @@ def moe_presets(
             ),
         ),
         # NOTE: Qwen3-30B-A3B: 48 layers of 128 experts (8 per token, 768 wide); no q/k norm here.
-        "qwen3-30b-a3b": LlamaConfig(
+        "qwen3-30b-a3b": replace(
+            tiny,
             vocab_size=151936,
             hidden_size=2048,
             num_layers=48,
@@ -69,7 +70,8 @@ def moe_presets(
         ),
         # NOTE: gpt-oss-20b: 24 layers alternating window 128 / full, sinks, 32 experts (4 per
         # token, 2880 wide, clamped SwiGLU with biases) in bf16 (not MXFP4); no q/k/v bias, no YaRN.
-        "gpt-oss-20b": LlamaConfig(
+        "gpt-oss-20b": replace(
+            tiny,
             vocab_size=201088,
             hidden_size=2880,
             num_layers=24,
@@ -95,7 +97,9 @@ def moe_presets(
         ),
         # NOTE: DeepSeek-V2-Lite: MLA (no q LoRA), layer 0 dense, 26 layers of 64 experts (6 per
         # token, 1408 wide) plus 2 shared; no YaRN.
-        "deepseek-v2-lite": MLAConfig(
+        "deepseek-v2-lite": replace(
+            tiny_mla,
+            q_lora_rank=None,
             vocab_size=102400,
             hidden_size=2048,
             num_layers=27,
@@ -109,7 +113,8 @@ def moe_presets(
             moe=MoESpec(64, 6, 1408, deepseek_sparse(27, 1), shared_size=2816),
         ),
         # NOTE: OLMoE-1B-7B: 16 layers of 64 experts (8 per token, 1024 wide); no q/k norm here.
-        "olmoe-1b-7b": LlamaConfig(
+        "olmoe-1b-7b": replace(
+            tiny,
             vocab_size=50304,
             hidden_size=2048,
             num_layers=16,
