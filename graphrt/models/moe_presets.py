@@ -8,15 +8,16 @@ sizes, dense layers); details that move few bytes are left out and said per pres
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from graphrt.models.moe_config import MoESpec, deepseek_sparse, qwen_sparse
-from graphrt.models.presets import LlamaConfig, MLAConfig
 
 
-def moe_presets(
-    tiny: LlamaConfig, tiny_sinks: LlamaConfig, tiny_mla: MLAConfig
-) -> dict[str, LlamaConfig | MLAConfig]:
-    """The MoE presets; the tiny ones are the given dense tiny presets with MoE MLPs."""
+def moe_presets(tiny: Any, tiny_sinks: Any, tiny_mla: Any) -> dict[str, Any]:
+    """The MoE presets (``LlamaConfig`` / ``MLAConfig``): the given dense tiny presets
+    (``tiny-llama``, ``tiny-sinks``, ``tiny-mla``) with MoE MLPs, and real shapes made from them
+    by replacing every field that differs (this module cannot import the config classes:
+    :mod:`graphrt.models.presets` imports it)."""
     return {
         # NOTE: layer 0 dense (mlp_only_layers), layers 1..3 MoE: both kinds in one decoder.
         "tiny-qwen3-moe": replace(
