@@ -45,6 +45,7 @@ from graphrt.runtime.sampler import launch as sampler_launch
 from graphrt.tools.bench import anchors
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps
+from graphrt.tools.bench.model_moe import moe_shape, run_bench_moe
 from graphrt.tools.bench.model_table import PROFILE_STEPS, print_table
 from graphrt.tools.bench.model_twin import (
     PARITY_METRIC,
@@ -211,6 +212,9 @@ def run_bench_model(args: argparse.Namespace) -> int:
         from graphrt.tools.bench.kv import run_kv_compare  # NOTE: it imports this module
 
         return run_kv_compare(args)
+    moe = moe_shape(args.shape)
+    if moe is not None:
+        return run_bench_moe(args, args.shape, moe)
     start = time.perf_counter()
     with torch.no_grad(), bench_progress() as progress:
         setup = progress.add_task("setup", total=None)
