@@ -59,9 +59,20 @@ ARCHS: dict[str, Arch] = {
 MLA_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
+#: Architectures refused by name, with why (a clearer message than "unsupported").
+REFUSED: dict[str, str] = {
+    "DeepseekV32ForCausalLM": (
+        "DeepSeek-V3.2 (MLA + MoE + the DSA indexer) does not load yet: its indexer is not mapped "
+        "onto graphrt's sparse-MLA path (the tiny-dsa presets run that path with random weights)"
+    ),
+}
+
+
 def _architecture(raw: Raw) -> str:
     names = list(raw.get("architectures") or [])
     for name in names:
+        if name in REFUSED:
+            raise ValueError(REFUSED[name])
         if name in ARCHS or name in MLA_ARCHS:
             return name
     found = ", ".join(names) or "none (no 'architectures' in config.json)"

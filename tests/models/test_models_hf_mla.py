@@ -108,6 +108,10 @@ def test_moe_fields_are_read_and_unsupported_ones_refused(tmp_path: Path) -> Non
     assert parse_config(raw | {"first_k_dense_replace": 2}).moe is None
     with pytest.raises(ValueError, match=r"expert parallelism \(ep_size 2\) is not supported"):
         parse_config(raw | {"ep_size": 2})
+    with pytest.raises(
+        ValueError, match=r"DeepSeek-V3.2 \(MLA \+ MoE \+ the DSA indexer\) does not load yet"
+    ):
+        parse_config(raw | {"architectures": ["DeepseekV32ForCausalLM"]})
     v2 = raw | {"architectures": ["DeepseekV2ForCausalLM"], "topk_method": "noaux_tc"}
     with pytest.raises(ValueError, match=r"DeepSeek-V2 topk_method 'noaux_tc' is not supported"):
         parse_config(v2)
