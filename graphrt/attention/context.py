@@ -140,6 +140,17 @@ class ContextInputs:
     local: LocalStep | None = None
     cross: CrossStep | None = None
     window: WindowStep | None = None
+    #: A MoE model's routing buffers for this forward's token rows (the kernels' ``Routing``),
+    #: and ``num_tokens [1]`` int32, its real rows (rows past it are pad rows).
+    routing: Any = None
+    routing_tokens: torch.Tensor | None = None
+
+
+def attach_routing(ctx: Any, inputs: ContextInputs) -> Any:
+    """``ctx`` with ``routing`` / ``routing_tokens`` (None without MoE layers): what a MoE layer
+    reads to write its expert choice (:mod:`graphrt.metadata.routing`)."""
+    ctx.routing, ctx.routing_tokens = inputs.routing, inputs.routing_tokens
+    return ctx
 
 
 class ForwardContext:
@@ -151,7 +162,11 @@ class ForwardContext:
     ``group``: the backend's own buffer group (its view for this step), if any; the backend's
     ``plan`` runs on it at the first :meth:`attention` call, once per forward. ``cross``: the
     encoder cache and buffers :meth:`cross_attention` reads (encoder-decoder models).
+    ``routing`` / ``routing_tokens``: a MoE model's routing buffers (:func:`attach_routing`).
     """
+
+    routing: Any = None
+    routing_tokens: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -173,7 +188,7 @@ class ForwardContext:
     def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
         """The MHA/GQA context of one step's :class:`ContextInputs`."""
         i = inputs
-        return cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross, i.window)
+        return attach_routing(cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross, i.window), i)
 
     @property
     def mode(self) -> ForwardMode:

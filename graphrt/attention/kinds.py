@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from graphrt.attention.context import ContextInputs, ForwardContext
+from graphrt.attention.context import ContextInputs, ForwardContext, attach_routing
 from graphrt.attention.mla_context import MLAContext
 from graphrt.attention.registry import select_backend
 from graphrt.attention.sparse_context import SparseMLAContext
@@ -81,7 +81,8 @@ class SparseMLAKind:
     def context(self, inputs: ContextInputs) -> SparseMLAContext:
         # NOTE: DSA presets have neither sliding windows nor chunked-local layers.
         assert inputs.local is None, "chunked-local attention is an MHA feature"
-        return SparseMLAContext(inputs.meta, inputs.kv, inputs.backend, inputs.group, inputs.req_to_token)
+        ctx = SparseMLAContext(inputs.meta, inputs.kv, inputs.backend, inputs.group, inputs.req_to_token)
+        return attach_routing(ctx, inputs)
 
 
 def attention_kind(kv: Any) -> AttentionKind:

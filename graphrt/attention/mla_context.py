@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from graphrt.attention.context import ContextInputs
+from graphrt.attention.context import ContextInputs, attach_routing
 from graphrt.kv.latent import LatentKVCache
 from graphrt.metadata.base import StepMetadata
 from graphrt.step.modes import ForwardMode
@@ -24,8 +24,12 @@ _UNPLANNED = object()
 class MLAContext:
     """Per-step handle a dense-MLA model's forward receives as ``ctx``.
 
-    ``group``: the backend's own buffer group (its view for this step), if any.
+    ``group``: the backend's own buffer group (its view for this step), if any; ``routing`` /
+    ``routing_tokens``: a MoE model's routing buffers (:func:`attach_routing`).
     """
+
+    routing: Any = None
+    routing_tokens: torch.Tensor | None = None
 
     def __init__(self, meta: StepMetadata, kv: LatentKVCache, backend: Any, group: Any = None) -> None:
         self.meta, self.kv, self.backend, self.group = meta, kv, backend, group
@@ -35,7 +39,7 @@ class MLAContext:
     def from_inputs(cls, inputs: ContextInputs) -> MLAContext:
         # NOTE: dense-MLA models have neither sliding windows nor chunked-local layers.
         assert inputs.local is None, "chunked-local attention is an MHA feature"
-        return cls(inputs.meta, inputs.kv, inputs.backend, inputs.group)
+        return attach_routing(cls(inputs.meta, inputs.kv, inputs.backend, inputs.group), inputs)
 
     @property
     def mode(self) -> ForwardMode:

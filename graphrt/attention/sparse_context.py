@@ -21,7 +21,11 @@ class SparseMLAContext:
     Per layer the model calls :meth:`index_topk` (indexer keys stored, top-k written into
     the static ``topk_indices`` / ``topk_slots``), then :meth:`sparse_mla`. The backend's
     plan (FlashMLA's FP8 tile schedule) runs once, at the first :meth:`sparse_mla` of the step.
+    ``routing`` / ``routing_tokens``: a MoE model's routing buffers (``attach_routing``).
     """
+
+    routing: Any = None
+    routing_tokens: torch.Tensor | None = None
 
     def __init__(
         self,

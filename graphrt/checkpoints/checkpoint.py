@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.moe_tensors import expert_slots
+from graphrt.checkpoints.slot import Slot
 from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.config import ModelConfig
 from graphrt.models.mla import MLACausalLM
-from graphrt.models.parallel import SINGLE, Shard, copy_shard, to_empty, whole
+from graphrt.models.parallel import SINGLE, Shard, to_empty, whole
 from graphrt.models.presets import MLAConfig
 from graphrt.parallel import TPGroup
 
@@ -47,6 +48,7 @@ LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
     "self_attn.o_proj.weight": ("attn.o.weight", None),
     "self_attn.o_proj.bias": ("attn.o.bias", None),
     "self_attn.q_norm.weight": ("attn.q_norm.weight", None),
+    "self_attn.sinks": ("attn.sinks", None),
     "self_attn.k_norm.weight": ("attn.k_norm.weight", None),
     "mlp.gate_proj.weight": ("mlp.gate_up.weight", 0),
     "mlp.up_proj.weight": ("mlp.gate_up.weight", 1),
@@ -92,23 +94,6 @@ class TensorSource(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """Where a checkpoint tensor lands: ``shard`` of parameter ``param``; ``shape`` is what the
-    checkpoint must hold (the full tensor, whatever the TP size)."""
-
-    param: str
-    shard: Shard
-
-    @property
-    def shape(self) -> Shape:
-        return self.shard.shape
-
-    def view(self, param: torch.Tensor) -> torch.Tensor:
-        """The part of ``param`` this checkpoint tensor fills (padding excluded)."""
-        return param.narrow(self.shard.dim, self.shard.dest, self.shard.length)
-
-
 Model = CausalLM | MLACausalLM
 
 
@@ -119,8 +104,9 @@ def build_model(config: ModelConfig | MLAConfig, freq_factors: torch.Tensor | No
     return CausalLM(config, freq_factors, tp)
 
 
-def slots(model: Model) -> dict[str, Slot]:
-    """Every checkpoint tensor ``model`` needs, by checkpoint name (tied heads need none)."""
+def slots(model: Model, found: Mapping[str, Shape] | None = None) -> dict[str, Slot]:
+    """Every checkpoint tensor ``model`` needs, by checkpoint name (tied heads need none); a MoE
+    layer's expert tensors in the layout ``found`` (the checkpoint's shapes) holds."""
     params = dict(model.named_parameters())
     names = dict(GLOBAL_TENSORS)
     layer = MLA_LAYER_TENSORS if isinstance(model, MLACausalLM) else LAYER_TENSORS
@@ -132,6 +118,10 @@ def slots(model: Model) -> dict[str, Slot]:
             p = params[param]
             shard = p.shard(part) if hasattr(p, "shard") else whole(tuple(p.shape))
             out[name] = Slot(param, shard)
+    moe = getattr(model.cfg, "moe", None)
+    for i in range(model.cfg.num_layers) if moe is not None else ():
+        if moe.is_sparse(i):
+            out |= expert_slots(i, model.cfg.architecture, params, found or {})
     return out
 
 
@@ -201,14 +191,14 @@ def materialize(
     check_config(source.config, found)
     with torch.device("meta"):
         model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
-    expected = slots(model)
+    expected = slots(model, found)
     check_tensors(expected, found, source.config.tie_word_embeddings)
     scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
     for i, (name, slot) in enumerate(expected.items()):
-        copy_shard(params[slot.param], source.read(name, device, slot.shard), slot.shard)
+        slot.load(params[slot.param], source.read(name, device, slot.read_shard))
         if progress is not None:
             progress(i + 1, len(expected))
     model.reset_rope(device)

@@ -6,7 +6,7 @@ serves every mode; ``cascade`` (expand lists and prefix lengths) exists for toke
 virtual batch; ``sampling`` (per-request sampling parameters) serves the modes that sample;
 ``attention`` is the attention backend's own group; ``encoder`` (encoder page table and
 lengths) exists for encoder-decoder models; ``window`` the window-layer pool's slots and page
-table. The eager path builds the same groups at
+table; ``routing`` (MoE expert choices, their alignment) exists for models with MoE layers. The eager path builds the same groups at
 the step's exact size, so both paths share every write and derive function.
 """
 
@@ -26,6 +26,7 @@ from graphrt.metadata.draft import DRAFT_GROUP, DraftBuffers
 from graphrt.metadata.encoder import ENCODER_GROUP, EncoderBuffers
 from graphrt.metadata.groups import ATTENTION_GROUP, Geometry, GroupRow, Writer
 from graphrt.metadata.local import LOCAL_GROUP, LocalBuffers
+from graphrt.metadata.routing import ROUTING_GROUP, RoutingBuffers
 from graphrt.metadata.sampling import SAMPLING_GROUP, SamplingBuffers
 from graphrt.metadata.step import STEP_GROUP, draft_keys
 from graphrt.metadata.window import WINDOW_GROUP, WindowBuffers
@@ -42,6 +43,7 @@ GROUPS: tuple[GroupRow, ...] = (
     ATTENTION_GROUP,
     ENCODER_GROUP,
     WINDOW_GROUP,
+    ROUTING_GROUP,
 )
 
 
@@ -69,6 +71,7 @@ class StepInputs:
     attention: Any = None  # the attention backend's own group (FA3: scheduler metadata)
     encoder: EncoderBuffers | None = None
     window: WindowBuffers | None = None
+    routing: RoutingBuffers | None = None
 
 
 @dataclass(frozen=True, slots=True)

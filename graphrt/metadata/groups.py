@@ -71,7 +71,7 @@ class Geometry:
     ``spec``: speculative geometry; ``local``: chunked-local attention; ``sample``: in-graph
     sampling; ``attention``: the attention backend's own group, if it has one; ``encoder``:
     an encoder-decoder model's encoder page table and lengths; ``window``: the window-layer KV
-    pool, if window layers keep their own pages.
+    pool, if window layers keep their own pages; ``routing``: a MoE model's experts and top-k.
     """
 
     spec: SpecGeometry | None = None
@@ -81,11 +81,19 @@ class Geometry:
     attention: BufferGroup | None = None
     encoder: EncoderGeometry | None = None
     window: WindowShape | None = None
+    routing: RoutingGeometry | None = None
 
     @property
     def tree(self) -> bool:
         """Token trees (``topk > 1``): the cascade group exists."""
         return self.spec is not None and self.spec.topk > 1
+
+
+class RoutingGeometry(Protocol):
+    """What the routing group needs of :class:`~graphrt.metadata.routing.RoutingShape`."""
+
+    num_experts: int
+    topk: int
 
 
 class EncoderGeometry(Protocol):

@@ -14,9 +14,10 @@ from torch import nn
 from graphrt.kv.quant import KVScales
 from graphrt.models.config import ModelConfig
 from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
+from graphrt.models.moe import layer_mlp
 from graphrt.models.parallel import SINGLE
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
-from graphrt.models.rope import rope_inv_freq
+from graphrt.models.rope import rope_attention_factor, rope_inv_freq
 from graphrt.parallel import TPGroup
 
 
@@ -30,12 +31,21 @@ class CausalLMAttention(Attention):
     """
 
     def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup = SINGLE) -> None:
-        super().__init__(cfg, layer_id, tp, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else nn.Identity()
+        super().__init__(cfg, layer_id, tp, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, sinks=cfg.sinks)
+        if cfg.qk_norm_full and tp.size > 1:
+            raise ValueError(
+                f"tensor parallelism (tp {tp.size}) is not supported with q/k norms over all heads"
+            )
+        widths = (self.splits[0], self.splits[1]) if cfg.qk_norm_full else (cfg.head_dim, cfg.head_dim)
+        norm = cfg.qk_norm or cfg.qk_norm_full
+        self.q_norm = RMSNorm(widths[0], cfg.rms_eps) if norm else nn.Identity()
+        self.k_norm = RMSNorm(widths[1], cfg.rms_eps) if norm else nn.Identity()
 
     def heads(self, qkv: torch.Tensor, rope: RopeInputs) -> Projected:
         cfg = self.cfg
+        if cfg.qk_norm_full:  # NOTE: OLMoE: one norm over every head's q (and k), then per-head views
+            q, k, v = qkv.split(self.splits, dim=-1)
+            qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=-1)
         if not cfg.qk_norm:
             return super().heads(qkv, rope.cos_sin)
         weights = (self.q_norm.weight, self.k_norm.weight)
@@ -57,8 +67,11 @@ class CausalLM(Decoder):
     def __init__(
         self, cfg: ModelConfig, freq_factors: torch.Tensor | None = None, tp: TPGroup = SINGLE
     ) -> None:
-        super().__init__(cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp)
+        super().__init__(
+            cfg, cfg.head_dim, lambda i: CausalLMAttention(cfg, i, tp), tp, lambda i: layer_mlp(cfg, i, tp)
+        )
         self.freq_factors = freq_factors
+        self.rope_scale = rope_attention_factor(cfg.rope_type, cfg.rope_params)
 
     @property
     def num_kv_heads(self) -> int:
@@ -83,6 +96,8 @@ class CausalLM(Decoder):
     def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         """The cos/sin table, plus int32 positions and theta for the fused kernel when it may run."""
         cos_sin = super().rope_inputs(positions, dtype)
+        if self.rope_scale != 1.0:  # NOTE: YaRN: q and k rotated by scaled cos/sin
+            cos_sin = cos_sin * self.rope_scale
         theta = self.fused_rope_theta()
         if theta is not None and positions.is_cuda:
             positions = positions.to(torch.int32)  # NOTE: once per step; the kernel reads int32

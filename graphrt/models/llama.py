@@ -10,6 +10,8 @@ from torch import nn
 
 from graphrt.attention.context import ForwardContext
 from graphrt.models import ops
+from graphrt.models.mlp import MLP
+from graphrt.models.moe import layer_mlp
 from graphrt.models.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -115,27 +117,6 @@ class Attention(nn.Module):
         return self.attend(self.heads(self.qkv(x), rope), ctx)
 
 
-class MLP(nn.Module):
-    """SwiGLU; ``gate_up`` column-parallel (gate and up blocks), ``down`` row-parallel."""
-
-    def __init__(self, cfg: Any, tp: TPGroup = SINGLE) -> None:
-        super().__init__()
-        inner = split(cfg.intermediate_size, tp, "intermediate_size")
-        self.gate_up = ColumnParallelLinear(cfg.hidden_size, (inner, inner), ("gate", "up"))
-        self.down = RowParallelLinear(inner, cfg.hidden_size, tp)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(ops.silu_and_mul(self.gate_up(x)))
-
-    def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``down(silu(gate) * up)`` of ``gate_up [T, 2 I]``: one launch for a single-row step
-        (:func:`ops.silu_mul_linear`), then under TP the down projection's all-reduce."""
-        down = self.down
-        if down.tp.size == 1:
-            return ops.silu_mul_linear(gate_up, down.weight, down.bias, down.weight_scale)
-        return down.reduce(ops.silu_mul_linear(gate_up, down.weight, None, down.weight_scale))
-
-
 class Block(nn.Module):
     """Pre-norm residual block around any attention module with ``forward(x, cos_sin, ctx)``.
 
@@ -146,6 +127,8 @@ class Block(nn.Module):
     them in the GEMMs' prologues (:mod:`graphrt.kernels.prologue`), any other step runs the same
     ops as the unfused path. Under TP those projections are column-parallel (no collective
     between the norm and the GEMM) and ``down`` is all-reduced after its GEMM, as unfused.
+    Any other MLP (a MoE layer) runs unfused; one with ``takes_ctx`` gets ``ctx`` (its routing
+    buffers).
     """
 
     def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
@@ -155,6 +138,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
         self.norms_in_projections = isinstance(mlp, MLP)
+        self.mlp_takes_ctx = getattr(mlp, "takes_ctx", False)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
@@ -166,7 +150,7 @@ class Block(nn.Module):
             return self._fused(x, residual, cos_sin, ctx)
         h, residual = self.attn_norm.stream(x, residual)
         h, residual = self.mlp_norm.add(self.attn(h, cos_sin, ctx), residual)
-        return self.mlp(h), residual
+        return (self.mlp(h, ctx) if self.mlp_takes_ctx else self.mlp(h)), residual
 
     def _fused(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
@@ -196,7 +180,9 @@ def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype
                 continue
             shape = getattr(p, "full_shape", p.shape)
             per_token = "embed" in name or name.endswith("sinks")  # NOTE: nothing is contracted
-            fan_in = 1 if per_token else (shape[-2] if len(shape) == 3 else shape[-1])
+            # NOTE: experts' ``[E, out, in]`` contract their last dim like any linear
+            stacked = len(shape) == 3 and ".experts." not in name
+            fan_in = 1 if per_token else (shape[-2] if stacked else shape[-1])
             full = torch.randn(shape, generator=gen) * fan_in**-0.5
             getattr(p, "weight_loader", _copy)(p, full)
     model = model.to(device=device, dtype=dtype).eval()
@@ -212,16 +198,24 @@ class Decoder(nn.Module):
     """Embedding, ``num_layers`` blocks, final norm and LM head; the attention is the model's.
 
     ``forward(input_ids [T] int64, positions [T] int64, ctx) -> logits [T, vocab] float32``.
+    ``mlp(layer_id)`` builds each layer's MLP (default: the dense :class:`MLP`; MoE models
+    pass :func:`graphrt.models.moe.layer_mlp`).
     """
 
     def __init__(
-        self, cfg: Any, rope_dim: int, attention: Callable[[int], nn.Module], tp: TPGroup = SINGLE
+        self,
+        cfg: Any,
+        rope_dim: int,
+        attention: Callable[[int], nn.Module],
+        tp: TPGroup = SINGLE,
+        mlp: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.cfg, self.tp = cfg, tp
         self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp)) for i in range(cfg.num_layers)
+            Block(cfg.hidden_size, cfg.rms_eps, attention(i), MLP(cfg, tp) if mlp is None else mlp(i))
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
@@ -253,6 +247,15 @@ class Decoder(nn.Module):
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
 
+    def routing_shape(self) -> Any:
+        """The routing buffers the runtime allocates for this model: the first MoE layer's
+        ``routing_shape()`` (:class:`~graphrt.metadata.routing.RoutingShape`), None if it has none."""
+        for layer in self.layers:
+            shape = getattr(layer.mlp, "routing_shape", None)
+            if shape is not None:
+                return shape()
+        return None
+
     def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> Any:
         """What every layer's attention gets for RoPE, made once per step: ``[T, rope_dim]`` cos/sin."""
         return ops.rope_cos_sin(positions, self.inv_freq, dtype)
@@ -272,7 +275,8 @@ class TinyLlama(Decoder):
     """A Llama-style decoder: GQA attention through ``ctx.attention``; tensor-parallel with ``tp``."""
 
     def __init__(self, cfg: LlamaConfig, tp: TPGroup = SINGLE) -> None:
-        super().__init__(cfg, cfg.head_dim, lambda i: Attention(cfg, i, tp, sinks=cfg.sinks), tp)
+        attention = lambda i: Attention(cfg, i, tp, sinks=cfg.sinks)  # noqa: E731
+        super().__init__(cfg, cfg.head_dim, attention, tp, lambda i: layer_mlp(cfg, i, tp))
 
     @property
     def num_kv_heads(self) -> int:

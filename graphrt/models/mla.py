@@ -17,6 +17,7 @@ from torch import nn
 from graphrt.attention.mla_context import MLAContext
 from graphrt.kv.rope_store import rotate_ref
 from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.moe import layer_mlp
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import rope_inv_freq
@@ -97,7 +98,9 @@ class MLACausalLM(Decoder):
     def __init__(self, cfg: MLAConfig, tp: TPGroup = SINGLE) -> None:
         if tp.size > 1:
             raise ValueError(f"tensor parallelism (tp {tp.size}) is not supported for MLA models")
-        super().__init__(cfg, cfg.qk_rope_head_dim, lambda i: LatentAttention(cfg, i))
+        super().__init__(
+            cfg, cfg.qk_rope_head_dim, lambda i: LatentAttention(cfg, i), mlp=lambda i: layer_mlp(cfg, i)
+        )
         self.tie()
 
     def tie(self) -> None:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graphrt.models.moe_config import MoESpec
+
 
 @dataclass(frozen=True, slots=True)
 class LlamaConfig:
@@ -30,6 +32,8 @@ class LlamaConfig:
     #: Every layer has learned attention sinks: one logit per query head that joins the
     #: softmax's denominator (gpt-oss).
     sinks: bool = False
+    #: Mixture-of-experts MLPs (None: every MLP dense).
+    moe: MoESpec | None = None
 
     def __post_init__(self) -> None:
         for name in ("sliding_window", "attention_chunk_size"):
@@ -104,6 +108,8 @@ class MLAConfig:
     tie_word_embeddings: bool = False
     architecture: str = "DeepseekV3ForCausalLM"
     max_position_embeddings: int = 2048
+    #: Mixture-of-experts MLPs (None: every MLP dense).
+    moe: MoESpec | None = None
 
     @property
     def softmax_scale(self) -> float:
@@ -244,6 +250,12 @@ PRESETS["tiny-cross"] = CrossConfig(
     head_dim=64,
     intermediate_size=512,
 )
+
+
+# NOTE: imported here, below the config classes it builds on (it imports this module).
+from graphrt.models.moe_presets import moe_presets  # noqa: E402
+
+PRESETS |= moe_presets(PRESETS["tiny-llama"], PRESETS["tiny-sinks"], PRESETS["tiny-mla"])
 
 
 def preset(name: str) -> LlamaConfig | DSAConfig | MLAConfig | CrossConfig:

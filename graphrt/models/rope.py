@@ -39,10 +39,49 @@ def _llama3(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_range(params: Mapping[str, Any], dim: int, theta: float) -> tuple[float, float]:
+    """YaRN's correction range of rotary dims (transformers' ``find_correction_range``)."""
+    old_len = float(params["original_max_position_embeddings"])
+
+    def at(rotations: float) -> float:
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = at(float(params.get("beta_fast") or 32)), at(float(params.get("beta_slow") or 1))
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def _yarn(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
+    """YaRN: frequencies interpolated by ``factor`` below the correction range, kept above it,
+    a linear ramp between (transformers' ``_compute_yarn_parameters``); ``params`` carries
+    ``rope_theta``. The attention factor scales cos/sin (:func:`rope_attention_factor`)."""
+    dim, factor = 2 * inv_freq.numel(), float(params["factor"])
+    low, high = _yarn_range(params, dim, float(params["rope_theta"]))
+    high = high + 0.001 if low == high else high  # NOTE: as transformers, no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
+
+
+def rope_attention_factor(rope_type: str, params: Mapping[str, Any]) -> float:
+    """What cos/sin are multiplied by: YaRN's ``attention_factor`` (default ``0.1 ln(factor) + 1``),
+    else 1."""
+    if rope_type != "yarn":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = float(params["factor"])
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        raise ValueError("YaRN with mscale and mscale_all_dim is not supported")
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
 ROPE_TYPES: dict[str, Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]] = {
     "default": lambda inv_freq, params: inv_freq,
     "linear": _linear,
     "llama3": _llama3,
+    "yarn": _yarn,
 }
 
 

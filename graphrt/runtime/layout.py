@@ -12,6 +12,7 @@ from graphrt.kv.window import WindowPool, window_step
 from graphrt.metadata.families import Dummies, Families
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import LocalGeometry, local_geometry
+from graphrt.metadata.routing import RoutingShape
 from graphrt.runtime.encoder import encoder_geometry
 from graphrt.step.config import RuntimeConfig
 
@@ -33,8 +34,10 @@ def build_layout(
     backend: Any,
     max_bs: int,
     encoder: EncoderKV | None,
+    routing: RoutingShape | None = None,
 ) -> Layout:
-    """Allocate every buffer group the runtime's steps use, for batches up to ``max_bs``."""
+    """Allocate every buffer group the runtime's steps use, for batches up to ``max_bs``
+    (``routing``: a MoE model's experts and top-k, :func:`routing_shape`)."""
     dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
     local, window = local_geometry(config), window_pool(kv, req_to_token, config)
     geometry = Geometry(
@@ -45,6 +48,7 @@ def build_layout(
         backend.buffers(),
         encoder=encoder_geometry(encoder, kv, req_to_token, config),
         window=window,
+        routing=routing,
     )
     enc_page = None if encoder is None else encoder.kv.dummy_page
     dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
@@ -72,3 +76,11 @@ def window_pool(kv: PagedKVCache, req_to_token: ReqToToken, config: RuntimeConfi
     pool = WindowPool(layers, full_slots, req_to_token.max_reqs, config.max_pages, kv.page_size, kv.device)
     req_to_token.window = pool
     return pool
+
+
+def routing_shape(forward: Any) -> RoutingShape | None:
+    """The routing a model's forward needs: its ``routing_shape()`` (the model, or the module
+    of a bound ``forward``), None for a model without MoE layers."""
+    owner = getattr(forward, "__self__", forward)
+    shape = getattr(owner, "routing_shape", None)
+    return shape() if callable(shape) else None

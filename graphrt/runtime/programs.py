@@ -84,6 +84,7 @@ class StepEnv:
         if inputs.window is not None:
             assert self.window is not None, "window buffers without a window pool"
             window = WindowStep.bind(meta, inputs.window, self.window.window, draft_step)
+        routing = inputs.routing
         inp = ContextInputs(
             meta,
             self.kv,
@@ -94,6 +95,8 @@ class StepEnv:
             bound,
             cross,
             window,
+            None if routing is None else routing.routing(input_ids.shape[0]),
+            None if routing is None else routing.num_tokens,
         )
         with batch_invariant(self.deterministic):
             return self.forward(input_ids, buffers.positions, self.context(inp))

@@ -24,7 +24,7 @@ from graphrt.runtime.eager import run_eager
 from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route
 from graphrt.runtime.feed import StepFeed, TokenFeed
-from graphrt.runtime.layout import build_layout
+from graphrt.runtime.layout import build_layout, routing_shape
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry, step_weights
@@ -77,7 +77,7 @@ class GraphRuntime:
         refusal = self.backend.graph_support.refusal(self.backend.name, config.capture_modes, max_bs)
         if refusal is not None:
             raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
-        layout = build_layout(config, kv, req_to_token, self.backend, max_bs, encoder)
+        layout = build_layout(config, kv, req_to_token, self.backend, max_bs, encoder, routing_shape(forward))
         #: Each request row's last sampled token (:mod:`graphrt.runtime.feed`); with sampling.
         rows = req_to_token.max_reqs + 1
         self.tokens = TokenFeed(rows, req_to_token.dummy_req, self.device) if config.sample else None

@@ -4,7 +4,8 @@ Prefill and decode logits (eager and graphed) and greedy tokens against transfor
 ``generate`` (with its MLA KV cache). Cases cover q_lora (``q_a_proj`` → norm → ``q_b_proj``)
 and a single ``q_proj``, DeepSeek's interleaved RoPE (V2's complex form, V3's
 ``rope_interleave``) and NeoX RoPE (with linear scaling), attention biases and tied embeddings; one case has
-DeepSeek's 512 + 64 latent (FA3's shape on an H100). MoE layers are refused, naming the fields.
+DeepSeek's 512 + 64 latent (FA3's shape on an H100). MoE fields are read (their checkpoints:
+tests/models/test_moe_checkpoints.py); expert parallelism is refused.
 Tolerances as tests/models/test_models_hf.py: fp32 CPU 1e-4; bf16 CUDA three times transformers' own
 bf16 error.
 """
@@ -23,6 +24,7 @@ pytest.importorskip("safetensors")
 
 from graphrt import Engine  # noqa: E402
 from graphrt.checkpoints import CheckpointError, load  # noqa: E402
+from graphrt.checkpoints.hf_config import parse_config  # noqa: E402
 from graphrt.models.mla import MLACausalLM  # noqa: E402
 from tests.support.hf_util import PROMPT_LENS, SMALL, check_checkpoint, saved_reference, sequences  # noqa: E402
 
@@ -94,15 +96,25 @@ def raw_config(path: Path, **changes: Any) -> Path:
     return path
 
 
-def test_moe_layers_are_refused(tmp_path: Path) -> None:
-    path = raw_config(tmp_path, n_routed_experts=8, first_k_dense_replace=1)
+def test_moe_fields_are_read_and_unsupported_ones_refused(tmp_path: Path) -> None:
+    """MoE layers load (tests/models/test_moe_checkpoints.py); expert parallelism is refused."""
+    raw = json.loads(
+        (raw_config(tmp_path, n_routed_experts=8, first_k_dense_replace=1) / "config.json").read_text()
+    )
+    moe = parse_config(raw).moe
+    assert (
+        moe is not None and moe.sparse == (False, True) and moe.scoring == "sigmoid" and moe.num_experts == 8
+    )
+    assert parse_config(raw | {"first_k_dense_replace": 2}).moe is None
+    with pytest.raises(ValueError, match=r"expert parallelism \(ep_size 2\) is not supported"):
+        parse_config(raw | {"ep_size": 2})
     with pytest.raises(
-        ValueError, match=r"MoE layers are not supported: n_routed_experts=8 makes layers 1..1 MoE"
+        ValueError, match=r"DeepSeek-V3.2 \(MLA \+ MoE \+ the DSA indexer\) does not load yet"
     ):
-        load(path, device="cpu")
-    path = raw_config(tmp_path, n_routed_experts=8, first_k_dense_replace=None)
-    with pytest.raises(ValueError, match=r"first_k_dense_replace=0 < num_hidden_layers=2"):
-        load(path, device="cpu")
+        parse_config(raw | {"architectures": ["DeepseekV32ForCausalLM"]})
+    v2 = raw | {"architectures": ["DeepseekV2ForCausalLM"], "topk_method": "noaux_tc"}
+    with pytest.raises(ValueError, match=r"DeepSeek-V2 topk_method 'noaux_tc' is not supported"):
+        parse_config(v2)
 
 
 def test_unsupported_mla_features_are_refused(tmp_path: Path) -> None:

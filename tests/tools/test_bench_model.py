@@ -16,6 +16,7 @@ from graphrt.cli import main
 from graphrt.models.llama import TinyLlama
 from graphrt.models.presets import PRESETS
 from graphrt.tools.bench import model as bench_model
+from graphrt.tools.bench import model_steps as bench_steps
 from graphrt.tools.bench.model_twin import ParityError, hf_twin, random_llama, step_read_bytes, weight_bytes
 
 pytest.importorskip("transformers")
@@ -124,11 +125,11 @@ def test_cpu_defaults_of_the_model_bench_are_small(monkeypatch: pytest.MonkeyPat
 
 
 def test_compile_budget_skips_what_would_overrun() -> None:
-    budget = bench_model.CompileBudget(100.0)
+    budget = bench_steps.CompileBudget(100.0)
     assert budget.allows()
     budget.add(60.0)
     assert not budget.allows()  # 60 spent + 60 more (the last compile) > 100
-    roomy = bench_model.CompileBudget(200.0)
+    roomy = bench_steps.CompileBudget(200.0)
     roomy.add(60.0)
     assert roomy.allows()
 

@@ -29,6 +29,7 @@ Each run writes ``<out>/model_<device>_<shape>_<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -43,6 +44,7 @@ from graphrt.models.presets import LlamaConfig, preset
 from graphrt.tools.bench import anchors
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps
+from graphrt.tools.bench.model_moe import moe_shape, run_bench_moe
 from graphrt.tools.bench.model_table import PROFILE_STEPS, print_table
 from graphrt.tools.bench.model_twin import (
     PARITY_METRIC,
@@ -72,30 +74,6 @@ def resolve_shape(value: str | None, device: torch.device) -> tuple[str, LlamaCo
     if not isinstance(cfg, LlamaConfig) or cfg.sliding_window or cfg.attention_chunk_size:
         raise UsageError("--shape", name, "is not a full-attention Llama preset")
     return name, cfg
-
-
-def compile_skip_reason(args: argparse.Namespace, device: torch.device) -> str | None:
-    """Why the compiled transformers model is not measured at all, or None."""
-    if args.no_compile:
-        return "--no-compile"
-    if device.type != "cuda":
-        return "reduce-overhead replays CUDA graphs: CUDA only"
-    return None
-
-
-class CompileBudget:
-    """Compile batch sizes while the seconds spent plus the last compile fit ``budget_s``
-    (compiling an 8B model takes minutes per batch size)."""
-
-    def __init__(self, budget_s: float) -> None:
-        self.budget_s, self.spent_s, self.last_s = budget_s, 0.0, 0.0
-
-    def allows(self) -> bool:
-        return self.spent_s + self.last_s <= self.budget_s
-
-    def add(self, seconds: float) -> None:
-        self.spent_s += seconds
-        self.last_s = seconds
 
 
 def _kv_read_bytes(cfg: LlamaConfig, bs: int, context: int, itemsize: int) -> int:
@@ -137,7 +115,7 @@ def _measure_theirs(run: dict[str, Any], row: dict[str, Any], ours: torch.Tensor
         "compile_s": None,
         "compile_skipped": run["compile_skip"],
     }
-    budget: CompileBudget = run["budget"]
+    budget: steps.CompileBudget = run["budget"]
     if run["compiled"] is not None and not budget.allows():
         row["compile_skipped"] = f"compile budget {budget.budget_s:.0f} s spent ({budget.spent_s:.0f} s)"
     elif run["compiled"] is not None:
@@ -190,7 +168,7 @@ def _setup(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, An
     next_ids = torch.randint(cfg.vocab_size, (max(sizes),), generator=gen)
     say(f"prefill {max(sizes)} x {context} tokens")
     steps.graphrt_prefill(stack, prompts.numpy())
-    skip = compile_skip_reason(args, device)
+    skip = steps.compile_skip_reason(args, device)
     say("transformers twin")
     hf = hf_twin(model, steps.capacity(context))
     return {
@@ -199,20 +177,26 @@ def _setup(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, An
         "report": report, "hf": hf, "floor": floor, "read_bytes": read, "prompts": prompts,
         "next_ids": next_ids, "compile_skip": skip, "tol": args.parity_tol or PARITY_TOLERANCE[dtype],
         "compiled": None if skip else steps.compiled_forward(hf),
-        "budget": CompileBudget(args.compile_budget),
+        "budget": steps.CompileBudget(args.compile_budget),
     }  # fmt: skip
+
+
+#: Flags that make ``bench model`` a comparison of its own: (flag, its plain value, "module:function").
+VARIANTS = (
+    ("quantization", None, "graphrt.tools.bench.quant:run_quant_compare"),
+    ("kv_cache_dtype", "auto", "graphrt.tools.bench.kv:run_kv_compare"),
+)
 
 
 def run_bench_model(args: argparse.Namespace) -> int:
     """``graphrt bench model``: writes a new result file under ``args.out`` and prints its table."""
-    if getattr(args, "quantization", None) is not None:
-        from graphrt.tools.bench.quant import run_quant_compare  # NOTE: it imports this module
-
-        return run_quant_compare(args)
-    if getattr(args, "kv_cache_dtype", "auto") != "auto":
-        from graphrt.tools.bench.kv import run_kv_compare  # NOTE: it imports this module
-
-        return run_kv_compare(args)
+    for flag, plain, target in VARIANTS:
+        if getattr(args, flag, plain) != plain:
+            module, name = target.split(":")  # NOTE: imported here: those modules import this one
+            return getattr(importlib.import_module(module), name)(args)
+    moe = moe_shape(args.shape)
+    if moe is not None:
+        return run_bench_moe(args, args.shape, moe)
     start = time.perf_counter()
     with torch.no_grad(), bench_progress() as progress:
         setup = progress.add_task("setup", total=None)

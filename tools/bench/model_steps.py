@@ -8,6 +8,7 @@ call (untimed), so every call writes the same slot and attends over the same key
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import time
 from collections.abc import Callable
@@ -199,3 +200,27 @@ def cudagraph_skips() -> int | None:
     except ImportError:
         return None
     return int(counters["inductor"]["cudagraph_skips"])
+
+
+def compile_skip_reason(args: argparse.Namespace, device: torch.device) -> str | None:
+    """Why the compiled transformers model is not measured at all, or None."""
+    if args.no_compile:
+        return "--no-compile"
+    if device.type != "cuda":
+        return "reduce-overhead replays CUDA graphs: CUDA only"
+    return None
+
+
+class CompileBudget:
+    """Compile batch sizes while the seconds spent plus the last compile fit ``budget_s``
+    (compiling an 8B model takes minutes per batch size)."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s, self.spent_s, self.last_s = budget_s, 0.0, 0.0
+
+    def allows(self) -> bool:
+        return self.spent_s + self.last_s <= self.budget_s
+
+    def add(self, seconds: float) -> None:
+        self.spent_s += seconds
+        self.last_s = seconds

@@ -1,0 +1,103 @@
+"""Mixture-of-experts MLP layers, graph-safe: router on the device, experts through the contract.
+
+Per step the router writes ``topk_ids`` / ``topk_weights`` into the routing buffer group (its
+views reach the layer as ``ctx.routing``), pad rows routed to no expert, then
+:func:`~graphrt.kernels.moe.fused_experts` sums the chosen experts (fused Triton kernels on the
+GPU, the torch reference on the CPU). Every MoE layer of a step reuses the same buffers in turn.
+Shared experts (DeepSeek's, Qwen2-MoE's gated one) run beside the routed ones as a dense MLP.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from graphrt.kernels.moe import ExpertWeights, Routing, experts_reference, fused_experts
+from graphrt.metadata.routing import RoutingShape
+from graphrt.models.mlp import MLP
+from graphrt.models.moe_config import MoESpec
+from graphrt.models.parallel import SINGLE
+from graphrt.models.router import align_reference, route, write_routing
+from graphrt.parallel import TPGroup
+
+
+class Experts(nn.Module):
+    """``num_experts`` SwiGLU experts as 3-D weights (the contract's layout).
+
+    ``w13 [E, 2 I, H]`` gate rows then up rows, ``w2 [E, H, I]``; with ``bias`` also
+    ``b13 [E, 2 I]`` and ``b2 [E, H]`` (gpt-oss).
+    """
+
+    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
+        super().__init__()
+        e, i, h = spec.num_experts, spec.expert_size, hidden_size
+        self.activation = spec.activation
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.w2 = nn.Parameter(torch.empty(e, h, i))
+        self.b13 = nn.Parameter(torch.empty(e, 2 * i)) if spec.expert_bias else None
+        self.b2 = nn.Parameter(torch.empty(e, h)) if spec.expert_bias else None
+
+    def weights(self) -> ExpertWeights:
+        return ExpertWeights(self.w13, self.w2, self.b13, self.b2, self.activation)
+
+
+class SparseMoE(nn.Module):
+    """One MoE MLP: ``forward(x [T, H], ctx) -> [T, H]`` in ``x``'s dtype.
+
+    ``gate``: the router linear ``[E, H]`` (with bias for gpt-oss), computed in float32;
+    ``score_bias``: DeepSeek-V3's ``e_score_correction_bias [E]``; ``shared``: the shared
+    expert (a dense SwiGLU), ``shared_gate`` its sigmoid gate ``[1, H]`` (Qwen2-MoE).
+    """
+
+    takes_ctx = True
+
+    def __init__(self, cfg: Any, spec: MoESpec, tp: TPGroup = SINGLE) -> None:
+        super().__init__()
+        if tp.size > 1:
+            raise ValueError(
+                f"tensor parallelism (tp {tp.size}) is not supported for MoE layers yet; "
+                "expert parallelism is not supported either"
+            )
+        self.spec = spec
+        self.gate = nn.Linear(cfg.hidden_size, spec.num_experts, bias=spec.router_bias)
+        self.score_bias = nn.Parameter(torch.zeros(spec.num_experts)) if spec.score_bias else None
+        self.experts = Experts(spec, cfg.hidden_size)
+        shared = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=spec.shared_size)
+        self.shared = MLP(shared, tp) if spec.shared_size else None
+        self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if spec.shared_gate else None
+
+    def routing_shape(self) -> RoutingShape:
+        return RoutingShape(self.spec.num_experts, self.spec.topk)
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        logits = F.linear(
+            x.float(), self.gate.weight.float(), None if self.gate.bias is None else self.gate.bias.float()
+        )
+        weights, ids = route(logits, self.spec, self.score_bias)
+        routing: Routing | None = getattr(ctx, "routing", None)
+        if routing is None:  # NOTE: a context without routing buffers (no runtime): local tensors
+            out = experts_reference(x, self.experts.weights(), ids, weights)
+        else:
+            write_routing(routing, ctx.routing_tokens, weights, ids)
+            if not x.is_cuda:  # NOTE: the fused kernels write the alignment on the GPU
+                align_reference(routing)
+            out = fused_experts(x, self.experts.weights(), routing)
+        if self.shared is not None:
+            shared = self.shared(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
+        return out
+
+
+def layer_mlp(cfg: Any, layer_id: int, tp: TPGroup = SINGLE) -> nn.Module:
+    """Layer ``layer_id``'s MLP: :class:`SparseMoE` where ``cfg.moe`` says so, else the dense
+    :class:`~graphrt.models.mlp.MLP` (``cfg.intermediate_size``)."""
+    spec: MoESpec | None = getattr(cfg, "moe", None)
+    if spec is not None and spec.is_sparse(layer_id):
+        return SparseMoE(cfg, spec, tp)
+    return MLP(cfg, tp)

@@ -1,0 +1,73 @@
+"""What makes a decoder's MLPs mixtures of experts: :class:`MoESpec`, one per model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: How router scores are made and top-k chosen (:mod:`graphrt.models.router`):
+#: ``softmax`` (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2 ``greedy``), ``group_limited`` (DeepSeek-V2's
+#: softmax with group-limited greedy selection), ``sigmoid`` (DeepSeek-V3's scores, the
+#: ``e_score_correction_bias`` and grouped top-k), ``topk_softmax`` (gpt-oss: top-k of the
+#: logits, then softmax over the chosen).
+SCORINGS = ("softmax", "group_limited", "sigmoid", "topk_softmax")
+
+
+@dataclass(frozen=True, slots=True)
+class MoESpec:
+    """A model's routed experts; field names follow transformers' configs where they exist.
+
+    ``num_experts`` experts of intermediate size ``expert_size``, ``topk`` per token, routed by
+    ``scoring`` (:data:`SCORINGS`). ``n_group`` / ``topk_group``: grouped top-k (DeepSeek).
+    ``norm_topk_prob``: the chosen weights are renormalised to sum 1; ``routed_scaling_factor``
+    multiplies them after. ``score_bias``: DeepSeek-V3's ``e_score_correction_bias`` (choice
+    only); ``router_bias``: the router linear has a bias (gpt-oss). ``shared_size``: the shared
+    expert's intermediate size (0: none); ``shared_gate``: Qwen2-MoE's sigmoid gate on it.
+    ``activation`` (``silu`` or gpt-oss's ``swiglu_clamp``) and ``expert_bias``: the experts'
+    SwiGLU and biases. ``sparse``: per layer, whether it is MoE (else a dense MLP).
+    """
+
+    num_experts: int
+    topk: int
+    expert_size: int
+    sparse: tuple[bool, ...]
+    scoring: str = "softmax"
+    norm_topk_prob: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    score_bias: bool = False
+    router_bias: bool = False
+    shared_size: int = 0
+    shared_gate: bool = False
+    activation: str = "silu"
+    expert_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORINGS:
+            raise ValueError(
+                f"MoE scoring {self.scoring!r} is not supported; supported: {', '.join(SCORINGS)}"
+            )
+        if not 1 <= self.topk <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok {self.topk} must be in 1..num_experts ({self.num_experts})"
+            )
+        if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(
+                f"n_group {self.n_group} must divide num_experts {self.num_experts} and "
+                f"topk_group {self.topk_group} be in 1..n_group"
+            )
+
+    def is_sparse(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id``'s MLP is the mixture of experts."""
+        return self.sparse[layer_id]
+
+
+def qwen_sparse(num_layers: int, step: int = 1, dense: tuple[int, ...] = ()) -> tuple[bool, ...]:
+    """Qwen2/3-MoE: layer ``i`` is MoE when ``(i + 1) % decoder_sparse_step == 0`` and it is not
+    in ``mlp_only_layers``."""
+    return tuple((i + 1) % step == 0 and i not in dense for i in range(num_layers))
+
+
+def deepseek_sparse(num_layers: int, first_dense: int = 0, freq: int = 1) -> tuple[bool, ...]:
+    """DeepSeek: layer ``i`` is MoE when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``."""
+    return tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))

@@ -1,0 +1,58 @@
+"""MoE checkpoints saved by transformers == the transformers forward, every family.
+
+Prefill and decode logits (eager and graphed with the emulated engine) against transformers'
+forward, greedy tokens against its ``generate``, and a batch of prompts against each prompt
+alone. Families: Mixtral, Qwen2-MoE (gated shared expert, a dense layer), Qwen3-MoE, OLMoE (q/k
+norms over the whole projection), DeepSeek-V2 (group-limited greedy, shared experts, a dense
+layer) and V3 (sigmoid scores with the correction bias, grouped top-k), gpt-oss (sinks, sliding
+layers, YaRN, interleaved fused experts with biases, clamped SwiGLU). Tolerances as
+tests/models/test_models_hf.py: fp32 CPU 1e-4; bf16 CUDA three times transformers' own bf16 error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from graphrt import Engine  # noqa: E402
+from graphrt.checkpoints import load  # noqa: E402
+from graphrt.models.moe import SparseMoE  # noqa: E402
+from tests.support.hf_util import PROMPT_LENS, check_checkpoint, saved_reference, sequences  # noqa: E402
+from tests.support.moe_checkpoints import MOE_CASES  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=list(MOE_CASES))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    path = tmp_path_factory.mktemp(request.param)
+    return path, saved_reference(path, *MOE_CASES[request.param])
+
+
+def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple[Path, Any]) -> None:
+    model = load(checkpoint[0], device="cpu")
+    sparse = [isinstance(layer.mlp, SparseMoE) for layer in model.layers]
+    assert any(sparse), "no MoE layer was built"
+    check_checkpoint(device, *checkpoint)
+
+
+@torch.no_grad()
+def test_greedy_tokens_equal_transformers_generate(checkpoint: tuple[Path, Any]) -> None:
+    """``Engine(dir)`` (graphed DECODE, fp32 CPU) == transformers' greedy ``generate``; the batch
+    gives each prompt the tokens it gets alone."""
+    path, reference = checkpoint
+    seqs, new = sequences(reference.config.vocab_size, seed=1), 8
+    prompts = [s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]
+    engine = Engine(str(path), device="cpu", max_batch_size=4, max_context_len=64, buckets=(1, 2, 4))
+    ours = engine.generate(prompts, new)
+    assert engine.stats().replays["DECODE"] > 0
+    assert [engine.generate([p], new)[0] for p in prompts] == ours
+    for prompt, got in zip(prompts, ours, strict=True):
+        # NOTE: transformers stops at EOS; graphrt's generate runs the count it was given.
+        want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+        want = want[0, len(prompt) :].tolist()
+        assert got[: len(want)] == want
