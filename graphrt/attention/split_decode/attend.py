@@ -40,7 +40,7 @@ import os
 
 import torch
 
-from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
+from graphrt.attention.fa3_plan import sm_count
 from graphrt.attention.split_decode import launch as decode_launch
 from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, triton, triton_enabled  # noqa: F401
 from graphrt.kv import rope_store
@@ -69,11 +69,14 @@ MAX_SPLITS_ENV = "GRAPHRT_DECODE_MAX_SPLITS"
 #: The merge's switch (:mod:`graphrt.attention.split_decode.launch` says what it does).
 MERGE_LAST_ENV = decode_launch.MERGE_LAST_ENV
 BLOCK_N = decode_launch.BLOCK_N
+#: The SMs the split count assumes under Triton's interpreter (the CPU has none): a few splits.
+INTERPRETER_SMS = 4
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether the kernel runs on ``device`` (:data:`ENV`, CUDA with Triton)."""
-    return device.type == "cuda" and triton_enabled(ENV, device)
+    """Whether the kernel runs on ``device`` (:data:`ENV`: CUDA with Triton, or the CPU under
+    Triton's interpreter with ``ENV=interpret``)."""
+    return triton_enabled(ENV, device)
 
 
 def rope_enabled() -> bool:
@@ -109,10 +112,8 @@ def num_splits(batch: int, heads_k: int, keys: int, sms: int) -> int:
 
 def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: object) -> bool:
     """One query token per request, every cached key visible, no attention ``options`` (window,
-    sinks, FP8 scales, ``qv``: all None), a bucket whose ``requests x KV heads`` leave FA3's
-    CTAs short of :data:`~graphrt.attention.fa3_plan.FULL_SHARE` of the SMs, and tensors this
-    kernel takes (:data:`ENV` on): what a backend checks before :func:`attend`. Fuller buckets
-    keep FA3's call (unsplit): there the Llama-3-8B step at bs 16 ran 82 µs slower here."""
+    sinks, FP8 scales, ``qv``: all None) and tensors this kernel takes (:data:`ENV` on): what a
+    backend checks before :func:`attend`."""
     b = meta.buffers
     return (
         all(option is None for option in options)
@@ -121,7 +122,6 @@ def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: 
         and q.shape[0] == b.cache_seqlens.shape[0]
         and enabled(q.device)
         and fits(q, k_cache, b.page_table)
-        and q.shape[0] * k_cache.shape[2] < FULL_SHARE * sm_count(q.device)
     )
 
 
@@ -139,7 +139,8 @@ def _split_plan(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> t
     """The step's split count (a function of the bucket and the page table's width: a graph
     key) and whether it launches with PDL."""
     keys = meta.buffers.page_table.shape[1] * meta.page_size
-    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
+    sms = sm_count(q.device) if q.is_cuda else INTERPRETER_SMS
+    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sms)
     return min(splits, split_cap()), pdl_enabled(PDL_ENV, q.device)
 
 
