@@ -40,10 +40,10 @@ from graphrt.attention.call import AttendCall
 from graphrt.attention.capabilities import ALL_MODES, GraphSupport
 from graphrt.attention.fa3_options import check_sinks, descale, fa3_query
 from graphrt.attention.fa3_plan import (
-    FULL_SHARE,
     SCHEDULER_SPECS,
     SPLITS_ENV,
     FA3Buffers,
+    leaves_gpu_short,
     planned_splits,
     sm_count,
 )
@@ -137,7 +137,7 @@ class FA3Backend(Backend):
         leave FA3's CTAs short of :data:`~graphrt.attention.fa3_plan.FULL_SHARE` of the SMs:
         fuller buckets keep FA3's call (there the Llama-3-8B step at bs 16 ran slower split)."""
         q = call.q
-        return q.shape[0] * call.k_cache.shape[2] < FULL_SHARE * sm_count(q.device)
+        return leaves_gpu_short(q.shape[0], call.k_cache.shape[2], sm_count(q.device))
 
     def forward(self, call: AttendCall) -> torch.Tensor:
         k_cache, meta, window, plan = call.k_cache, call.meta, call.window, call.plan

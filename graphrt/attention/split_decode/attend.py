@@ -139,9 +139,13 @@ def _split_plan(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> t
     """The step's split count (a function of the bucket and the page table's width: a graph
     key) and whether it launches with PDL."""
     keys = meta.buffers.page_table.shape[1] * meta.page_size
-    sms = sm_count(q.device) if q.is_cuda else INTERPRETER_SMS
-    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sms)
+    splits = num_splits(q.shape[0], k_cache.shape[2], keys, sms(q.device))
     return min(splits, split_cap()), pdl_enabled(PDL_ENV, q.device)
+
+
+def sms(device: torch.device) -> int:
+    """The SMs the split count fills: the GPU's, or :data:`INTERPRETER_SMS` on the CPU."""
+    return sm_count(device) if device.type == "cuda" else INTERPRETER_SMS
 
 
 def split_cap() -> int:
