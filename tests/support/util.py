@@ -38,7 +38,7 @@ class Setup:
 def build_runtime(
     device: torch.device,
     *,
-    backend: str = "reference",
+    backend: str | None = "reference",
     page_size: int = 16,
     max_batch_size: int = 8,
     max_context_len: int = 128,
@@ -55,6 +55,7 @@ def build_runtime(
     sample: bool = False,
     tp: TPGroup | None = None,
     window_pool: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -79,6 +80,7 @@ def build_runtime(
         kv_cache_dtype=kv_cache_dtype,
         tp=tp or TPGroup(),
         window_pool=window_pool,
+        dtype=dtype,
     )
     runtime = stack.runtime if tp is None else TPRuntime(stack.runtime, StepChannel(tp))
     if capture:
