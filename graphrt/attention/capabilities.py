@@ -44,10 +44,6 @@ class GraphSupport:
     chunked_local: bool = False
     max_bucket: int | None = None
 
-    def features(self) -> tuple[str, ...]:
-        """The :data:`FEATURES` it declares."""
-        return tuple(f for f in FEATURES if getattr(self, f))
-
     def refusal(self, backend: str, needs: Needs) -> str | None:
         """Why ``backend`` cannot serve ``needs``, naming both, or None."""
         missing = [m.name for m in needs.modes if m not in self.modes]
@@ -56,7 +52,7 @@ class GraphSupport:
             return f"attention backend {backend!r} cannot be captured for {', '.join(missing)} (it supports {ok})"
         if self.max_bucket is not None and needs.largest > self.max_bucket:
             return f"attention backend {backend!r} is captured for buckets up to {self.max_bucket}, not {needs.largest}"
-        lacking = [f for f in needs.features() if not getattr(self, f)]
+        lacking = [f for f in FEATURES if f in needs.features and not getattr(self, f)]
         if lacking:
             what = ", ".join(FEATURES[f] for f in lacking)
             return f"attention backend {backend!r} does not declare {what}, which {needs.model} uses"
@@ -66,19 +62,14 @@ class GraphSupport:
 @dataclass(frozen=True, slots=True)
 class Needs:
     """What a runtime asks of its backend: ``modes`` captured up to bucket ``largest``, the
-    features of :data:`FEATURES` it uses, and ``model``, what the refusal calls it."""
+    ``features`` (names of :data:`FEATURES`) it uses, and ``model``, what a refusal calls it."""
 
     modes: tuple[ForwardMode, ...] = ()
     largest: int = 1
-    trees: bool = False
-    window: bool = False
-    sinks: bool = False
-    fp8_kv: bool = False
-    qv: bool = False
-    cross: bool = False
-    chunked_local: bool = False
+    features: frozenset[str] = frozenset()
     model: str = "the model"
 
-    def features(self) -> tuple[str, ...]:
-        """The :data:`FEATURES` it uses."""
-        return tuple(f for f in FEATURES if getattr(self, f))
+    def __post_init__(self) -> None:
+        unknown = sorted(self.features - FEATURES.keys())
+        if unknown:
+            raise ValueError(f"unknown attention features {unknown}; known: {', '.join(FEATURES)}")

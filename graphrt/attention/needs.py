@@ -27,15 +27,15 @@ def runtime_needs(
     its context) and ``encoder`` (an encoder-decoder model's cache)."""
     spec, cfg = config.speculative, model_config(forward)
     owner = getattr(forward, "__self__", forward)
-    return Needs(
-        modes=tuple(config.capture_modes),
-        largest=largest,
-        trees=spec is not None and spec.topk > 1,
-        window=bool(getattr(kv, "window_layers", ())) or getattr(cfg, "sliding_window", None) is not None,
-        sinks=bool(getattr(cfg, "sinks", False)),
-        fp8_kv=getattr(kv, "dtype", None) == FP8 or getattr(kv, "layout", None) == "fp8",
-        qv=kind == "mla",
-        cross=encoder is not None,
-        chunked_local=config.attention_chunk_size is not None,
-        model=f"the model ({type(owner).__name__})" if owner is not None else "the model",
-    )
+    uses = {
+        "trees": spec is not None and spec.topk > 1,
+        "window": bool(getattr(kv, "window_layers", ())) or getattr(cfg, "sliding_window", None) is not None,
+        "sinks": bool(getattr(cfg, "sinks", False)),
+        "fp8_kv": getattr(kv, "dtype", None) == FP8 or getattr(kv, "layout", None) == "fp8",
+        "qv": kind == "mla",
+        "cross": encoder is not None,
+        "chunked_local": config.attention_chunk_size is not None,
+    }
+    model = f"the model ({type(owner).__name__})" if owner is not None else "the model"
+    features = frozenset(f for f, used in uses.items() if used)
+    return Needs(tuple(config.capture_modes), largest, features, model)
