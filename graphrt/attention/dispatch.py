@@ -35,11 +35,8 @@ class Dispatch(Backend):
                     f"part ({parts[-1].name!r}) may own one"
                 )
         self.name, self.parts, self.base = name, parts, parts[-1]
-
-    @property
-    def graph_support(self) -> GraphSupport:  # type: ignore[override]
-        """The base's: it takes every step the other parts decline."""
-        return self.base.graph_support
+        #: The base's: it takes every step the other parts decline.
+        self.graph_support: GraphSupport = self.base.graph_support
 
     def buffers(self) -> BufferGroup | None:
         return self.base.buffers()

@@ -138,7 +138,7 @@ def test_the_split_cap_lowers_the_steps_split_count(monkeypatch) -> None:
     needed); a value that is not a positive integer is refused, naming it."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(dk, "sm_count", lambda _: 132)
+    monkeypatch.setattr(dk, "sms", lambda _: 132)
     q, k = torch.zeros(1, 32, 64), torch.zeros(2, 16, 8, 64)
     table = torch.zeros(1, 256, dtype=torch.int32)
     meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table), page_size=16)
