@@ -87,6 +87,11 @@ def known_backends(kind: str = "mha") -> list[str]:
     return list(BACKENDS[kind])
 
 
+def dispatch_parts(kind: str = "mha") -> set[str]:
+    """Rows of ``kind`` that are parts of a dispatch row (they also serve on their own)."""
+    return {p for target in BACKENDS[kind].values() if isinstance(target, tuple) for p in target}
+
+
 def available_backends(device: torch.device, kind: str = "mha", **need: Any) -> list[str]:
     """Backends of ``kind`` usable on ``device`` (with ``need``), most preferred first."""
     return [n for n in BACKENDS[kind] if backend_class(kind, n).available(device, **need)]

@@ -13,6 +13,7 @@ import torch
 
 from graphrt.attention import AttendCall, available_backends, select_backend
 from tests.support.paged_util import HEAD_DIM, oracle, paged_case, tolerance
+from tests.support.util import backends
 
 CONTEXT = 96
 CASES = [
@@ -29,7 +30,7 @@ def test_backends_match_naive_oracle(
     case = paged_case(device, page_size, CONTEXT, seq_lens, q_lens)
     expected, atol = oracle(case, lambda p: 0), tolerance(device)  # causal: every key up to p
     q, k_cache, v_cache, meta = case.q, case.k_cache, case.v_cache, case.meta
-    for name in available_backends(device):
+    for name in backends(device):
         out = select_backend(name, device).forward(AttendCall(q, k_cache, v_cache, meta, HEAD_DIM**-0.5))
         assert out.shape == q.shape and out.dtype == q.dtype
         torch.testing.assert_close(
