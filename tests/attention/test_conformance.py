@@ -35,9 +35,7 @@ def test_backend_conforms_to_the_reference(kind: str, name: str, feature: str, w
     if where == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA")
     device = torch.device(where)
-    if not registry.backend_class(kind, name).available(
-        device, **({"layout": "bf16"} if kind == "sparse_mla" else {})
-    ):
+    if not registry.backend_class(kind, name).available(device, **conformance.CPU_NEED[kind]):
         pytest.skip(f"{name} is not available on {where}")
     conforms(kind, name, feature, device, cpu_dtype(kind, name) if where == "cpu" else None)
 

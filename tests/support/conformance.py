@@ -54,7 +54,7 @@ FEATURES = {
     "sparse_mla": Feature("sparse_mla", "tiny-dsa", None, CHAIN, M.TARGET_VERIFY),
 }
 
-#: What each kind's ``available`` is asked on the CPU, per dtype tried (fp32 first).
+#: What each kind's ``available`` is asked beside the dtype (the cache layout of sparse MLA).
 CPU_NEED = {"mha": {}, "mla": {}, "sparse_mla": {"layout": "bf16"}}
 
 
