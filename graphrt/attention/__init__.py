@@ -6,7 +6,9 @@ rows, preferred in order, loaded lazily); the context a model's forward receives
 runs the backend's plan once per forward and calls the backend per layer.
 """
 
-from graphrt.attention.base import AttentionBackend, Backend, BufferGroup, GraphSupport
+from graphrt.attention.base import AttentionBackend, Backend, BufferGroup
+from graphrt.attention.call import AttendCall
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport, Needs
 from graphrt.attention.context import ContextInputs, CrossStep, ForwardContext, LocalStep, ScalarLog
 from graphrt.attention.kinds import AttentionKind, attention_kind
 from graphrt.attention.mla_context import MLAContext
@@ -14,7 +16,9 @@ from graphrt.attention.registry import BACKENDS, add_backend, available_backends
 from graphrt.attention.sparse_context import SparseMLAContext
 
 __all__ = [
+    "ALL_MODES",
     "BACKENDS",
+    "AttendCall",
     "AttentionBackend",
     "AttentionKind",
     "Backend",
@@ -25,6 +29,7 @@ __all__ = [
     "GraphSupport",
     "LocalStep",
     "MLAContext",
+    "Needs",
     "ScalarLog",
     "SparseMLAContext",
     "add_backend",

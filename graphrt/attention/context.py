@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import AttentionBackend
+from graphrt.attention.call import AttendCall
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
@@ -215,9 +216,7 @@ class ForwardContext:
         from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
         ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
         rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
-        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`), or inside the attention
-        kernel where the backend does both in one go (``backend.store_and_attend``: FA3's
-        split decode kernel for single-token steps; not for chunked-local layers).
+        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`).
         ``q``/``k``/``v`` may be views of the qkv projection either way. ``sinks
         [num_q_heads]``: the layer's learned sink logits (a weight), added to each softmax's
         denominator. An FP8 cache quantises ``k``/``v`` as it stores them and the backend reads
@@ -229,29 +228,35 @@ class ForwardContext:
             meta = window_metadata(self.window, layer_id, window)
         loc, kv_scales = meta.buffers.out_cache_loc, self.kv.scales(layer_id)
         k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
+        attend_meta = self._attend_metadata(layer_id, meta, window, chunk, sinks)
         scale = q.shape[-1] ** -0.5
-        attend_meta = self._attend_metadata(layer_id, meta, window, chunk)
-        options: dict[str, Any] = {"window": window, "sinks": sinks, "kv_scales": kv_scales}
-        if rope is not None and chunk is None:
-            # NOTE: a backend that rotates, stores and attends in one go takes the layer here
-            out = self.backend.store_and_attend(q, k, v, rope, k_cache, v_cache, loc, meta, scale, **options)
-            if out is not None:
-                return out
+        call = AttendCall(q, k_cache, v_cache, attend_meta, scale, window, sinks=sinks, kv_scales=kv_scales)
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            q = rope_store(q, k, v, rope, k_cache, v_cache, loc, kv_scales)
+            call = dataclasses.replace(call, q=rope_store(q, k, v, rope, k_cache, v_cache, loc, kv_scales))
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
-            self._plan = self.backend.plan(self.meta, self.group, q, k_cache)
+            self._plan = self.backend.plan(dataclasses.replace(call, meta=self.meta, group=self.group))
         plan = None if chunk is not None else self._plan  # NOTE: local layers: planned for the step
-        return self.backend.forward(q, k_cache, v_cache, attend_meta, scale, plan=plan, **options)
+        return self.backend.forward(dataclasses.replace(call, plan=plan))
 
     def _attend_metadata(
-        self, layer_id: int, meta: StepMetadata, window: int | None, chunk: int | None
+        self, layer_id: int, meta: StepMetadata, window: int | None, chunk: int | None, sinks: Any
     ) -> StepMetadata:
         """What layer ``layer_id`` attends with: ``meta``, or the chunked-local virtual batch;
-        checks the window and records the layer's kernel scalars (before anything is stored)."""
+        checks the window and sinks against the backend's declared support and records the
+        layer's kernel scalars (before anything is stored)."""
+        support = self.backend.graph_support
+        for option, declared, what in (
+            (window, support.window, "sliding window"),
+            (sinks, support.sinks, "sinks"),
+        ):
+            if option is not None and not declared:
+                raise ValueError(
+                    f"layer {layer_id} attends with {what}, which attention backend "
+                    f"{self.backend.name!r} does not declare: pick another backend"
+                )
         if window is not None:
             if self.meta.cascade is not None:
                 raise ValueError(
@@ -279,6 +284,7 @@ class ForwardContext:
                 "build it with GraphRuntime(..., encoder=EncoderKV(...)) (build_stack does)"
             )
         kv = cross.kv.kv
-        k_cache, v_cache, kv_scales = kv.k[layer_id], kv.v[layer_id], kv.scales(layer_id)
-        scale = q.shape[-1] ** -0.5
-        return self.backend.cross(q, k_cache, v_cache, self.meta, cross.buffers, scale, kv_scales)
+        call = AttendCall(
+            q, kv.k[layer_id], kv.v[layer_id], self.meta, q.shape[-1] ** -0.5, kv_scales=kv.scales(layer_id)
+        )
+        return self.backend.cross(call, cross.buffers)

@@ -20,6 +20,10 @@ Cross-attention (encoder-decoder models, SGLang's ``is_cross_attention`` layers)
 layer with ``causal=False`` over the encoder cache, ``page_table`` = the encoder page table and
 ``cache_seqlens`` = the encoder lengths, on FA3's own per-call schedule (the plan is the
 self-attention's).
+
+Single-token decode steps whose CTAs would leave the GPU short are :meth:`FA3Backend.yields`: the
+registry's ``fa3`` row is a dispatch of the split decode kernel
+(:mod:`graphrt.attention.split_decode.backend`) and this backend.
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import Backend, BufferGroup
+from graphrt.attention.call import AttendCall
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport
 from graphrt.attention.fa3_options import check_sinks, descale, fa3_query
-from graphrt.attention.fa3_plan import SCHEDULER_SPECS, FA3Buffers, planned_splits, sm_count
-from graphrt.attention.split_decode import attend as decode_kernel
+from graphrt.attention.fa3_plan import SCHEDULER_SPECS, FA3Buffers, leaves_gpu_short, planned_splits, sm_count
 from graphrt.kernels import switches
 from graphrt.kernels.switches import batch_invariant_on
-from graphrt.kv.quant import FP8, LayerScales
-from graphrt.metadata.base import StepMetadata
+from graphrt.kv.quant import FP8
 
 #: KV cache dtypes the FA3 kernel takes (it refuses fp32 at launch; FP8 with a 16-bit model).
 FA3_DTYPES = (torch.bfloat16, torch.float16, FP8)
@@ -60,8 +64,11 @@ class FA3Backend(Backend):
     """Varlen paged attention: page ids are ``slot // page_size`` from the page table."""
 
     name = "fa3"
+    graph_support = GraphSupport(
+        ALL_MODES, trees=True, window=True, sinks=True, fp8_kv=True, cross=True, chunked_local=True
+    )
 
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:
         from sgl_kernel import merge_state_v2
         from sgl_kernel.flash_attn import flash_attn_with_kvcache, get_scheduler_metadata
 
@@ -86,16 +93,13 @@ class FA3Backend(Backend):
     def buffers(self) -> BufferGroup | None:
         return BufferGroup(SCHEDULER_SPECS, FA3Buffers) if self.planned else None
 
-    def plan(
-        self,
-        meta: StepMetadata,
-        group: FA3Buffers | None,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        headdim_v: int | None = None,
-    ) -> torch.Tensor | None:
-        """The step's tile schedule in ``group.scheduler_metadata`` (a view of its head);
-        ``headdim_v``: the value head dim when it is not ``q``'s (dense MLA)."""
+    def plan(self, call: AttendCall) -> torch.Tensor | None:
+        """The step's tile schedule in ``call.group.scheduler_metadata`` (a view of its head)."""
+        return self.schedule(call, None)
+
+    def schedule(self, call: AttendCall, headdim_v: int | None) -> torch.Tensor | None:
+        """:meth:`plan` with ``headdim_v``: the value head dim when it is not ``q``'s (dense MLA)."""
+        meta, group, q, k_cache = call.meta, call.group, call.q, call.k_cache
         if group is None or meta.cascade is not None:
             return None
         b = meta.buffers
@@ -122,25 +126,22 @@ class FA3Backend(Backend):
         out[:n].copy_(schedule)
         return out[:n]
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: StepMetadata,
-        scale: float,
-        window: int | None = None,
-        plan: torch.Tensor | None = None,
-        sinks: torch.Tensor | None = None,
-        kv_scales: LayerScales | None = None,
-        qv: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if decode_kernel.takes(q, k_cache, meta, window, sinks, kv_scales, qv):
-            return decode_kernel.attend(q, k_cache, v_cache, meta, scale)
-        dtype, q = q.dtype, fa3_query(q, k_cache, kv_scales)
+    def yields(self, call: AttendCall) -> bool:
+        """Hands a dispatch's earlier part (split decode) the steps whose ``requests x KV heads``
+        leave FA3's CTAs short of :data:`~graphrt.attention.fa3_plan.FULL_SHARE` of the SMs:
+        fuller buckets keep FA3's call (there the Llama-3-8B step at bs 16 ran slower split). In a
+        batch-invariant forward every decode step goes there: its split count never follows the
+        bucket."""
+        q = call.q
+        return batch_invariant_on() or leaves_gpu_short(q.shape[0], call.k_cache.shape[2], sm_count(q.device))
+
+    def forward(self, call: AttendCall) -> torch.Tensor:
+        k_cache, meta, window, plan = call.k_cache, call.meta, call.window, call.plan
+        sinks, kv_scales = call.sinks, call.kv_scales
+        dtype, q = call.q.dtype, fa3_query(call.q, k_cache, kv_scales)
         check_sinks(sinks, q.shape[1])
         if meta.cascade is not None:
-            out = self._cascade(q, k_cache, v_cache, meta, scale, sinks, kv_scales, qv)
+            out = self._cascade(call, q)
             return out if out.dtype == dtype else out.to(dtype)
         b = meta.buffers
         planned = plan is not None and window is None
@@ -150,13 +151,13 @@ class FA3Backend(Backend):
         out = self._kernel(
             q=q,
             k_cache=k_cache,
-            v_cache=v_cache,
-            qv=qv,
+            v_cache=call.v_cache,
+            qv=call.qv,
             page_table=b.page_table,
             cache_seqlens=b.cache_seqlens,
             cu_seqlens_q=b.cu_seqlens_q,
             max_seqlen_q=meta.max_seqlen_q,
-            softmax_scale=scale,
+            softmax_scale=call.scale,
             causal=True,
             window_size=(-1, -1) if window is None else (window, 0),
             scheduler_metadata=plan if planned else None,
@@ -168,27 +169,18 @@ class FA3Backend(Backend):
         )
         return out if out.dtype == dtype else out.to(dtype)
 
-    def _cascade(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: StepMetadata,
-        scale: float,
-        sinks: torch.Tensor | None,
-        kv_scales: LayerScales | None,
-        qv: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _cascade(self, call: AttendCall, q: torch.Tensor) -> torch.Tensor:
         """Prefix through the page table (non-causal) + expand lists over single slots, merged.
 
         The sink joins the prefix call only (SGLang's backend passes it to both calls, which
         counts it twice: the merge adds the two denominators).
         """
+        k_cache, v_cache, meta, kv_scales = call.k_cache, call.v_cache, call.meta, call.kv_scales
         b, c = meta.buffers, meta.cascade
         assert c is not None
         common = {
-            "qv": qv,
-            "softmax_scale": scale,
+            "qv": call.qv,
+            "softmax_scale": call.scale,
             "causal": False,
             "num_splits": 1 if batch_invariant_on() else 0,
             "return_softmax_lse": True,
@@ -203,7 +195,7 @@ class FA3Backend(Backend):
             cu_seqlens_q=b.cu_seqlens_q,
             max_seqlen_q=meta.max_seqlen_q,
             **descale(kv_scales, c.prefix_seqlens.shape[0], kvh),
-            **({} if sinks is None else {"sinks": sinks}),
+            **({} if call.sinks is None else {"sinks": call.sinks}),
             **common,
         )
         # NOTE: the expand part sees the cache as pages of one slot, so its table lists slots.
@@ -222,18 +214,10 @@ class FA3Backend(Backend):
         out, _ = self._merge(o_pre, lse_pre.t().contiguous(), o_x, lse_x.t().contiguous())
         return out
 
-    def cross(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: StepMetadata,
-        encoder: Any,
-        scale: float,
-        kv_scales: LayerScales | None = None,
-    ) -> torch.Tensor:
+    def cross(self, call: AttendCall, encoder: Any) -> torch.Tensor:
         """Every query token over all of its request's encoder K/V (non-causal)."""
-        dtype, q = q.dtype, fa3_query(q, k_cache, kv_scales)
+        k_cache, v_cache, meta, kv_scales = call.k_cache, call.v_cache, call.meta, call.kv_scales
+        dtype, q = call.q.dtype, fa3_query(call.q, k_cache, kv_scales)
         lens = encoder.encoder_lens
         out = self._kernel(
             q=q,
@@ -243,7 +227,7 @@ class FA3Backend(Backend):
             cache_seqlens=lens,
             cu_seqlens_q=meta.buffers.cu_seqlens_q,
             max_seqlen_q=meta.max_seqlen_q,
-            softmax_scale=scale,
+            softmax_scale=call.scale,
             causal=False,
             num_splits=0,  # NOTE: FA3's own schedule from shapes: the same at every replay
             **descale(kv_scales, lens.shape[0], k_cache.shape[2]),

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from graphrt.attention.call import AttendCall
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport
 from graphrt.attention.fa3 import FA3Backend, fa3_available
-from graphrt.metadata.base import StepMetadata
 
 #: The MLA shape FA3's ``qv`` kernel is built for: RoPE key width and latent (value) width.
 FA3_ROPE_DIM, FA3_LATENT_DIM = 64, 512
@@ -26,6 +27,8 @@ class FA3MLABackend(FA3Backend):
     """FA3 for the dense-MLA kind: ``forward(q_rope, rope_cache, latent_cache, ..., qv=qv)``."""
 
     name = "fa3"
+    # NOTE: MLA layers have neither windows, sinks, an encoder nor chunked-local layers.
+    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True, qv=True)
 
     def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:
         super().__init__(dtype)
@@ -44,9 +47,7 @@ class FA3MLABackend(FA3Backend):
         # NOTE: FA3's qv path is Hopper-only; is_fa3_supported also admits sm8x.
         return torch.cuda.get_device_capability(device)[0] == 9
 
-    def plan(  # type: ignore[override]
-        self, meta: StepMetadata, group: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor | None:
+    def plan(self, call: AttendCall) -> torch.Tensor | None:
         """FA3's schedule for ``q = q_rope`` over ``k_cache`` (RoPE keys) with ``v_cache``
         (latents) as values: planned with ``headdim_v`` = the latent width."""
-        return super().plan(meta, group, q, k_cache, v_cache.shape[-1])
+        return self.schedule(call, call.v_cache.shape[-1])

@@ -40,6 +40,12 @@ def planned_splits(batch: int, heads_k: int, sms: int) -> int:
     return 1 if batch * heads_k >= FULL_SHARE * sms else 0
 
 
+def leaves_gpu_short(requests: int, heads_k: int, sms: int) -> bool:
+    """Whether ``requests x heads_k`` CTAs (FA3's decode: one per request and KV head) cover
+    less than :data:`FULL_SHARE` of ``sms`` SMs: the steps FA3 yields to the split decode."""
+    return requests * heads_k < FULL_SHARE * sms
+
+
 @dataclass(slots=True)
 class FA3Buffers:
     """``scheduler_metadata [4 * bs + 16]`` int32: FA3's tile schedule of the step (its head)."""

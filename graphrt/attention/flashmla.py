@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import Backend, BufferGroup
-from graphrt.kv.mla import KV_LORA_RANK, QK_DIM, MLAKVCache
-from graphrt.metadata.base import StepMetadata
+from graphrt.attention.call import AttendCall
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport
+from graphrt.kv.mla import KV_LORA_RANK, QK_DIM
 from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 from graphrt.step.modes import MODES
 
@@ -59,6 +60,7 @@ class FlashMLABackend(Backend):
     """FlashMLA sparse attention; ``padded_heads`` defaults to 64 (or 128 above 64 heads)."""
 
     slot_multiple = TOPK_MULTIPLE
+    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True)
 
     def __init__(
         self,
@@ -91,12 +93,13 @@ class FlashMLABackend(Backend):
             sparse_specs(self.index_topk, self.padded_heads, self.slot_multiple), SparseBuffers
         )
 
-    def plan(self, meta: StepMetadata, sparse: SparseBuffers) -> FP8Plan | None:
+    def plan(self, call: AttendCall) -> FP8Plan | None:
         """FP8: the step's tile schedule. Uniform modes use ``[bs, q_len]`` rows (static
         buffers); ragged ones (EXTEND, DRAFT_EXTEND) one row per token, on fresh tensors (the
         graph's pool when graphed)."""
         if self.layout == "bf16":
             return None
+        meta, sparse = call.meta, call.group
         step, topk, hp = meta.buffers, sparse.topk_slots.shape[1], self.padded_heads
         tokens = step.req_id_per_token.shape[0]
         ragged = MODES[meta.mode].ragged
@@ -119,16 +122,8 @@ class FlashMLABackend(Backend):
         sparse.num_splits[: b + 1].copy_(splits)
         return FP8Plan(b, s_q, sparse.sched_meta[:parts], sparse.num_splits[: b + 1], seqlens, table)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        cache: MLAKVCache,
-        layer: int,
-        sparse: SparseBuffers,
-        meta: StepMetadata,
-        plan: FP8Plan | None,
-        scale: float,
-    ) -> torch.Tensor:
+    def forward(self, call: AttendCall) -> torch.Tensor:
+        q, sparse, plan, scale = call.q, call.group, call.plan, call.scale
         tokens, heads, _ = q.shape
         hp, topk = self.padded_heads, sparse.topk_slots.shape[1]
         if topk % TOPK_MULTIPLE:
@@ -137,12 +132,12 @@ class FlashMLABackend(Backend):
         q_pad[:, :heads].copy_(q)
         slots = sparse.topk_slots[:tokens]
         if plan is None:
-            kv = cache.kv[layer].view(-1, 1, QK_DIM)
+            kv = call.k_cache.view(-1, 1, QK_DIM)
             out = self._mla.flash_mla_sparse_fwd(q_pad, kv, slots.unsqueeze(1), scale, KV_LORA_RANK)[0]
         else:
             out, _ = self._mla.flash_mla_with_kvcache(
                 q_pad.view(plan.b, plan.s_q, hp, QK_DIM),
-                cache.kv[layer].view(torch.float8_e4m3fn),
+                call.k_cache.view(torch.float8_e4m3fn),
                 plan.block_table,
                 plan.seqlens,
                 KV_LORA_RANK,

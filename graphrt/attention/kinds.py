@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from graphrt.attention.capabilities import Needs
 from graphrt.attention.context import ContextInputs, ForwardContext, attach_routing
 from graphrt.attention.mla_context import MLAContext
 from graphrt.attention.registry import select_backend
@@ -23,8 +24,9 @@ from graphrt.kv import LatentKVCache, MLAKVCache
 class AttentionKind(Protocol):
     name: str
 
-    def select_backend(self, name: str | None, device: torch.device) -> Any:
-        """The named backend (or the preferred available one), built for this kind's cache."""
+    def select_backend(self, name: str | None, device: torch.device, needs: Needs | None = None) -> Any:
+        """The named backend (or the preferred available one serving ``needs``), built for this
+        kind's cache; refused, naming both, when the named one cannot serve ``needs``."""
         ...
 
     def context(self, inputs: ContextInputs) -> Any:
@@ -40,8 +42,8 @@ class MHAKind:
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
-    def select_backend(self, name: str | None, device: torch.device) -> Any:
-        return select_backend(name, device, self.name, dtype=self.dtype)
+    def select_backend(self, name: str | None, device: torch.device, needs: Needs | None = None) -> Any:
+        return select_backend(name, device, self.name, needs, dtype=self.dtype)
 
     def context(self, inputs: ContextInputs) -> ForwardContext:
         return ForwardContext.from_inputs(inputs)
@@ -56,10 +58,10 @@ class MLAKind:
     def __init__(self, kv: LatentKVCache) -> None:
         self.kv = kv
 
-    def select_backend(self, name: str | None, device: torch.device) -> Any:
+    def select_backend(self, name: str | None, device: torch.device, needs: Needs | None = None) -> Any:
         shape = self.kv.shape
         need = {"dtype": self.kv.dtype, "rope_dim": shape.rope_dim, "kv_lora_rank": shape.kv_lora_rank}
-        return select_backend(name, device, self.name, **need)
+        return select_backend(name, device, self.name, needs, **need)
 
     def context(self, inputs: ContextInputs) -> MLAContext:
         return MLAContext.from_inputs(inputs)
@@ -73,10 +75,10 @@ class SparseMLAKind:
     def __init__(self, kv: MLAKVCache) -> None:
         self.kv = kv
 
-    def select_backend(self, name: str | None, device: torch.device) -> Any:
+    def select_backend(self, name: str | None, device: torch.device, needs: Needs | None = None) -> Any:
         kv = self.kv
         need = {"layout": kv.layout, "num_heads": kv.shape.num_heads, "index_topk": kv.index_topk}
-        return select_backend(name, device, self.name, **need)
+        return select_backend(name, device, self.name, needs, **need)
 
     def context(self, inputs: ContextInputs) -> SparseMLAContext:
         # NOTE: DSA presets have neither sliding windows nor chunked-local layers.

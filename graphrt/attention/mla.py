@@ -1,54 +1,24 @@
-"""The sparse-MLA backend contract and the torch reference.
+"""The sparse-MLA torch reference, and what a sparse-MLA backend computes.
 
-A sparse-MLA backend attends each query token over the ``index_topk`` KV slots its indexer
+A sparse-MLA backend (the one contract of :mod:`graphrt.attention.base`) attends each query token over the ``index_topk`` KV slots its indexer
 chose (``topk_slots``, −1 = no key), in the absorbed MQA form FlashMLA uses: one shared
-latent row ``[576]`` per token is both the key and (its first 512 values) the value.
+latent row ``[576]`` per token is both the key and (its first 512 values) the value. Its
+:class:`~graphrt.attention.call.AttendCall` carries ``q [num_tokens, num_heads, 576]``, the
+layer's latent cache as ``k_cache`` (and ``v_cache``) and its ``sparse`` group
+(:func:`~graphrt.metadata.sparse.sparse_specs`, sized by the backend's ``padded_heads`` and
+``slot_multiple``) as ``group``; ``forward`` returns ``[num_tokens, num_heads, 512]`` in ``q``'s
+dtype.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import torch
 
-from graphrt.attention.base import Backend, BufferGroup, GraphSupport
-from graphrt.kv.mla import KV_LORA_RANK, MLAKVCache
-from graphrt.metadata.base import StepMetadata
+from graphrt.attention.base import Backend, BufferGroup
+from graphrt.attention.call import AttendCall
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport
+from graphrt.kv.mla import KV_LORA_RANK, dequantize_fp8
 from graphrt.metadata.sparse import SparseBuffers, sparse_specs
-
-
-class SparseMLABackend(Protocol):
-    """Sparse MLA over an :class:`MLAKVCache`.
-
-    ``buffers()`` is its ``sparse`` group (:func:`~graphrt.metadata.sparse.sparse_specs` sized
-    for its heads and slot multiple). ``plan`` runs once per forward before the first layer
-    (inside the graph on the graph path) and returns what every layer's ``forward`` needs. ``forward`` takes
-    ``q [num_tokens, num_heads, 576]`` and returns ``[num_tokens, num_heads, 512]`` in
-    ``q``'s dtype. ``padded_heads``: heads the kernel runs (0 when it runs the model's own);
-    ``slot_multiple``: the ``topk_slots`` width the kernel needs a multiple of.
-    """
-
-    name: str
-    graph_support: GraphSupport
-    padded_heads: int
-    slot_multiple: int
-
-    def buffers(self) -> BufferGroup: ...
-
-    def plan(self, meta: StepMetadata, sparse: SparseBuffers) -> Any: ...
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        cache: MLAKVCache,
-        layer: int,
-        sparse: SparseBuffers,
-        meta: StepMetadata,
-        plan: Any,
-        scale: float,
-    ) -> torch.Tensor: ...
-
-    def host_scalars(self) -> dict[str, Any]: ...
 
 
 def sparse_attention(
@@ -72,6 +42,7 @@ class SparseMLAReference(Backend):
     """Gather the selected slots (dequantised for fp8), then :func:`sparse_attention`."""
 
     name = "reference"
+    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True)
     padded_heads = 0
     slot_multiple = 1
 
@@ -83,16 +54,9 @@ class SparseMLAReference(Backend):
             sparse_specs(self.index_topk, self.padded_heads, self.slot_multiple), SparseBuffers
         )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        cache: MLAKVCache,
-        layer: int,
-        sparse: SparseBuffers,
-        meta: StepMetadata,
-        plan: Any,
-        scale: float,
-    ) -> torch.Tensor:
+    def forward(self, call: AttendCall) -> torch.Tensor:
+        q, sparse = call.q, call.group
         slots = sparse.topk_slots[: q.shape[0]]
-        kv = cache.gather(layer, slots.long().clamp_min(0))
-        return sparse_attention(q, kv, slots >= 0, scale).to(q.dtype)
+        rows = call.k_cache.view(-1, call.k_cache.shape[-1])[slots.long().clamp_min(0)]
+        kv = rows.float() if self.layout == "bf16" else dequantize_fp8(rows)
+        return sparse_attention(q, kv, slots >= 0, call.scale).to(q.dtype)

@@ -8,10 +8,12 @@ cache as values, ``qv`` scoring against the latents.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
+from graphrt.attention.call import AttendCall
 from graphrt.attention.context import ContextInputs, attach_routing
 from graphrt.kv.latent import LatentKVCache
 from graphrt.metadata.base import StepMetadata
@@ -64,8 +66,8 @@ class MLAContext:
         latents (apply each head's ``W_UV`` after).
         """
         self.kv.store(layer_id, self.meta.buffers.out_cache_loc, k_rope, latent)
-        rope, cache = self.kv.rope[layer_id], self.kv.latent[layer_id]
+        call = AttendCall(q_rope, self.kv.rope[layer_id], self.kv.latent[layer_id], self.meta, scale, qv=qv)
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
-            self._plan = self.backend.plan(self.meta, self.group, q_rope, rope, cache)
-        return self.backend.forward(q_rope, rope, cache, self.meta, scale, plan=self._plan, qv=qv)
+            self._plan = self.backend.plan(dataclasses.replace(call, group=self.group))
+        return self.backend.forward(dataclasses.replace(call, plan=self._plan))

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import Backend
+from graphrt.attention.call import AttendCall
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport
 from graphrt.kv.quant import LayerScales, dequantize, query_for, storage
 from graphrt.metadata.base import StepMetadata
 
@@ -200,57 +202,40 @@ class ReferenceBackend(Backend):
     """
 
     name = "reference"
+    graph_support = GraphSupport(
+        ALL_MODES, trees=True, window=True, sinks=True, fp8_kv=True, qv=True, cross=True, chunked_local=True
+    )
 
     def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:
         self.dtype = dtype
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: StepMetadata,
-        scale: float,
-        window: int | None = None,
-        plan: Any = None,
-        sinks: torch.Tensor | None = None,
-        kv_scales: LayerScales | None = None,
-        qv: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        dtype, q = q.dtype, fp8_query(q, k_cache, kv_scales)
+    def forward(self, call: AttendCall) -> torch.Tensor:
+        dtype, q, meta, qv = call.q.dtype, fp8_query(call.q, call.k_cache, call.kv_scales), call.meta, call.qv
+        caches, scale, sinks, kv_scales = (call.k_cache, call.v_cache), call.scale, call.sinks, call.kv_scales
         if meta.cascade is not None:
-            return cascade_attention(q, k_cache, v_cache, meta, scale, sinks, kv_scales, qv).to(dtype)
+            return cascade_attention(q, *caches, meta, scale, sinks, kv_scales, qv).to(dtype)
         b = meta.buffers
         padded, q_lens, index = pad_queries(q, b.cu_seqlens_q, meta.max_seqlen_q)
         padded_qv = None if qv is None else pad_queries(qv, b.cu_seqlens_q, meta.max_seqlen_q)[0]
         out = paged_attention(
             padded,
-            k_cache,
-            v_cache,
+            *caches,
             b.page_table,
             b.cache_seqlens,
             scale,
             q_lens,
-            window,
+            call.window,
             sinks,
             kv_scales,
             padded_qv,
         )
         return unpad_queries(out.to(dtype), index, q.shape[0])
 
-    def cross(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: StepMetadata,
-        encoder: Any,
-        scale: float,
-        kv_scales: LayerScales | None = None,
-    ) -> torch.Tensor:
+    def cross(self, call: AttendCall, encoder: Any) -> torch.Tensor:
         """:func:`cross_attention` in ``q``'s dtype (the query rounded to FP8 beside an FP8 cache)."""
-        dtype, q = q.dtype, fp8_query(q, k_cache, kv_scales)
-        return cross_attention(q, k_cache, v_cache, meta, encoder, scale, kv_scales).to(dtype)
+        dtype, q = call.q.dtype, fp8_query(call.q, call.k_cache, call.kv_scales)
+        caches = (call.k_cache, call.v_cache)
+        return cross_attention(q, *caches, call.meta, encoder, call.scale, call.kv_scales).to(dtype)
 
 
 def cross_attention(

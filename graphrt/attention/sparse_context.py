@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from graphrt.attention.mla import SparseMLABackend
+from graphrt.attention.base import AttentionBackend
+from graphrt.attention.call import AttendCall
 from graphrt.kv import ReqToToken
 from graphrt.kv.mla import MLAKVCache
 from graphrt.metadata.base import StepMetadata
@@ -31,7 +33,7 @@ class SparseMLAContext:
         self,
         meta: StepMetadata,
         kv: MLAKVCache,
-        backend: SparseMLABackend,
+        backend: AttentionBackend,
         sparse: SparseBuffers,
         req_to_token: ReqToToken,
     ) -> None:
@@ -75,6 +77,8 @@ class SparseMLAContext:
         ``[T, num_heads, 512]`` (apply ``W_UV`` after).
         """
         self.kv.store_latent(layer_id, self.meta.buffers.out_cache_loc, latent)
+        cache = self.kv.kv[layer_id]
+        call = AttendCall(q, cache, cache, self.meta, scale, group=self.sparse)
         if self._plan is _UNPLANNED:
-            self._plan = self.backend.plan(self.meta, self.sparse)
-        return self.backend.forward(q, self.kv, layer_id, self.sparse, self.meta, self._plan, scale)
+            self._plan = self.backend.plan(call)
+        return self.backend.forward(dataclasses.replace(call, plan=self._plan))

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from graphrt.attention import attention_kind
+from graphrt.attention.needs import runtime_needs
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
 from graphrt.kernels import switches
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
@@ -72,11 +73,9 @@ class GraphRuntime:
         #: The ``GRAPHRT_*`` switches, read once here (a bad or unknown one is refused here).
         self.switches = switches.refresh()
         self.kind = attention_kind(kv)
-        self.backend = self.kind.select_backend(config.backend, self.device)
         max_bs = BucketPolicy.create(config.max_batch_size, config.buckets).largest
-        refusal = self.backend.graph_support.refusal(self.backend.name, config.capture_modes, max_bs)
-        if refusal is not None:
-            raise ValueError(f"{refusal}: change capture_modes / buckets or pick another backend")
+        needs = runtime_needs(self.kind.name, kv, config, max_bs, forward, encoder)
+        self.backend = self.kind.select_backend(config.backend, self.device, needs)
         layout = build_layout(config, kv, req_to_token, self.backend, max_bs, encoder, routing_shape(forward))
         #: Each request row's last sampled token (:mod:`graphrt.runtime.feed`); with sampling.
         rows = req_to_token.max_reqs + 1

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from graphrt.attention import available_backends, select_backend
+from graphrt.attention import AttendCall, available_backends, select_backend
 from graphrt.attention.fa3 import check_sinks
 from graphrt.kv.quant import FP8, LayerScales, dequantize, quantize
 from tests.support.paged_util import HEAD_DIM, HEADS, PagedCase, oracle, paged_case
@@ -75,9 +75,10 @@ def test_backends_match_oracle(
     outs = {}
     for name in available_backends(device, dtype=stored.k_cache.dtype):
         backend = select_backend(name, device, dtype=stored.k_cache.dtype)
-        out = backend.forward(
+        call = AttendCall(
             case.q, stored.k_cache, stored.v_cache, case.meta, HEAD_DIM**-0.5, window, None, sinks, scales
         )
+        out = backend.forward(call)
         assert out.shape == case.q.shape and out.dtype == case.q.dtype, name
         assert rel_l2(out, expected) <= tolerance(name, device, fp8), name
         outs[name] = out
@@ -90,16 +91,17 @@ def test_fp8_cache_without_scales_is_refused() -> None:
     stored, _, _ = fp8_case(case)
     backend = select_backend("reference", torch.device("cpu"), dtype=FP8)
     with pytest.raises(ValueError, match="FP8 KV cache is read with its layer's scales"):
-        backend.forward(case.q, stored.k_cache, stored.v_cache, case.meta, HEAD_DIM**-0.5)
+        backend.forward(AttendCall(case.q, stored.k_cache, stored.v_cache, case.meta, HEAD_DIM**-0.5))
 
 
 def test_sinks_of_minus_infinity_are_no_sinks(device: torch.device) -> None:
     """A sink whose exp is 0 changes nothing; the reference equals its sink-less self."""
     case = paged_case(device, 16, CONTEXT, [5, 40, 96], [5, 7, 30])
     backend = select_backend("reference", device)
-    plain = backend.forward(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5)
+    call = AttendCall(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5)
+    plain = backend.forward(call)
     none = torch.full((HEADS,), float("-inf"), device=device)
-    sunk = backend.forward(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5, sinks=none)
+    sunk = backend.forward(dataclasses.replace(call, sinks=none))
     assert torch.equal(plain, sunk)
 
 

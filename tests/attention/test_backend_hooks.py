@@ -43,23 +43,39 @@ def test_toy_backend_plans_once_per_step_in_the_graph_and_eagerly(toy: None) -> 
     assert rt.stats().replays == {"DECODE": 3}
 
 
-def test_toy_backend_declares_what_it_can_be_captured_for(toy: None) -> None:
+def test_toy_backend_is_refused_for_what_it_does_not_declare(toy: None) -> None:
+    """Opt-in: the toy declares no token trees, so a tree runtime is refused naming both."""
     with pytest.raises(
-        ValueError, match=r"'toy' cannot be captured for TARGET_VERIFY \(it supports DECODE\)"
+        ValueError, match=r"'toy' does not declare token trees .*which the model \(TinyLlama\)"
     ):
         build_runtime(
             torch.device("cpu"),
             backend="toy",
             modes=(ForwardMode.TARGET_VERIFY,),
-            speculative=SpecGeometry(num_steps=2),
+            speculative=SpecGeometry(num_steps=2, topk=2, num_draft_tokens=3),
         )
+    with pytest.raises(ValueError, match=r"'toy' cannot be captured for IDLE \(it supports DECODE, "):
+        build_runtime(torch.device("cpu"), backend="toy", modes=(ForwardMode.IDLE,))
+
+
+def test_an_unnamed_backend_is_routed_to_one_that_serves_the_runtime(toy: None) -> None:
+    """With the toy preferred, a decode runtime gets it; a tree runtime the reference."""
+    registry.add_backend("mha", "toy", "tests.support.toy_backend:ToyBackend", first=True)
+    tree = SpecGeometry(num_steps=2, topk=2, num_draft_tokens=3)
+    plain = build_runtime(torch.device("cpu"), backend=None, capture=False)
+    routed = build_runtime(torch.device("cpu"), backend=None, capture=False, speculative=tree)
+    assert (plain.runtime.backend.name, routed.runtime.backend.name) == ("toy", "reference")
 
 
 def test_backends_load_lazily_from_module_class_rows() -> None:
-    assert registry.BACKENDS["mha"]["reference"] == "graphrt.attention.reference:ReferenceBackend"
+    module, _, cls = str(registry.BACKENDS["mha"]["reference"]).partition(":")
+    assert registry.backend_class("mha", "reference").__name__ == cls and module.startswith("graphrt.")
     with pytest.raises(ValueError, match=r"backend target must be 'module:Class'"):
         registry.add_backend("mha", "broken", "no_colon")
-    with pytest.raises(ValueError, match=r"unknown attention backend 'nope'; known: fa3, reference"):
+    with pytest.raises(ValueError, match=r"a dispatch row lists rows of 'mha'; unknown: \['nope'\]"):
+        registry.add_backend("mha", "broken", ("nope", "reference"))
+    known = ", ".join(registry.BACKENDS["mha"])
+    with pytest.raises(ValueError, match=rf"unknown attention backend 'nope'; known: {known}"):
         registry.select_backend("nope", torch.device("cpu"))
 
 

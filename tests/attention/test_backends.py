@@ -6,11 +6,14 @@ sgl_kernel). Both decode (uniform q_len 1) and EXTEND (ragged q_lens) metadata a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from graphrt.attention import available_backends, select_backend
+from graphrt.attention import AttendCall, available_backends, select_backend
 from tests.support.paged_util import HEAD_DIM, oracle, paged_case, tolerance
+from tests.support.util import backends
 
 CONTEXT = 96
 CASES = [
@@ -27,8 +30,8 @@ def test_backends_match_naive_oracle(
     case = paged_case(device, page_size, CONTEXT, seq_lens, q_lens)
     expected, atol = oracle(case, lambda p: 0), tolerance(device)  # causal: every key up to p
     q, k_cache, v_cache, meta = case.q, case.k_cache, case.v_cache, case.meta
-    for name in available_backends(device):
-        out = select_backend(name, device).forward(q, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    for name in backends(device):
+        out = select_backend(name, device).forward(AttendCall(q, k_cache, v_cache, meta, HEAD_DIM**-0.5))
         assert out.shape == q.shape and out.dtype == q.dtype
         torch.testing.assert_close(
             out.double().cpu(), expected, atol=atol, rtol=atol, msg=lambda m, n=name: f"{n}: {m}"
@@ -69,11 +72,12 @@ def test_fa3_planned_step_matches_the_oracle_split_or_not(requests: int) -> None
         pytest.skip("FA3 is not available here")
     seq_lens = [1 + (37 * i) % CONTEXT for i in range(requests)]
     case = paged_case(device, 16, CONTEXT, seq_lens, [1] * requests)
-    backend = select_backend("fa3", device)
+    backend = select_backend("fa3_kernel", device)
     assert backend.splits_for(requests, 2, device) == planned_splits(requests, 2, sm_count(device))
     group = FA3Buffers(torch.zeros(4 * requests + 16, dtype=torch.int32, device=device))
-    plan = backend.plan(case.meta, group, case.q, case.k_cache)
+    call = AttendCall(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5, group=group)
+    plan = backend.plan(call)
     assert plan is not None
-    out = backend.forward(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5, plan=plan)
+    out = backend.forward(dataclasses.replace(call, plan=plan))
     atol = tolerance(device)
     torch.testing.assert_close(out.double().cpu(), oracle(case, lambda p: 0), atol=atol, rtol=atol)

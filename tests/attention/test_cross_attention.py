@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from graphrt import ForwardMode
-from graphrt.attention import select_backend
+from graphrt.attention import AttendCall, select_backend
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.encoder import EncoderBuffers
 from tests.support.util import backends, dtype_for
@@ -79,7 +79,7 @@ def test_cross_matches_dense_oracle(device: torch.device, q_lens: list[int]) -> 
     tol = 2e-2 if device.type == "cuda" else 1e-4
     for name in backends(device):
         backend = select_backend(name, device, dtype=k_cache.dtype)
-        out = backend.cross(q, k_cache, v_cache, meta, enc, HEAD_DIM**-0.5)
+        out = backend.cross(AttendCall(q, k_cache, v_cache, meta, HEAD_DIM**-0.5), enc)
         assert out.shape == q.shape and out.dtype == q.dtype
         real = out[: cu[len(q_lens)]].double()
         torch.testing.assert_close(real, want, atol=tol, rtol=0, msg=f"{name} cross-attention")

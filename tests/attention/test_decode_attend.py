@@ -33,12 +33,10 @@ def case(device: torch.device, lens: list[int], heads: int, heads_k: int, d: int
 
 
 @pytest.mark.parametrize("device", triton_devices())
-def test_attend_runs_the_kernel_with_the_steps_split_count(device, monkeypatch) -> None:
+def test_attend_runs_the_kernel_with_the_steps_split_count(device) -> None:
     q, k, v, table, seqlens = case(device, [3, 0, 40], 9, 3, 64, 16)
-    if device.type == "cpu":
-        monkeypatch.setattr(dk, "sm_count", lambda _: 132)
     meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table, cache_seqlens=seqlens), page_size=16)
-    splits = dk.num_splits(3, 3, table.shape[1] * 16, dk.sm_count(device))
+    splits = dk.num_splits(3, 3, table.shape[1] * 16, dk.sms(device))
     out = dk.attend(q, k, v, meta, 0.125)  # type: ignore[arg-type]
     pdl = dk.pdl_enabled(dk.PDL_ENV, device)
     assert torch.equal(out, dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, pdl))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode, GraphRuntime, PoisonLeft, RuntimeConfig
-from graphrt.attention import LocalStep, available_backends, select_backend
+from graphrt.attention import AttendCall, LocalStep, select_backend
 from graphrt.buffers import Dims, StaticBuffers
 from graphrt.engine.stack import build_stack
 from graphrt.kv import KVShape, PagedKVCache, ReqToToken
@@ -49,10 +49,9 @@ def test_local_backends_match_oracle(device: torch.device, page_size: int, q_len
     expected = oracle(case, lambda p: p - p % C)
     assert not torch.allclose(expected, oracle(case, lambda p: 0)), "no token is past a chunk edge"
     atol = tolerance(device)
-    for name in available_backends(device):
-        out = select_backend(name, device).forward(
-            case.q, case.k_cache, case.v_cache, step.meta, HEAD_DIM**-0.5
-        )
+    for name in backends(device):
+        call = AttendCall(case.q, case.k_cache, case.v_cache, step.meta, HEAD_DIM**-0.5)
+        out = select_backend(name, device).forward(call)
         torch.testing.assert_close(
             out.double().cpu(), expected, atol=atol, rtol=atol, msg=lambda m, n=name: f"{n}: {m}"
         )

@@ -9,10 +9,12 @@ softmax attention per head in float64. The backends see only the caches and
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from graphrt.attention import available_backends, select_backend
+from graphrt.attention import AttendCall, available_backends, registry, select_backend
 from graphrt.attention.fa3_mla import FA3MLABackend
 from graphrt.buffers import Dims
 from tests.support.paged_util import PagedCase, paged_case
@@ -59,8 +61,9 @@ class LatentCase:
                 **{s.name: torch.zeros(s.size(dims), dtype=s.dtype, device=device) for s in group.specs}
             )
         qv = torch.einsum("thn,hnc->thc", self.q_nope, self.w_uk)
-        plan = backend.plan(meta, group, self.q_rope, self.rope, self.latent)  # type: ignore[attr-defined]
-        out = backend.forward(self.q_rope, self.rope, self.latent, meta, SCALE, plan=plan, qv=qv)  # type: ignore[attr-defined]
+        call = AttendCall(self.q_rope, self.rope, self.latent, meta, SCALE, qv=qv, group=group)
+        plan = backend.plan(call)  # type: ignore[attr-defined]
+        out = backend.forward(dataclasses.replace(call, plan=plan))  # type: ignore[attr-defined]
         assert out.shape == (*self.q_rope.shape[:2], LATENT) and out.dtype == self.q_rope.dtype
         return torch.einsum("thc,hvc->thv", out.float(), self.w_uv.float())
 
@@ -109,7 +112,8 @@ def test_fa3_is_offered_only_for_its_mla_shape() -> None:
         ValueError, match=r"MLA backend 'fa3' is not available on cpu with a float32 KV cache"
     ):
         select_backend("fa3", cpu, "mla", **need(torch.float32))
-    with pytest.raises(ValueError, match=r"unknown MLA backend 'flashmla'; known: fa3, reference"):
+    known = ", ".join(registry.BACKENDS["mla"])
+    with pytest.raises(ValueError, match=rf"unknown MLA backend 'flashmla'; known: {known}"):
         select_backend("flashmla", cpu, "mla", **need(torch.float32))
 
 

@@ -3,13 +3,17 @@ the FlashMLA kernels (both KV layouts, heads padded to 64 and 128) against the r
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from graphrt.attention import available_backends, select_backend
+from graphrt.attention import AttendCall, available_backends, select_backend
 from graphrt.attention.flashmla import flashmla_available
 from graphrt.attention.mla import SparseMLAReference
-from graphrt.kv.mla import KV_LORA_RANK, QK_DIM
+from graphrt.kv.mla import KV_LORA_RANK, QK_DIM, MLAKVCache
+from graphrt.metadata.base import StepMetadata
+from graphrt.metadata.sparse import SparseBuffers
 from tests.support.mla_util import decode_meta, filled_cache, random_slots, sparse_for
 
 SCALE = 128**-0.5
@@ -27,6 +31,11 @@ def dense_masked(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> torc
     return out
 
 
+def sparse_call(q: torch.Tensor, cache: MLAKVCache, sparse: SparseBuffers, meta: StepMetadata) -> AttendCall:
+    """Layer 0 of ``cache`` attended over ``sparse``'s selected slots."""
+    return AttendCall(q, cache.kv[0], cache.kv[0], meta, SCALE, group=sparse)
+
+
 @pytest.mark.parametrize("layout", ["bf16", "fp8"])
 def test_reference_matches_dense_masked(device: torch.device, layout: str) -> None:
     cache = filled_cache(layout, device)
@@ -36,7 +45,7 @@ def test_reference_matches_dense_masked(device: torch.device, layout: str) -> No
     slots = random_slots(len(lens), 64, n, lens, device)
     q = torch.randn(len(lens), 4, QK_DIM, device=device)
     ref = SparseMLAReference(4, layout, 64)
-    out = ref.forward(q, cache, 0, sparse_for(slots, 0, 1), decode_meta(1, 1, device), None, SCALE)
+    out = ref.forward(sparse_call(q, cache, sparse_for(slots, 0, 1), decode_meta(1, 1, device)))
     kv = cache.gather(0, torch.arange(n, device=device))
     torch.testing.assert_close(out, dense_masked(q, kv, slots), rtol=1e-4, atol=1e-4)
 
@@ -47,7 +56,7 @@ def test_reference_all_invalid_row_is_zero_and_poison_free(device: torch.device)
     slots = random_slots(2, 64, 4, [0, 3], device)
     q = torch.randn(2, 4, QK_DIM, device=device)
     out = SparseMLAReference(4, "bf16", 64).forward(
-        q, cache, 0, sparse_for(slots, 0, 1), decode_meta(1, 1, device), None, SCALE
+        sparse_call(q, cache, sparse_for(slots, 0, 1), decode_meta(1, 1, device))
     )
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert out.isfinite().all()
@@ -88,8 +97,9 @@ def test_flashmla_matches_reference(layout: str, padded: int, api: str, q_len: i
     meta = decode_meta(bs, q_len, device)
     kernel = FlashMLABackend(4, layout, topk, padded_heads=padded, api=api)
     sparse = sparse_for(slots, padded, bs)
-    out = kernel.forward(q, cache, 0, sparse, meta, kernel.plan(meta, sparse), SCALE)
-    ref = SparseMLAReference(4, layout, 64).forward(q, cache, 0, sparse, meta, None, SCALE)
+    call = sparse_call(q, cache, sparse, meta)
+    out = kernel.forward(dataclasses.replace(call, plan=kernel.plan(call)))
+    ref = SparseMLAReference(4, layout, 64).forward(call)
     assert out.shape == (bs * q_len, 4, KV_LORA_RANK)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graphrt import ForwardMode
-from graphrt.attention import available_backends, select_backend
+from graphrt.attention import AttendCall, select_backend
 from graphrt.models import LlamaConfig, preset
 from graphrt.step.modes import SpecGeometry
 from tests.support.paged_util import HEAD_DIM, oracle, paged_case, parity_step, tolerance
@@ -31,9 +31,11 @@ def test_window_backends_match_oracle(device: torch.device, page_size: int, q_le
     full = oracle(case, lambda p: 0)
     assert not torch.allclose(expected, full), "no length crosses the window edge"
     atol = tolerance(device)
-    for name in available_backends(device):
+    for name in backends(device):
         backend = select_backend(name, device)
-        out = backend.forward(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5, window=W)
+        out = backend.forward(
+            AttendCall(case.q, case.k_cache, case.v_cache, case.meta, HEAD_DIM**-0.5, window=W)
+        )
         torch.testing.assert_close(
             out.double().cpu(), expected, atol=atol, rtol=atol, msg=lambda m, n=name: f"{n}: {m}"
         )

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from graphrt import Batch, ForwardMode, GraphRuntime, PagedKVCache, ReqToToken, RuntimeConfig
-from graphrt.attention import available_backends
+from graphrt.attention import available_backends, registry
 from graphrt.engine.stack import build_stack
 from graphrt.models import TinyLlama
 from graphrt.parallel import StepChannel, TPGroup
@@ -18,8 +18,10 @@ from graphrt.step.modes import SpecGeometry
 
 
 def backends(device: torch.device) -> list[str]:
-    """Every backend usable on ``device`` (FA3 on a Hopper GPU with sgl_kernel, and reference)."""
-    return available_backends(device)
+    """Every backend usable on ``device`` as composed (FA3 on a Hopper GPU with sgl_kernel, and
+    reference): not the rows that are parts of a dispatch (the conformance suite has those)."""
+    parts = registry.dispatch_parts("mha")
+    return [name for name in available_backends(device) if name not in parts]
 
 
 def dtype_for(device: torch.device) -> torch.dtype:
@@ -38,7 +40,7 @@ class Setup:
 def build_runtime(
     device: torch.device,
     *,
-    backend: str = "reference",
+    backend: str | None = "reference",
     page_size: int = 16,
     max_batch_size: int = 8,
     max_context_len: int = 128,
@@ -55,6 +57,7 @@ def build_runtime(
     sample: bool = False,
     tp: TPGroup | None = None,
     window_pool: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -79,6 +82,7 @@ def build_runtime(
         kv_cache_dtype=kv_cache_dtype,
         tp=tp or TPGroup(),
         window_pool=window_pool,
+        dtype=dtype,
     )
     runtime = stack.runtime if tp is None else TPRuntime(stack.runtime, StepChannel(tp))
     if capture:

@@ -11,8 +11,11 @@ Usage: ``python -m graphrt.tools.bench.mla [--out DIR] [--batch-sizes 1,32,128] 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from graphrt.attention.call import AttendCall
 from graphrt.attention.flashmla import FlashMLABackend
 from graphrt.kv.mla import FP8_BYTES, KV_LORA_RANK, QK_DIM, MLAKVCache, MLAShape
 from graphrt.tools.bench.mla_inputs import decode_meta, random_slots, sparse_for
@@ -50,14 +53,14 @@ def bench_one(layout: str, padded: int, bs: int, q_len: int, device: torch.devic
     meta = decode_meta(bs, q_len, device)
     backend = FlashMLABackend(MODEL_HEADS, layout, TOPK, padded_heads=padded)
     sparse = sparse_for(slots, padded, bs)
-    plan = backend.plan(meta, sparse)
-    scale = 192**-0.5
+    call = AttendCall(q, cache.kv[0], cache.kv[0], meta, 192**-0.5, group=sparse)
+    call = dataclasses.replace(call, plan=backend.plan(call))
     for _ in range(3):
-        backend.forward(q, cache, 0, sparse, meta, plan, scale)
+        backend.forward(call)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(REPS):
-            backend.forward(q, cache, 0, sparse, meta, plan, scale)
+            backend.forward(call)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     iters = 20

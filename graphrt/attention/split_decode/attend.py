@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.attention.fa3_plan import FULL_SHARE, sm_count
+from graphrt.attention.fa3_plan import sm_count
 from graphrt.attention.split_decode import launch as decode_launch
 from graphrt.kernels.switches import (  # noqa: F401
     KERNELS_PDL_ENV,
@@ -52,11 +52,14 @@ MAX_GROUP = 16
 #: Splits per (request, KV head) in a batch-invariant forward, whatever the bucket.
 INVARIANT_SPLITS = 16
 BLOCK_N = decode_launch.BLOCK_N
+#: The SMs the split count assumes under Triton's interpreter (the CPU has none): a few splits.
+INTERPRETER_SMS = 4
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether the kernel runs on ``device`` (:data:`ENV`, CUDA with Triton)."""
-    return device.type == "cuda" and triton_enabled(ENV, device)
+    """Whether the kernel runs on ``device`` (:data:`ENV`: CUDA with Triton, or the CPU under
+    Triton's interpreter with ``ENV=interpret``)."""
+    return triton_enabled(ENV, device)
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:
@@ -87,10 +90,8 @@ def num_splits(batch: int, heads_k: int, keys: int, sms: int) -> int:
 
 def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: object) -> bool:
     """One query token per request, every cached key visible, no attention ``options`` (window,
-    sinks, FP8 scales, ``qv``: all None), a bucket whose ``requests x KV heads`` leave FA3's
-    CTAs short of :data:`~graphrt.attention.fa3_plan.FULL_SHARE` of the SMs, and tensors this
-    kernel takes (:data:`ENV` on): what a backend checks before :func:`attend`. Fuller buckets
-    keep FA3's call (unsplit): there the split kernel was slower (docs/gpu.md)."""
+    sinks, FP8 scales, ``qv``: all None) and tensors this kernel takes (:data:`ENV` on): what a
+    backend checks before :func:`attend`."""
     b = meta.buffers
     return (
         all(option is None for option in options)
@@ -99,7 +100,6 @@ def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: 
         and q.shape[0] == b.cache_seqlens.shape[0]
         and enabled(q.device)
         and fits(q, k_cache, b.page_table)
-        and (batch_invariant_on() or q.shape[0] * k_cache.shape[2] < FULL_SHARE * sm_count(q.device))
     )
 
 
@@ -120,8 +120,13 @@ def _split_plan(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> t
     if batch_invariant_on():  # NOTE: the table's width only, never the bucket
         splits = max(1, min(INVARIANT_SPLITS, -(-keys // BLOCK_N)))
     else:
-        splits = num_splits(q.shape[0], k_cache.shape[2], keys, sm_count(q.device))
+        splits = num_splits(q.shape[0], k_cache.shape[2], keys, sms(q.device))
     return splits, pdl_enabled(PDL_ENV, q.device)
+
+
+def sms(device: torch.device) -> int:
+    """The SMs the split count fills: the GPU's, or :data:`INTERPRETER_SMS` on the CPU."""
+    return sm_count(device) if device.type == "cuda" else INTERPRETER_SMS
 
 
 def decode_attention(

@@ -1,0 +1,38 @@
+"""The split decode kernel as an attention backend (needs Triton only, not FA3).
+
+It takes the single-token decode steps the kernel fits (:func:`~graphrt.attention.split_decode.attend.takes`:
+one query token per request, no window, sinks, FP8 scales nor ``qv``, 16-bit tensors); every
+other step runs the torch reference, so on its own row it serves what the reference serves.
+In the ``fa3`` row it is the first part of a dispatch: FA3 yields it the decode steps whose
+CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the CPU it
+runs under Triton's interpreter (``TRITON_INTERPRET=1`` and ``GRAPHRT_DECODE_ATTENTION=interpret``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphrt.attention.call import AttendCall
+from graphrt.attention.reference import ReferenceBackend
+from graphrt.attention.split_decode import attend as kernel
+
+
+class SplitDecodeBackend(ReferenceBackend):
+    """The kernel for the steps it takes, the torch reference for the rest."""
+
+    name = "split_decode"
+
+    @classmethod
+    def available(cls, device: torch.device, dtype: torch.dtype | None = None, **_: Any) -> bool:
+        """Triton runs the kernel on ``device`` (:func:`kernel.enabled`) for a 16-bit cache."""
+        return (dtype is None or dtype in kernel.DTYPES) and kernel.enabled(device)
+
+    def takes(self, call: AttendCall) -> bool:
+        return kernel.takes(call.q, call.k_cache, call.meta, *call.options())
+
+    def forward(self, call: AttendCall) -> torch.Tensor:
+        if self.takes(call):
+            return kernel.attend(call.q, call.k_cache, call.v_cache, call.meta, call.scale)
+        return super().forward(call)
