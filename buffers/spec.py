@@ -86,6 +86,10 @@ class BufferSpec:
     head_only : bool
         Written inside the graph from its start up to a length the writer decides (FA3's tile
         schedule); the tail is never read, so debug mode's poison check looks at the head only.
+    scratch : bool
+        Written and read inside the graph by one kernel path that some buckets do not take (a
+        workspace, not a step input: MoE's expert alignment, which the smallest steps skip);
+        debug mode's poison check skips it, its pad rule still holds where written.
     """
 
     name: str
@@ -94,6 +98,7 @@ class BufferSpec:
     pad: PadRule
     host: bool = False
     head_only: bool = False
+    scratch: bool = False
 
     def size(self, dims: Dims) -> tuple[int, ...]:
         return tuple(dims.resolve(d) for d in self.shape)

@@ -194,7 +194,7 @@ class StaticBuffers(Generic[T]):
         """Names of buffers whose bucket view still holds poison (debug mode; syncs)."""
         view = self.view(bucket, rows_per_req)
         found = []
-        for spec in self.specs:
+        for spec in (s for s in self.specs if not s.scratch):
             tensor = getattr(view, spec.name)
             if bool(poisoned_mask(tensor.flatten()[:1] if spec.head_only else tensor).any()):
                 found.append(spec.name)

@@ -8,8 +8,9 @@ Routing is device data, sized for the largest bucket like every other per-step t
   MoE layer inside the graph (pad rules: ``num_experts`` and 0).
 - ``sorted_ids [align_bound]``, ``block_experts [block_bound]``, ``num_padded [1]``,
   ``expert_counts [E]`` int32: the alignment of the slots by expert
-  (:mod:`graphrt.kernels.moe.align`), sized for the largest bucket's tokens; ``sorted_ids`` and
-  ``block_experts`` are read up to ``num_padded`` only (``head_only``).
+  (:mod:`graphrt.kernels.moe.align`), sized for the largest bucket's tokens: the grouped GEMMs'
+  workspace (``scratch``: steps of few slots take the skinny kernels, which read ``topk_ids``
+  directly and leave it unwritten; the CPU path writes it every step).
 
 Every MoE layer of a step reuses the buffers in turn. The group exists when the model has MoE
 layers (``Geometry.routing``) and every mode that runs the model forward uses it.
@@ -44,10 +45,10 @@ def routing_specs(shape: RoutingShape, dims: Dims) -> tuple[BufferSpec, ...]:
         BufferSpec("num_tokens", (1,), torch.int32, free, host=True),
         BufferSpec("topk_ids", ("max_tokens", k), torch.int32, PadRule("const", e)),
         BufferSpec("topk_weights", ("max_tokens", k), torch.float32, PadRule("const", 0)),
-        BufferSpec("sorted_ids", (align_bound(tokens, k, e),), torch.int32, free, head_only=True),
-        BufferSpec("block_experts", (block_bound(tokens, k, e),), torch.int32, free, head_only=True),
-        BufferSpec("num_padded", (1,), torch.int32, free),
-        BufferSpec("expert_counts", (e,), torch.int32, free),
+        BufferSpec("sorted_ids", (align_bound(tokens, k, e),), torch.int32, free, scratch=True),
+        BufferSpec("block_experts", (block_bound(tokens, k, e),), torch.int32, free, scratch=True),
+        BufferSpec("num_padded", (1,), torch.int32, free, scratch=True),
+        BufferSpec("expert_counts", (e,), torch.int32, free, scratch=True),
     )
 
 
