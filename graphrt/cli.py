@@ -34,6 +34,7 @@ from graphrt.tools.cli.flags import (
     device_args,
     kv_arg,
     sampling_args,
+    speculative_arg,
     tp_arg,
 )
 
@@ -124,6 +125,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     sampling_args(
         p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
     )
+    speculative_arg(p)
     kv_arg(p)
     tp_arg(p)
 
@@ -161,6 +163,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         default=5.0,
         help="seconds Ctrl-C lets requests in flight finish before cancelling them",
     )
+    speculative_arg(p)
     tp_arg(p)
 
 

@@ -121,6 +121,7 @@ def engine_options(args: argparse.Namespace, max_batch_size: int) -> dict[str, A
         "max_batch_size": max_batch_size,
         "max_context_len": args.max_context_len,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "speculative": args.speculative,
     }
 
 

@@ -66,6 +66,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch_size": batch,
         "max_context_len": context,
         "show_progress": progress_wanted(),
+        "speculative": args.speculative,
     }
 
 
