@@ -39,6 +39,7 @@ from graphrt.tools.cli.flags import (
     kv_arg,
     quant_arg,
     sampling_args,
+    speculative_arg,
     tp_arg,
 )
 
@@ -129,6 +130,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     sampling_args(
         p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
     )
+    speculative_arg(p)
     kv_arg(p)
     quant_arg(p)
     deterministic_arg(p)
@@ -183,6 +185,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
     )
     quant_arg(p)
     deterministic_arg(p)
+    speculative_arg(p)
     tp_arg(p)
 
 

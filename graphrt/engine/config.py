@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from graphrt.engine.spec_options import SpecOptions
 from graphrt.step.config import RuntimeConfig
-from graphrt.step.modes import ForwardMode, SpecGeometry
+from graphrt.step.modes import ForwardMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,16 @@ class EngineConfig:
         List each CUDA graph's kernels at capture (``RuntimeConfig.record_kernels``), for a
         snapshot; off by default (seconds of start-up).
     speculative : dict, optional
-        Greedy speculative decoding: ``{"draft_model": "tiny-llama-draft" | checkpoint,
-        "num_steps": k, "topk": 1, "num_draft_tokens": 1 + topk * k, "draft_init": "target" |
-        "seed" | "checkpoint", "draft_seed": 1}``. The draft needs the target's vocabulary.
-        ``topk > 1`` drafts a tree. Each round is DRAFT_DECODE → TARGET_VERIFY → DRAFT_EXTEND,
-        each a graph; tokens equal plain greedy decoding.
+        Speculative decoding (``graphrt.engine.spec_options.SpecOptions``): ``{"method":
+        "draft_model" | "ngram" | "suffix", "num_steps": k, "topk": 1, "num_draft_tokens":
+        1 + topk * k}`` plus, for ``draft_model``, ``{"draft_model": "tiny-llama-draft" |
+        checkpoint, "draft_init": "target" | "seed" | "checkpoint", "draft_seed": 1}`` (the
+        draft needs the target's vocabulary; each round is DRAFT_DECODE → TARGET_VERIFY →
+        DRAFT_EXTEND, each a graph) and, for ``ngram`` / ``suffix`` (no draft model: one
+        TARGET_VERIFY a round, a DECODE when nothing drafts), ``{"min_match": 2, "max_match":
+        4, "disable_batch_size": 0, "min_acceptance": 0.2, "backoff_rounds": 4}``. ``topk > 1``
+        drafts a tree (``draft_model``, ``suffix``). Greedy tokens equal plain greedy decoding;
+        sampled requests' tokens are the ones plain sampling draws for the same seed.
     kv_cache_dtype : str, optional
         ``"fp8_e4m3"`` for an FP8 MHA/GQA cache; DSA presets: ``"bf16"`` or ``"fp8"`` (656 bytes).
     quantization : str, optional
@@ -92,9 +98,12 @@ class EngineConfig:
             raise TypeError(f"unknown engine option {unknown[0]!r}; options: {', '.join(known)}")
         return dataclasses.replace(config or cls(), **options)
 
-    def runtime_config(self, spec: SpecGeometry | None) -> RuntimeConfig:
-        """The runtime's config: DECODE graphs, or TARGET_VERIFY's with a draft (``spec``)."""
-        modes = ((ForwardMode.TARGET_VERIFY,) if spec else (ForwardMode.DECODE,)) if self.use_graphs else ()
+    def runtime_config(self, spec: SpecOptions | None) -> RuntimeConfig:
+        """The runtime's config: DECODE graphs; with speculation (``spec``) TARGET_VERIFY's too,
+        or only those with a draft model (its rounds never decode)."""
+        decode = spec is None or not spec.uses_draft_model
+        modes = (ForwardMode.TARGET_VERIFY,) * (spec is not None) + (ForwardMode.DECODE,) * decode
+        modes = modes if self.use_graphs else ()
         return RuntimeConfig(
             max_batch_size=self.max_batch_size,
             max_context_len=self.max_context_len,
@@ -102,8 +111,8 @@ class EngineConfig:
             buckets=tuple(self.buckets) if self.buckets else None,
             capture_modes=modes,
             backend=self.backend,
-            speculative=spec,
-            sample=spec is None,  # NOTE: speculative decoding stays greedy
+            speculative=spec.geometry if spec else None,
+            sample=True,  # NOTE: a verify draws every node's token in its graph, too
             record_kernels=self.record_kernels,
             deterministic=self.deterministic,
         )

@@ -53,7 +53,8 @@ def build_draft(
     modes = (ForwardMode.DRAFT_EXTEND,) + (
         (ForwardMode.DRAFT_DECODE,) if spec.geometry.draft_forwards else ()
     )
-    draft_config = dataclasses.replace(config, capture_modes=modes if use_graphs else ())
+    # NOTE: drafts are the draft's argmax (a deterministic proposal): it never samples.
+    draft_config = dataclasses.replace(config, capture_modes=modes if use_graphs else (), sample=False)
     # NOTE: a DSA draft keeps a DSA target's MLA layout (BF16 or FP8-656), an MHA draft an
     # MHA target's FP8 cache.
     dsa = preset_draft and isinstance(PRESETS[spec.draft_model], DSAConfig)

@@ -14,6 +14,7 @@ import torch
 
 from graphrt.engine.config import EngineConfig
 from graphrt.engine.draft import build_draft
+from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
 from graphrt.engine.request import (
@@ -71,7 +72,7 @@ class Engine:
         why_not = unsupported(spec is not None, cfg.record_logits)
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
-        runtime_config = cfg.runtime_config(spec.geometry if spec else None)
+        runtime_config = cfg.runtime_config(spec)
         with load_progress(cfg.show_progress) as advance:
             stack = build_stack(
                 str(model),
@@ -91,14 +92,13 @@ class Engine:
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(cfg.show_progress) if cfg.use_graphs else None
         )
-        self.spec: SpecRunner | None = None
-        if spec is not None:
-            self.spec = self._draft_runner(spec, runtime_config, cfg.show_progress)
+        self.spec = self._speculator(spec, runtime_config, cfg.show_progress) if spec else None
         overlap = None
         if why_not is None and (cfg.overlap or (cfg.overlap is None and cfg.tp == 1)):
             assert self.runtime.tokens is not None, "the engine's runtime samples"
             overlap = Overlap(self.runtime.tokens, self.runtime.req_to_token.max_reqs, self.device)
-        tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())
+        draft = self.spec.draft if self.spec else None
+        tables = (self.runtime.req_to_token,) + ((draft.req_to_token,) if draft is not None else ())
         tables += (self.encoder,) if self.encoder is not None else ()
         pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables)
         self.scheduler = Scheduler(
@@ -158,18 +158,18 @@ class Engine:
         """One forward (see :meth:`Scheduler.step`): the ``(request id, token)`` pairs produced."""
         return self.scheduler.step()
 
-    def _draft_runner(self, spec: SpecOptions, config: RuntimeConfig, show_progress: bool) -> SpecRunner:
-        """The draft model's stack (same pages and request rows as the target's) and runner."""
+    def _speculator(
+        self, spec: SpecOptions, config: RuntimeConfig, show_progress: bool
+    ) -> SpecRunner | LookupRunner:
+        """A proposer's runner, or the draft's stack (the target's pages and rows) and runner."""
+        if not spec.uses_draft_model:
+            if spec.geometry.topk > 1 and self.tp.size > 1:  # NOTE: the host moves a tree's KV
+                raise ValueError(f"tree drafts (topk {spec.geometry.topk}) need tp 1, got {self.tp.size}")
+            return LookupRunner(self.runtime, spec, config.page_size, self.kv)
         draft = build_draft(
-            spec,
-            self.model,
-            self.kv,
-            config,
-            self.device,
-            use_graphs=self.use_graphs,
-            tp=self.tp,
+            spec, self.model, self.kv, config, self.device, use_graphs=self.use_graphs, tp=self.tp,
             show_progress=show_progress,
-        )
+        )  # fmt: skip
         self.draft_model = draft.model
         self.draft_runtime = self._ranked(draft.runtime, 1)
         return SpecRunner(self.runtime, self.draft_runtime, spec, config.page_size, self.kv)
@@ -193,14 +193,14 @@ class Engine:
     ) -> int:
         """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input.
 
-        ``sampling``: None decodes greedily; a sampled request (``temperature > 0``) on a
-        speculative engine is refused (``ValueError``). ``encoder_ids``: an encoder-decoder
+        ``sampling``: None decodes greedily (speculative engines too: sampled requests get the
+        tokens plain sampling would draw). ``encoder_ids``: an encoder-decoder
         model's encoder input (required there, refused elsewhere), encoded once at admission.
         """
         vocab = self.model.vocab_size
         tokens = check_prompt(prompt, max_new_tokens, vocab, self.scheduler.lookahead, self.max_context_len)
         enc = check_encoder_ids(self.model, self.encoder, encoder_ids)
-        params = admit_params(sampling, speculative=self.spec is not None, vocab_size=vocab, rng=self._seeds)
+        params = admit_params(sampling, vocab_size=vocab, rng=self._seeds)
         req = Request(next(self._ids), tokens, max_new_tokens, sampling=params, encoder_ids=enc)
         self.waiting.append(req)
         return req.rid

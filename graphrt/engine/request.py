@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.speculative import SpecRunner, SpecState
 from graphrt.runtime.report import RuntimeStats
 from graphrt.step.ints import count, is_int, token_ids
@@ -65,6 +66,10 @@ class EngineStats:
     acceptance_rate: float = 0.0  # accepted drafts / (verifies × deepest acceptable path)
     mean_accept_length: float = 0.0  # tokens committed per request per round (incl. the bonus)
     accepted_per_position: tuple[int, ...] = ()  # verifies that accepted a draft at depth > i
+    #: Tokens committed per request per speculative step, verify or backed-off DECODE alike.
+    tokens_per_round: float = 0.0
+    #: Why drafts were not made (``graphrt.engine.backoff.BackoffCounts``), proposer methods.
+    backoff: dict[str, int] = field(default_factory=dict)
 
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
@@ -145,7 +150,7 @@ def engine_stats(
     decode_seconds: float,
     prefill_steps: int,
     generated: int,
-    spec: SpecRunner | None,
+    spec: SpecRunner | LookupRunner | None,
 ) -> EngineStats:
     """An engine's counters: its runtime's, its own, and the speculative runner's."""
     stats = EngineStats(
@@ -156,9 +161,11 @@ def engine_stats(
     acc = spec.stats
     return dataclasses.replace(
         stats,
-        draft_replays=spec.draft.stats().replays,
+        draft_replays=spec.draft.stats().replays if spec.draft is not None else {},
         verify_steps=acc.verify_steps,
         acceptance_rate=acc.rate,
         mean_accept_length=acc.mean_accept_length,
         accepted_per_position=tuple(acc.per_position),
+        tokens_per_round=spec.backoff.tokens_per_round,
+        backoff=spec.backoff.as_dict() if spec.draft is None else {},
     )

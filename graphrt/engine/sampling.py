@@ -19,23 +19,17 @@ from graphrt.step.sampling import GREEDY, MAX_SEED, SamplingParams
 
 
 def admit_params(
-    sampling: SamplingParams | None, *, speculative: bool, vocab_size: int, rng: np.random.Generator
+    sampling: SamplingParams | None, *, vocab_size: int, rng: np.random.Generator
 ) -> SamplingParams | None:
     """Check a request's parameters and give a sampled request without a seed a fresh one.
 
     Raises ``TypeError`` for anything but ``SamplingParams`` or ``None``, and ``ValueError`` for a
-    stop token outside the vocabulary or a sampled request (``temperature > 0``) on a speculative
-    engine (speculative decoding here is greedy only).
+    stop token outside the vocabulary.
     """
     if sampling is None:
         return None
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be a graphrt.SamplingParams or None, got {type(sampling).__name__}")
-    if speculative and not sampling.greedy:
-        raise ValueError(
-            f"speculative decoding is greedy only: SamplingParams(temperature={sampling.temperature}) "
-            "needs temperature 0, or an Engine without speculative="
-        )
     sampling.check_vocab(vocab_size)
     if sampling.seed is None and not sampling.greedy:
         sampling = dataclasses.replace(sampling, seed=int(rng.integers(0, MAX_SEED, dtype=np.int64)))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
+from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
 from graphrt.engine.request import Request
@@ -40,7 +41,7 @@ class Scheduler:
         runtime: Any,
         pool: Pool,
         *,
-        spec: SpecRunner | None = None,
+        spec: SpecRunner | LookupRunner | None = None,
         overlap: Overlap | None = None,
         use_graphs: bool = True,
         record_logits: bool = False,
@@ -77,14 +78,27 @@ class Scheduler:
             if self.spec is not None:
                 self.spec.start([r for r in admitted if not r.done], eager=not self.use_graphs)
         elif self.running and self.spec is None:
-            rows = self._decode_rows()
-            produced, done = self._decode(rows) if rows is not None else ([], [])
-            self._retire(done)
-            return produced
+            return self._decode_step()
         elif self.running:
-            produced = self._spec_round(self.running)
+            return self._speculate(self.spec)
         else:
             return []
+        self._retire([r for r in self.running if r.done])
+        return produced
+
+    def _decode_step(self) -> list[tuple[int, int]]:
+        rows = self._decode_rows()
+        produced, done = self._decode(rows) if rows is not None else ([], [])
+        self._retire(done)
+        return produced
+
+    def _speculate(self, spec: SpecRunner | LookupRunner) -> list[tuple[int, int]]:
+        """A speculative engine's step: a verify round, or a DECODE when no row drafts."""
+        reqs = list(self.running)
+        proposal = spec.propose(reqs)
+        produced = self._decode_step() if proposal is None else self._spec_round(reqs, proposal)
+        spec.backoff.request_steps += len(reqs)
+        spec.backoff.committed += len(produced)
         self._retire([r for r in self.running if r.done])
         return produced
 
@@ -182,10 +196,11 @@ class Scheduler:
         self.decode_steps += 1
         return produced, rows.finished(finishing, tokens)
 
-    def _spec_round(self, reqs: list[Request]) -> list[tuple[int, int]]:
+    def _spec_round(self, reqs: list[Request], proposal: Any) -> list[tuple[int, int]]:
         assert self.spec is not None
         start = time.perf_counter()
-        new = self.spec.round(reqs, eager=not self.use_graphs)
+        new = self.spec.round(reqs, proposal, eager=not self.use_graphs)
+        self._rows = None  # NOTE: the rows' positions moved by a round's own count each
         self.decode_seconds += time.perf_counter() - start
         self.decode_steps += 1
         new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]

@@ -62,10 +62,12 @@ class TreeLayout:
         flat = np.concatenate([pending[:, None], drafts.reshape(len(pending), -1)], axis=1)
         return flat[:, : self.num_nodes]
 
-    def accept(self, drafts: np.ndarray, predicted: np.ndarray) -> Accepted:
-        """Greedy matching down the tree: the longest path whose every draft is the target's token.
+    def accept(self, drafts: np.ndarray, predicted: np.ndarray, valid: np.ndarray | None = None) -> Accepted:
+        """Matching down the tree: the longest path whose every draft is the target's token.
 
-        ``drafts [bs, topk, steps]``; ``predicted [bs, n]``: the target's argmax after each node.
+        ``drafts [bs, topk, steps]``; ``predicted [bs, n]``: the target's token after each node
+        (its argmax, or its draw for a sampled request: see :mod:`graphrt.runtime.verify_sampler`).
+        ``valid [bs, topk, steps]`` bool: the drafts actually proposed (pads never match).
         Branches hold distinct first tokens, so at most one branch matches at depth 1.
         """
         bs = len(drafts)
@@ -75,6 +77,8 @@ class TreeLayout:
         kept = nodes < self.num_nodes
         after = predicted[:, np.minimum(parents, self.num_nodes - 1)]  # [bs, topk, steps]
         match = kept & (drafts == after)
+        if valid is not None:
+            match &= valid
         count = np.cumprod(match, axis=2).sum(axis=2)  # [bs, topk]
         branch = np.argmax(count, axis=1)
         length = count[np.arange(bs), branch]

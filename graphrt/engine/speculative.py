@@ -1,8 +1,9 @@
-"""Greedy speculative decoding with a draft model, chain (``topk == 1``) or tree, graph per phase.
+"""Speculative decoding with a draft model, chain (``topk == 1``) or tree, graph per phase.
 
 One round for the running requests: DRAFT_DECODE (the draft's remaining steps for each of the
 ``topk`` branches, one graph) → TARGET_VERIFY (the pending token plus the drafts; a tree mask
-for ``topk > 1``, one graph) → greedy acceptance down the tree on the host → the accepted
+for ``topk > 1``, one graph; the target's token after every node, argmax or sampled draw, made
+in that graph) → acceptance down the tree on the host → the accepted
 path's target KV moved into position order (trees only) → DRAFT_EXTEND (the accepted tokens
 and the bonus token, ragged, one graph), whose last logits give the next round's first drafts.
 
@@ -20,60 +21,35 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphrt.engine.backoff import BackoffCounts, RowBackoff
 from graphrt.engine.batches import prefill_batch
 from graphrt.engine.pages import page_table, slots_at
-from graphrt.engine.spec_tree import Accepted, TreeLayout
-from graphrt.kv.move import move_slots
+from graphrt.engine.spec_options import DRAFT_INITS, SpecOptions
+from graphrt.engine.spec_tree import TreeLayout
+from graphrt.engine.verify import move_path, verify
 from graphrt.runtime import GraphRuntime
 from graphrt.step.batch import Batch
-from graphrt.step.modes import ForwardMode, SpecGeometry
+from graphrt.step.modes import ForwardMode
 
-DRAFT_INITS = ("target", "seed", "checkpoint")
-
-
-@dataclass(frozen=True, slots=True)
-class SpecOptions:
-    """``Engine(speculative={...})``, validated.
-
-    ``draft_init``: ``"target"`` copies the target's weights by name into a preset draft (early
-    exit, or a copy for the same preset); ``"seed"``: the preset's random weights from
-    ``draft_seed``; ``"checkpoint"``: the draft checkpoint's own weights. Default: ``"target"``
-    for a preset, ``"checkpoint"`` for a checkpoint (resolved by the draft builder).
-    """
-
-    draft_model: str
-    geometry: SpecGeometry
-    draft_seed: int = 1
-    draft_init: str | None = None
-
-    @classmethod
-    def parse(cls, options: dict[str, Any]) -> SpecOptions:
-        known = {"draft_model", "num_steps", "topk", "num_draft_tokens", "draft_seed", "draft_init"}
-        unknown = set(options) - known
-        if unknown:
-            raise ValueError(f"unknown speculative option(s) {sorted(unknown)}; known: {sorted(known)}")
-        init = options.get("draft_init")
-        if init is not None and init not in DRAFT_INITS:
-            raise ValueError(f"draft_init must be one of {DRAFT_INITS}, got {init!r}")
-        steps, topk = int(options.get("num_steps", 3)), int(options.get("topk", 1))
-        geometry = SpecGeometry(steps, topk, int(options.get("num_draft_tokens", 0)))
-        draft = str(options.get("draft_model", "tiny-llama-draft"))
-        return cls(draft, geometry, int(options.get("draft_seed", 1)), init)
+__all__ = ["DRAFT_INITS", "Acceptance", "SpecOptions", "SpecRunner", "SpecState", "accept_greedy"]
 
 
 @dataclass(slots=True)
 class SpecState:
-    """Per request: the draft's ``topk`` best guesses for the next position, best first."""
+    """Per request: the draft's ``topk`` best guesses for the next position, best first; or
+    (proposer methods) its proposer and back-off state."""
 
     draft_tokens: tuple[int, ...] = ()
+    proposer: Any = None  # NOTE: graphrt.engine.proposers.Proposer, made at the first round
+    backoff: RowBackoff = field(default_factory=RowBackoff)
 
 
 @dataclass(slots=True)
 class Acceptance:
-    """Counts over verifies (one per request per round): depths offered, drafts accepted."""
+    """Counts over verifies (one per request per round that drafted): drafts offered, accepted."""
 
     verify_steps: int = 0
-    proposed: int = 0  # verifies × the deepest path a verify can accept
+    proposed: int = 0  # per verify the deepest path it could accept, summed
     accepted: int = 0
     per_position: list[int] = field(default_factory=list)  # verifies accepting depth > i
 
@@ -86,10 +62,11 @@ class Acceptance:
         """Tokens committed per request per verify (accepted drafts + the bonus token)."""
         return (self.accepted / self.verify_steps + 1.0) if self.verify_steps else 0.0
 
-    def count(self, length: np.ndarray) -> None:
-        """Add one verify per request, ``length [bs]`` drafts accepted by each."""
+    def count(self, length: np.ndarray, offered: np.ndarray | None = None) -> None:
+        """Add one verify per request, ``length [bs]`` drafts accepted by each; ``offered
+        [bs]``: the deepest path each could accept (default: the tree's deepest)."""
         self.verify_steps += length.size
-        self.proposed += length.size * len(self.per_position)
+        self.proposed += length.size * len(self.per_position) if offered is None else int(offered.sum())
         self.accepted += int(length.sum())
         for i in range(len(self.per_position)):
             self.per_position[i] += int((length > i).sum())
@@ -117,6 +94,7 @@ class SpecRunner:
         self.geometry, self.target_kv = options.geometry, target_kv
         self.tree = TreeLayout.of(options.geometry)
         self.stats = Acceptance(per_position=[0] * self.tree.max_depth)
+        self.backoff = BackoffCounts()  # NOTE: a draft model never backs off; tokens per round
 
     @property
     def branch_stride(self) -> int:
@@ -141,16 +119,22 @@ class SpecRunner:
         logits = self.draft.run(batch, eager=eager)
         self._set_guesses(reqs, logits[np.cumsum(batch.q_lens) - 1])
 
-    def round(self, reqs: Sequence[Any], eager: bool) -> list[list[int]]:
+    def propose(self, reqs: Sequence[Any]) -> bool:
+        """A draft model drafts every round (its KV follows the target's): always a round."""
+        return True
+
+    def round(self, reqs: Sequence[Any], proposal: object, eager: bool) -> list[list[int]]:
         """One draft → verify → extend round; returns the tokens each request commits."""
         committed = np.array([len(r.prompt) + len(r.output) for r in reqs])
         # NOTE: the pages and rows of the round's requests as arrays, once: every phase's KV
         # slots are then one numpy op, not one per request.
         table, rows = page_table(reqs), np.array([r.req_idx for r in reqs], dtype=np.int64)
         drafts = self._draft(reqs, rows, table, committed, eager)
-        predicted = self._verify(reqs, rows, table, committed, drafts, eager)
+        predicted = verify(
+            self.target, self.tree, reqs, (rows, table, committed), drafts, self.page_size, eager
+        )
         acc = self.tree.accept(drafts, predicted)
-        self._move_path(table, committed, acc)
+        move_path(self.target_kv, self.tree, table, committed, acc, self.page_size)
         new = []
         for r, d, b, a, t in zip(reqs, drafts, acc.branch, acc.length, acc.bonus, strict=True):
             budget = r.max_new_tokens - len(r.output)
@@ -185,50 +169,6 @@ class SpecRunner:
         )
         rest = self.draft.run(batch, eager=eager).cpu().numpy().reshape(len(reqs), k, steps)
         return np.concatenate([first[:, :, None], rest], axis=2)
-
-    def _verify(
-        self,
-        reqs: Sequence[Any],
-        rows: np.ndarray,
-        table: np.ndarray,
-        committed: np.ndarray,
-        drafts: np.ndarray,
-        eager: bool,
-    ) -> np.ndarray:
-        """The target's argmax after every verify node, ``[bs, num_draft_tokens]``."""
-        n, bs = self.geometry.num_draft_tokens, len(reqs)
-        pending = np.array([r.output[-1] for r in reqs])
-        batch = Batch.create(
-            ForwardMode.TARGET_VERIFY,
-            input_ids=self.tree.tokens(pending, drafts).reshape(-1),
-            seq_lens=committed - 1 + n,
-            req_pool_indices=rows,
-            out_cache_loc=slots_at(
-                table, np.arange(bs)[:, None], committed[:, None] - 1 + np.arange(n), self.page_size
-            ).reshape(-1),
-            q_lens=np.full(bs, n),
-            tree_mask=self.tree.mask(bs),
-        )
-        logits = self.target.run(batch, eager=eager)
-        return logits.argmax(dim=-1).cpu().numpy().reshape(bs, n)
-
-    def _move_path(self, table: np.ndarray, committed: np.ndarray, acc: Accepted) -> None:
-        """Copy the target KV of each accepted draft from its node's slot to its position's.
-
-        Node ``k`` sits at position ``m - 1 + k``; the next verify reads the path as positions
-        ``m .. m + a - 1``. Moves within a request's own slots: its ledger entries stay valid.
-        """
-        req, src, dst = self.tree.moves(acc)
-        if not req.size:
-            return
-        at = {key: committed[req] - 1 + nodes for key, nodes in (("src", src), ("dst", dst))}
-        found = {key: slots_at(table, req, pos, self.page_size) for key, pos in at.items()}
-        if any(int(s.min()) < 0 for s in found.values()):
-            # NOTE: a position past a request's pages (-1 padded): this move does not pass
-            # through run()'s checks, so refuse it here rather than write another page.
-            raise RuntimeError("speculative KV move outside a request's pages")
-        slots = {key: torch.as_tensor(s, device=self.target_kv.device) for key, s in found.items()}
-        move_slots(self.target_kv, slots["src"], slots["dst"])
 
     def _extend(
         self,

@@ -4,7 +4,8 @@ A program takes the step's inputs (bucket views on the graph path, exact-size bu
 the eager path) and returns the step's output. Every program first runs the device half of
 the update (slots into ``req_to_token``, page table, cascade prefix), then the model. With a
 sampling family (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
-samples one token per request inside the same graph and returns :class:`Sampled`; DECODE's
+samples one token per request (TARGET_VERIFY: one per verify node) inside the same graph and
+returns :class:`Sampled`; DECODE's
 program also runs the token feed (:func:`fed`) around all of that.
 """
 
@@ -31,6 +32,7 @@ from graphrt.metadata.step import derive, derive_draft
 from graphrt.metadata.window import derive_window
 from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.sampler import sample
+from graphrt.runtime.verify_sampler import sample_nodes
 from graphrt.step.modes import ForwardMode
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
@@ -178,6 +180,19 @@ def sampled(program: Program) -> Program:
     return run
 
 
+def sampled_nodes(program: Program) -> Program:
+    """TARGET_VERIFY's ``program``, then (with a sampling family) the target's token after every
+    node, ``[R, nodes]``, drawn in the same graph (:mod:`graphrt.runtime.verify_sampler`)."""
+
+    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+        logits = program(env, mode, inputs, max_q)
+        if inputs.sampling is None:
+            return logits
+        return Sampled(logits, sample_nodes(logits, inputs.sampling, inputs.step.positions, max_q))
+
+    return run
+
+
 def fed(program: Program) -> Program:
     """``program`` (one token per request, sampled) inside the token feed (:mod:`.feed`).
 
@@ -204,7 +219,7 @@ def fed(program: Program) -> Program:
 
 PROGRAMS: dict[ForwardMode, Program] = {
     ForwardMode.DECODE: fed(sampled(forward_once)),  # NOTE: feed.FED_MODES lists it
-    ForwardMode.TARGET_VERIFY: forward_once,
+    ForwardMode.TARGET_VERIFY: sampled_nodes(forward_once),
     ForwardMode.DRAFT_DECODE: draft_loop,
     ForwardMode.DRAFT_EXTEND: forward_once,
     ForwardMode.IDLE: forward_once,

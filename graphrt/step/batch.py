@@ -54,6 +54,8 @@ class Batch:
         One per request (modes with ``MODES[mode].samples``, runtime with ``sample=True``): the
         step then returns one sampled token id per request (``[bs]`` int64) instead of logits.
         Request ``i``'s token takes position ``seq_lens[i]``, the counter of its random draw.
+        TARGET_VERIFY returns ``[bs, q_len]``: the token after each verify node (see
+        ``graphrt.runtime.verify_sampler``).
     """
 
     mode: ForwardMode
@@ -174,7 +176,9 @@ class Batch:
         if not all(isinstance(p, SamplingParams) for p in self.sampling):
             raise TypeError("Batch.sampling must hold SamplingParams")
         if not MODES[self.mode].samples:
-            raise ValueError(f"{self.mode.name} does not sample: Batch.sampling is for DECODE and EXTEND")
+            raise ValueError(
+                f"{self.mode.name} does not sample: Batch.sampling is for DECODE, EXTEND and TARGET_VERIFY"
+            )
 
     def check(self, limits: Limits, *, fed: bool = False) -> None:
         """Raise ``ValueError`` naming the value and the limit; writes nothing.

@@ -92,7 +92,8 @@ class ModeSpec:
     token per step, all branches of a request sit at position ``seq_len - 1`` and a pad row
     keeps a one-token prefix. ``tree``: where a ``topk > 1`` tree's expand lists come from.
     ``idle``: a step of this mode has no requests. ``samples``: with ``RuntimeConfig(sample=True)``
-    the program samples one token per request from its last token's logits (the sampling family).
+    the program samples one token per request from its last token's logits (the sampling family);
+    TARGET_VERIFY one per verify node (speculative sampling).
     """
 
     graphed: bool
@@ -110,7 +111,7 @@ MODES: dict[ForwardMode, ModeSpec] = {
         graphed=True, ragged=False, tokens=lambda _: 1, implicit_q_len=True, samples=True
     ),
     ForwardMode.TARGET_VERIFY: ModeSpec(
-        graphed=True, ragged=False, tokens=_spec("num_draft_tokens"), tree=TreeInput.MASK
+        graphed=True, ragged=False, tokens=_spec("num_draft_tokens"), tree=TreeInput.MASK, samples=True
     ),
     ForwardMode.DRAFT_DECODE: ModeSpec(
         graphed=True, ragged=False, tokens=_spec("topk"), draft_steps=True, tree=TreeInput.DRAFT_SLOTS

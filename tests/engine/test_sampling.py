@@ -198,13 +198,12 @@ def test_engine_refuses_bad_sampling(engines: tuple[Engine, Engine]) -> None:
     graphed.generate([], 1)  # drain
 
 
-def test_speculative_engine_refuses_sampled_requests() -> None:
+def test_speculative_engine_samples_what_plain_decoding_samples() -> None:
     spec = {"draft_model": "tiny-llama-draft", "num_steps": 2, "topk": 1, "num_draft_tokens": 3}
     engine = make_engine("cpu", use_graphs=False, speculative=spec)
-    with pytest.raises(
-        ValueError, match=r"speculative decoding is greedy only: SamplingParams\(temperature=0.7\)"
-    ):
-        engine.generate(PROMPTS[:1], 4, SamplingParams(temperature=0.7, seed=1))
+    sampled = SamplingParams(temperature=0.7, seed=1)
+    plain = make_engine("cpu", use_graphs=False).generate(PROMPTS[:1], 4, sampled)
+    assert engine.generate(PROMPTS[:1], 4, sampled) == plain
     greedy = engine.generate(PROMPTS[:2], NEW)
     stop = greedy[0][2]
     stopped = engine.generate(PROMPTS[:2], NEW, [SamplingParams(stop_token_ids=(stop,)), SamplingParams()])

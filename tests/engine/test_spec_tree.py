@@ -86,12 +86,13 @@ def test_off_branch_paths_are_moved_and_tokens_stay_exact(plain: list[list[int]]
     assert stats.acceptance_per_step == (1.0, 1.0)
 
 
-def test_off_branch_paths_are_wrong_without_the_move(plain: list[list[int]]) -> None:
+def test_off_branch_paths_are_wrong_without_the_move(
+    plain: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The move is what makes them exact: skipping it leaves node-order KV at the path's positions."""
     engine = tree_engine(False, num_steps=3, topk=2, draft_model="tiny-llama")
     reversed_guesses(engine)
-    assert engine.spec is not None
-    engine.spec._move_path = lambda *a: None  # type: ignore[method-assign]
+    monkeypatch.setattr("graphrt.engine.speculative.move_path", lambda *a: None)
     assert engine.generate(PROMPTS, MAX_NEW) != plain
 
 

@@ -13,13 +13,31 @@ from graphrt.cli import main
 @pytest.mark.slow
 def test_bench_spec_target_compares_tokens_and_reports_acceptance(tmp_path: Path) -> None:
     argv = ["bench-spec", "--target", "tiny-llama", "--draft", "tiny-llama", "--device", "cpu"]
-    argv += ["--batch-sizes", "2", "--topk", "1,2", "--num-steps", "2", "--max-new-tokens", "6"]
-    argv += ["--prompt-len", "5", "--context", "96", "--out", str(tmp_path)]
-    assert main(argv) == 0
-    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_*.json")]
-    assert [r["topk"] for r in result["rows"]] == [1, 2] and all(r["equal"] for r in result["rows"])
-    for row in result["rows"]:  # NOTE: the draft is a copy of the target: every draft accepted
+    argv += ["--method", "draft_model,ngram", "--workload", "random", "--batch-sizes", "2", "--topk", "1,2"]
+    argv += ["--num-steps", "2", "--max-new-tokens", "6", "--prompt-len", "5", "--context", "96"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_random_*.json")]
+    rows = result["rows"]
+    assert [(r["spec"]["method"], r["spec"].get("topk")) for r in rows] == [
+        ("draft_model", 1),
+        ("draft_model", 2),
+        ("ngram", None),
+    ]
+    assert all(r["equal"] and r["batch_size"] == 2 for r in rows) and result["plain"][0]["batch_size"] == 2
+    for row in rows[:2]:  # NOTE: the draft is a copy of the target: every draft accepted
         assert row["acceptance_per_step"] == [1.0, 1.0] and row["mean_accept_length"] == 3.0
+    assert all(r["ratio"] == r["tokens_per_s"] / r["plain_tokens_per_s"] for r in rows)
+
+
+@pytest.mark.slow
+def test_always_match_accepts_every_draft(tmp_path: Path) -> None:
+    argv = ["bench-spec", "--target", "tiny-llama", "--device", "cpu", "--workload", "always-match"]
+    argv += ["--method", "ngram", "--batch-sizes", "1", "--num-steps", "3", "--max-new-tokens", "13"]
+    assert main([*argv, "--context", "64", "--out", str(tmp_path)]) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_always-match_*.json")]
+    (row,) = result["rows"]
+    # 12 tokens after the first: 3 rounds of 4; the warm-up's 7 too (one round short of drafts)
+    assert row["equal"] and row["acceptance_rate"] == 1.0 and row["tokens_per_round"] > 3.0
 
 
 def test_agreement_names_where_each_request_departs() -> None:

@@ -1,80 +1,125 @@
-"""``graphrt bench-spec --target MODEL``: the speculative engine end to end, chain and tree drafts.
+"""``graphrt bench-spec --target MODEL``: speculative decoding against the engine's fastest plain
+loop, at the same batch size, in the same run.
 
-Runs plain greedy decoding and the speculative engine for each ``--topk`` on the same prompts,
-checks the tokens are equal, and reports acceptance (mean accepted length, the
-fraction of verifies accepting each draft step) and decode throughput. Writes
-``<out>/spec_accept_<device>_<UTC time>.json``.
-
-Equality is exact in fp32: there a difference is a bug and the bench exits 1. In bf16 a near-tie
-may flip between the verify's shapes and the decode's (different kernels, different rounding),
-after which the two runs continue differently; each row then records how many requests match
-plain greedy and where each other one first departs (``departures``: request, token index),
-and the exit status stays 0.
+For each ``--batch-sizes`` entry the plain engine (overlap on, as by default) and one
+speculative engine per ``--method`` (``ngram``, ``suffix``: no draft model; ``draft_model``:
+``--draft``, one run per ``--topk``) generate the same ``--workload`` prompts
+(:mod:`.spec_workloads`). Each engine first runs an untimed warm-up generate (lazy kernel
+loading, allocator, compilation inside an eager prefill: an earlier version timed each engine's
+first generate), then the timed one; tokens/s is every generated token over that call's wall time (prefill included, the
+same prefill for both). Rows report the ratio to plain, acceptance, tokens per round, the
+back-off counts and whether the tokens equal plain greedy (exact in fp32; in bf16 a near-tie
+may flip between the verify's shapes and the decode's: ``departures`` says where). Writes
+``<out>/spec_accept_<device>_<workload>_<UTC time>.json``; exits 1 when fp32 tokens differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.table import Table
 
 from graphrt import Engine
 from graphrt.tools.bench.record import header, write_result
+from graphrt.tools.bench.spec_workloads import AlwaysMatch, prompt_ids
 from graphrt.tools.cli.args import resolve_device
 from graphrt.tools.cli.console import wide_console
 
-
-def _prompts(vocab: int, count: int, length: int) -> list[list[int]]:
-    rng = np.random.default_rng(0)
-    return [rng.integers(0, vocab, length).tolist() for _ in range(count)]
+#: Tokens of the untimed warm-up generate.
+WARMUP_TOKENS = 8
 
 
-def _run(args: argparse.Namespace, speculative: dict[str, Any] | None) -> dict:
-    engine = Engine(
+def _engine(args: argparse.Namespace, bs: int, speculative: dict[str, Any] | None) -> Engine:
+    return Engine(
         args.target,
         device=resolve_device(args.device),
-        max_batch_size=max(args.batch_sizes),
+        max_batch_size=bs,
         max_context_len=args.context,
         speculative=speculative,
         dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype),
     )
-    prompts = _prompts(engine.model.vocab_size, max(args.batch_sizes), args.prompt_len)
+
+
+def _timed(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, Any]:
+    engine.generate(prompts, WARMUP_TOKENS)
+    before = engine.stats()
     start = time.perf_counter()
-    tokens = engine.generate(prompts, args.max_new_tokens)
+    tokens = engine.generate(prompts, max_new)
     seconds = time.perf_counter() - start
     stats = engine.stats()
-    engine.close()
-    row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": stats.generated_tokens / seconds}
+    generated = sum(len(t) for t in tokens)
+    row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": generated / seconds}
+    row |= {"steps": stats.decode_steps - before.decode_steps, "fallbacks": stats.fallbacks}
     row["dtype"] = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
-    row |= {"decode_steps": stats.decode_steps, "fallbacks": stats.fallbacks}
-    if speculative is not None:
+    if engine.spec is not None:
+        # NOTE: acceptance counts include the warm-up's few rounds
         row |= {
-            "mean_accept_length": stats.mean_accept_length,
             "acceptance_rate": stats.acceptance_rate,
+            "mean_accept_length": stats.mean_accept_length,
             "acceptance_per_step": list(stats.acceptance_per_step),
+            "tokens_per_round": stats.tokens_per_round,
+            "backoff": stats.backoff,
         }
     return row
 
 
-def run_bench_spec_accept(args: argparse.Namespace) -> int:
-    """Plain greedy, then one speculative run per ``--topk``; exit 1 if any tokens differ."""
-    plain = _run(args, None)
+def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The speculative configurations of this run, one per method (and ``--topk`` for trees)."""
+    out = []
+    for method in args.method:
+        common = {"method": method, "num_steps": args.num_steps}
+        if method == "draft_model":
+            out += [common | {"draft_model": args.draft or args.target, "topk": k} for k in args.topk]
+        elif method == "suffix":
+            out += [common | {"topk": k, "disable_batch_size": args.disable_batch_size} for k in args.topk]
+        else:
+            out.append(common | {"disable_batch_size": args.disable_batch_size})
+    return out
+
+
+def _batch_rows(args: argparse.Namespace, bs: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    plain_engine = _engine(args, bs, None)
+    vocab = plain_engine.model.vocab_size
+    prompts = prompt_ids(args.workload, args.target, vocab, bs, args.prompt_len, Path(args.prompts_dir))
+    plain = _timed(plain_engine, prompts, args.max_new_tokens)
+    plain_engine.close()
     rows = []
-    for topk in args.topk:
-        spec = {"draft_model": args.draft or args.target, "num_steps": args.num_steps, "topk": topk}
-        row = _run(args, spec)
-        row |= {"topk": topk, "num_steps": args.num_steps} | _agreement(row["tokens"], plain["tokens"])
+    known = {tuple(p): t for p, t in zip(prompts, plain["tokens"], strict=True)}
+    for spec in _specs(args):
+        if args.workload == "always-match":
+            spec = {k: v for k, v in spec.items() if k != "disable_batch_size"} | {"method": "ngram"}
+        engine = _engine(args, bs, spec)
+        if args.workload == "always-match":
+            # NOTE: the bench's proposer replaces the runner's factory (made at each admission)
+            engine.spec.make = lambda _options: AlwaysMatch(known, args.num_steps)  # type: ignore[union-attr]
+        row = _timed(engine, prompts, args.max_new_tokens)
+        engine.close()
+        row |= {"batch_size": bs, "spec": spec, "plain_tokens_per_s": plain["tokens_per_s"]}
+        row |= {"ratio": row["tokens_per_s"] / plain["tokens_per_s"]} | _agreement(
+            row["tokens"], plain["tokens"]
+        )
         rows.append({k: v for k, v in row.items() if k != "tokens"})
-    plain.pop("tokens")
-    result = {**header("spec_accept", args, resolve_device(args.device)), "plain": plain, "rows": rows}
-    out = write_result(result, args.out, f"spec_accept_{resolve_device(args.device).type}")
+    plain = {k: v for k, v in plain.items() if k != "tokens"} | {"batch_size": bs}
+    return plain, rows
+
+
+def run_bench_spec_accept(args: argparse.Namespace) -> int:
+    """Plain, then each speculative configuration, per batch size; exit 1 if fp32 tokens differ."""
+    device = resolve_device(args.device)
+    plains, rows = [], []
+    for bs in args.batch_sizes:
+        plain, spec_rows = _batch_rows(args, bs)
+        plains.append(plain)
+        rows += spec_rows
+    result = {**header("spec_accept", args, device), "plain": plains, "rows": rows}
+    out = write_result(result, args.out, f"spec_accept_{device.type}_{args.workload}")
     _print(result, args)
     wide_console().print(f"written to {out}")
-    exact = plain["dtype"] == "float32"
+    exact = all(p["dtype"] == "float32" for p in plains)
     return 0 if all(r["equal"] for r in rows) or not exact else 1
 
 
@@ -89,25 +134,33 @@ def _agreement(spec: list[list[int]], plain: list[list[int]]) -> dict[str, Any]:
 
 
 def _print(result: dict, args: argparse.Namespace) -> None:
-    table = Table(title=f"speculative engine: {args.target} drafted by {args.draft or args.target}")
-    for col in (
+    table = Table(title=f"speculative vs plain (overlap on): {args.target}, workload {args.workload}")
+    cols = (
+        "bs",
+        "method",
         "topk",
-        "steps",
-        "= greedy (requests)",
-        "mean accepted",
-        "per-step acceptance",
+        "= greedy",
+        "accept",
+        "tok/round",
+        "backed off",
         "tok/s",
-        "plain tok/s",
-    ):
+        "plain",
+        "ratio",
+    )
+    for col in cols:
         table.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
+        off = r["backoff"].get("decode_steps", 0) if r["backoff"] else 0
         table.add_row(
-            str(r["topk"]),
-            str(r["num_steps"]),
+            str(r["batch_size"]),
+            r["spec"]["method"],
+            str(r["spec"].get("topk", 1)),
             "yes" if r["equal"] else f"{r['requests_equal']}/{r['requests_equal'] + len(r['departures'])}",
-            f"{r['mean_accept_length']:.2f}",
-            " ".join(f"{a:.2f}" for a in r["acceptance_per_step"]),
+            f"{r['acceptance_rate']:.2f}",
+            f"{r['tokens_per_round']:.2f}",
+            f"{off}/{r['steps']}",
             f"{r['tokens_per_s']:.1f}",
-            f"{result['plain']['tokens_per_s']:.1f}",
+            f"{r['plain_tokens_per_s']:.1f}",
+            f"{r['ratio']:.2f}x",
         )
     wide_console().print(table)

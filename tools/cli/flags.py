@@ -15,6 +15,7 @@ from graphrt.tools.cli.args import (
     model_name,
     positive_int,
 )
+from graphrt.tools.cli.spec_flags import spec_engine_args
 
 #: ``graphrt bench TARGET`` batch sizes when ``--batch-sizes`` is not given.
 BENCH_SIZES = {
@@ -94,6 +95,30 @@ def deterministic_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
         action="store_true",
         help=f"{scope}batch-invariant kernels: a request's tokens do not depend on its batch mates "
         "(CUDA; the CPU already is)",
+    )
+
+
+def speculative_options(text: str) -> dict[str, object]:
+    """``--speculative``'s value as ``Engine(speculative=...)`` options (checked now, so a bad
+    value is a usage error naming it)."""
+    from graphrt.engine.spec_options import SpecOptions, parse_cli
+
+    try:
+        options = parse_cli(text)
+        SpecOptions.parse(options)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    return options
+
+
+def speculative_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculative",
+        type=speculative_options,
+        default=None,
+        metavar="SPEC",
+        help="speculative decoding: ngram | suffix | draft_model, or key=value pairs "
+        "(method=suffix,num_steps=4,topk=2,disable_batch_size=16); copy-heavy prompts gain, chat backs off",
     )
 
 
@@ -270,27 +295,11 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
         kv_arg(p, "decode and model: ")
         quant_arg(p, "model: ")
     if name == "bench-spec":
-        _spec_engine_args(p)
+        spec_engine_args(p)
     tp_arg(p, "decode only: " if name == "bench" else "")
     p.add_argument(
         "--out",
         default="bench/results",
         metavar="DIR",
         help="results directory (created; a new file per run)",
-    )
-
-
-def _spec_engine_args(p: argparse.ArgumentParser) -> None:
-    """``bench-spec --target``: the speculative engine end to end (acceptance, tokens == greedy)."""
-    p.add_argument("--target", help="run the engine on this model (preset, checkpoint, .gguf, smollm2)")
-    p.add_argument("--draft", help="draft model (default: the target drafting for itself)")
-    p.add_argument("--topk", type=batch_sizes, default="1,2,4", help="comma-separated draft branch counts")
-    p.add_argument("--num-steps", type=positive_int, default=3, help="draft steps per round")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per prompt")
-    p.add_argument("--prompt-len", type=positive_int, default=32, help="random prompt length")
-    p.add_argument(
-        "--dtype",
-        choices=("auto", "bf16", "fp32"),
-        default="auto",
-        help="weights and KV (auto: bf16 on CUDA); fp32 keeps near-ties from flipping tokens",
     )

@@ -123,6 +123,7 @@ def engine_options(args: argparse.Namespace, max_batch_size: int) -> dict[str, A
         "kv_cache_dtype": args.kv_cache_dtype,
         "quantization": args.quantization,
         "deterministic": args.deterministic,
+        "speculative": args.speculative,
     }
 
 

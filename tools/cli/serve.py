@@ -69,6 +69,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "show_progress": progress_wanted(),
         "deterministic": args.deterministic,
         "quantization": args.quantization,
+        "speculative": args.speculative,
     }
 
 
