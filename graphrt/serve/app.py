@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +33,7 @@ from graphrt.serve.protocol import (
     sampling_error,
     validation_error,
 )
+from graphrt.text.tokenizer import Tokenizer
 
 #: Seconds between checks that the client of a non-streamed reply is still there.
 DISCONNECT_POLL_S = 0.5
@@ -155,6 +156,23 @@ async def _respond(
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
+def _chat_ids(tokenizer: Tokenizer, body: ChatRequest, allow_special: bool) -> list[int]:
+    """The messages' ids through the chat template; content holding a special token is refused
+    unless ``allow_special``, and a template's refusal names ``messages``."""
+    messages = [m.plain() for m in body.messages]
+    for i, m in enumerate(messages if not allow_special else ()):
+        if (special := tokenizer.special_in(m["content"])) is not None:
+            raise RequestError(
+                f"messages.{i}.content holds the chat template's special token {special!r}"
+                " (graphrt serve --allow-special-tokens lets it through)",
+                f"messages.{i}.content",
+            )
+    try:
+        return tokenizer.encode_chat(messages)
+    except ValueError as err:  # NOTE: the chat template refused the messages
+        raise RequestError(str(err), "messages") from err
+
+
 def build_app(
     llm: LLM,
     loop: EngineLoop,
@@ -190,25 +208,6 @@ def build_app(
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         return _error(validation_error(list(err.errors())))
 
-    def guarded(fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except RequestError:
-            raise
-        except ValueError as err:  # NOTE: the chat template refused the messages
-            raise RequestError(str(err), "messages") from err
-
-    def chat_ids(body: ChatRequest) -> list[int]:
-        messages = [m.plain() for m in body.messages]
-        for i, m in enumerate(messages if not allow_special_tokens else ()):
-            if (special := tokenizer.special_in(m["content"])) is not None:
-                raise RequestError(
-                    f"messages.{i}.content holds the chat template's special token {special!r}"
-                    " (graphrt serve --allow-special-tokens lets it through)",
-                    f"messages.{i}.content",
-                )
-        return tokenizer.encode_chat(messages)
-
     # NOTE: tokenizing runs in a worker thread: a long prompt never holds the event loop
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -218,7 +217,7 @@ def build_app(
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
-        ids = await asyncio.to_thread(guarded, lambda: chat_ids(body))
+        ids = await asyncio.to_thread(_chat_ids, tokenizer, body, allow_special_tokens)
         budget = body.budget or max(llm.engine.max_context_len - len(ids), 1)
         return await _respond(request, llm, loop, body, ids, budget)
 

@@ -39,7 +39,8 @@ def stop_strings(stop: str | Sequence[str] | None, limit: int = MAX_STOPS) -> tu
             raise TypeError(f"stop strings must be str, got {type(s).__name__} {s!r:.40}")
         if not s or len(s) > MAX_STOP_CHARS:
             raise ValueError(
-                f"stop: a stop string of {len(s)} characters: allowed 1 to {MAX_STOP_CHARS} ({s!r:.40})"
+                f"stop strings must be non-empty and at most {MAX_STOP_CHARS} characters:"
+                f" got one of {len(s)} ({s!r:.40})"
             )
     if len(stops) > limit:
         raise ValueError(f"stop: {len(stops)} stop strings: at most {limit} allowed")

@@ -52,7 +52,8 @@ def load(gguf: Path) -> CachedTokenizer | None:
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')}")
         if record.get("source_id") != source_id(gguf):
-            raise ValueError(f"built from another file than {str(gguf)!r} as it is now")
+            whose = "another file" if "source_id" in record else "a file it does not record (an older entry)"
+            raise ValueError(f"built from {whose}, not from {str(gguf)!r} as it is now")
         hit = CachedTokenizer(
             Tokenizer.from_str(record["backend"]),
             record["chat_template"],

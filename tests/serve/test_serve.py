@@ -9,6 +9,7 @@ every page free); Ctrl-C stops the server with exit code 0.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -61,37 +62,40 @@ def expected_replies() -> dict[str, list[str]]:
     }
 
 
+def start(*extra: str) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """``graphrt serve`` on a free port (``extra`` flags): the process, its URL, the lines of
+    stderr up to the ready line."""
+    port = free_port()
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "graphrt", "serve", "--model", "smollm2", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port), *SIZES, *extra], env=env, stderr=subprocess.PIPE, text=True
+    )
+    return proc, f"http://127.0.0.1:{port}", []
+
+
+def ready(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    """Wait for the server's ready line (it says when it listens)."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if "ready in" in line:
+            break
+    assert proc.poll() is None, "".join(lines)
+
+
 @pytest.fixture(scope="module")
 def live() -> Iterator[tuple[str, dict[str, list[str]]]]:
     """The server's URL, and the expected replies (computed while it starts)."""
-    port = free_port()
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "graphrt",
-        "serve",
-        "--model",
-        "smollm2",
-        "--device",
-        "cpu",
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen([*cmd, *SIZES], env=env, stderr=subprocess.PIPE, text=True)
+    proc, url, lines = start()
     assert proc.stderr is not None
     try:
         expected = expected_replies()
-        lines = []
-        for line in proc.stderr:  # NOTE: the server says when it listens
-            lines.append(line)
-            if "ready in" in line:
-                break
-        assert proc.poll() is None, "".join(lines)
+        ready(proc, lines)
     except BaseException:
         proc.kill()
         raise
-    yield f"http://127.0.0.1:{port}", expected
+    yield url, expected
     proc.send_signal(signal.SIGINT)
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 0, rest
@@ -198,3 +202,58 @@ def test_a_client_leaving_mid_stream_frees_its_request(server: str) -> None:
         time.sleep(0.2)
     assert health["free_pages"] == health["pages"] and health["free_rows"] == health["rows"], health
     assert health["status"] == "ok" and health["errors"] == 0
+
+
+#: A reply that runs its whole 200-token budget (see the test above).
+LONG = {
+    "model": "smollm2",
+    "messages": [{"role": "user", "content": "Write a very long story about a dragon, in many paragraphs."}],
+    "max_tokens": 200,
+    "temperature": 0,
+}
+
+
+def settled(server: str, aborted: int) -> dict:
+    """``/health`` once nothing runs or waits and ``aborted`` requests have been aborted."""
+    deadline = time.monotonic() + 30
+    while True:
+        health = httpx.get(f"{server}/health").json()
+        if health["aborted"] >= aborted and not health["running"] and not health["waiting"]:
+            return health
+        assert time.monotonic() < deadline, health
+        time.sleep(0.2)
+
+
+@needs_smollm2
+def test_a_client_leaving_a_whole_reply_frees_its_request(server: str) -> None:
+    """Issue 40: a non-streamed request whose client left ran to its budget."""
+    before = httpx.get(f"{server}/health").json()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/chat/completions", json=LONG, timeout=1.5)  # NOTE: leaves after 1.5 s
+    health = settled(server, before["aborted"] + 1)
+    assert health["served"] == before["served"] and health["free_pages"] == health["pages"], health
+
+
+@needs_smollm2
+def test_ctrl_c_drains_saying_so_and_a_second_ends_streams_cleanly() -> None:
+    proc, url, lines = start("--drain-timeout", "60")
+    assert proc.stderr is not None
+    try:
+        ready(proc, lines)
+        with httpx.stream(
+            "POST", f"{url}/v1/chat/completions", json=LONG | {"stream": True}, timeout=60
+        ) as r:
+            events = r.iter_lines()
+            got = [next(e for e in events if e.startswith("data: "))]
+            proc.send_signal(signal.SIGINT)
+            draining = next(line for line in proc.stderr if "stopping" in line)
+            assert "draining 1 request(s) (1 running, 0 waiting) for up to 60 s" in draining, draining
+            proc.send_signal(signal.SIGINT)
+            got += [e for e in events if e.startswith("data: ")]
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=30) == 0, rest
+    finally:
+        proc.kill()
+    assert got[-1] == "data: [DONE]", got[-3:]
+    assert json.loads(got[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "abort", got[-3:]
+    assert "Traceback" not in rest and "CancelledError" not in rest and "graphrt serve: stopped" in rest, rest

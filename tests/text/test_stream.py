@@ -74,6 +74,7 @@ def test_held_back_text_is_a_stop_prefix_only(tokenizer: object) -> None:
 
 
 def test_bad_stop_strings(tokenizer: object, tmp_path: Path) -> None:
-    for bad in ([""], [3]):
-        with pytest.raises(ValueError, match="stop strings must be non-empty strings"):
-            TextStream(tokenizer, bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stop strings must be non-empty"):
+        TextStream(tokenizer, [""])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stop strings must be str"):
+        TextStream(tokenizer, [3])  # type: ignore[list-item, arg-type]

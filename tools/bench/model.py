@@ -97,6 +97,9 @@ def measure_graphrt(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch
     info = next(g for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
     # NOTE: from the graph's topology (cuda.bindings), kernel recording off; None: not read
     row["graph_nodes"], row["pdl_edges"] = info.num_nodes, info.programmatic_edges
+    if run["det_stack"] is not None:  # NOTE: --deterministic: the same step, batch-invariant
+        row |= steps.deterministic_row(run["det_stack"], run["next_ids"][:bs].numpy(), context, iters, ours)
+        row["deterministic_cost"] = row["deterministic_us"]["p50"] / row["graphrt_us"]["p50"]
     return row, ours
 
 
@@ -168,6 +171,7 @@ def _setup(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, An
     next_ids = torch.randint(cfg.vocab_size, (max(sizes),), generator=gen)
     say(f"prefill {max(sizes)} x {context} tokens")
     steps.graphrt_prefill(stack, prompts.numpy())
+    det = steps.deterministic_stack(model, sizes, context, backend, prompts) if args.deterministic else None
     skip = steps.compile_skip_reason(args, device)
     say("transformers twin")
     hf = hf_twin(model, steps.capacity(context))
@@ -177,7 +181,7 @@ def _setup(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, An
         "report": report, "hf": hf, "floor": floor, "read_bytes": read, "prompts": prompts,
         "next_ids": next_ids, "compile_skip": skip, "tol": args.parity_tol or PARITY_TOLERANCE[dtype],
         "compiled": None if skip else steps.compiled_forward(hf),
-        "budget": steps.CompileBudget(args.compile_budget),
+        "budget": steps.CompileBudget(args.compile_budget), "det_stack": det,
     }  # fmt: skip
 
 
@@ -227,6 +231,7 @@ def _line(row: dict[str, Any]) -> str:
         f"host {row['host_us']['p50']:.0f} µs, back to back {row['steady_us']['p50']:.0f} µs), "
         f"transformers {row['hf_eager_us']['p50']:.0f} µs, compiled "
         + (f"{compiled['p50']:.0f} µs (compile {row['compile_s']:.0f} s)" if compiled else "skipped")
+        + (f"; deterministic {row['deterministic_cost']:.2f}x" if "deterministic_cost" in row else "")
     )
 
 

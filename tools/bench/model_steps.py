@@ -63,10 +63,16 @@ def weight_floor(read_bytes: int, device: torch.device, iters: int) -> dict[str,
 
 # ---- graphrt -------------------------------------------------------------------------------
 def graphrt_stack(
-    model: TinyLlama, sizes: list[int], context: int, backend: str | None, kv_cache_dtype: str = "auto"
+    model: TinyLlama,
+    sizes: list[int],
+    context: int,
+    backend: str | None,
+    kv_cache_dtype: str = "auto",
+    deterministic: bool = False,
 ) -> tuple[ModelStack, Any]:
     """The normal runtime stack for ``model`` with one DECODE graph per measured batch size
-    (its KV cache of ``kv_cache_dtype``, :func:`~graphrt.engine.stack.stack_for`)."""
+    (its KV cache of ``kv_cache_dtype``, :func:`~graphrt.engine.stack.stack_for`);
+    ``deterministic``: batch-invariant kernels (``RuntimeConfig.deterministic``)."""
     config = RuntimeConfig(
         max_batch_size=max(sizes),
         max_context_len=capacity(context),
@@ -76,6 +82,7 @@ def graphrt_stack(
         # NOTE: nodes and programmatic edges come from the graph's topology; the debug dump
         # (kernel recording: a profiled replay per graph) only where cuda.bindings is missing
         record_kernels=cuda_bindings_missing() is not None,
+        deterministic=deterministic,
     )
     stack = stack_for(model, config, kv_cache_dtype=kv_cache_dtype)
     return stack, stack.runtime.capture()
@@ -224,3 +231,27 @@ class CompileBudget:
     def add(self, seconds: float) -> None:
         self.spent_s += seconds
         self.last_s = seconds
+
+
+def deterministic_stack(
+    model: TinyLlama, sizes: list[int], context: int, backend: str | None, prompts: torch.Tensor
+) -> ModelStack:
+    """``--deterministic``: a second stack of ``model`` with batch-invariant kernels, prefilled
+    with the same ``prompts [bs, context]`` as the default one."""
+    stack = graphrt_stack(model, sizes, context, backend, deterministic=True)[0]
+    graphrt_prefill(stack, prompts.numpy())
+    return stack
+
+
+def deterministic_row(
+    stack: ModelStack, next_ids: np.ndarray, context: int, iters: int, ours: torch.Tensor
+) -> dict[str, Any]:
+    """The batch-invariant stack's step (``--deterministic``) at ``len(next_ids)`` rows: its time,
+    and how far its logits are from the default stack's ``ours`` (the same weights and KV)."""
+    batch = graphrt_decode(stack, next_ids, context)
+    theirs = stack.runtime.run(batch).float()
+    device = theirs.device
+    return {
+        "deterministic_us": percentiles(time_us(lambda: stack.runtime.run(batch), iters, device)),
+        "deterministic_max_abs_logit_diff": float((theirs - ours).abs().max()),
+    }
