@@ -39,9 +39,9 @@ from graphrt.tools.cli.flags import (
     kv_arg,
     quant_arg,
     sampling_args,
-    speculative_arg,
     tp_arg,
 )
+from graphrt.tools.cli.spec_flags import speculative_arg
 
 log = logging.getLogger(__name__)
 TUI_HINT = (

@@ -98,30 +98,6 @@ def deterministic_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
-def speculative_options(text: str) -> dict[str, object]:
-    """``--speculative``'s value as ``Engine(speculative=...)`` options (checked now, so a bad
-    value is a usage error naming it)."""
-    from graphrt.engine.spec_options import SpecOptions, parse_cli
-
-    try:
-        options = parse_cli(text)
-        SpecOptions.parse(options)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-    return options
-
-
-def speculative_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--speculative",
-        type=speculative_options,
-        default=None,
-        metavar="SPEC",
-        help="speculative decoding: ngram | suffix | draft_model, or key=value pairs "
-        "(method=suffix,num_steps=4,topk=2,disable_batch_size=16); copy-heavy prompts gain, chat backs off",
-    )
-
-
 def sampling_args(p: argparse.ArgumentParser, seed_help: str, seed: int | None = 0) -> None:
     """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")

@@ -47,3 +47,27 @@ def spec_engine_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="weights and KV (auto: bf16 on CUDA); fp32 keeps near-ties from flipping tokens",
     )
+
+
+def speculative_options(text: str) -> dict[str, object]:
+    """``--speculative``'s value as ``Engine(speculative=...)`` options (checked now, so a bad
+    value is a usage error naming it)."""
+    from graphrt.engine.spec_options import SpecOptions, parse_cli
+
+    try:
+        options = parse_cli(text)
+        SpecOptions.parse(options)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    return options
+
+
+def speculative_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculative",
+        type=speculative_options,
+        default=None,
+        metavar="SPEC",
+        help="speculative decoding: ngram | suffix | draft_model, or key=value pairs "
+        "(method=suffix,num_steps=4,topk=2,disable_batch_size=16); copy-heavy prompts gain, chat backs off",
+    )
