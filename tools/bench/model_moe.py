@@ -26,6 +26,8 @@ from graphrt.models.mla import MLACausalLM
 from graphrt.models.moe import SparseMoE
 from graphrt.models.presets import MLAConfig, preset
 from graphrt.tools.bench import model_steps as steps
+from graphrt.tools.bench.device_ops import profile_steps
+from graphrt.tools.bench.model_table import PROFILE_STEPS
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
 from graphrt.tools.cli.args import resolve_backend, resolve_device
 
@@ -148,9 +150,11 @@ def _row(stack: Any, model: nn.Module, next_ids: np.ndarray, context: int, bs: i
     batch = steps.graphrt_decode(stack, next_ids[:bs], context)
     stack.runtime.run(batch)
     us = percentiles(time_us(lambda: stack.runtime.run(batch), iters, device))
+    profile = profile_steps(lambda: stack.runtime.run(batch), device, PROFILE_STEPS, top=16)
     counts, routed = routed_reads(stack, model, batch)
     floor_us = (dense + routed) / (floor["bandwidth_gb_s"] * 1e9) * 1e6
     return {
         "bs": bs, "graphrt_us": us, "distinct_experts": sum(counts), "distinct_per_layer": counts,
         "read_bytes": dense + routed, "floor_us": floor_us, "over_floor": us["p50"] / floor_us,
+        "device": profile,
     }  # fmt: skip
