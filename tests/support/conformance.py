@@ -127,7 +127,8 @@ def conforms(kind: str, name: str, feature: str, device: torch.device, dtype: to
     support = registry.graph_support(kind, name)
     if f.mode not in support.modes or not all(getattr(support, n) for n in f.needs):
         with pytest.raises(
-            ValueError, match=rf"attention backend '{name}' (cannot be captured|does not declare)"
+            ValueError,
+            match=rf"attention backend '{name}' (cannot be captured|does not declare|is not available)",
         ):
             setup(device, f, name, dtype)
         return
