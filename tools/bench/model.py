@@ -97,7 +97,7 @@ def measure_graphrt(run: dict[str, Any], bs: int) -> tuple[dict[str, Any], torch
     info = next(g for g in run["report"].graphs if g.key == (ForwardMode.DECODE, bs))
     # NOTE: from the graph's topology (cuda.bindings), kernel recording off; None: not read
     row["graph_nodes"], row["pdl_edges"] = info.num_nodes, info.programmatic_edges
-    if run["det_stack"] is not None:  # NOTE: --deterministic: the same step, batch-invariant
+    if run.get("det_stack") is not None:  # NOTE: --deterministic: the same step, batch-invariant
         row |= steps.deterministic_row(run["det_stack"], run["next_ids"][:bs].numpy(), context, iters, ours)
         row["deterministic_cost"] = row["deterministic_us"]["p50"] / row["graphrt_us"]["p50"]
     return row, ours
