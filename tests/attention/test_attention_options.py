@@ -56,7 +56,7 @@ def tolerance(name: str, device: torch.device, fp8: bool) -> float:
     rounds the softmax probabilities to FP8 before multiplying by V: 4e-2."""
     if device.type == "cpu":
         return 1e-5
-    return 4e-2 if name == "fa3" and fp8 else 1e-2
+    return 4e-2 if name.startswith("fa3") and fp8 else 1e-2  # NOTE: fa3_kernel: FA3 alone
 
 
 @pytest.mark.parametrize(("fp8", "with_sinks"), OPTIONS, ids=["sinks", "fp8", "fp8+sinks"])
