@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from graphrt.tools.cli.args import (
     AUTO,
@@ -178,6 +179,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--waves", type=positive_int, default=None, help="serve only: requests per client (default 4; CPU 1)"
+    )
+    p.add_argument(
+        "--body",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='serve only: fields added to every request (\'{"logprobs": true, "top_logprobs": 5}\', a response_format)',
     )
     p.add_argument(
         "--peer",

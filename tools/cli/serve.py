@@ -66,6 +66,9 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch_size": batch,
         "max_context_len": context,
         "show_progress": progress_wanted(),
+        "max_logprobs": getattr(args, "max_logprobs", 20),
+        "penalties": getattr(args, "sampling_extras", True),
+        "token_masks": getattr(args, "sampling_extras", True),
     }
 
 
@@ -78,7 +81,7 @@ def build_server(args: argparse.Namespace, llm: Any, loop: EngineLoop, start: fl
 
     if llm.tokenizer is None:
         raise UsageError("--model", args.model, "has no tokenizer: graphrt serve takes and gives text")
-    app = build_app(llm, loop)
+    app = build_app(llm, loop, getattr(args, "served_model_name", None))
     config = uvicorn.Config(
         app,
         host=args.host,
