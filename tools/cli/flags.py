@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from graphrt.models.quantize import QUANTIZATIONS
 from graphrt.tools.cli.args import (
@@ -200,6 +201,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--waves", type=positive_int, default=None, help="serve only: requests per client (default 4; CPU 1)"
+    )
+    p.add_argument(
+        "--body",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='serve only: fields added to every request (\'{"logprobs": true, "top_logprobs": 5}\', a response_format)',
     )
     p.add_argument(
         "--peer",
