@@ -22,12 +22,10 @@ from graphrt.tools.cli.args import (
     device_name,
     fail,
     install_hint,
-    megabytes,
     model_name,
     model_names,
     port_number,
     positive_int,
-    seconds,
     token_ids,
 )
 from graphrt.tools.cli.flags import (
@@ -42,6 +40,7 @@ from graphrt.tools.cli.flags import (
     tp_arg,
 )
 from graphrt.tools.cli.reply_flags import reply_args
+from graphrt.tools.cli.serve_flags import server_args
 from graphrt.tools.cli.threads import apply_threads
 
 log = logging.getLogger(__name__)
@@ -177,34 +176,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         default=None,
         help="prompt + reply tokens at most (default: 2048 on CUDA, 1024 on CPU)",
     )
-    p.add_argument(
-        "--max-logprobs", type=int, default=20, metavar="N", help="top log-probabilities per token (0: none)"
-    )
-    p.add_argument(
-        "--sampling-extras",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="penalties and response_format: per-row token counts and masks in every sampling step",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=seconds,
-        default=5.0,
-        help="seconds Ctrl-C lets requests in flight finish before cancelling them",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="every /v1 request needs 'Authorization: Bearer KEY' (default: $GRAPHRT_API_KEY, else none)",
-    )
-    p.add_argument(
-        "--max-body-mb", type=megabytes, default=None, help="largest request body in MiB (default: 4)"
-    )
-    p.add_argument(
-        "--allow-special-tokens",
-        action="store_true",
-        help="let chat content hold the template's special tokens (<|im_start|>...: a user can fake a turn)",
-    )
+    server_args(p)
     quant_arg(p)
     deterministic_arg(p)
     tp_arg(p)

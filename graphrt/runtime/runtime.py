@@ -159,11 +159,7 @@ class GraphRuntime:
                 self.window.assign(batch, writes)
             route = None if eager or not plan.graphed else self._route(batch, plan)
             try:
-                out = (
-                    self._eager(batch, plan, feed)
-                    if route is None
-                    else self._replay(batch, plan, route, feed)
-                )
+                out = self._replay(batch, plan, route, feed) if route else self._eager(batch, plan, feed)
             except BaseException:
                 # NOTE: the step may have written positions >= start: they hold nothing valid.
                 ledger.truncate(writes.rows, writes.starts)
