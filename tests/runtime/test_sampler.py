@@ -172,7 +172,8 @@ def test_sampled_rows_need_not_share_parameters(device: torch.device) -> None:
     [
         ({"temperature": -0.5}, "temperature = -0.5 is out of range: allowed [0, inf)"),
         ({"temperature": float("nan")}, "temperature = nan"),
-        ({"top_k": -1}, "top_k = -1 is out of range: allowed >= 0"),
+        ({"top_k": -1}, "top_k = -1 is out of range: allowed [0, 2147483647]"),
+        ({"top_k": 2**70}, f"top_k = {2**70} is out of range: allowed [0, 2147483647]"),
         ({"top_p": 0.0}, "top_p = 0.0 is out of range: allowed (0, 1]"),
         ({"top_p": 1.5}, "top_p = 1.5"),
         ({"min_p": 1.01}, "min_p = 1.01 is out of range: allowed [0, 1]"),
