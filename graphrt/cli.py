@@ -22,12 +22,10 @@ from graphrt.tools.cli.args import (
     device_name,
     fail,
     install_hint,
-    megabytes,
     model_name,
     model_names,
     port_number,
     positive_int,
-    seconds,
     token_ids,
 )
 from graphrt.tools.cli.flags import (
@@ -41,7 +39,10 @@ from graphrt.tools.cli.flags import (
     sampling_args,
     tp_arg,
 )
+from graphrt.tools.cli.reply_flags import reply_args
+from graphrt.tools.cli.serve_flags import server_args
 from graphrt.tools.cli.spec_flags import speculative_arg
+from graphrt.tools.cli.threads import apply_threads
 
 log = logging.getLogger(__name__)
 TUI_HINT = (
@@ -52,6 +53,12 @@ TUI_HINT = (
 
 def _common(log: bool = True) -> Parser:
     common = Parser(add_help=False)
+    common.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads for torch's ops (default: OMP_NUM_THREADS, else half the CPUs, at most 4)",
+    )
     if log:
         common.add_argument(
             "--log-level", choices=LOG_LEVELS, default="warning", help="graphrt log messages shown on stderr"
@@ -127,6 +134,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
         action="store_true",
         help="one JSON line per prompt (text, ids, finish_reason, token counts, ttft_s, tokens_per_s)",
     )
+    reply_args(p)
     sampling_args(
         p, "the random stream of sampled requests (same seed, same text; default: random)", seed=None
     )
@@ -147,6 +155,12 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         default="smollm2",
         help="smollm2 | checkpoint dir | file.gguf (with a tokenizer)",
     )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model id clients send and /v1/models lists (default: --model as given)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (1 to 65535)")
     p.add_argument(
@@ -164,25 +178,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         default=None,
         help="prompt + reply tokens at most (default: 2048 on CUDA, 1024 on CPU)",
     )
-    p.add_argument(
-        "--drain-timeout",
-        type=seconds,
-        default=5.0,
-        help="seconds Ctrl-C lets requests in flight finish before cancelling them",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="every /v1 request needs 'Authorization: Bearer KEY' (default: $GRAPHRT_API_KEY, else none)",
-    )
-    p.add_argument(
-        "--max-body-mb", type=megabytes, default=None, help="largest request body in MiB (default: 4)"
-    )
-    p.add_argument(
-        "--allow-special-tokens",
-        action="store_true",
-        help="let chat content hold the template's special tokens (<|im_start|>...: a user can fake a turn)",
-    )
+    server_args(p)
     quant_arg(p)
     deterministic_arg(p)
     speculative_arg(p)
@@ -274,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # NOTE: --help, --version and bad values; returned, not raised
         return int(done.code or 0)
     configure_logging(args.log_level)
+    apply_threads(args.threads)
     try:
         return _dispatch(parser, args)
     except ImportError as err:

@@ -33,9 +33,26 @@ def _is_chat(messages: object) -> bool:
     return isinstance(messages, Sequence) and all(isinstance(m, Mapping) for m in messages)
 
 
+def sampling_of(sampling: SamplingParams | None, keywords: Mapping[str, Any]) -> SamplingParams | None:
+    """``sampling``, or (keywords given) ``SamplingParams(**keywords)``; both is a ``TypeError``."""
+    if not keywords:
+        return sampling
+    if sampling is not None:
+        raise TypeError(f"give sampling= or sampling keywords ({', '.join(keywords)}), not both")
+    known = SamplingParams.__dataclass_fields__
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise TypeError(f"unknown sampling keyword {unknown[0]!r}; known: {', '.join(known)}")
+    return SamplingParams(**keywords)
+
+
 #: Engine sizes on a CPU unless given (what ``graphrt serve`` uses there): the KV cache and the
 #: emulated graphs of the engine's defaults (32 requests of 2048 tokens) outgrow a small host.
 CPU_SIZES = {"max_batch_size": 8, "max_context_len": 1024}
+#: Top log-probabilities an LLM's engine computes per step unless given (OpenAI's cap), so that
+#: ``logprobs=`` works out of the box: one small op more per sampling step. Its engine also keeps
+#: token counts for the penalties and token masks for grammars unless told otherwise.
+MAX_LOGPROBS = 20
 
 
 def cpu_sizes(options: Mapping[str, Any]) -> dict[str, int]:
@@ -117,7 +134,14 @@ class LLM:
                 self.no_text = f"{err}"
         stop = self.tokenizer.stop_ids if self.tokenizer is not None else frozenset(declared_stop_ids(model))
         loaded = time.perf_counter()
-        self.engine = Engine(model, **(cpu_sizes(engine_options) | engine_options))
+        defaults = cpu_sizes(engine_options) | {
+            "max_logprobs": MAX_LOGPROBS,
+            "penalties": True,
+            "token_masks": True,
+        }
+        if engine_options.get("speculative") is not None or engine_options.get("tp", 1) != 1:
+            defaults = cpu_sizes(engine_options)  # NOTE: neither computes logprobs or penalties
+        self.engine = Engine(model, **(defaults | engine_options))
         capture = self.engine.capture_report.seconds if self.engine.capture_report else 0.0
         built = time.perf_counter() - loaded
         self.timings = {"tokenizer": loaded - start, "load": built - capture, "capture": capture}
@@ -153,17 +177,23 @@ class LLM:
         *,
         max_new_tokens: int | None = None,
         stop: str | Sequence[str] = (),
+        **keywords: Any,
     ) -> list[Completion]:
         """One :class:`Completion` per prompt (a str, a token-id list, or a list of those).
 
-        ``sampling``: None is greedy. ``max_new_tokens``: None runs to the end of the context.
-        ``stop``: strings that end a reply (the text is cut before them; a bare ``str`` is one
-        stop string; at most :data:`~graphrt.text.stream.MAX_STOPS`). Raises ``ValueError``
-        (naming the prompt) before anything runs when a prompt cannot be served.
+        ``sampling``: None is greedy; or give its fields as keywords (``temperature=0.7,
+        top_p=0.9, seed=1, logprobs=5``). ``response_format``: OpenAI's ``{"type":
+        "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": ...}}``
+        (xgrammar). ``max_new_tokens``: None runs to the end of the context. ``stop``: strings
+        that end a reply (the text is cut before them; a bare ``str`` is one stop string; at
+        most :data:`~graphrt.text.stream.MAX_STOPS`). Raises ``ValueError`` (naming the prompt)
+        before anything runs when a prompt cannot be served.
         """
+        fmt = keywords.pop("response_format", None)
+        sampling = sampling_of(sampling, keywords)
         many = not isinstance(prompts, str) and not (prompts and _is_ids(prompts))  # NOTE: [] is no prompts
         ids = [self.encode(p) for p in (prompts if many else [prompts])]  # type: ignore[union-attr]
-        return self._run(ids, sampling, max_new_tokens, stop)
+        return self._run(ids, sampling, max_new_tokens, stop, fmt)
 
     def chat(
         self,
@@ -172,10 +202,14 @@ class LLM:
         *,
         max_new_tokens: int | None = None,
         stop: str | Sequence[str] = (),
+        **keywords: Any,
     ) -> list[Completion]:
-        """The assistant's reply to each conversation (one list of messages, or a list of them)."""
+        """The assistant's reply to each conversation (one list of messages, or a list of them);
+        sampling as in :meth:`generate`."""
+        fmt = keywords.pop("response_format", None)
+        sampling = sampling_of(sampling, keywords)
         chats = [messages] if messages and _is_chat(messages) else list(messages)  # type: ignore[list-item]
-        return self._run([self.encode_chat(c) for c in chats], sampling, max_new_tokens, stop)  # type: ignore[arg-type]
+        return self._run([self.encode_chat(c) for c in chats], sampling, max_new_tokens, stop, fmt)  # type: ignore[arg-type]
 
     def stream(
         self,
@@ -184,16 +218,21 @@ class LLM:
         *,
         max_new_tokens: int | None = None,
         stop: str | Sequence[str] = (),
+        **keywords: Any,
     ) -> Iterator[str]:
-        """The reply's text as it decodes (a list of messages goes through the chat template).
+        """The reply's text as it decodes (a list of messages goes through the chat template);
+        sampling as in :meth:`generate`.
 
         Closing the iterator early aborts the request.
         """
+        make = self._constraint(keywords.pop("response_format", None))
+        sampling = sampling_of(sampling, keywords)
         if self.tokenizer is None:
             raise NoTokenizer(self.no_text)
         ids = self.encode_chat(prompt) if _is_chat(prompt) and prompt else self.encode(prompt)  # type: ignore[arg-type]
         with self._lock:
-            rid = self.replies.add(ids, self._budget(ids, max_new_tokens), sampling, stop)
+            grammar = make() if make is not None else None
+            rid = self.replies.add(ids, self._budget(ids, max_new_tokens), sampling, stop, grammar)
             try:
                 while True:
                     for update in self.replies.step():
@@ -210,9 +249,25 @@ class LLM:
         sampling: SamplingParams | None,
         max_new_tokens: int | None,
         stop: Sequence[str],
+        response_format: Mapping[str, Any] | None = None,
     ) -> list[Completion]:
+        make = self._constraint(response_format)
         with self._lock:
-            return self._run_locked(prompts, sampling, max_new_tokens, stop)
+            return self._run_locked(prompts, sampling, max_new_tokens, stop, make)
+
+    def _constraint(self, response_format: Mapping[str, Any] | None) -> Any:
+        """What makes each reply's grammar state for ``response_format`` (None: no constraint);
+        ``GrammarError`` (a ``ValueError``) for a format that does not compile."""
+        if response_format is None or response_format.get("type") == "text":
+            return None
+        from graphrt.text.grammar import Grammars
+
+        if self.tokenizer is None:
+            raise NoTokenizer(self.no_text)
+        if getattr(self, "_grammars", None) is None:
+            self._grammars = Grammars(self.tokenizer, self.engine.model.vocab_size)
+        compiled = self._grammars.compile(response_format)
+        return lambda: self._grammars.constraint(compiled)
 
     def _run_locked(
         self,
@@ -220,12 +275,14 @@ class LLM:
         sampling: SamplingParams | None,
         max_new_tokens: int | None,
         stop: Sequence[str],
+        make: Any = None,
     ) -> list[Completion]:
         rids: list[int] = []
         try:
             for i, p in enumerate(prompts):
                 try:
-                    rids.append(self.replies.add(p, self._budget(p, max_new_tokens), sampling, stop))
+                    grammar = make() if make is not None else None
+                    rids.append(self.replies.add(p, self._budget(p, max_new_tokens), sampling, stop, grammar))
                 except ValueError as err:
                     raise ValueError(f"prompt {i}: {err}") from err
             done: dict[int, Completion] = {}

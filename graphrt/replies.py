@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from graphrt.engine import Engine
+from graphrt.engine.request import Request
+from graphrt.runtime.logprobs import TokenLogprobs
 from graphrt.step.sampling import SamplingParams
 from graphrt.text.stream import TextStream
 from graphrt.text.tokenizer import Tokenizer
@@ -29,6 +31,7 @@ class Completion:
     without a tokenizer. ``token_ids``: the tokens generated, the stop token left out.
     ``finish_reason``: ``"stop"`` (a stop token or stop string) or ``"length"`` (the budget).
     ``completion_tokens`` counts every token generated, the stop token included.
+    ``logprobs``: one entry per ``token_ids`` (``SamplingParams.logprobs`` set), else None.
     """
 
     text: str | None
@@ -36,6 +39,7 @@ class Completion:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,8 @@ class Update:
     text: str
     token_ids: list[int]
     done: Completion | None = None
+    #: One entry per ``token_ids`` when the request asked for log-probabilities, else None.
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(slots=True)
@@ -54,12 +60,21 @@ class _Reply:
     prompt_tokens: int
     stop_ids: frozenset[int]
     stream: TextStream | None
+    request: Request | None = None  # NOTE: the engine's, for its log-probabilities
     tokens: list[int] = field(default_factory=list)
+
+    def logprobs(self, start: int, stop: int) -> list[TokenLogprobs] | None:
+        """Tokens ``[start, stop)``'s log-probabilities, or None when not asked for."""
+        r = self.request
+        if r is None or r.sampling is None or r.sampling.logprobs is None:
+            return None
+        return r.logprobs[start:stop]
 
     def completion(self, reason: FinishReason) -> Completion:
         ids = self.tokens[:-1] if self.tokens and self.tokens[-1] in self.stop_ids else self.tokens
         text = None if self.stream is None else self.stream.text
-        return Completion(text, list(ids), reason, self.prompt_tokens, len(self.tokens))
+        lp = self.logprobs(0, len(ids))
+        return Completion(text, list(ids), reason, self.prompt_tokens, len(self.tokens), lp)
 
 
 class Replies:
@@ -80,17 +95,19 @@ class Replies:
         max_new_tokens: int,
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
+        constraint: object = None,
     ) -> int:
         """Queue ``prompt`` (token ids); returns the request id. ``ValueError`` on bad input
-        (nothing queued): see ``Engine.add_request``, and stop strings without a tokenizer."""
+        (nothing queued): see ``Engine.add_request``, and stop strings without a tokenizer.
+        ``constraint``: a grammar the reply follows (``graphrt.text.grammar.Constraint``)."""
         if stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: this model takes and gives token ids only")
         stream = None if self.tokenizer is None else TextStream(self.tokenizer, stop)
         params = sampling or SamplingParams()
         stops = frozenset(params.stop_token_ids) | self.stop_ids
         params = dataclasses.replace(params, stop_token_ids=tuple(sorted(stops)))
-        rid = self.engine.add_request(prompt, max_new_tokens, params)
-        self._live[rid] = _Reply(len(prompt), stops, stream)
+        rid = self.engine.add_request(prompt, max_new_tokens, params, constraint=constraint)
+        self._live[rid] = _Reply(len(prompt), stops, stream, self.engine.scheduler.find(rid))
         return rid
 
     def abort(self, rid: int) -> None:
@@ -111,10 +128,12 @@ class Replies:
         updates = []
         for rid, pieces in text.items():
             reply = self._live[rid]
-            new = reply.tokens[len(reply.tokens) - len(pieces) :]
+            start = len(reply.tokens) - len(pieces)
+            new = reply.tokens[start:]
             done = self._ended(rid, reply)
             tail = reply.stream.finish() if done is not None and reply.stream is not None else ""
-            updates.append(Update(rid, "".join(pieces) + tail, new, done))
+            lp = reply.logprobs(start, len(reply.tokens))
+            updates.append(Update(rid, "".join(pieces) + tail, new, done, lp))
         return updates
 
     def _ended(self, rid: int, reply: _Reply) -> Completion | None:

@@ -5,6 +5,8 @@ continuous batching equal to solo runs, presets without a tokenizer, bad prompts
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from graphrt import LLM, Completion, SamplingParams
@@ -91,7 +93,7 @@ def test_bad_prompts_are_refused_before_anything_runs(llm: LLM) -> None:
         llm.generate([[1, 2], list(range(1, 200))], max_new_tokens=4)
     with pytest.raises(TypeError, match="a prompt is a str or a list of int"):
         llm.generate([3.5], max_new_tokens=4)  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="stop strings must be non-empty"):
+    with pytest.raises(ValueError, match=r"prompt 0: stop: a stop string of 0 characters: allowed 1 to 256"):
         llm.generate("hi", max_new_tokens=4, stop=[""])
     free(llm)
 
@@ -106,4 +108,29 @@ def test_a_preset_takes_and_gives_token_ids() -> None:
         llm.generate("hello", max_new_tokens=4)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         llm.generate([1, 2], max_new_tokens=4, stop=["x"])
+    free(llm)
+
+
+@needs_smollm2
+def test_sampling_keywords_logprobs_and_a_json_schema(llm: LLM) -> None:
+    before = llm.engine.stats().generated_tokens
+    keywords = llm.generate(PROMPTS[0], max_new_tokens=5, temperature=0.7, seed=1, logprobs=2)
+    params = llm.generate(PROMPTS[0], SamplingParams(temperature=0.7, seed=1, logprobs=2), max_new_tokens=5)
+    assert keywords == params and len(keywords[0].logprobs or []) == len(keywords[0].token_ids)
+    # NOTE: stats() counts the tokens LLM (and serve) generate, not only Engine.generate's
+    assert llm.engine.stats().generated_tokens - before == 2 * keywords[0].completion_tokens
+    with pytest.raises(TypeError, match="not both"):
+        llm.generate(PROMPTS[0], SamplingParams(), temperature=0.5)
+    with pytest.raises(TypeError, match="tempreature"):
+        llm.generate(PROMPTS[0], tempreature=0.5)
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["n"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
+    (reply,) = llm.chat(
+        [{"role": "user", "content": "Pick a number."}], max_new_tokens=16, response_format=fmt
+    )
+    assert reply.finish_reason == "stop" and isinstance(json.loads(reply.text or "")["n"], int), reply
     free(llm)

@@ -66,6 +66,18 @@ class EngineConfig:
         Run the host one step ahead of the device (:mod:`graphrt.engine.overlap`). Default
         (None): on wherever supported, off with ``speculative`` or ``record_logits`` (``True``
         with one of those raises ``ValueError``) and with ``tp > 1`` unless ``True``.
+    max_logprobs : int
+        Top log-probabilities each sampling step computes inside its graph (one more small op
+        per step); requests may then ask ``SamplingParams(logprobs=0..max_logprobs)``. 0: none
+        (requests asking for them are refused). Not with ``speculative`` or ``tp > 1``.
+    penalties : bool
+        Keep per-request token counts on the device so that requests may set presence,
+        frequency and repetition penalties (applied inside the sampling step). Off: refused.
+        Not with ``speculative``, ``record_logits`` or ``tp > 1``.
+    token_masks : bool
+        Keep an allowed-token bitmask per request row, applied inside the sampling step, so that
+        requests may follow a grammar (``add_request(constraint=...)``; JSON mode and schemas).
+        Not with ``speculative``, ``record_logits`` or ``tp > 1``.
     """
 
     device: str | torch.device | None = None
@@ -87,6 +99,9 @@ class EngineConfig:
     tp_timeout_s: float | None = None
     overlap: bool | None = None
     deterministic: bool = False
+    max_logprobs: int = 0
+    penalties: bool = False
+    token_masks: bool = False
 
     @classmethod
     def of(cls, config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
@@ -113,6 +128,9 @@ class EngineConfig:
             backend=self.backend,
             speculative=spec.geometry if spec else None,
             sample=True,  # NOTE: a verify draws every node's token in its graph, too
+            logprobs=self.max_logprobs if spec is None and self.tp == 1 else 0,
+            penalties=self.penalties and spec is None and self.tp == 1 and not self.record_logits,
+            token_masks=self.token_masks and spec is None and self.tp == 1 and not self.record_logits,
             record_kernels=self.record_kernels,
             deterministic=self.deterministic,
         )

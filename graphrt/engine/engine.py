@@ -116,7 +116,7 @@ class Engine:
         #: getting exactly the tokens it would get alone. ``graphrt.LLM`` holds the same lock
         #: for its calls, so an LLM and its engine used from two threads take turns.
         self.lock = threading.Lock()
-        self._handed_out = 0  # NOTE: tokens of requests generate() returned (and forgot)
+        self._generated = 0  # NOTE: counted as steps hand tokens out, whoever drives them
 
     # ---- the scheduler's state, as engine builders read it ---------------------------------
     @property
@@ -156,7 +156,9 @@ class Engine:
 
     def step(self) -> list[tuple[int, int]]:
         """One forward (see :meth:`Scheduler.step`): the ``(request id, token)`` pairs produced."""
-        return self.scheduler.step()
+        produced = self.scheduler.step()
+        self._generated += len(produced)
+        return produced
 
     def _speculator(
         self, spec: SpecOptions, config: RuntimeConfig, show_progress: bool
@@ -190,18 +192,22 @@ class Engine:
         max_new_tokens: int,
         sampling: SamplingParams | None = None,
         encoder_ids: Sequence[int] | None = None,
+        constraint: Any = None,
     ) -> int:
         """Queue a prompt; returns its request id. Raises ``ValueError`` on bad input.
 
         ``sampling``: None decodes greedily (speculative engines too: sampled requests get the
         tokens plain sampling would draw). ``encoder_ids``: an encoder-decoder
         model's encoder input (required there, refused elsewhere), encoded once at admission.
+        ``constraint``: a grammar the output follows (:mod:`graphrt.engine.constraints`).
         """
         vocab = self.model.vocab_size
         tokens = check_prompt(prompt, max_new_tokens, vocab, self.scheduler.lookahead, self.max_context_len)
         enc = check_encoder_ids(self.model, self.encoder, encoder_ids)
-        params = admit_params(sampling, vocab_size=vocab, rng=self._seeds)
+        extras = self.runtime.config if self.channel is None else None  # NOTE: TP: none of them
+        params = admit_params(sampling, extras, vocab, self._seeds, constraint)
         req = Request(next(self._ids), tokens, max_new_tokens, sampling=params, encoder_ids=enc)
+        req.constraint = constraint
         self.waiting.append(req)
         return req.rid
 
@@ -213,10 +219,8 @@ class Engine:
         with overlap a step holding it may still be in flight, and its token is dropped when
         read. Not under :meth:`generate`'s lock: for a caller that drives :meth:`step` itself.
         """
-        sched = self.scheduler
-        req = next((r for r in (*sched.waiting, *sched.running) if r.rid == rid), None)
-        req = req or sched.finished.get(rid)
-        sched.abort({rid})
+        req = self.scheduler.find(rid)
+        self.scheduler.abort({rid})
         return req
 
     def generate(
@@ -278,9 +282,7 @@ class Engine:
             # NOTE: bad input, a refused step or Ctrl-C: this call leaves no request behind.
             self.scheduler.abort(set(ids))
             raise
-        outputs = [self.finished.pop(i).output for i in ids]
-        self._handed_out += sum(len(o) for o in outputs)
-        return outputs
+        return [self.finished.pop(i).output for i in ids]
 
     def close(self) -> None:
         """Release the captured graphs (and sync): do this before a process group is destroyed."""
@@ -293,6 +295,5 @@ class Engine:
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
         sched = self.scheduler
-        generated = self._handed_out + sum(len(r.output) for r in (*sched.finished.values(), *sched.running))
-        counts = (sched.decode_steps, sched.decode_seconds, sched.prefill_steps, generated)
+        counts = (sched.decode_steps, sched.decode_seconds, sched.prefill_steps, self._generated)
         return engine_stats(self.runtime.stats(), *counts, self.spec)

@@ -43,6 +43,11 @@ class Launched:
     #: whose budget it used up. None: a prefill.
     rows: DecodeRows | None = None
     finishing: np.ndarray | None = None
+    #: The step's packed log-probabilities ``[bs, 1 + 2K]`` (host; pinned on CUDA), arriving
+    #: with the tokens; None when no request of the step asked for them.
+    packed: torch.Tensor | None = None
+    #: Whether a request of the step follows a grammar (its state advances when read).
+    constrained: bool = True
 
     def read(self) -> np.ndarray:
         """The step's tokens ``[bs]`` int64: waits for its copy only (later steps keep running)."""
@@ -68,7 +73,16 @@ class Overlap:
         self._slot = 0
         self.inflight: Launched | None = None
 
-    def launch(self, runtime: Any, batch: Batch, reqs: list[Request], *, eager: bool, fed: bool) -> Launched:
+    def launch(
+        self,
+        runtime: Any,
+        batch: Batch,
+        reqs: list[Request],
+        *,
+        eager: bool,
+        fed: bool,
+        logprobs: bool = False,
+    ) -> Launched:
         """Run ``batch`` (sampled: ``Batch.sampling`` set) without reading its tokens.
 
         ``fed``: a DECODE batch whose input ids are gathered from the feed inside its graph
@@ -80,12 +94,19 @@ class Overlap:
         slot, self._slot = self._slot, (self._slot + 1) % DEPTH
         host = self._host[slot][: batch.bs]
         host.copy_(tokens, non_blocking=True)
+        packed = None
+        if logprobs and runtime.logprobs is not None:
+            # NOTE: a fresh pinned buffer per step that asked (the graph's rows are overwritten
+            # by the next step); steps without logprobs copy nothing more.
+            src = runtime.logprobs
+            packed = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.device.type == "cuda")
+            packed.copy_(src, non_blocking=True)
         event = self._events[slot]
         if event is not None:
             event.record(current_stream(tokens.device))
         for r in reqs:
             r.inflight += 1
-        return Launched(reqs, host, event)
+        return Launched(reqs, host, event, packed=packed)
 
     def swap(self, launched: Launched | None) -> Launched | None:
         """Make ``launched`` the step in flight; returns the one before it (to read now)."""

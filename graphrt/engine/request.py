@@ -11,6 +11,7 @@ import numpy as np
 
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.speculative import SpecRunner, SpecState
+from graphrt.runtime.logprobs import TokenLogprobs
 from graphrt.runtime.report import RuntimeStats
 from graphrt.step.ints import count, is_int, token_ids
 from graphrt.step.sampling import SamplingParams
@@ -30,6 +31,10 @@ class Request:
     inflight: int = 0
     #: An encoder-decoder model's encoder input, encoded into its row when it is admitted.
     encoder_ids: list[int] | None = None
+    #: Each output token's log-probabilities (``SamplingParams.logprobs`` set; else empty).
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    #: The grammar the output follows (``graphrt.text.grammar.Constraint``), if any.
+    constraint: Any = None
 
     @property
     def launched_all(self) -> bool:

@@ -13,24 +13,44 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from graphrt.engine.constraints import check_constraint
 from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime.sampler import sample
+from graphrt.step.config import RuntimeConfig
 from graphrt.step.sampling import GREEDY, MAX_SEED, SamplingParams
 
 
 def admit_params(
-    sampling: SamplingParams | None, *, vocab_size: int, rng: np.random.Generator
+    sampling: SamplingParams | None,
+    runtime: RuntimeConfig | None,
+    vocab_size: int,
+    rng: np.random.Generator,
+    constraint: object = None,
 ) -> SamplingParams | None:
     """Check a request's parameters and give a sampled request without a seed a fresh one.
 
     Raises ``TypeError`` for anything but ``SamplingParams`` or ``None``, and ``ValueError`` for a
-    stop token outside the vocabulary.
+    stop token outside the vocabulary, and for log-probabilities, penalties or a ``constraint``
+    the ``runtime`` does not compute (None: a TP engine, which computes none).
     """
+    max_logprobs = runtime.logprobs if runtime is not None else 0
+    penalties = runtime is not None and runtime.penalties
+    check_constraint(constraint, runtime is not None and runtime.token_masks)
     if sampling is None:
         return None
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be a graphrt.SamplingParams or None, got {type(sampling).__name__}")
     sampling.check_vocab(vocab_size)
+    if sampling.penalised and not penalties:
+        raise ValueError(
+            "SamplingParams: presence/frequency/repetition penalties need an engine that keeps token "
+            "counts: Engine(penalties=True) (not with speculative, record_logits or tp > 1)"
+        )
+    if sampling.logprobs is not None and (max_logprobs == 0 or sampling.logprobs > max_logprobs):
+        raise ValueError(
+            f"SamplingParams.logprobs = {sampling.logprobs}: this engine computes at most "
+            f"{max_logprobs} (Engine(max_logprobs=N) with N >= 1 computes them)"
+        )
     if sampling.seed is None and not sampling.greedy:
         sampling = dataclasses.replace(sampling, seed=int(rng.integers(0, MAX_SEED, dtype=np.int64)))
     return sampling

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
+from graphrt.engine.extras import StepExtras
+from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
@@ -57,6 +59,9 @@ class Scheduler:
         self.logits: dict[int, list[torch.Tensor]] = {}
         self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
         self._ended = False  # the last overlapped read ended a request (see _take)
+        self._rows_logprobs = False  # NOTE: whether a request of _rows asked for logprobs
+        self._rows_constrained = False  # NOTE: whether a request of _rows follows a grammar
+        self.extras = StepExtras(runtime)
         self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
 
     @property
@@ -119,6 +124,8 @@ class Scheduler:
             reqs = [r for r in self.running if r.req_idx >= 0 and not r.done]
             sampled = self.runtime.config.sample and not self.record_logits
             self._rows = DecodeRows(reqs, self.page_size, sampled=sampled) if reqs else None
+            self._rows_logprobs = wants(reqs)
+            self._rows_constrained = any(r.constraint is not None for r in reqs)
         return self._rows
 
     def _step_ahead(self, overlap: Overlap) -> list[tuple[int, int]]:
@@ -133,16 +140,28 @@ class Scheduler:
         admitted = self._admit()
         eager = not self.use_graphs
         rows = None if admitted else self._decode_rows()
+        if rows is not None and self._rows_constrained and overlap.inflight is not None:
+            # NOTE: a grammar's next mask needs the token in flight: read it before launching
+            produced, done = self._take(overlap.swap(None))
+            self._retire(done)
+            return produced
         launched = None
         if admitted:
+            self.extras.before(admitted, fresh=True)
             batch = prefill_batch(admitted, self.page_size, row_params([r.sampling for r in admitted]))
-            launched = overlap.launch(self.runtime, batch, admitted, eager=eager, fed=False)
+            launched = overlap.launch(
+                self.runtime, batch, admitted, eager=eager, fed=False, logprobs=wants(admitted)
+            )
             for r in admitted:
                 if r.launched_all:
                     self._release(r)
         elif rows is not None:
-            launched = overlap.launch(self.runtime, rows.batch(fed=True), rows.reqs, eager=eager, fed=True)
+            if self._rows_constrained:
+                self.extras.before(rows.reqs)
+            batch, lp = rows.batch(fed=True), self._rows_logprobs
+            launched = overlap.launch(self.runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=lp)
             launched.rows, launched.finishing = rows, rows.advance()
+            launched.constrained = self._rows_constrained
             for i in np.flatnonzero(launched.finishing):
                 self._release(rows.reqs[i])
         produced, done = self._take(overlap.swap(launched))
@@ -171,11 +190,15 @@ class Scheduler:
         else:
             produced = step.rows.append(tokens.tolist())
             done = step.rows.finished(step.finishing, tokens)
+        packed = step.packed.numpy() if step.packed is not None else None
+        flags = {"logprobs": packed is not None, "constrained": step.constrained}
+        self.extras.after(step.reqs, tokens, packed=packed, **flags)
         self._ended = bool(done)
         return produced, done
 
     def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
         batch = prefill_batch(reqs, self.page_size)
+        self.extras.before(reqs, fresh=True)
         produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
         self.prefill_steps += 1
         return produced
@@ -185,6 +208,9 @@ class Scheduler:
         they ended."""
         start = time.perf_counter()
         batch, eager = rows.batch(), not self.use_graphs
+        if self._rows_constrained:
+            self.extras.before(rows.reqs)
+        logits = None
         if rows.sampling is not None:
             tokens = self.runtime.run(batch, eager=eager).cpu().numpy()  # NOTE: syncs: real timing
         else:
@@ -192,6 +218,9 @@ class Scheduler:
             tokens = np.asarray(self._host_sample(rows.reqs, logits, batch), dtype=np.int64)
         finishing = rows.advance(tokens)
         produced = rows.append(tokens.tolist())
+        if self._rows_logprobs or self._rows_constrained:
+            flags = {"logprobs": self._rows_logprobs, "constrained": self._rows_constrained}
+            self.extras.after(rows.reqs, tokens, logits=logits, **flags)
         self.decode_seconds += time.perf_counter() - start
         self.decode_steps += 1
         return produced, rows.finished(finishing, tokens)
@@ -215,11 +244,17 @@ class Scheduler:
         applies the same sampler here, so its tokens are the same.
         """
         eager = not self.use_graphs
+        logits = None
         if self.runtime.config.sample and not self.record_logits:
             batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
-            return append_tokens(reqs, self.runtime.run(batch, eager=eager).tolist())
-        logits = self.runtime.run(batch, eager=eager)[last]
-        return append_tokens(reqs, self._host_sample(reqs, logits, batch))
+            tokens = self.runtime.run(batch, eager=eager).tolist()
+        else:
+            logits = self.runtime.run(batch, eager=eager)[last]
+            tokens = self._host_sample(reqs, logits, batch)
+        produced = append_tokens(reqs, tokens)
+        ids = np.asarray(tokens, dtype=np.int64)
+        self.extras.after(reqs, ids, logprobs=wants(reqs), constrained=True, logits=logits)
+        return produced
 
     def _host_sample(self, reqs: list[Request], logits: torch.Tensor, batch: Batch) -> list[int]:
         """Each request's token from its row of ``logits`` (recorded when asked)."""
@@ -240,6 +275,11 @@ class Scheduler:
                 self._release(r)
             self.finished[r.rid] = r
         self._rows = None
+
+    def find(self, rid: int) -> Request | None:
+        """Request ``rid`` (waiting, running or finished), or None."""
+        found = next((r for r in (*reversed(self.waiting), *self.running) if r.rid == rid), None)
+        return found or self.finished.get(rid)
 
     def abort(self, rids: set[int]) -> None:
         """Forget requests ``rids`` wherever they are: waiting, running or finished; a running

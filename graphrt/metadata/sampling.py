@@ -27,6 +27,9 @@ SAMPLING_SPECS = (
     BufferSpec("min_p", ("max_bs",), torch.float32, PadRule("const", 0.0), host=True),
     BufferSpec("seed", ("max_bs",), torch.int64, PadRule("const", 0), host=True),
     BufferSpec("position", ("max_bs",), torch.int64, PadRule("const", 0), host=True),
+    BufferSpec("presence_penalty", ("max_bs",), torch.float32, PadRule("const", 0.0), host=True),
+    BufferSpec("frequency_penalty", ("max_bs",), torch.float32, PadRule("const", 0.0), host=True),
+    BufferSpec("repetition_penalty", ("max_bs",), torch.float32, PadRule("const", 1.0), host=True),
 )
 
 #: What a row of each buffer holds for a request, from its :class:`SamplingParams`.
@@ -38,13 +41,17 @@ FIELDS = {
     # NOTE: a request without a seed is written seed 0; the engine always gives sampled
     # requests a seed, so only greedy rows (which draw nothing) ever get here without one.
     "seed": lambda p: p.seed or 0,
+    "presence_penalty": lambda p: p.presence_penalty,
+    "frequency_penalty": lambda p: p.frequency_penalty,
+    "repetition_penalty": lambda p: p.repetition_penalty,
 }
 
 
 @dataclass(slots=True)
 class SamplingBuffers:
     """Per request row ``[R]``: ``temperature``, ``top_p``, ``min_p`` float32; ``top_k``, ``seed``
-    and ``position`` (the position the sampled token takes: the draw's counter) int64."""
+    and ``position`` (the position the sampled token takes: the draw's counter) int64; the
+    penalties float32 (:mod:`graphrt.runtime.penalties`; neutral: 0, 0, 1)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
@@ -52,6 +59,9 @@ class SamplingBuffers:
     min_p: torch.Tensor
     seed: torch.Tensor
     position: torch.Tensor
+    presence_penalty: torch.Tensor
+    frequency_penalty: torch.Tensor
+    repetition_penalty: torch.Tensor
 
 
 def write_sampling_host(
@@ -77,8 +87,8 @@ class SamplingWriter:
     """The sampling group's host half: :func:`write_sampling_host` into its next mirror, or
     nothing (no copy needed) when the device already holds what this step would write.
 
-    That is when every row is greedy (``temperature == 0``, whatever its seed or stop tokens):
-    greedy rows read only their temperature, so once rows ``[0, rows)`` hold greedy values on
+    That is when every row is greedy (``temperature == 0``, whatever its seed or stop tokens)
+    and unpenalised: such rows read only their temperature and penalties, so once rows ``[0, rows)`` hold greedy values on
     the device (``greedy_rows``, which :meth:`forget` clears) an all-greedy step has nothing to
     change there. NOTE: on a slow host each skipped copy and event saved tens of µs per step.
     """
@@ -88,7 +98,7 @@ class SamplingWriter:
 
     def write(self, group: StaticBuffers, batch: Batch, rows: int, tokens: int, pad: dict[str, int]) -> bool:
         params = batch.sampling or ()
-        greedy = params.count(GREEDY) == len(params) or all(p.greedy for p in params)
+        greedy = params.count(GREEDY) == len(params) or all(p.greedy and not p.penalised for p in params)
         if greedy and self.greedy_rows >= rows:
             return False
         write_sampling_host(params, batch.seq_lens, group.next_mirror(), rows)

@@ -7,6 +7,8 @@ write and derive function, so their outputs match.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from graphrt.metadata.families import Families
@@ -18,8 +20,9 @@ from graphrt.step.batch import Batch
 
 def run_eager(
     batch: Batch, plan: ModePlan, families: Families, env: StepEnv, feed: StepFeed | None = None
-) -> torch.Tensor:
-    """Run ``batch`` eagerly; returns what the graph path returns (a fresh tensor)."""
+) -> tuple[torch.Tensor, Any]:
+    """Run ``batch`` eagerly; returns what the graph path returns (a fresh tensor), and the
+    program's whole output."""
     pad = plan.pad
     # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
     # with collectives or side effects sees the same call shape either way.
@@ -31,4 +34,4 @@ def run_eager(
         out = select(raw, batch.sampling is not None, batch.bs, batch.num_tokens)
         if feed is not None and not feed.gather:
             feed.after(inputs.step, batch.bs, out)
-    return out
+    return out, raw

@@ -95,6 +95,13 @@ def select(out: Any, sampled: bool, bs: int, num_tokens: int) -> torch.Tensor:
     return out[:num_tokens]
 
 
+def step_logprobs_of(out: Any, batch: Batch) -> torch.Tensor | None:
+    """The real rows of a sampling step's packed log-probabilities, or None."""
+    if batch.sampling is None or not isinstance(out, Sampled) or out.logprobs is None:
+        return None
+    return out.logprobs[: batch.bs]
+
+
 class Routes:
     """Routes per mode and ``bs``, made on a step's first visit; :meth:`clear` drops them all.
 

@@ -31,9 +31,12 @@ from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
 from graphrt.metadata.window import derive_window
 from graphrt.runtime.feed import TokenFeed
+from graphrt.runtime.logprobs import step_logprobs
+from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import sample
+from graphrt.runtime.token_mask import TokenMasks
 from graphrt.runtime.verify_sampler import sample_nodes
-from graphrt.step.modes import ForwardMode
+from graphrt.step.modes import MODES, ForwardMode
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -60,6 +63,12 @@ class StepEnv:
     tokens: TokenFeed | None = None
     #: Batch-invariant kernels in every forward (``RuntimeConfig.deterministic``).
     deterministic: bool = False
+    #: Top log-probabilities each sampling step computes (``RuntimeConfig.logprobs``; 0: none).
+    logprobs: int = 0
+    #: Each request row's token counts for the penalties (``RuntimeConfig.penalties``).
+    counts: TokenCounts | None = None
+    #: Each request row's allowed-token bitmask (``RuntimeConfig.token_masks``).
+    masks: TokenMasks | None = None
 
     def call(
         self,
@@ -158,10 +167,12 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
 
 class Sampled(NamedTuple):
     """A sampling step's output: ``logits [T, V]`` of every token row and ``tokens [R]`` int64,
-    one sampled token per request row (drawn from its last token's logits)."""
+    one sampled token per request row (drawn from its last token's logits); ``logprobs``
+    ``[R, 1 + 2K]`` float32 with ``RuntimeConfig.logprobs = K`` (:mod:`.logprobs`), else None."""
 
     logits: torch.Tensor
     tokens: torch.Tensor
+    logprobs: torch.Tensor | None = None
 
 
 Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
@@ -174,8 +185,19 @@ def sampled(program: Program) -> Program:
         logits = program(env, mode, inputs, max_q)
         if inputs.sampling is None:
             return logits
-        last = inputs.step.cu_seqlens_q[1:].long() - 1  # [R] each request row's last token
-        return Sampled(logits, sample(logits[last], inputs.sampling))
+        step, counts = inputs.step, env.counts
+        last = step.cu_seqlens_q[1:].long() - 1  # [R] each request row's last token
+        rows = logits[last]
+        z = rows if env.masks is None else env.masks.apply(rows, step.req_pool_indices)
+        if counts is not None:
+            if MODES[mode].starts:
+                counts.start(step.input_ids, step.cu_seqlens_q, step.req_pool_indices)
+            tokens = sample(counts.apply(z, step.req_pool_indices, inputs.sampling), inputs.sampling)
+            counts.count(step.req_pool_indices, tokens)
+        else:
+            tokens = sample(z, inputs.sampling)
+        lp = step_logprobs(rows, tokens, env.logprobs) if env.logprobs else None
+        return Sampled(logits, tokens, lp)
 
     return run
 

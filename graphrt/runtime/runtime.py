@@ -23,12 +23,14 @@ from graphrt.kv.ledger import KVWrites
 from graphrt.runtime.capturer import Capturer
 from graphrt.runtime.eager import run_eager
 from graphrt.runtime.errors import PoisonLeft
-from graphrt.runtime.fastpath import ModePlan, Route
+from graphrt.runtime.fastpath import ModePlan, Route, step_logprobs_of
 from graphrt.runtime.feed import StepFeed, TokenFeed
 from graphrt.runtime.layout import build_layout, routing_shape
+from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
 from graphrt.runtime.telemetry import Telemetry, step_weights
+from graphrt.runtime.token_mask import TokenMasks
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.limits import Limits, model_vocab_size
@@ -82,20 +84,24 @@ class GraphRuntime:
         self.tokens = TokenFeed(rows, req_to_token.dummy_req, self.device) if config.sample else None
         self.encoder, self.window, self.families = encoder, layout.window, layout.families
         self.buffers = self.families.step
-        context = self.kind.context
+        vocab = vocab_size or model_vocab_size(forward)
         self.env = StepEnv(
             forward,
             kv,
             req_to_token,
             self.backend,
             config.page_size,
-            context,
+            self.kind.context,
             layout.local,
             layout.window,
             encoder=encoder,
             tokens=self.tokens,
             deterministic=config.deterministic,
+            logprobs=config.logprobs,
+            counts=TokenCounts.of(config.penalties, rows, vocab, self.device),
+            masks=TokenMasks.of(config.token_masks, rows, vocab, self.device),
         )
+        self.logprobs: torch.Tensor | None = None  # NOTE: the last step's [bs, 1 + 2K] (.logprobs)
         self.capturer = Capturer(config, self.device, self.families, self.env, self.backend, self.switches)
         self.limits = Limits(
             req_to_token.max_reqs,
@@ -153,11 +159,7 @@ class GraphRuntime:
                 self.window.assign(batch, writes)
             route = None if eager or not plan.graphed else self._route(batch, plan)
             try:
-                out = (
-                    self._eager(batch, plan, feed)
-                    if route is None
-                    else self._replay(batch, plan, route, feed)
-                )
+                out = self._replay(batch, plan, route, feed) if route else self._eager(batch, plan, feed)
             except BaseException:
                 # NOTE: the step may have written positions >= start: they hold nothing valid.
                 ledger.truncate(writes.rows, writes.starts)
@@ -194,6 +196,7 @@ class GraphRuntime:
             self._check_poison(plan.mode, route.bucket, plan.rows_per_req)
         self.dispatcher.count_replay(plan.mode)
         out = route.result(batch.sampling is not None, batch.input_ids.size)
+        self.logprobs = step_logprobs_of(route.output, batch)
         if feed is None:
             return out.clone()
         if not feed.gather:  # NOTE: a gathering feed recorded inside the graph
@@ -202,7 +205,9 @@ class GraphRuntime:
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
-        return run_eager(batch, plan, self.families, self.env, feed)
+        out, raw = run_eager(batch, plan, self.families, self.env, feed)
+        self.logprobs = step_logprobs_of(raw, batch)
+        return out
 
     def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
         left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]

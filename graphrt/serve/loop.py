@@ -44,6 +44,8 @@ class Job:
     deliver: Callable[[Update | Exception], None]
     rid: int | None = None
     cancelled: bool = False
+    #: The grammar the reply follows (``graphrt.text.grammar.Constraint``), if any.
+    constraint: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,7 @@ class EngineLoop:
 
     def _add(self, job: Job) -> None:
         try:
-            job.rid = self.replies.add(job.prompt, job.max_new_tokens, job.sampling, job.stop)
+            job.rid = self.replies.add(job.prompt, job.max_new_tokens, job.sampling, job.stop, job.constraint)
         except (ValueError, TypeError) as err:
             job.deliver(err)
             return

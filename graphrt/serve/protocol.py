@@ -17,11 +17,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from graphrt.step.sampling import MAX_TOP_K, SamplingParams
+from graphrt.step.sampling import MAX_LOGPROBS, MAX_TOP_K, SamplingParams
 from graphrt.text.stream import stop_strings
 
 #: Stop strings a request may give (OpenAI's API: "up to 4 sequences").
 HTTP_MAX_STOPS = 4
+#: The most choices (``n``) one request may ask for.
+MAX_N = 16
 
 
 def _unicode(text: str) -> str:
@@ -51,10 +53,10 @@ class RequestError(ValueError):
 
 
 class SamplingFields(BaseModel):
-    """What both endpoints take besides the prompt (unknown fields are ignored, as OpenAI's
-    clients send some this server has no use for)."""
+    """What both endpoints take besides the prompt. Other fields are kept (``model_extra``)
+    for :func:`graphrt.serve.fields.check_extra`, which refuses any that would change the reply."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -64,15 +66,31 @@ class SamplingFields(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: Text | list[Text] | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)  # NOTE: vLLM's extension
+    response_format: dict[str, Any] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
 
     def sampling(self) -> SamplingParams:
         """The request's ``SamplingParams`` (its seed random unless given)."""
-        if self.n != 1:
-            raise RequestError(f"n = {self.n}: this server returns one choice per request (n=1)", "n")
-        return SamplingParams(self.temperature, max(self.top_k, 0), self.top_p, self.min_p, self.seed)
+        return SamplingParams(
+            self.temperature,
+            max(self.top_k, 0),
+            self.top_p,
+            self.min_p,
+            self.seed,
+            logprobs=self.top_count(),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+        )
+
+    def top_count(self) -> int | None:
+        """Top log-probabilities asked per token (None: no log-probabilities)."""
+        return None
 
     def stops(self) -> tuple[str, ...]:
         try:
@@ -89,6 +107,13 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
     prompt: Text | list[int] | list[Text] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def top_count(self) -> int | None:
+        if self.logprobs is not None and self.echo:
+            raise RequestError("echo with logprobs (the prompt's log-probabilities) is not supported", "echo")
+        return self.logprobs
 
     def single(self) -> str | list[int]:
         p = self.prompt
@@ -126,6 +151,13 @@ class ChatRequest(SamplingFields):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def top_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def budget(self) -> int | None:
@@ -179,26 +211,47 @@ class Envelope:
             "choices": choices,
         } | extra
 
-    def _choice(self, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def _choice(
+        self, text: str | None, finish: str | None, first: bool = False, index: int = 0, logprobs: Any = None
+    ) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def whole(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        """The non-streamed response."""
-        if self.chat:
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = self._choice(text, finish)
+    def whole(
+        self,
+        text: str | list[str],
+        finish: str | list[str],
+        prompt_tokens: int,
+        completion_tokens: int,
+        logprobs: list[Any] | None = None,
+    ) -> dict[str, Any]:
+        """The non-streamed response: one choice, or (lists) one per choice, in order."""
+        texts = [text] if isinstance(text, str) else text
+        finishes = [finish] if isinstance(finish, str) else finish
+        choices = []
+        for i, (t, f) in enumerate(zip(texts, finishes, strict=True)):
+            lp = logprobs[i] if logprobs else None
+            if self.chat:
+                message = {"role": "assistant", "content": t}
+                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": f})
+            else:
+                choices.append(self._choice(t, f, index=i, logprobs=lp))
         kind = "chat.completion" if self.chat else "text_completion"
-        return self._object(kind, [choice], usage=usage(prompt_tokens, completion_tokens))
+        return self._object(kind, choices, usage=usage(prompt_tokens, completion_tokens))
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict[str, Any]:
-        """One stream chunk: new ``text``, and the ``finish`` reason on the last one."""
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        first: bool = False,
+        index: int = 0,
+        logprobs: Any = None,
+    ) -> dict[str, Any]:
+        """One stream chunk of choice ``index``: new ``text``, the ``finish`` reason on the last one."""
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._object(kind, [self._choice(text, finish, first)])
+        return self._object(kind, [self._choice(text, finish, first, index, logprobs)])
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""

@@ -53,6 +53,18 @@ class RuntimeConfig:
         on the number of rows, and attention's split count does not depend on the bucket, so a
         request gets the same bits alone or batched (:mod:`graphrt.models.ops`). The CPU's fp32
         path already is; off by default (it costs speed).
+    logprobs : int
+        With ``sample``: each sampling step also computes, in the same graph, the chosen
+        token's log-probability and the ``logprobs`` best tokens' (``GraphRuntime.logprobs``;
+        :mod:`graphrt.runtime.logprobs`). 0: not computed.
+    penalties : bool
+        With ``sample``: keep each request row's token counts on the device and apply the
+        presence, frequency and repetition penalties inside the sampling step
+        (:mod:`graphrt.runtime.penalties`; ``[rows, vocab]`` int32 + bool).
+    token_masks : bool
+        With ``sample``: keep an allowed-token bitmask per request row (``[rows, ceil(vocab /
+        32)]`` int32, :mod:`graphrt.runtime.token_mask`) applied inside the sampling step:
+        constrained decoding (JSON mode, JSON schemas).
     """
 
     max_batch_size: int = 32
@@ -70,8 +82,17 @@ class RuntimeConfig:
     attention_chunk_size: int | None = None
     sample: bool = False
     deterministic: bool = False
+    logprobs: int = 0
+    penalties: bool = False
+    token_masks: bool = False
 
     def __post_init__(self) -> None:
+        if not 0 <= self.logprobs <= 64 or (self.logprobs and not self.sample):
+            raise ValueError(f"logprobs = {self.logprobs}: allowed 0..64, and only with sample=True")
+        if (self.penalties or self.token_masks) and not self.sample:
+            raise ValueError(
+                "penalties and token_masks need sample=True (they apply where tokens are sampled)"
+            )
         for name in ("max_batch_size", "max_context_len", "page_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -93,7 +93,9 @@ class ModeSpec:
     keeps a one-token prefix. ``tree``: where a ``topk > 1`` tree's expand lists come from.
     ``idle``: a step of this mode has no requests. ``samples``: with ``RuntimeConfig(sample=True)``
     the program samples one token per request from its last token's logits (the sampling family);
-    TARGET_VERIFY one per verify node (speculative sampling).
+    TARGET_VERIFY one per verify node (speculative sampling). ``starts``: the step holds whole
+    prompts from position 0, so per-request state kept on the device (penalty counts) starts over
+    for its requests.
     """
 
     graphed: bool
@@ -104,6 +106,7 @@ class ModeSpec:
     tree: TreeInput = TreeInput.NONE
     idle: bool = False
     samples: bool = False
+    starts: bool = False
 
 
 MODES: dict[ForwardMode, ModeSpec] = {
@@ -120,7 +123,7 @@ MODES: dict[ForwardMode, ModeSpec] = {
     ForwardMode.IDLE: ModeSpec(
         graphed=True, ragged=False, tokens=lambda _: 0, implicit_q_len=True, idle=True
     ),
-    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None, samples=True),
+    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None, samples=True, starts=True),
 }
 
 

@@ -16,6 +16,8 @@ MAX_TOP_K = 2**31 - 1
 #: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): ``z / T`` would overflow to
 #: ``-inf`` for every kept token (a float32 subnormal ``T``) and the draw would be token 0.
 MIN_TEMPERATURE = 1e-5
+#: The most top log-probabilities a request may ask for per token (OpenAI's cap).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,17 @@ class SamplingParams:
         Generating any of these ends the request; the stop token is the last output token.
         A list, tuple, set or 1-D integer array of ints (``TypeError`` names the index of
         anything else: a float, a bool, a string).
+    logprobs : int, optional
+        Return each generated token's log-probability and those of the ``logprobs`` most
+        likely tokens of its step (``log_softmax`` of the raw logits), in ``[0, 20]``; the
+        engine must compute them (``Engine(max_logprobs=...)``). ``None``: not returned.
+    presence_penalty, frequency_penalty : float
+        In ``[-2, 2]``: subtracted from a token's logit once if the request generated it
+        (presence), or once per time it did (frequency). 0: off.
+    repetition_penalty : float
+        In ``(0, 10]``: a token of the prompt or output has its logit divided by it (positive
+        logits) or multiplied by it (negative ones). 1: off. Exact definitions:
+        :mod:`graphrt.runtime.penalties`; the engine must keep counts (``Engine(penalties=True)``).
     """
 
     temperature: float = 0.0
@@ -57,8 +70,17 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        _check_real("presence_penalty", self.presence_penalty, -2.0, 2.0, "[-2, 2]")
+        _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "[-2, 2]")
+        _check_real("repetition_penalty", self.repetition_penalty, 0.0, 10.0, "(0, 10]", open_low=True)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS, f"[0, {MAX_LOGPROBS}] or None")
         _check_real("temperature", self.temperature, 0.0, math.inf, "[0, inf), finite")
         _check_int("top_k", self.top_k, 0, MAX_TOP_K, f"[0, {MAX_TOP_K}] (0: every token)")
         _check_real("top_p", self.top_p, 0.0, 1.0, "(0, 1]", open_low=True)
@@ -77,6 +99,11 @@ class SamplingParams:
             object.__setattr__(self, "seed", int(self.seed))
         if self.temperature < MIN_TEMPERATURE:  # NOTE: too small to divide by: greedy
             object.__setattr__(self, "temperature", 0.0)
+
+    @property
+    def penalised(self) -> bool:
+        """True when any penalty is on."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:

@@ -58,7 +58,7 @@ class Ranks:
         self.logs = [logs / f"rank{r}.err" for r in range(2)]
         cmd = [sys.executable, "-m", "graphrt", "serve", "--model", str(checkpoint), "--tp", "2"]
         cmd += ["--device", "cpu", "--port", str(self.port), "--max-batch-size", "4"]
-        cmd += ["--max-context-len", "64"]
+        cmd += ["--max-context-len", "64", "--served-model-name", "m"]  # NOTE: the id clients send
         env = os.environ | {
             "PYTHONPATH": str(ROOT),
             "WORLD_SIZE": "2",

@@ -42,10 +42,11 @@ def test_pieces_join_to_the_decode_and_are_whole_characters(tokenizer: object, t
     assert bool(multi) == any(ord(ch) > 127 for ch in text)
 
 
-def test_special_tokens_are_skipped_and_a_broken_character_ends_as_the_decode(tokenizer: object) -> None:
+def test_special_tokens_are_skipped_and_a_broken_last_character_is_left_out(tokenizer: object) -> None:
     ids = [0, *tokenizer.encode("ok 🎉", add_special_tokens=False)[:-1], 1]  # type: ignore[attr-defined]
     pieces = run(TextStream(tokenizer), ids)  # type: ignore[arg-type]
-    assert "".join(pieces) == tokenizer.decode(ids) == "ok \ufffd"  # type: ignore[attr-defined]
+    # NOTE: the decode ends in U+FFFD; the stream ends before the character that never arrived
+    assert tokenizer.decode(ids) == "ok \ufffd" and "".join(pieces) == "ok "  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

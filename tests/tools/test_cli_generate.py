@@ -78,6 +78,9 @@ def test_prompts_file_from_stdin_writes_one_record_per_prompt(
         "10",
         "--device",
         "cpu",
+        "--json",
+        "--logprobs",
+        "2",
     ]
     assert main(argv) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
@@ -87,6 +90,26 @@ def test_prompts_file_from_stdin_writes_one_record_per_prompt(
     assert records[2]["output_ids"] and 2 not in records[2]["output_ids"]  # <|im_end|> ends, unshown
     for r in records:
         assert r["prompt_tokens"] == len(r["prompt_ids"]) and r["ttft_s"] > 0
+        assert [e["id"] for e in r["logprobs"]] == r["output_ids"]
+        assert all(len(e["top"]) == 2 and e["top"][0][0] == e["id"] for e in r["logprobs"])  # NOTE: greedy
+
+
+def test_prompts_file_records_read_as_text_without_json() -> None:
+    from graphrt.tools.cli.generate import human
+
+    r = {
+        "text": " Paris.\n",
+        "output_ids": [1, 2],
+        "finish_reason": "stop",
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+        "ttft_s": 0.25,
+        "tokens_per_s": 12.5,
+    }
+    assert human(r, 2, 3) == (
+        "--- prompt 2/3\nParis.\n[stop: 7 prompt + 3 new tokens, first token 0.250 s, 12.5 tokens/s]"
+    )
+    assert "--- prompt 1/1\n1 2\n[length" in human(r | {"text": None, "finish_reason": "length"}, 1, 1)
 
 
 def test_prompt_ids_on_a_preset_need_no_tokenizer(capsys: pytest.CaptureFixture[str]) -> None:

@@ -57,14 +57,19 @@ def free_port() -> int:
 
 
 def _measure(
-    server: Server, sizes: tuple[int, ...], tokens: int, waves: int, say: Callable[[str], None]
+    server: Server,
+    sizes: tuple[int, ...],
+    tokens: int,
+    waves: int,
+    say: Callable[[str], None],
+    extra: dict[str, Any] | None = None,
 ) -> dict[int, Load]:
     try:
-        run_load(server.url, server.model, PROMPTS[:1], 1, tokens)  # NOTE: warm-up, untimed
+        run_load(server.url, server.model, PROMPTS[:1], 1, tokens, extra)  # NOTE: warm-up, untimed
         loads = {}
         for c in sizes:
             say(f"{server.name}: concurrency {c}")
-            loads[c] = run_load(server.url, server.model, _prompts(c * waves), c, tokens)
+            loads[c] = run_load(server.url, server.model, _prompts(c * waves), c, tokens, extra)
         return loads
     finally:
         server.stop()
@@ -126,7 +131,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         task = progress.add_task("graphrt serve: starting", total=None)
         say = lambda what: progress.update(task, description=what)  # noqa: E731
         server = start_graphrt(args.model, device.type, free_port(), max(sizes), logs / "graphrt.log")
-        ours = _measure(server, sizes, tokens, waves, say)
+        extra = getattr(args, "body", None)
+        ours = _measure(server, sizes, tokens, waves, say, extra)
         peer, why, theirs, peer_start = None, None, {}, None
         if args.peer != "none":
             peer, why, theirs, peer_start = _peer(args, device, sizes, tokens, waves, logs, say)
@@ -138,6 +144,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         **header("serve", args, device),
         "model": args.model,
         "max_tokens": tokens,
+        "request_fields": extra,
         "requests_per_client": waves,
         "graphrt_ready_s": round(server.started_s, 2),
         "peer": peer or None,

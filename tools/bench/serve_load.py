@@ -83,7 +83,9 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> Sample:
     return Sample((first or end) - start, end - start, tokens, "".join(text))
 
 
-async def _run(url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int) -> Load:
+async def _run(
+    url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int, extra: dict[str, Any]
+) -> Load:
     import httpx
 
     gate = asyncio.Semaphore(concurrency)
@@ -97,7 +99,7 @@ async def _run(url: str, model: str, prompts: Sequence[str], concurrency: int, m
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
-        }
+        } | extra
         async with gate:
             return await _one(client, url, body)
 
@@ -107,6 +109,14 @@ async def _run(url: str, model: str, prompts: Sequence[str], concurrency: int, m
         return Load(list(samples), time.perf_counter() - start)
 
 
-def run_load(url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int) -> Load:
-    """Send ``prompts`` (greedy chat requests of ``max_tokens``), ``concurrency`` at a time."""
-    return asyncio.run(_run(url, model, prompts, concurrency, max_tokens))
+def run_load(
+    url: str,
+    model: str,
+    prompts: Sequence[str],
+    concurrency: int,
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> Load:
+    """Send ``prompts`` (greedy chat requests of ``max_tokens``, with ``extra`` body fields:
+    ``logprobs``, ``response_format``, ...), ``concurrency`` at a time."""
+    return asyncio.run(_run(url, model, prompts, concurrency, max_tokens, extra or {}))

@@ -12,9 +12,9 @@ from graphrt.tools.cli.args import (
     batch_sizes,
     device_name,
     kv_cache_dtypes,
-    model_name,
     positive_int,
 )
+from graphrt.tools.cli.serve_flags import bench_serve_args
 from graphrt.tools.cli.spec_flags import spec_engine_args
 
 #: ``graphrt bench TARGET`` batch sizes when ``--batch-sizes`` is not given.
@@ -182,34 +182,6 @@ def _buckets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="buckets only: seed of a generated trace")
 
 
-def _serve_args(p: argparse.ArgumentParser) -> None:
-    """``graphrt bench serve``: both servers on one model, the same requests at each concurrency."""
-    p.add_argument(
-        "--model", type=model_name, default="smollm2", help="serve only: the model both servers run"
-    )
-    p.add_argument(
-        "--concurrency",
-        type=batch_sizes,
-        default=None,
-        help="serve only: clients in flight (default 1,8,32; CPU 1,8)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=positive_int,
-        default=None,
-        help="serve only: tokens a reply (default 128; CPU 8)",
-    )
-    p.add_argument(
-        "--waves", type=positive_int, default=None, help="serve only: requests per client (default 4; CPU 1)"
-    )
-    p.add_argument(
-        "--peer",
-        choices=("auto", "serve", "generate", "none"),
-        default="auto",
-        help="serve only: transformers serve (auto: in-process generate when it cannot run), generate, or none",
-    )
-
-
 def _model_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench model``: graphrt vs the weight-read floor vs transformers (eager, compiled)."""
     p.add_argument(
@@ -246,7 +218,7 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
     if name == "bench":
         _host_args(p)
         _model_args(p)
-        _serve_args(p)
+        bench_serve_args(p)
     device_args(p)
     p.add_argument(
         "--batch-sizes",

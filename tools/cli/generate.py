@@ -2,12 +2,14 @@
 
 One prompt (``--prompt`` text through the chat template, or ``--prompt-ids``) streams its reply
 as it decodes; with ``--json`` it prints one JSON line instead. ``--prompts-file FILE`` (JSONL,
-``-`` for stdin) runs every prompt in the same engine steps (continuous batching) and writes
-one JSON line per prompt, in order. A line of the file is ``{"prompt": text}`` (chat template),
+``-`` for stdin) runs every prompt in the same engine steps (continuous batching) and prints
+each reply with its counts and timings, in order (``--json``: one JSON line per prompt). A line of the file is ``{"prompt": text}`` (chat template),
 ``{"messages": [...]}``, ``{"prompt_ids": [...]}`` or a JSON string, with an optional
 ``"max_new_tokens"``. A record holds ``text`` (null without a tokenizer), ``prompt_ids``,
 ``output_ids``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, ``ttft_s`` (from
-the start of the run) and ``tokens_per_s`` (decode rate after the first token). Token ids
+the start of the run to this prompt's first token: prompts prefilled in the same step share
+it), ``tokens_per_s`` (decode rate after the first token) and, with ``--logprobs N``,
+``logprobs`` (per output token: its id, log-probability and the ``N`` best ``[id, logprob]``). Token ids
 never need a tokenizer. ``--log-level info`` logs one line of phase timings.
 
 With ``--tp N`` (under ``torchrun --nproc-per-node N``) every rank holds its shard and runs
@@ -99,9 +101,14 @@ def read_items(args: argparse.Namespace) -> list[Item]:
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
     try:
-        return SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
+        extra = {
+            k: getattr(args, k)
+            for k in ("logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty")
+            if hasattr(args, k)
+        }
+        return SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed, **extra)
     except ValueError as err:  # NOTE: names the field, the value and the allowed range
-        raise UsageError("--temperature/--top-k/--top-p/--seed", "", str(err)) from err
+        raise UsageError("--temperature/--top-k/--top-p/--seed/--logprobs", "", str(err)) from err
 
 
 def _prompt_ids(llm: Any, item: Item) -> list[int]:
@@ -164,20 +171,30 @@ def run_generate(args: argparse.Namespace) -> int:
     budgets = [i.max_new_tokens or args.max_new_tokens for i in items]
     check_fit(args, ids, budgets)
     stream = len(items) == 1 and not args.json and not args.prompts_file and llm.tokenizer is not None
-    records = _run(llm, ids, budgets, sampling, phases, stream)
+    try:
+        make = llm._constraint(getattr(args, "response_format", None))
+    except ValueError as err:
+        raise UsageError("--response-format", "", str(err)) from err
+    records = _run(llm, ids, budgets, sampling, phases, stream, make)
     if not stream:
-        for r in records:
-            print(json.dumps(r, ensure_ascii=False))
+        for n, r in enumerate(records, 1):
+            print(json.dumps(r, ensure_ascii=False) if args.json else human(r, n, len(records)))
     log.info("%s", phases.line(sum(r["completion_tokens"] for r in records)))
     return 0
 
 
 def _run(
-    llm: Any, ids: list[list[int]], budgets: list[int], sampling: SamplingParams, phases: Phases, stream: bool
+    llm: Any,
+    ids: list[list[int]],
+    budgets: list[int],
+    sampling: SamplingParams,
+    phases: Phases,
+    stream: bool,
+    make: Any = None,
 ) -> list[dict[str, Any]]:
     """Every prompt in the same steps; each one's record (and the one reply's text, streamed)."""
     replies, start = llm.replies, time.perf_counter()
-    rids = [replies.add(p, b, sampling) for p, b in zip(ids, budgets, strict=True)]
+    rids = [replies.add(p, b, sampling, (), make and make()) for p, b in zip(ids, budgets, strict=True)]
     first: dict[int, float] = {}
     done: dict[int, tuple[Completion, float]] = {}
     while len(done) < len(rids):
@@ -204,7 +221,7 @@ def record(
     rate = None
     if ttft is not None and first is not None and c.completion_tokens > 1 and ended > first:
         rate = round((c.completion_tokens - 1) / (ended - first), 2)
-    return {
+    out = {
         "text": c.text,
         "prompt_ids": prompt,
         "output_ids": c.token_ids,
@@ -214,6 +231,28 @@ def record(
         "ttft_s": None if ttft is None else round(ttft, 4),
         "tokens_per_s": rate,
     }
+    if c.logprobs is not None:
+        out["logprobs"] = [
+            {
+                "id": e.token,
+                "logprob": e.logprob,
+                "top": [list(t) for t in zip(e.top_ids, e.top_logprobs, strict=True)],
+            }
+            for e in c.logprobs
+        ]
+    return out
+
+
+def human(r: dict[str, Any], n: int, total: int) -> str:
+    """Record ``r`` (prompt ``n`` of ``total``) for a reader: the reply, then one line of facts."""
+    text = r["text"] if r["text"] is not None else " ".join(map(str, r["output_ids"]))
+    timing = "" if r["ttft_s"] is None else f", first token {r['ttft_s']:.3f} s"
+    rate = "" if r["tokens_per_s"] is None else f", {r['tokens_per_s']:.1f} tokens/s"
+    facts = (
+        f"[{r['finish_reason']}: {r['prompt_tokens']} prompt + {r['completion_tokens']} new tokens"
+        f"{timing}{rate}]"
+    )
+    return f"--- prompt {n}/{total}\n{text.strip()}\n{facts}"
 
 
 __all__ = ["Item", "read_items", "record", "run_generate"]

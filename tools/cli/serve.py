@@ -70,6 +70,9 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "deterministic": args.deterministic,
         "quantization": args.quantization,
         "speculative": args.speculative,
+        "max_logprobs": getattr(args, "max_logprobs", 20),
+        "penalties": getattr(args, "sampling_extras", True),
+        "token_masks": getattr(args, "sampling_extras", True),
     }
 
 
@@ -87,6 +90,7 @@ def build_server(args: argparse.Namespace, llm: Any, loop: EngineLoop, start: fl
     app = build_app(
         llm,
         loop,
+        getattr(args, "served_model_name", None),
         api_key=api_key_from(args.api_key),
         max_body_bytes=MAX_BODY_BYTES if args.max_body_mb is None else int(args.max_body_mb * 2**20),
         allow_special_tokens=args.allow_special_tokens,

@@ -1,0 +1,30 @@
+"""Allowed-token bitmasks: xgrammar's layout (bit ``j % 32`` of word ``j // 32``), applied per
+request row to the logits inside the sampling step."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from graphrt.runtime.token_mask import ALL, TokenMasks
+
+
+def test_masks_keep_exactly_the_allowed_tokens_of_each_row() -> None:
+    vocab, rows = 70, 5  # NOTE: 3 words, the last one partly past the vocabulary
+    masks = TokenMasks(rows, vocab, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    allowed = rng.random((2, vocab)) < 0.3
+    words = np.zeros((2, masks.words), dtype=np.int64)
+    for r in range(2):
+        for j in np.flatnonzero(allowed[r]):
+            words[r, j // 32] |= 1 << (j % 32)
+    masks.write(np.array([3, 1]), words.astype(np.uint32).view(np.int32))
+    logits = torch.randn(3, vocab)
+    out = masks.apply(logits, torch.tensor([1, 3, 4]))
+    assert torch.equal(torch.isfinite(out[0]), torch.from_numpy(allowed[1]))
+    assert torch.equal(torch.isfinite(out[1]), torch.from_numpy(allowed[0]))
+    assert torch.equal(out[2], logits[2])  # NOTE: an unwritten row allows every token
+    kept = torch.from_numpy(allowed[1])
+    assert torch.equal(out[0][kept], logits[0][kept])
+    masks.write(np.array([1]), np.full((1, masks.words), ALL, dtype=np.int32))
+    assert torch.equal(masks.apply(logits[:1], torch.tensor([1])), logits[:1])
