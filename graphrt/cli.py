@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler, serve), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, sampler, serve, prefix), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -161,6 +161,11 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
         default=5.0,
         help="seconds Ctrl-C lets requests in flight finish before cancelling them",
     )
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="prefill every prompt whole (default: reuse the cached KV pages of a shared prompt start)",
+    )
     tp_arg(p)
 
 
@@ -216,6 +221,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "gemm"): ("graphrt.tools.bench.gemm", "run_bench_gemm"),
     ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
     ("bench", "serve"): ("graphrt.tools.bench.serve", "run_bench_serve"),
+    ("bench", "prefix"): ("graphrt.tools.bench.prefix", "run_bench_prefix"),
 }
 
 

@@ -57,6 +57,17 @@ class EngineConfig:
         Run the host one step ahead of the device (:mod:`graphrt.engine.overlap`). Default
         (None): on wherever supported, off with ``speculative`` or ``record_logits`` (``True``
         with one of those raises ``ValueError``) and with ``tp > 1`` unless ``True``.
+    prefix_caching : bool, optional
+        Automatic prefix caching (:mod:`graphrt.engine.prefix_cache`): full prompt pages are
+        kept and reused by later prompts that start the same, whose prefill computes only the
+        rest. Default (None): on wherever supported, off with ``speculative``, ``tp > 1``,
+        an encoder-decoder model or a window KV pool (``True`` with one of those raises
+        ``ValueError`` naming it); ``False``: off.
+    prefill_chunk : int, optional
+        Chunked prefill (:mod:`graphrt.engine.chunked`): a step holds the decode rows and up to
+        this many tokens in all, prompts prefilling in chunks, so a long prompt never stalls
+        the running requests. None (default): whole prompts, each prefill a step of its own.
+        Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises).
     """
 
     device: str | torch.device | None = None
@@ -76,6 +87,17 @@ class EngineConfig:
     tp: int = 1
     tp_timeout_s: float | None = None
     overlap: bool | None = None
+    prefix_caching: bool | None = None
+    prefill_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        chunk = self.prefill_chunk
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive int (tokens per step) or None, got {chunk!r}")
+        if chunk is not None and self.speculative is not None:
+            raise ValueError(
+                "prefill_chunk does not combine with speculative decoding: pass prefill_chunk=None"
+            )
 
     @classmethod
     def of(cls, config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
@@ -86,6 +108,22 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine option {unknown[0]!r}; options: {', '.join(known)}")
         return dataclasses.replace(config or cls(), **options)
+
+    def caches_prefixes(self, encoder: object | None, window_pool: object | None) -> bool:
+        """Whether the engine caches prefixes; ``ValueError`` naming what ``prefix_caching=True``
+        does not combine with. ``encoder``: an encoder-decoder model's encoder cache (its KV
+        depends on the encoder input); ``window_pool``: the runtime's window KV pool (a window
+        page has one owner). None: the model has none."""
+        refusals = (
+            ("speculative decoding", self.speculative is not None),
+            (f"tp={self.tp}", self.tp > 1),
+            ("an encoder-decoder model", encoder is not None),
+            ("a window KV pool", window_pool is not None),
+        )
+        why = next((name for name, on in refusals if on), None)
+        if self.prefix_caching and why:
+            raise ValueError(f"prefix_caching=True does not combine with {why}: pass prefix_caching=False")
+        return why is None and self.prefix_caching is not False
 
     def runtime_config(self, spec: SpecGeometry | None) -> RuntimeConfig:
         """The runtime's config: DECODE graphs, or TARGET_VERIFY's with a draft (``spec``)."""

@@ -68,7 +68,7 @@ class Engine:
         self.device = self.tp.device if cfg.tp > 1 else self.device
         self.channel = StepChannel(self.tp) if cfg.tp > 1 else None
         spec = SpecOptions.parse(cfg.speculative) if cfg.speculative is not None else None
-        why_not = unsupported(spec is not None, cfg.record_logits)
+        why_not = unsupported(spec is not None, cfg.record_logits, cfg.prefill_chunk is not None)
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         runtime_config = cfg.runtime_config(spec.geometry if spec else None)
@@ -85,11 +85,8 @@ class Engine:
             )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.encoder = stack.encoder
-        self.use_graphs, self.max_context_len, self.page_size = (
-            cfg.use_graphs,
-            cfg.max_context_len,
-            cfg.page_size,
-        )
+        self.use_graphs, self.page_size = cfg.use_graphs, cfg.page_size
+        self.max_context_len = cfg.max_context_len
         self.capture_report: CaptureReport | None = (
             self.runtime.capture(cfg.show_progress) if cfg.use_graphs else None
         )
@@ -102,7 +99,8 @@ class Engine:
             overlap = Overlap(self.runtime.tokens, self.runtime.req_to_token.max_reqs, self.device)
         tables = (self.runtime.req_to_token,) + ((self.spec.draft.req_to_token,) if self.spec else ())
         tables += (self.encoder,) if self.encoder is not None else ()
-        pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables)
+        caching = cfg.caches_prefixes(self.encoder, self.runtime.req_to_token.window)
+        pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables, prefix_caching=caching)
         self.scheduler = Scheduler(
             self.runtime,
             pool,
@@ -111,6 +109,7 @@ class Engine:
             use_graphs=cfg.use_graphs,
             record_logits=cfg.record_logits,
             encode=self._encode if self.encoder is not None else None,
+            chunk=cfg.prefill_chunk,
         )
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
@@ -295,5 +294,4 @@ class Engine:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
         sched = self.scheduler
         generated = self._handed_out + sum(len(r.output) for r in (*sched.finished.values(), *sched.running))
-        counts = (sched.decode_steps, sched.decode_seconds, sched.prefill_steps, generated)
-        return engine_stats(self.runtime.stats(), *counts, self.spec)
+        return engine_stats(self.runtime.stats(), sched, generated, self.spec)

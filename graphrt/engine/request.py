@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from graphrt.engine.prefix_cache import PrefixStats
 from graphrt.engine.speculative import SpecRunner, SpecState
 from graphrt.runtime.report import RuntimeStats
 from graphrt.step.ints import count, is_int, token_ids
@@ -29,6 +30,10 @@ class Request:
     inflight: int = 0
     #: An encoder-decoder model's encoder input, encoded into its row when it is admitted.
     encoder_ids: list[int] | None = None
+    #: Prompt positions served from the prefix cache (whole pages at the start of ``pages``).
+    cached: int = 0
+    #: Prompt positions in the request's KV (cached or prefilled); chunked prefill's progress.
+    prefilled: int = 0
 
     @property
     def launched_all(self) -> bool:
@@ -65,6 +70,10 @@ class EngineStats:
     acceptance_rate: float = 0.0  # accepted drafts / (verifies × deepest acceptable path)
     mean_accept_length: float = 0.0  # tokens committed per request per round (incl. the bonus)
     accepted_per_position: tuple[int, ...] = ()  # verifies that accepted a draft at depth > i
+    #: Prefix-cache hits, evictions and collisions; None when the engine caches no prefixes.
+    prefix: PrefixStats | None = None
+    #: Chunked prefill's steps holding decode rows and prompt chunks (one EXTEND each).
+    mixed_steps: int = 0
 
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
@@ -139,17 +148,20 @@ def check_encoder_ids(model: Any, encoder: Any, encoder_ids: object) -> list[int
     return tokens
 
 
-def engine_stats(
-    rt: RuntimeStats,
-    decode_steps: int,
-    decode_seconds: float,
-    prefill_steps: int,
-    generated: int,
-    spec: SpecRunner | None,
-) -> EngineStats:
-    """An engine's counters: its runtime's, its own, and the speculative runner's."""
+def engine_stats(rt: RuntimeStats, sched: Any, generated: int, spec: SpecRunner | None) -> EngineStats:
+    """An engine's counters: its runtime's, its scheduler's (``sched``: steps, decode time,
+    the prefix cache's), ``generated`` tokens and the speculative runner's."""
+    cache = sched.pool.cache
     stats = EngineStats(
-        rt.replays, rt.eager, rt.fallbacks, decode_steps, decode_seconds, prefill_steps, generated
+        rt.replays,
+        rt.eager,
+        rt.fallbacks,
+        sched.decode_steps,
+        sched.decode_seconds,
+        sched.prefill_steps,
+        generated,
+        prefix=cache.stats() if cache is not None else None,
+        mixed_steps=sched.mixed_steps,
     )
     if spec is None:
         return stats

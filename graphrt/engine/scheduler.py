@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
+from graphrt.engine.chunked import MixedStep, plan_step, prefilling
 from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
 from graphrt.engine.request import Request
@@ -45,6 +46,7 @@ class Scheduler:
         use_graphs: bool = True,
         record_logits: bool = False,
         encode: Callable[[Request], None] | None = None,
+        chunk: int | None = None,
     ) -> None:
         self.runtime, self.pool, self.spec, self.overlap = runtime, pool, spec, overlap
         self.encode = encode  # NOTE: an encoder-decoder model's: a request's encoder, at admission
@@ -57,6 +59,8 @@ class Scheduler:
         self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
         self._ended = False  # the last overlapped read ended a request (see _take)
         self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
+        #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
+        self.chunk, self.mixed_steps = chunk, 0
 
     @property
     def lookahead(self) -> int:
@@ -72,6 +76,10 @@ class Scheduler:
         if self.overlap is not None:
             return self._step_ahead(self.overlap)
         admitted = self._admit()
+        sampled = self.runtime.config.sample and not self.record_logits
+        plan = plan_step(self.running, self.chunk, self.page_size, sampled) if self.chunk else None
+        if plan is not None:  # NOTE: chunked prefill (:mod:`.chunked`) while a prompt prefills
+            return self._mixed(plan)
         if admitted:
             produced = self._prefill(admitted)
             if self.spec is not None:
@@ -102,7 +110,7 @@ class Scheduler:
         """The running requests that still run steps, as :class:`DecodeRows` (kept until a
         request joins, leaves or gives its row back); None when there are none."""
         if self._rows is None:
-            reqs = [r for r in self.running if r.req_idx >= 0 and not r.done]
+            reqs = [r for r in self.running if r.req_idx >= 0 and not r.done and not prefilling(r)]
             sampled = self.runtime.config.sample and not self.record_logits
             self._rows = DecodeRows(reqs, self.page_size, sampled=sampled) if reqs else None
         return self._rows
@@ -124,6 +132,7 @@ class Scheduler:
             batch = prefill_batch(admitted, self.page_size, row_params([r.sampling for r in admitted]))
             launched = overlap.launch(self.runtime, batch, admitted, eager=eager, fed=False)
             for r in admitted:
+                self._prefilled(r)  # NOTE: before a release: the cache's pin needs its live KV
                 if r.launched_all:
                     self._release(r)
         elif rows is not None:
@@ -163,7 +172,38 @@ class Scheduler:
     def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
         batch = prefill_batch(reqs, self.page_size)
         produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
+        for r in reqs:
+            self._prefilled(r)
         self.prefill_steps += 1
+        return produced
+
+    def _prefilled(self, r: Request) -> None:
+        """``r``'s whole prompt is in its KV now: its full pages go to the prefix cache."""
+        r.prefilled = len(r.prompt)
+        self.pool.cache_prompt(r)
+
+    def _mixed(self, plan: MixedStep) -> list[tuple[int, int]]:
+        """Run a chunked step (decode rows and prompt chunks in one EXTEND); append the tokens
+        of its decode rows and finished prompts, retire the requests done."""
+        start, eager = time.perf_counter(), not self.use_graphs
+        emitting = [r for r, e in zip(plan.reqs, plan.emits, strict=True) if e]
+        if plan.batch.sampling is not None:
+            tokens = self.runtime.run(plan.batch, eager=eager).cpu().numpy()[plan.emits].tolist()
+        else:
+            logits = self.runtime.run(plan.batch, eager=eager)[plan.last[plan.emits]]
+            tokens = self._host_sample(emitting, logits, plan.batch.seq_lens[plan.emits])
+        for r, q in zip(plan.reqs, plan.chunks.tolist(), strict=True):
+            r.prefilled += q
+            if q and not prefilling(r):
+                self._prefilled(r)
+        self._rows = None  # NOTE: the decode rows moved on outside DecodeRows
+        if plan.decodes:  # NOTE: a mixed step counts as one of the decode rows' steps
+            self.mixed_steps += 1
+            self.decode_seconds += time.perf_counter() - start
+        else:
+            self.prefill_steps += 1
+        produced = append_tokens(emitting, tokens)
+        self._retire([r for r in self.running if r.done])
         return produced
 
     def _decode(self, rows: DecodeRows) -> tuple[list[tuple[int, int]], list[Request]]:
@@ -175,7 +215,7 @@ class Scheduler:
             tokens = self.runtime.run(batch, eager=eager).cpu().numpy()  # NOTE: syncs: real timing
         else:
             logits = self.runtime.run(batch, eager=eager)
-            tokens = np.asarray(self._host_sample(rows.reqs, logits, batch), dtype=np.int64)
+            tokens = np.asarray(self._host_sample(rows.reqs, logits, batch.seq_lens), dtype=np.int64)
         finishing = rows.advance(tokens)
         produced = rows.append(tokens.tolist())
         self.decode_seconds += time.perf_counter() - start
@@ -204,11 +244,12 @@ class Scheduler:
             batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
             return append_tokens(reqs, self.runtime.run(batch, eager=eager).tolist())
         logits = self.runtime.run(batch, eager=eager)[last]
-        return append_tokens(reqs, self._host_sample(reqs, logits, batch))
+        return append_tokens(reqs, self._host_sample(reqs, logits, batch.seq_lens))
 
-    def _host_sample(self, reqs: list[Request], logits: torch.Tensor, batch: Batch) -> list[int]:
-        """Each request's token from its row of ``logits`` (recorded when asked)."""
-        tokens = host_tokens(logits, [r.sampling for r in reqs], batch.seq_lens)
+    def _host_sample(self, reqs: list[Request], logits: torch.Tensor, seq_lens: np.ndarray) -> list[int]:
+        """Each request's token from its row of ``logits`` (recorded when asked); ``seq_lens``:
+        their KV lengths (the sampler's positions)."""
+        tokens = host_tokens(logits, [r.sampling for r in reqs], seq_lens)
         if self.record_logits:
             for r, row in zip(reqs, logits.float().cpu(), strict=True):
                 self.logits.setdefault(r.rid, []).append(row)

@@ -37,7 +37,7 @@ def bench_defaults(args: argparse.Namespace, what: str | None) -> None:
 
     cpu = args.device == "cpu" or (args.device == AUTO and not torch.cuda.is_available())
     small = CPU_BENCH.get(what or "", {}) if cpu and args.command == "bench" else {}
-    if args.batch_sizes is None and what != "serve":  # NOTE: serve has --concurrency
+    if args.batch_sizes is None and what not in ("serve", "prefix"):  # NOTE: serve has --concurrency
         args.batch_sizes = batch_sizes(small.get("batch_sizes") or BENCH_SIZES[what or "decode"])
     if args.context is None:
         args.context = small.get("context", BENCH_CONTEXT)
@@ -90,13 +90,14 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler", "serve"),
+        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "sampler", "serve", "prefix"),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
         "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
         "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
         "(--batch-sizes: rows M); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
-        "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency",
+        "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency; "
+        "prefix: requests sharing a system prompt, TTFT and throughput, prefix caching off vs on",
     )
     p.add_argument(
         "--sweep",
@@ -162,7 +163,7 @@ def _buckets_args(p: argparse.ArgumentParser) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench serve``: both servers on one model, the same requests at each concurrency."""
     p.add_argument(
-        "--model", type=model_name, default="smollm2", help="serve only: the model both servers run"
+        "--model", type=model_name, default="smollm2", help="serve and prefix: the model both servers run"
     )
     p.add_argument(
         "--concurrency",
@@ -185,6 +186,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="serve only: transformers serve (auto: in-process generate when it cannot run), generate, or none",
     )
+
+
+def _prefix_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench prefix``: requests sharing a system prompt, prefix caching off vs on."""
+    p.add_argument(
+        "--requests", type=positive_int, default=64, help="prefix only: requests submitted at once"
+    )
+    p.add_argument("--system-tokens", type=positive_int, default=1000, help="prefix only: the shared prompt")
+    p.add_argument("--user-tokens", type=positive_int, default=32, help="prefix only: each request's own")
+    p.add_argument("--new-tokens", type=positive_int, default=32, help="prefix only: tokens generated each")
+    p.add_argument("--rows", type=positive_int, default=None, help="prefix only: max_batch_size (--requests)")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -223,6 +235,7 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
         _host_args(p)
         _model_args(p)
         _serve_args(p)
+        _prefix_args(p)
     device_args(p)
     p.add_argument(
         "--batch-sizes",

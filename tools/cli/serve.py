@@ -66,6 +66,8 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch_size": batch,
         "max_context_len": context,
         "show_progress": progress_wanted(),
+        # NOTE: None: the engine's default (on wherever it combines; off with --tp)
+        "prefix_caching": False if getattr(args, "no_prefix_caching", False) else None,
     }
 
 
