@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, moe, sampler, serve), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, moe, sampler, serve, prefix), ``bench-spec``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -182,6 +182,11 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
     quant_arg(p)
     deterministic_arg(p)
     speculative_arg(p)
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="prefill every prompt whole (default: reuse the cached KV pages of a shared prompt start)",
+    )
     tp_arg(p)
 
 
@@ -238,6 +243,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "moe"): ("graphrt.tools.bench.moe", "run_bench_moe"),
     ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
     ("bench", "serve"): ("graphrt.tools.bench.serve", "run_bench_serve"),
+    ("bench", "prefix"): ("graphrt.tools.bench.prefix", "run_bench_prefix"),
 }
 
 

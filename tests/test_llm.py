@@ -27,7 +27,7 @@ def llm() -> LLM:
 def free(llm: LLM) -> None:
     e = llm.engine
     assert not e.running and not e.waiting and not llm.replies.active
-    assert sorted(e.pool.pages) == list(range(e.kv.dummy_page))
+    assert sorted(e.pool.unheld()) == list(range(e.kv.dummy_page))
 
 
 @needs_smollm2

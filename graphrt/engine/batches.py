@@ -24,17 +24,24 @@ def prefill_batch(
     sampling: tuple[SamplingParams, ...] | None = None,
     tokens: Sequence[Sequence[int]] | None = None,
 ) -> Batch:
-    """EXTEND: every prompt token of ``reqs`` (or ``tokens``, one list per request), KV from
-    position 0."""
-    tokens = [r.prompt for r in reqs] if tokens is None else tokens
-    lens = [len(t) for t in tokens]
+    """EXTEND: every prompt token of ``reqs`` (or ``tokens``, one list per request, KV from
+    position 0). A request's first ``Request.cached`` prompt positions are a prefix-cache hit
+    already in its row: the step computes the rest (``q_lens < seq_lens``) and reads those."""
+    if tokens is None:
+        starts = [r.cached for r in reqs]
+        tokens = [r.prompt[s:] for r, s in zip(reqs, starts, strict=True)]
+    else:
+        starts = [0] * len(reqs)
+    q_lens = [len(t) for t in tokens]
+    lens = [s + q for s, q in zip(starts, q_lens, strict=True)]
+    locs = [r.slots(s, n, page_size) for r, s, n in zip(reqs, starts, lens, strict=True)]
     return Batch.create(
         ForwardMode.EXTEND,
         input_ids=np.concatenate(tokens),
         seq_lens=lens,
         req_pool_indices=[r.req_idx for r in reqs],
-        out_cache_loc=np.concatenate([r.slots(0, n, page_size) for r, n in zip(reqs, lens, strict=True)]),
-        q_lens=lens,
+        out_cache_loc=np.concatenate(locs),
+        q_lens=q_lens,
         sampling=sampling,
     )
 

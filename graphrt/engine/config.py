@@ -78,6 +78,17 @@ class EngineConfig:
         Keep an allowed-token bitmask per request row, applied inside the sampling step, so that
         requests may follow a grammar (``add_request(constraint=...)``; JSON mode and schemas).
         Not with ``speculative``, ``record_logits`` or ``tp > 1``.
+    prefix_caching : bool, optional
+        Automatic prefix caching (:mod:`graphrt.engine.prefix_cache`): full prompt pages are
+        kept and reused by later prompts that start the same, whose prefill computes only the
+        rest. Default (None): on wherever supported, off with ``speculative``, ``tp > 1``,
+        an encoder-decoder model or a window KV pool (``True`` with one of those raises
+        ``ValueError`` naming it); ``False``: off.
+    prefill_chunk : int, optional
+        Chunked prefill (:mod:`graphrt.engine.chunked`): a step holds the decode rows and up to
+        this many tokens in all, prompts prefilling in chunks, so a long prompt never stalls
+        the running requests. None (default): whole prompts, each prefill a step of its own.
+        Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises).
     """
 
     device: str | torch.device | None = None
@@ -102,6 +113,17 @@ class EngineConfig:
     max_logprobs: int = 0
     penalties: bool = False
     token_masks: bool = False
+    prefix_caching: bool | None = None
+    prefill_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        chunk = self.prefill_chunk
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive int (tokens per step) or None, got {chunk!r}")
+        if chunk is not None and self.speculative is not None:
+            raise ValueError(
+                "prefill_chunk does not combine with speculative decoding: pass prefill_chunk=None"
+            )
 
     @classmethod
     def of(cls, config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
@@ -112,6 +134,22 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine option {unknown[0]!r}; options: {', '.join(known)}")
         return dataclasses.replace(config or cls(), **options)
+
+    def caches_prefixes(self, encoder: object | None, window_pool: object | None) -> bool:
+        """Whether the engine caches prefixes; ``ValueError`` naming what ``prefix_caching=True``
+        does not combine with. ``encoder``: an encoder-decoder model's encoder cache (its KV
+        depends on the encoder input); ``window_pool``: the runtime's window KV pool (a window
+        page has one owner). None: the model has none."""
+        refusals = (
+            ("speculative decoding", self.speculative is not None),
+            (f"tp={self.tp}", self.tp > 1),
+            ("an encoder-decoder model", encoder is not None),
+            ("a window KV pool", window_pool is not None),
+        )
+        why = next((name for name, on in refusals if on), None)
+        if self.prefix_caching and why:
+            raise ValueError(f"prefix_caching=True does not combine with {why}: pass prefix_caching=False")
+        return why is None and self.prefix_caching is not False
 
     def runtime_config(self, spec: SpecOptions | None) -> RuntimeConfig:
         """The runtime's config: DECODE graphs; with speculation (``spec``) TARGET_VERIFY's too,

@@ -69,7 +69,7 @@ class Engine:
         self.device = self.tp.device if cfg.tp > 1 else self.device
         self.channel = StepChannel(self.tp) if cfg.tp > 1 else None
         spec = SpecOptions.parse(cfg.speculative) if cfg.speculative is not None else None
-        why_not = unsupported(spec is not None, cfg.record_logits)
+        why_not = unsupported(spec is not None, cfg.record_logits, cfg.prefill_chunk is not None)
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         runtime_config = cfg.runtime_config(spec)
@@ -100,7 +100,8 @@ class Engine:
         draft = self.spec.draft if self.spec else None
         tables = (self.runtime.req_to_token,) + ((draft.req_to_token,) if draft is not None else ())
         tables += (self.encoder,) if self.encoder is not None else ()
-        pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables)
+        caching = cfg.caches_prefixes(self.encoder, self.runtime.req_to_token.window)
+        pool = Pool(cfg.max_batch_size, self.kv.dummy_page, cfg.page_size, tables, prefix_caching=caching)
         self.scheduler = Scheduler(
             self.runtime,
             pool,
@@ -109,6 +110,7 @@ class Engine:
             use_graphs=cfg.use_graphs,
             record_logits=cfg.record_logits,
             encode=self._encode if self.encoder is not None else None,
+            chunk=cfg.prefill_chunk,
         )
         self._ids = itertools.count()
         self._seeds = np.random.default_rng()  # NOTE: only for requests that give no seed
@@ -295,5 +297,4 @@ class Engine:
     def stats(self) -> EngineStats:
         """Counters so far: replays, eager steps and fallbacks, decode rate, acceptance."""
         sched = self.scheduler
-        counts = (sched.decode_steps, sched.decode_seconds, sched.prefill_steps, self._generated)
-        return engine_stats(self.runtime.stats(), *counts, self.spec)
+        return engine_stats(self.runtime.stats(), sched, self._generated, self.spec)

@@ -114,7 +114,7 @@ class Overlap:
         return previous
 
 
-def unsupported(speculative: bool, record_logits: bool) -> str | None:
+def unsupported(speculative: bool, record_logits: bool, chunked: bool = False) -> str | None:
     """Why an engine cannot overlap its steps, or None when it can.
 
     Speculative rounds are left out: a round's accept lengths decide the next round's slots,
@@ -127,4 +127,7 @@ def unsupported(speculative: bool, record_logits: bool) -> str | None:
         return "speculative decoding (each round's batch needs the previous round's accepted tokens)"
     if record_logits:
         return "record_logits=True (logits are read on the host every step)"
+    if chunked:
+        # NOTE: a mixed step's decode rows take their input ids from the host (EXTEND)
+        return "prefill_chunk (a mixed step's decode rows need the previous step's tokens on the host)"
     return None

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphrt.engine.lookup import LookupRunner
+from graphrt.engine.prefix_cache import PrefixStats
 from graphrt.engine.speculative import SpecRunner, SpecState
 from graphrt.runtime.logprobs import TokenLogprobs
 from graphrt.runtime.report import RuntimeStats
@@ -35,6 +36,10 @@ class Request:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     #: The grammar the output follows (``graphrt.text.grammar.Constraint``), if any.
     constraint: Any = None
+    #: Prompt positions served from the prefix cache (whole pages at the start of ``pages``).
+    cached: int = 0
+    #: Prompt positions in the request's KV (cached or prefilled); chunked prefill's progress.
+    prefilled: int = 0
 
     @property
     def launched_all(self) -> bool:
@@ -75,6 +80,10 @@ class EngineStats:
     tokens_per_round: float = 0.0
     #: Why drafts were not made (``graphrt.engine.backoff.BackoffCounts``), proposer methods.
     backoff: dict[str, int] = field(default_factory=dict)
+    #: Prefix-cache hits, evictions and collisions; None when the engine caches no prefixes.
+    prefix: PrefixStats | None = None
+    #: Chunked prefill's steps holding decode rows and prompt chunks (one EXTEND each).
+    mixed_steps: int = 0
 
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
@@ -150,16 +159,21 @@ def check_encoder_ids(model: Any, encoder: Any, encoder_ids: object) -> list[int
 
 
 def engine_stats(
-    rt: RuntimeStats,
-    decode_steps: int,
-    decode_seconds: float,
-    prefill_steps: int,
-    generated: int,
-    spec: SpecRunner | LookupRunner | None,
+    rt: RuntimeStats, sched: Any, generated: int, spec: SpecRunner | LookupRunner | None
 ) -> EngineStats:
-    """An engine's counters: its runtime's, its own, and the speculative runner's."""
+    """An engine's counters: its runtime's, its scheduler's (``sched``: steps, decode time,
+    the prefix cache's), ``generated`` tokens and the speculative runner's."""
+    cache = sched.pool.cache
     stats = EngineStats(
-        rt.replays, rt.eager, rt.fallbacks, decode_steps, decode_seconds, prefill_steps, generated
+        rt.replays,
+        rt.eager,
+        rt.fallbacks,
+        sched.decode_steps,
+        sched.decode_seconds,
+        sched.prefill_steps,
+        generated,
+        prefix=cache.stats() if cache is not None else None,
+        mixed_steps=sched.mixed_steps,
     )
     if spec is None:
         return stats

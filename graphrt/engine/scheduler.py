@@ -9,7 +9,6 @@ decode step loops over its requests only to append their tokens.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,15 +18,16 @@ import numpy as np
 import torch
 
 from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
+from graphrt.engine.chunked import plan_step, prefilling
 from graphrt.engine.extras import StepExtras
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
 from graphrt.engine.request import Request
-from graphrt.engine.sampling import host_tokens, row_params, until_stop
+from graphrt.engine.sampling import row_params
 from graphrt.engine.speculative import SpecRunner
-from graphrt.step.batch import Batch
+from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
 
 
 class Scheduler:
@@ -48,6 +48,7 @@ class Scheduler:
         use_graphs: bool = True,
         record_logits: bool = False,
         encode: Callable[[Request], None] | None = None,
+        chunk: int | None = None,
     ) -> None:
         self.runtime, self.pool, self.spec, self.overlap = runtime, pool, spec, overlap
         self.encode = encode  # NOTE: an encoder-decoder model's: a request's encoder, at admission
@@ -63,6 +64,8 @@ class Scheduler:
         self._rows_constrained = False  # NOTE: whether a request of _rows follows a grammar
         self.extras = StepExtras(runtime)
         self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
+        #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
+        self.chunk, self.mixed_steps = chunk, 0
 
     @property
     def lookahead(self) -> int:
@@ -78,6 +81,10 @@ class Scheduler:
         if self.overlap is not None:
             return self._step_ahead(self.overlap)
         admitted = self._admit()
+        sampled = self.runtime.config.sample and not self.record_logits
+        plan = plan_step(self.running, self.chunk, self.page_size, sampled) if self.chunk else None
+        if plan is not None:  # NOTE: chunked prefill (:mod:`.chunked`) while a prompt prefills
+            return run_mixed(self, plan)
         if admitted:
             produced = self._prefill(admitted)
             if self.spec is not None:
@@ -101,7 +108,7 @@ class Scheduler:
         """A speculative engine's step: a verify round, or a DECODE when no row drafts."""
         reqs = list(self.running)
         proposal = spec.propose(reqs)
-        produced = self._decode_step() if proposal is None else self._spec_round(reqs, proposal)
+        produced = self._decode_step() if proposal is None else spec_round(self, reqs, proposal)
         spec.backoff.request_steps += len(reqs)
         spec.backoff.committed += len(produced)
         self._retire([r for r in self.running if r.done])
@@ -121,7 +128,7 @@ class Scheduler:
         """The running requests that still run steps, as :class:`DecodeRows` (kept until a
         request joins, leaves or gives its row back); None when there are none."""
         if self._rows is None:
-            reqs = [r for r in self.running if r.req_idx >= 0 and not r.done]
+            reqs = [r for r in self.running if r.req_idx >= 0 and not r.done and not prefilling(r)]
             sampled = self.runtime.config.sample and not self.record_logits
             self._rows = DecodeRows(reqs, self.page_size, sampled=sampled) if reqs else None
             self._rows_logprobs = wants(reqs)
@@ -153,6 +160,7 @@ class Scheduler:
                 self.runtime, batch, admitted, eager=eager, fed=False, logprobs=wants(admitted)
             )
             for r in admitted:
+                self._prefilled(r)  # NOTE: before a release: the cache's pin needs its live KV
                 if r.launched_all:
                     self._release(r)
         elif rows is not None:
@@ -199,9 +207,16 @@ class Scheduler:
     def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
         batch = prefill_batch(reqs, self.page_size)
         self.extras.before(reqs, fresh=True)
-        produced = self._run_and_sample(reqs, batch, np.cumsum(batch.q_lens) - 1)
+        produced = run_and_sample(self, reqs, batch, np.cumsum(batch.q_lens) - 1)
+        for r in reqs:
+            self._prefilled(r)
         self.prefill_steps += 1
         return produced
+
+    def _prefilled(self, r: Request) -> None:
+        """``r``'s whole prompt is in its KV now: its full pages go to the prefix cache."""
+        r.prefilled = len(r.prompt)
+        self.pool.cache_prompt(r)
 
     def _decode(self, rows: DecodeRows) -> tuple[list[tuple[int, int]], list[Request]]:
         """One DECODE step of ``rows`` (host input ids); returns its tokens and the requests
@@ -215,7 +230,7 @@ class Scheduler:
             tokens = self.runtime.run(batch, eager=eager).cpu().numpy()  # NOTE: syncs: real timing
         else:
             logits = self.runtime.run(batch, eager=eager)
-            tokens = np.asarray(self._host_sample(rows.reqs, logits, batch), dtype=np.int64)
+            tokens = np.asarray(host_sample(self, rows.reqs, logits, batch.seq_lens), dtype=np.int64)
         finishing = rows.advance(tokens)
         produced = rows.append(tokens.tolist())
         if self._rows_logprobs or self._rows_constrained:
@@ -224,45 +239,6 @@ class Scheduler:
         self.decode_seconds += time.perf_counter() - start
         self.decode_steps += 1
         return produced, rows.finished(finishing, tokens)
-
-    def _spec_round(self, reqs: list[Request], proposal: Any) -> list[tuple[int, int]]:
-        assert self.spec is not None
-        start = time.perf_counter()
-        new = self.spec.round(reqs, proposal, eager=not self.use_graphs)
-        self._rows = None  # NOTE: the rows' positions moved by a round's own count each
-        self.decode_seconds += time.perf_counter() - start
-        self.decode_steps += 1
-        new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
-        for r, tokens in zip(reqs, new, strict=True):
-            r.output.extend(tokens)
-        return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
-
-    def _run_and_sample(self, reqs: list[Request], batch: Batch, last: np.ndarray) -> list[tuple[int, int]]:
-        """Run ``batch`` and append each request's next token (``last``: its last token row).
-
-        The runtime samples inside its program; an engine recording logits takes them and
-        applies the same sampler here, so its tokens are the same.
-        """
-        eager = not self.use_graphs
-        logits = None
-        if self.runtime.config.sample and not self.record_logits:
-            batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
-            tokens = self.runtime.run(batch, eager=eager).tolist()
-        else:
-            logits = self.runtime.run(batch, eager=eager)[last]
-            tokens = self._host_sample(reqs, logits, batch)
-        produced = append_tokens(reqs, tokens)
-        ids = np.asarray(tokens, dtype=np.int64)
-        self.extras.after(reqs, ids, logprobs=wants(reqs), constrained=True, logits=logits)
-        return produced
-
-    def _host_sample(self, reqs: list[Request], logits: torch.Tensor, batch: Batch) -> list[int]:
-        """Each request's token from its row of ``logits`` (recorded when asked)."""
-        tokens = host_tokens(logits, [r.sampling for r in reqs], batch.seq_lens)
-        if self.record_logits:
-            for r, row in zip(reqs, logits.float().cpu(), strict=True):
-                self.logits.setdefault(r.rid, []).append(row)
-        return tokens
 
     def _retire(self, done: list[Request]) -> None:
         """Move ``done`` (in running order) from ``running`` to ``finished``."""

@@ -82,6 +82,8 @@ class KVLedger:
         self.owner = np.full(num_slots, -1, dtype=np.int64)  # row that wrote the slot, -1: free
         self.refs = np.zeros(num_slots, dtype=np.int64)  # rows holding the slot
         self.slot_pos = np.zeros(num_slots, dtype=np.int64)  # position the slot holds
+        #: Slots a prefix cache pins (one of their ``refs``), read-only: :mod:`graphrt.kv.pins`.
+        self.pinned = np.zeros(num_slots, dtype=bool)
 
     # ---- checks (raise before anything is written) ---------------------------------------
     def check(self, w: KVWrites) -> np.ndarray:
@@ -163,6 +165,10 @@ class KVLedger:
             if holder == int(rows[t])
             else f"position {pos} of live row {holder}; free that row (ReqToToken.free) before reusing its slots"
         )
+        if self.pinned[slot] and holder != int(rows[t]):
+            what = (
+                f"position {pos} of a cached prefix page (pinned, read-only: shared pages are never written)"
+            )
         raise KVIsolationError(
             f"request {i} (row {int(rows[t])}) writes KV slot {slot} at position {int(w.slot_pos[t])}, "
             f"but slot {slot} holds {what}"

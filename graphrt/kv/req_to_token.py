@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from graphrt.kv import pins
 from graphrt.kv.ledger import KVIsolationError, KVLedger
 from graphrt.kv.window import WindowPool
 
@@ -74,6 +75,29 @@ class ReqToToken:
             )
         self.ledger.share_prefix(src, dst, length)
         self.table[dst, :length] = self.table[src, :length]
+
+    # ---- a prefix cache's pages (graphrt.kv.pins) -----------------------------------------
+    def pin(self, slots: np.ndarray, positions: np.ndarray) -> None:
+        """A prefix cache keeps ``slots`` (int64 ``[n]``, holding ``positions``) past their rows."""
+        self._no_window("pin")
+        pins.pin(self.ledger, slots, positions)
+
+    def unpin(self, slots: np.ndarray) -> None:
+        """A prefix cache evicts ``slots``; refused while a live row holds one."""
+        pins.unpin(self.ledger, slots)
+
+    def adopt(self, row: int, slots: np.ndarray) -> None:
+        """Row ``row`` (freed first) holds the cached ``slots`` as positions ``0 .. n-1``: a
+        prefix-cache hit. Its next step writes from position ``n`` on, in pages of its own."""
+        self._check_row("row", row)
+        self._no_window("adopt")
+        pins.adopt(self.ledger, row, slots)
+        self.table[row, : slots.size] = torch.from_numpy(slots.astype(np.int32)).to(self.table.device)
+
+    def _no_window(self, what: str) -> None:
+        if self.window is not None:
+            # NOTE: a window page has one owner and is released once out of the window.
+            raise KVIsolationError(f"{what}: prefix caching does not combine with a window KV pool")
 
     def _check_row(self, name: str, row: int) -> None:
         if not 0 <= row < self.max_reqs:

@@ -181,5 +181,5 @@ class EngineLoop:
         rows = e.pool.rows
         self.stats = LoopStats(
             len(e.running), len(e.waiting), len(rows), e.runtime.req_to_token.max_reqs,
-            len(e.pool.pages), e.kv.dummy_page, c.served, c.aborted, c.errors, alive,
+            e.pool.available, e.kv.dummy_page, c.served, c.aborted, c.errors, alive,
         )  # fmt: skip

@@ -23,7 +23,7 @@ def all_free(e: Engine) -> None:
     """Nothing runs or waits, every row and page is back, the KV ledger holds nothing."""
     assert not e.running and not e.waiting
     assert sorted(e.pool.rows) == list(range(KW["max_batch_size"]))
-    assert sorted(e.pool.pages) == list(range(e.kv.dummy_page))
+    assert sorted(e.pool.unheld()) == list(range(e.kv.dummy_page))
     ledger = e.runtime.req_to_token.ledger
     assert not ledger.valid_lens.any() and not ledger.refs.any()
 

@@ -27,7 +27,7 @@ def state_of(runtime: GraphRuntime) -> dict[str, Any]:
     r2t = runtime.req_to_token
     state: dict[str, Any] = {name: t.clone() for name, t in _kv_tensors(runtime.kv).items()}
     state["req_to_token"] = r2t.table.clone()
-    for name in ("valid_lens", "table", "owner", "refs", "slot_pos"):
+    for name in ("valid_lens", "table", "owner", "refs", "slot_pos", "pinned"):
         state[f"ledger.{name}"] = getattr(r2t.ledger, name).copy()
     fam = runtime.families
     for family in fam.groups.values():

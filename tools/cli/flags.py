@@ -40,7 +40,7 @@ def bench_defaults(args: argparse.Namespace, what: str | None) -> None:
 
     cpu = args.device == "cpu" or (args.device == AUTO and not torch.cuda.is_available())
     small = CPU_BENCH.get(what or "", {}) if cpu and args.command == "bench" else {}
-    if args.batch_sizes is None and what != "serve":  # NOTE: serve has --concurrency
+    if args.batch_sizes is None and what not in ("serve", "prefix"):  # NOTE: serve has --concurrency
         args.batch_sizes = batch_sizes(small.get("batch_sizes") or BENCH_SIZES[what or "decode"])
     if args.context is None:
         args.context = small.get("context", BENCH_CONTEXT)
@@ -112,14 +112,26 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "what",
         nargs="?",
         default="decode",
-        choices=("decode", "host", "buckets", "model", "overlap", "gemm", "moe", "sampler", "serve"),
+        choices=(
+            "decode",
+            "host",
+            "buckets",
+            "model",
+            "overlap",
+            "gemm",
+            "moe",
+            "sampler",
+            "serve",
+            "prefix",
+        ),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
         "overlap: engine step wall time vs GPU busy time and replay gaps, overlap off vs on; "
         "gemm: decode-shaped projections in a graph, cuBLAS vs the skinny kernel vs the floor "
         "(--batch-sizes: rows M); moe: one MoE layer's experts in a graph, Triton vs the torch reference vs "
         "the routed experts' read floor (--batch-sizes: tokens); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
-        "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency",
+        "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency; "
+        "prefix: requests sharing a system prompt, TTFT and throughput, prefix caching off vs on",
     )
     p.add_argument(
         "--sweep",
@@ -182,6 +194,17 @@ def _buckets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="buckets only: seed of a generated trace")
 
 
+def _prefix_args(p: argparse.ArgumentParser) -> None:
+    """``graphrt bench prefix``: requests sharing a system prompt, prefix caching off vs on."""
+    p.add_argument(
+        "--requests", type=positive_int, default=64, help="prefix only: requests submitted at once"
+    )
+    p.add_argument("--system-tokens", type=positive_int, default=1000, help="prefix only: the shared prompt")
+    p.add_argument("--user-tokens", type=positive_int, default=32, help="prefix only: each request's own")
+    p.add_argument("--new-tokens", type=positive_int, default=32, help="prefix only: tokens generated each")
+    p.add_argument("--rows", type=positive_int, default=None, help="prefix only: max_batch_size (--requests)")
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench model``: graphrt vs the weight-read floor vs transformers (eager, compiled)."""
     p.add_argument(
@@ -219,6 +242,7 @@ def add_bench(sub: argparse._SubParsersAction, common: Parser, name: str, sizes:
         _host_args(p)
         _model_args(p)
         bench_serve_args(p)
+        _prefix_args(p)
     device_args(p)
     p.add_argument(
         "--batch-sizes",

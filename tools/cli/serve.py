@@ -73,6 +73,8 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_logprobs": getattr(args, "max_logprobs", 20),
         "penalties": getattr(args, "sampling_extras", True),
         "token_masks": getattr(args, "sampling_extras", True),
+        # NOTE: None: the engine's default (on wherever it combines; off with --tp)
+        "prefix_caching": False if getattr(args, "no_prefix_caching", False) else None,
     }
 
 

@@ -45,7 +45,7 @@ def server_args(p: argparse.ArgumentParser) -> None:
 def bench_serve_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench serve``: both servers on one model, the same requests at each concurrency."""
     p.add_argument(
-        "--model", type=model_name, default="smollm2", help="serve only: the model both servers run"
+        "--model", type=model_name, default="smollm2", help="serve and prefix: the model the servers run"
     )
     p.add_argument(
         "--concurrency",

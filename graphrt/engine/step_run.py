@@ -1,0 +1,94 @@
+"""A step's run and draw: prefill and mixed (chunked) steps, proposer rounds, and the host
+sampler for engines that record logits; functions of the :class:`~graphrt.engine.scheduler.
+Scheduler` that runs them."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from graphrt.engine.batches import append_tokens
+from graphrt.engine.chunked import MixedStep, prefilling
+from graphrt.engine.logprobs import wants
+from graphrt.engine.request import Request
+from graphrt.engine.sampling import host_tokens, row_params, until_stop
+from graphrt.step.batch import Batch
+
+if TYPE_CHECKING:
+    from graphrt.engine.scheduler import Scheduler
+
+
+def run_mixed(sched: Scheduler, plan: MixedStep) -> list[tuple[int, int]]:
+    """Run a chunked step (decode rows and prompt chunks in one EXTEND); append the tokens
+    of its decode rows and finished prompts, retire the requests done."""
+    start, eager = time.perf_counter(), not sched.use_graphs
+    emitting = [r for r, e in zip(plan.reqs, plan.emits, strict=True) if e]
+    if plan.batch.sampling is not None:
+        tokens = sched.runtime.run(plan.batch, eager=eager).cpu().numpy()[plan.emits].tolist()
+    else:
+        logits = sched.runtime.run(plan.batch, eager=eager)[plan.last[plan.emits]]
+        tokens = host_sample(sched, emitting, logits, plan.batch.seq_lens[plan.emits])
+    for r, q in zip(plan.reqs, plan.chunks.tolist(), strict=True):
+        r.prefilled += q
+        if q and not prefilling(r):
+            sched._prefilled(r)
+    sched._rows = None  # NOTE: the decode rows moved on outside DecodeRows
+    if plan.decodes:  # NOTE: a mixed step counts as one of the decode rows' steps
+        sched.mixed_steps += 1
+        sched.decode_seconds += time.perf_counter() - start
+    else:
+        sched.prefill_steps += 1
+    produced = append_tokens(emitting, tokens)
+    sched._retire([r for r in sched.running if r.done])
+    return produced
+
+
+def spec_round(sched: Scheduler, reqs: list[Request], proposal: Any) -> list[tuple[int, int]]:
+    assert sched.spec is not None
+    start = time.perf_counter()
+    new = sched.spec.round(reqs, proposal, eager=not sched.use_graphs)
+    sched._rows = None  # NOTE: the rows' positions moved by a round's own count each
+    sched.decode_seconds += time.perf_counter() - start
+    sched.decode_steps += 1
+    new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
+    for r, tokens in zip(reqs, new, strict=True):
+        r.output.extend(tokens)
+    return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
+
+
+def run_and_sample(
+    sched: Scheduler, reqs: list[Request], batch: Batch, last: np.ndarray
+) -> list[tuple[int, int]]:
+    """Run ``batch`` and append each request's next token (``last``: its last token row).
+
+    The runtime samples inside its program; an engine recording logits takes them and
+    applies the same sampler here, so its tokens are the same.
+    """
+    eager = not sched.use_graphs
+    logits = None
+    if sched.runtime.config.sample and not sched.record_logits:
+        batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
+        tokens = sched.runtime.run(batch, eager=eager).tolist()
+    else:
+        logits = sched.runtime.run(batch, eager=eager)[last]
+        tokens = host_sample(sched, reqs, logits, batch.seq_lens)
+    produced = append_tokens(reqs, tokens)
+    ids = np.asarray(tokens, dtype=np.int64)
+    sched.extras.after(reqs, ids, logprobs=wants(reqs), constrained=True, logits=logits)
+    return produced
+
+
+def host_sample(
+    sched: Scheduler, reqs: list[Request], logits: torch.Tensor, seq_lens: np.ndarray
+) -> list[int]:
+    """Each request's token from its row of ``logits`` (recorded when asked); ``seq_lens``:
+    their KV lengths (the sampler's positions)."""
+    tokens = host_tokens(logits, [r.sampling for r in reqs], seq_lens)
+    if sched.record_logits:
+        for r, row in zip(reqs, logits.float().cpu(), strict=True):
+            sched.logits.setdefault(r.rid, []).append(row)
+    return tokens
