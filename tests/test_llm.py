@@ -93,7 +93,9 @@ def test_bad_prompts_are_refused_before_anything_runs(llm: LLM) -> None:
         llm.generate([[1, 2], list(range(1, 200))], max_new_tokens=4)
     with pytest.raises(TypeError, match="a prompt is a str or a list of int"):
         llm.generate([3.5], max_new_tokens=4)  # type: ignore[list-item]
-    with pytest.raises(ValueError, match=r"prompt 0: stop strings must be non-empty and at most 256 characters"):
+    with pytest.raises(
+        ValueError, match=r"prompt 0: stop strings must be non-empty and at most 256 characters"
+    ):
         llm.generate("hi", max_new_tokens=4, stop=[""])
     free(llm)
 

@@ -88,9 +88,9 @@ CASES: dict[str, tuple[dict, str]] = {
         dict(config=lambda raw: raw.update(rope_scaling={"type": "longrope"})),
         r"rope_type 'longrope' .* cannot be captured",
     ),
-    "yarn": (
-        dict(config=lambda raw: raw.update(rope_parameters={"rope_type": "yarn", "factor": 2.0})),
-        r"rope_type 'yarn' is not supported; supported: default, linear, llama3",
+    "unknown": (
+        dict(config=lambda raw: raw.update(rope_parameters={"rope_type": "made-up", "factor": 2.0})),
+        r"rope_type 'made-up' is not supported; supported: default, linear, llama3",
     ),
 }
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
+from graphrt.kernels import switches
 from graphrt.parallel import Message, Op, StepChannel, init_tp, pack
 from graphrt.parallel.shm_ring import SHM_DIR, SLOT_WORDS, SLOTS, ring_for
 from tests.support.tp_util import run_ranks
@@ -40,6 +41,7 @@ def messages() -> list[Message]:
 
 def _exchange(rank: int, world: int, channel_env: str) -> tuple[bool, list[list[int]]]:
     os.environ["GRAPHRT_STEP_CHANNEL"] = channel_env
+    switches.forget()  # NOTE: a forked rank inherits the parent's switch record: read this one
     group = init_tp(world, CPU)
     channel = StepChannel(group)
     got = [channel.exchange(m if rank == 0 else None) for m in messages()]
