@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -54,24 +55,23 @@ def _bytes(name: str, raw: str) -> Value:
     return limit
 
 
-def _seconds(name: str, raw: str) -> Value:
+def _float(name: str, raw: str, positive: bool, expected: str) -> Value:
+    """``raw`` as a float, > 0 (``positive``) or >= 0; nan and text are refused with ``expected``."""
     try:
-        seconds = float(raw)
+        value = float(raw)
     except ValueError:
-        seconds = -1.0
-    if not seconds > 0:  # NOTE: also refuses nan
-        raise ValueError(f"{name}={raw!r}: expected a positive number of seconds")
-    return seconds
+        value = math.nan
+    if not (value > 0 if positive else value >= 0):  # NOTE: nan fails both
+        raise ValueError(expected.format(f"{name}={raw!r}"))
+    return value
+
+
+def _seconds(name: str, raw: str) -> Value:
+    return _float(name, raw, True, "{}: expected a positive number of seconds")
 
 
 def _gib(name: str, raw: str) -> Value:
-    try:
-        gb = float(raw)
-    except ValueError:
-        gb = -1.0
-    if not gb >= 0:  # NOTE: also refuses nan
-        raise ValueError(f"{name}={raw!r} is not a number of GiB >= 0")
-    return gb
+    return _float(name, raw, False, "{} is not a number of GiB >= 0")
 
 
 def _choice(name: str, raw: str, choices: tuple[str, ...]) -> Value:
