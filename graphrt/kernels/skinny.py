@@ -19,7 +19,7 @@ that regime:
 - **Deterministic**: no split-K, no atomics. Each output element is summed by one program in a
   fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
   with different ``M`` may round differently (another path or tile), as cuBLAS's do.
-- **Batch-invariant**: :mod:`graphrt.models.invariant` launches it with one tile for every ``M``.
+- **Batch-invariant**: :mod:`graphrt.kernels.invariant` launches it with one tile for every ``M``.
 - **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the fixed rule
   table :data:`TILES` by ``M`` and ``K``; :data:`OVERRIDES` (per ``(M class, N, K)``) and the
   ``tile=`` argument replace it. ``graphrt bench gemm --sweep`` times candidates on a GPU.
@@ -139,7 +139,7 @@ def problem(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, max_m: int | None = MAX_M
 ) -> str | None:
     """What the kernel cannot take in these tensors (naming the value and the limit), or None;
-    ``max_m``: the most rows (None: any, as :mod:`graphrt.models.invariant` takes)."""
+    ``max_m``: the most rows (None: any, as :mod:`graphrt.kernels.invariant` takes)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
     if x.shape[0] < 1 or (max_m is not None and x.shape[0] > max_m):

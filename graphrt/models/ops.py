@@ -18,10 +18,9 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
-from graphrt.kernels import cos_sin, fp8_gemm, prologue, skinny, switches
+from graphrt.kernels import cos_sin, fp8_gemm, invariant, prologue, skinny, switches
 from graphrt.kernels.switches import batch_invariant_on
 from graphrt.kv.rope_store import rotate_ref as apply_rope_ref
-from graphrt.models import invariant
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 #: Token rows up to which :func:`linear` streams the weight through the skinny GEMM: one. Above
@@ -59,7 +58,7 @@ def linear(
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
     Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
     In a batch-invariant forward (``RuntimeConfig.deterministic``) every ``M`` takes
-    :func:`graphrt.models.invariant.invariant_linear` instead: a row's bits do not depend on ``M``.
+    :func:`graphrt.kernels.invariant.invariant_linear` instead: a row's bits do not depend on ``M``.
     """
     if scale is not None:
         return fp8_gemm.fp8_linear(x, weight, scale, bias)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from graphrt.kernels import invariant
 from graphrt.kernels import skinny as sk
 from graphrt.kernels.switches import batch_invariant
-from graphrt.models import invariant, ops
+from graphrt.models import ops
 from tests.models.test_skinny import _assert_matches, _inputs
 from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
 
