@@ -82,7 +82,7 @@ class Experts(nn.Module):
     def __init__(self, spec: MoESpec, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         e, h = spec.num_experts, hidden_size
-        self.inner = split(spec.expert_size, tp, "the experts' intermediate size (moe_intermediate_size)")
+        self.inner = split(spec.expert_size, tp, "the experts' intermediate size")
         self.activation = spec.activation
         self.w13 = gate_up_param((e,), self.inner, (h,))
         self.w2 = down_param(e, h, self.inner)
