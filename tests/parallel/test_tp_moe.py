@@ -6,9 +6,10 @@ shared expert split as the dense MLP, summed with the routed experts in the laye
 all-reduce; a dense first layer), gpt-oss (fused experts with gate and up interleaved, biases:
 ``b13`` split, ``b2`` added by rank 0 only; sinks, sliding layers). Each rank holds exactly its
 slices of the TP=1 model's weights and reads no more than it holds (one process, no group).
-On two CPU ranks (gloo, fp32): logits within ``ATOL`` of TP=1 (prefill, graphed and eager
-decode; only the all-reduce changes the summation order), greedy tokens of ``Engine(tp=2)``
-equal TP=1's and transformers' ``generate``. Refused at build: a TP size that does not divide
+On two CPU ranks (gloo, fp32), greedy decoding of a batch of two prompts
+(:mod:`tests.support.greedy_run`): logits within ``ATOL`` of TP=1 (prefill, each decode step
+eager and graphed; only the all-reduce changes the summation order), greedy tokens equal TP=1's
+and transformers' ``generate``. Refused at build: a TP size that does not divide
 the experts' intermediate size (naming both), expert parallelism (``ep_size``).
 """
 
@@ -19,19 +20,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from graphrt import Engine  # noqa: E402
 from graphrt.checkpoints import load  # noqa: E402
 from graphrt.checkpoints import safetensors_dir as st_dir  # noqa: E402
 from graphrt.models.moe import SparseMoE  # noqa: E402
-from graphrt.parallel import TPGroup, init_tp  # noqa: E402
-from tests.support.hf_util import ParityRun, run_graphrt, saved_reference, sequences  # noqa: E402
+from graphrt.parallel import TPGroup  # noqa: E402
+from tests.support.greedy_run import greedy_run, tp_greedy  # noqa: E402
+from tests.support.hf_util import saved_reference  # noqa: E402
 from tests.support.moe_checkpoints import MOE_CASES  # noqa: E402
 from tests.support.tp_util import run_ranks  # noqa: E402
 
@@ -39,7 +39,6 @@ CPU = torch.device("cpu")
 ATOL = 1e-4  # NOTE: as tests/parallel/test_tp_checkpoints.py
 CASES = ("qwen3-moe-norm-topk", "qwen2-moe-shared-gate", "gpt-oss")
 PROMPTS, NEW = [[1, 2, 3], [7, 8, 9, 10, 11]], 6
-ENGINE = dict(device="cpu", max_batch_size=2, max_context_len=32, buckets=(2,))
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -81,37 +80,17 @@ def test_tp2_reads_no_more_than_it_holds(
     assert sum(reads) <= local, (sum(reads), local)
 
 
-def _rows(run: ParityRun) -> list[torch.Tensor]:
-    return [*run.prefill, *run.decode_graph, *run.decode_eager]
-
-
-def moe_parity(rank: int, world: int, path: str) -> tuple[list[np.ndarray], list[list[int]]]:
-    """This rank's logits rows (prefill, graphed and eager decode) and rank 0's engine tokens at TP=world.
-
-    NOTE: numpy, not tensors: a tensor crosses the queue in shared memory its exiting rank frees.
-    """
-    group = init_tp(world, CPU)
-    model = load(path, device=group.device, tp=group)
-    rows = [r.numpy() for r in _rows(run_graphrt(model, sequences(model.vocab_size)))]
-    engine = Engine(path, tp=world, **ENGINE)
-    tokens = engine.generate(PROMPTS if rank == 0 else [[5]], NEW)
-    engine.close()
-    return rows, tokens
-
-
 @torch.no_grad()
 def test_tp2_matches_tp1_and_transformers(checkpoint: tuple[Path, Any]) -> None:
     path, reference = checkpoint
-    results = run_ranks(moe_parity, 2, str(path), deadline_s=180)
-    tp1 = _rows(run_graphrt(load(path, device=CPU), sequences(reference.config.vocab_size)))
-    for rank, (rows, _) in enumerate(results):
-        for got, want in zip(map(torch.from_numpy, rows), tp1, strict=True):
+    results = run_ranks(tp_greedy, 2, str(path), PROMPTS, NEW, deadline_s=180)
+    tp1 = greedy_run(load(path, device=CPU), PROMPTS, NEW)
+    for rank, run in enumerate(results):
+        for got, want in zip(run.rows(), tp1.rows(), strict=True):
             diff = (got - want).abs().max().item()
             assert diff <= ATOL, f"rank {rank}: |logits - TP=1| = {diff} > {ATOL}"
-            assert torch.equal(got.argmax(-1), want.argmax(-1)), f"rank {rank}: a greedy token differs"
-    tokens = results[0][1]
-    assert tokens == Engine(str(path), **ENGINE).generate(PROMPTS, NEW)
-    for prompt, got in zip(PROMPTS, tokens, strict=True):
+        assert run.tokens == tp1.tokens, f"rank {rank}: greedy tokens differ from TP=1"
+    for prompt, got in zip(PROMPTS, tp1.tokens, strict=True):
         want = reference.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
         want = want[0, len(prompt) :].tolist()  # NOTE: transformers stops at EOS
         assert got[: len(want)] == want
