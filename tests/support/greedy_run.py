@@ -2,7 +2,7 @@
 
 The tensor-parallel MoE tests run it on every rank and at TP=1: one bucket, one captured mode
 (DECODE), so a step costs few collectives on a loaded CPU. Imports no transformers: a spawned
-rank unpickles :func:`tp_greedy` from here.
+rank unpickles :func:`tp_greedy` (and the GPU test's :func:`tp_forced`) from here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from graphrt import Batch, ForwardMode, RuntimeConfig
 from graphrt.checkpoints import load
 from graphrt.engine.stack import stack_for
 from graphrt.parallel import init_tp
+from tests.support.hf_util import run_graphrt, sequences
 
 PAGE_SIZE, MAX_CONTEXT = 16, 32
 
@@ -79,3 +80,16 @@ def tp_greedy(rank: int, world: int, path: str, prompts: list[list[int]], new: i
     """:func:`greedy_run` of this rank's shard of checkpoint ``path`` (CPU, TP=``world``)."""
     group = init_tp(world, torch.device("cpu"))
     return greedy_run(load(path, device=group.device, tp=group), prompts, new)
+
+
+def forced_rows(model: torch.nn.Module) -> list[np.ndarray]:
+    """:func:`tests.support.hf_util.run_graphrt`'s logits rows (fixed sequences: no greedy
+    feedback, so bf16 runs stay comparable after a near-tie), prefill then graphed then eager."""
+    run = run_graphrt(model, sequences(model.vocab_size))
+    return [r.numpy() for r in (*run.prefill, *run.decode_graph, *run.decode_eager)]
+
+
+def tp_forced(rank: int, world: int, path: str, device: str) -> list[np.ndarray]:
+    """:func:`forced_rows` of this rank's shard of ``path`` (``device``'s default dtype)."""
+    group = init_tp(world, torch.device(device))
+    return forced_rows(load(path, device=group.device, tp=group))
