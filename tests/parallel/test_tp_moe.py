@@ -5,7 +5,8 @@ One tiny transformers checkpoint (``save_pretrained``) per way experts shard: Qw
 shared expert split as the dense MLP, summed with the routed experts in the layer's one
 all-reduce; a dense first layer), gpt-oss (fused experts with gate and up interleaved, biases:
 ``b13`` split, ``b2`` added by rank 0 only; sinks, sliding layers). Each rank holds exactly its
-slices of the TP=1 model's weights and reads no more than it holds (one process, no group).
+slices of the TP=1 model's weights and reads no more than it holds; a MoE preset's seeded
+shards are the TP=1 weights' slices (one process, no group).
 On two CPU ranks (gloo, fp32), greedy decoding of a batch of two prompts
 (:mod:`tests.support.greedy_run`): logits within ``ATOL`` of TP=1 (prefill, each decode step
 eager and graphed; only the all-reduce changes the summation order), greedy tokens equal TP=1's
@@ -29,7 +30,9 @@ pytest.importorskip("safetensors")
 
 from graphrt.checkpoints import load  # noqa: E402
 from graphrt.checkpoints import safetensors_dir as st_dir  # noqa: E402
+from graphrt.models.llama import TinyLlama  # noqa: E402
 from graphrt.models.moe import SparseMoE  # noqa: E402
+from graphrt.models.presets import PRESETS  # noqa: E402
 from graphrt.parallel import TPGroup  # noqa: E402
 from tests.parallel.test_tp_checkpoints import torchrun  # noqa: E402
 from tests.support.greedy_run import forced_rows, greedy_run, tp_forced, tp_greedy  # noqa: E402
@@ -57,12 +60,28 @@ def test_each_rank_holds_exactly_its_slices(checkpoint: tuple[Path, Any]) -> Non
         moe = next(layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoE))
         e, inter, h = moe.spec.num_experts, moe.spec.expert_size, model.cfg.hidden_size
         assert moe.experts.w13.shape == (e, inter, h) and moe.experts.w2.shape == (e, h, inter // 2)
-        for name, p in model.named_parameters():
-            want = full[name]
-            if hasattr(p, "weight_loader"):  # NOTE: the shard of the TP=1 tensor, by the seeded path
-                want = torch.full_like(p, float("nan"))
-                p.weight_loader(want, full[name])
-            assert torch.equal(p, want), f"rank {rank} {name}: not its slice of the TP=1 weight"
+        _assert_slices(model, full, rank)
+
+
+def _assert_slices(model: torch.nn.Module, full: dict[str, torch.Tensor], rank: int) -> None:
+    """Every parameter of ``model`` (a TP shard) is its ``weight_loader``'s shard of the TP=1 one."""
+    for name, p in model.named_parameters():
+        want = full[name]
+        if hasattr(p, "weight_loader"):  # NOTE: replicated parameters have none
+            want = torch.full_like(p, float("nan"))
+            p.weight_loader(want, full[name])
+        assert torch.equal(p, want), f"rank {rank} {name}: not its slice of the TP=1 weight"
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-gpt-oss"])
+def test_preset_shards_are_slices_of_the_tp1_weights(preset: str) -> None:
+    """``Engine(preset, tp=2)``'s seeded weights: each rank draws the full tensors and keeps its slices."""
+    cfg = PRESETS[preset]
+    full = dict(TinyLlama.from_seed(cfg, 0, CPU, torch.float32).named_parameters())
+    for rank in range(2):
+        _assert_slices(
+            TinyLlama.from_seed(cfg, 0, CPU, torch.float32, TPGroup(rank=rank, size=2)), full, rank
+        )
 
 
 def test_tp2_reads_no_more_than_it_holds(
