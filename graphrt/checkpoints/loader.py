@@ -61,7 +61,7 @@ SOURCES: dict[str, Callable[[Path, torch.dtype], TensorSource]] = {".gguf": gguf
 
 
 def _directory(path: Path, dtype: torch.dtype) -> TensorSource:
-    return SafetensorsDir(path)
+    return SafetensorsDir(path, dtype)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
