@@ -26,7 +26,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: E402
 
 from graphrt import Engine  # noqa: E402
-from graphrt.checkpoints import load  # noqa: E402
+from graphrt.checkpoints import load, mxfp4  # noqa: E402
 from graphrt.checkpoints.mxfp4 import dequantize  # noqa: E402
 from graphrt.checkpoints.safetensors_dir import SafetensorsDir  # noqa: E402
 from graphrt.models import CausalLM  # noqa: E402
@@ -97,6 +97,28 @@ def test_loaded_experts_equal_transformers_dequantized(checkpoint: tuple[Path, A
         assert torch.equal(ours.mlp.experts.b13, torch.cat((bias[..., 0::2], bias[..., 1::2]), dim=-1))
 
 
+def test_dequantized_one_tensor_at_a_time(
+    checkpoint: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing the tensors dequantizes nothing; loading dequantizes each layer's projection once,
+    tensor by tensor as it is copied in (never the whole checkpoint's experts together)."""
+    calls: list[tuple[int, ...]] = []
+
+    def spy(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        calls.append(tuple(blocks.shape))
+        return dequantize(blocks, scales, dtype)
+
+    monkeypatch.setattr(mxfp4, "dequantize", spy)
+    path, reference = checkpoint
+    SafetensorsDir(path).shapes()
+    assert calls == []
+    load(path, device="cpu")
+    cfg = reference.config
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    per_layer = [(cfg.num_local_experts, 2 * i, h // 32, 16), (cfg.num_local_experts, h, i // 32, 16)]
+    assert sorted(calls) == sorted(per_layer * cfg.num_hidden_layers)
+
+
 def test_logits_equal_transformers(device: torch.device, checkpoint: tuple[Path, Any]) -> None:
     check_checkpoint(device, *checkpoint)
 
@@ -138,6 +160,11 @@ REFUSED: dict[str, tuple[Callable | None, Callable | None, str]] = {
         lambda raw: raw["quantization_config"].update(quant_method="awq"),
         None,
         r"quantization 'awq' is not supported for GptOssForCausalLM .*dequantized at load: mxfp4 for GptOssForCausalLM",
+    ),
+    "mxfp4-not-gpt-oss": (
+        lambda raw: raw.update(architectures=["MixtralForCausalLM"]),
+        None,
+        r"quantization 'mxfp4' is not supported for MixtralForCausalLM safetensors checkpoints",
     ),
     "no-scales": (
         None,
