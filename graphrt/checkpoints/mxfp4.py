@@ -97,7 +97,8 @@ class Packed:
 def packed_tensors(headers: Mapping[str, tuple[str, Shape]]) -> dict[str, Packed]:
     """The MXFP4 tensors among ``headers`` (name → (safetensors dtype, shape)), by the name of
     the parameter they dequantize to; ``CheckpointError`` naming a blocks tensor whose scales
-    are missing, of another dtype than U8, or of a shape that does not match."""
+    are missing, of another dtype than U8, of a shape that does not match, or stored beside the
+    dequantized tensor of its name."""
     out: dict[str, Packed] = {}
     for name, (dtype, shape) in headers.items():
         base = name.removesuffix(BLOCKS)
@@ -115,6 +116,8 @@ def packed_tensors(headers: Mapping[str, tuple[str, Shape]]) -> dict[str, Packed
                 f"MXFP4 tensor {name!r} has shape {list(shape)}, want [E, R, G, {BLOCK_BYTES}] with "
                 f"{base + SCALES!r} [E, R, G] (found {list(scales[1])})"
             )
+        if base in headers:
+            raise CheckpointError(f"tensor {base!r} is stored both as it is and as MXFP4 {name!r}")
         e, r, g, _ = shape
         out[base] = Packed(name, base + SCALES, (e, g * BLOCK, r))
     return out

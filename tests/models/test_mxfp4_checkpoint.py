@@ -189,6 +189,11 @@ REFUSED: dict[str, tuple[Callable | None, Callable | None, str]] = {
         ),
         r"dtypes I8 / U8, want U8",
     ),
+    "both-forms": (
+        None,
+        lambda s: s.update({f"{L0}.mlp.experts.down_proj": torch.zeros(4, 96, 64)}),
+        rf"tensor '{L0}.mlp.experts.down_proj' is stored both as it is and as MXFP4 '{L0}.mlp.experts.down_proj_blocks'",
+    ),
     "packed-attention": (
         None,
         lambda s: s.update(
