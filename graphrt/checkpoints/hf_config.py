@@ -15,6 +15,7 @@ from typing import Any
 
 from graphrt.checkpoints.errors import CheckpointError
 from graphrt.checkpoints.hf_moe import parse_moe
+from graphrt.checkpoints.mxfp4 import quant_method
 from graphrt.models.config import ModelConfig
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import check_rope_type
@@ -108,14 +109,8 @@ def _windows(raw: Raw, arch: Arch, num_layers: int) -> tuple[int | None, ...]:
     return tuple(int(size) - 1 if s else None for s in sliding)
 
 
-def _refuse_unsupported(raw: Raw) -> None:
-    quant = raw.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "unknown") if isinstance(quant, Mapping) else quant
-        raise ValueError(
-            f"quantization {method!r} is not supported for safetensors checkpoints; load a "
-            "dequantized checkpoint or a GGUF file"
-        )
+def _refuse_unsupported(raw: Raw, arch_name: str) -> None:
+    quant_method(raw, arch_name)  # NOTE: refuses what is not dequantized at load (mxfp4 for gpt-oss)
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias=True is not supported")
     if raw.get("clip_qkv") is not None:
@@ -232,7 +227,7 @@ def parse_config(raw: Raw) -> ModelConfig | MLAConfig:
         raise CheckpointError(f"config must be a JSON object, got {type(raw).__name__}")
     arch_name = _architecture(raw)
     check_sizes(raw, mla=arch_name in MLA_ARCHS)
-    _refuse_unsupported(raw)
+    _refuse_unsupported(raw, arch_name)
     if arch_name in MLA_ARCHS:
         return parse_mla_config(raw, arch_name)
     arch = ARCHS[arch_name]

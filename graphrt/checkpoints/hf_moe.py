@@ -50,12 +50,16 @@ def _deepseek_v2(raw: Raw) -> dict[str, Any]:
             f"DeepSeek-V2 topk_method {method!r} is not supported; supported: greedy, group_limited_greedy"
         )
     # NOTE: transformers' DeepSeek-V2 router never renormalises (norm_topk_prob unread).
-    return dict(scoring=scoring, **_groups(raw, scoring == "group_limited"), **_shared(raw))
+    groups = _groups(raw, scoring == "group_limited")
+    return dict(scoring=scoring, router_fp32=True, **groups, **_shared(raw))
 
 
 def _deepseek_v3(raw: Raw) -> dict[str, Any]:
     norm = bool(raw.get("norm_topk_prob", True))
-    return dict(scoring="sigmoid", norm_topk_prob=norm, score_bias=True, **_groups(raw, True), **_shared(raw))
+    groups = _groups(raw, True)
+    return dict(
+        scoring="sigmoid", norm_topk_prob=norm, score_bias=True, router_fp32=True, **groups, **_shared(raw)
+    )
 
 
 def _groups(raw: Raw, grouped: bool) -> dict[str, Any]:

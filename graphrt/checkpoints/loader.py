@@ -61,7 +61,7 @@ SOURCES: dict[str, Callable[[Path, torch.dtype], TensorSource]] = {".gguf": gguf
 
 
 def _directory(path: Path, dtype: torch.dtype) -> TensorSource:
-    return SafetensorsDir(path)
+    return SafetensorsDir(path, dtype)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -88,7 +88,8 @@ def load(
     device : str or torch.device, optional
         Default: CUDA when available, else CPU. Tensors are read straight onto it.
     dtype : torch.dtype, optional
-        Weight dtype (default bf16 on CUDA, fp32 elsewhere); GGUF blocks are dequantised to it.
+        Weight dtype (default bf16 on CUDA, fp32 elsewhere); GGUF blocks and gpt-oss's MXFP4
+        experts (``quant_method: mxfp4``) are dequantised to it, one tensor at a time.
     tp : TPGroup, optional
         This rank's tensor-parallel group (``graphrt.parallel.init_tp``): the model holds the
         rank's shards only (attention heads, MLP columns, vocabulary rows; norms replicated),

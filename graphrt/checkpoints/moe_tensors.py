@@ -59,7 +59,12 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 
 def _gate_up_t(t: torch.Tensor) -> torch.Tensor:
-    return _deinterleave(t).transpose(1, 2).contiguous()
+    """``[E, H, 2 I]`` interleaved → ``[E, 2 I, H]`` gate rows then up rows, in one copy.
+
+    NOTE: an MXFP4 source hands over a transposed view of contiguous ``[E, 2 I, H]`` rows, so
+    the rows are gathered straight from it (one layer's temporary, not three)."""
+    rows = t.transpose(1, 2)
+    return torch.cat((rows[:, 0::2], rows[:, 1::2]), dim=1)
 
 
 def _down_t(t: torch.Tensor) -> torch.Tensor:

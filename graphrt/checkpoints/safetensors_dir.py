@@ -17,8 +17,9 @@ import torch
 from graphrt.checkpoints.checkpoint import Shape
 from graphrt.checkpoints.errors import CheckpointError, read_json
 from graphrt.checkpoints.hf_config import parse_config
+from graphrt.checkpoints.mxfp4 import Packed, packed_tensors, quant_method
 from graphrt.models.config import ModelConfig
-from graphrt.models.parallel import Shard
+from graphrt.models.parallel import Shard, cut
 from graphrt.models.presets import MLAConfig
 
 #: safetensors dtypes a checkpoint may hold; anything else is a quantised format.
@@ -40,15 +41,18 @@ def _safe_open(file: Path, device: str) -> Iterator[Any]:
         raise CheckpointError(f"{file}: not a readable safetensors file: {err}") from None
 
 
-def read_config(path: Path) -> ModelConfig | MLAConfig:
-    """The ``config.json`` of checkpoint directory ``path``; :class:`CheckpointError` naming it
-    when it is missing, does not parse, or holds sizes no model can have."""
+def read_config(path: Path) -> tuple[ModelConfig | MLAConfig, str | None]:
+    """The ``config.json`` of checkpoint directory ``path`` and the quantization its tensors are
+    dequantized from at load (:data:`~graphrt.checkpoints.mxfp4.DEQUANTIZED_AT_LOAD`, else None);
+    :class:`CheckpointError` naming it when it is missing, does not parse, or holds sizes no
+    model can have."""
     config = path / "config.json"
     if not config.exists():
         raise CheckpointError(f"{path}: no config.json")
     raw = read_json(config)
     try:
-        return parse_config(raw)
+        parsed = parse_config(raw)
+        return parsed, quant_method(raw, parsed.architecture)
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{config}: {err}") from None
 
@@ -76,35 +80,61 @@ def _files(path: Path) -> dict[str, Path]:
 
 
 class SafetensorsDir:
-    """:class:`~graphrt.checkpoints.checkpoint.TensorSource` for a local Hugging Face directory."""
+    """:class:`~graphrt.checkpoints.checkpoint.TensorSource` for a local Hugging Face directory.
+
+    An MXFP4 checkpoint's packed tensors (gpt-oss's experts) are listed and read under the
+    name and shape of the parameter they dequantize to, dequantized to ``dtype`` on the target
+    device one tensor at a time (:mod:`graphrt.checkpoints.mxfp4`).
+    """
 
     freq_factors = None
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
         self.path = Path(path)
-        self.config: ModelConfig | MLAConfig = read_config(self.path)
+        self.dtype = dtype
+        self.config, self.quant = read_config(self.path)
         self.files = _files(self.path)
+        self.packed: dict[str, Packed] = {}
 
-    def shapes(self) -> dict[str, Shape]:
-        """Shape of every tensor, from the headers; ``CheckpointError`` on a quantised dtype."""
-        out: dict[str, Shape] = {}
+    def _headers(self) -> dict[str, tuple[str, Shape]]:
+        """Every tensor's safetensors dtype and shape, from the headers."""
+        out: dict[str, tuple[str, Shape]] = {}
         for file in sorted(set(self.files.values())):
             with _safe_open(file, "cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     part = f.get_slice(name)
-                    if part.get_dtype() not in FLOAT_DTYPES and not name.endswith("inv_freq"):
-                        raise CheckpointError(
-                            f"{file}: tensor {name!r} has dtype {part.get_dtype()}: quantised safetensors are not "
-                            f"supported (supported: {', '.join(FLOAT_DTYPES)})"
-                        )
-                    out[name] = tuple(part.get_shape())
+                    out[name] = (part.get_dtype(), tuple(part.get_shape()))
+        return out
+
+    def shapes(self) -> dict[str, Shape]:
+        """Shape of every tensor, from the headers (an MXFP4 pair as the tensor it dequantizes
+        to); ``CheckpointError`` on any other quantised dtype."""
+        headers = self._headers()
+        self.packed = packed_tensors(headers) if self.quant == "mxfp4" else {}
+        stored = {n for p in self.packed.values() for n in (p.blocks, p.scales)}
+        out: dict[str, Shape] = {name: p.shape for name, p in self.packed.items()}
+        for name, (dtype, shape) in headers.items():
+            if name in stored:
+                continue
+            if dtype not in FLOAT_DTYPES and not name.endswith("inv_freq"):
+                raise CheckpointError(
+                    f"{self.files[name]}: tensor {name!r} has dtype {dtype}: quantised safetensors are not "
+                    f"supported (supported: {', '.join(FLOAT_DTYPES)}; MXFP4 experts of gpt-oss)"
+                )
+            out[name] = shape
         return out
 
     def read(self, name: str, device: torch.device, shard: Shard) -> torch.Tensor:
         """``shard``'s rows (``dim`` 0) or columns (``dim`` 1) of ``name``, read from the file
-        (all of a 0-d tensor, such as a KV scale)."""
+        (all of a 0-d tensor, such as a KV scale); an MXFP4 tensor dequantized to ``dtype``."""
+        if name in self.packed:
+            return cut(self.packed[name].read(lambda n: self._get(n, device), self.dtype), shard)
         index = (slice(None),) * shard.dim + (slice(shard.start, shard.stop),)
         with _safe_open(self.files[name], str(device)) as f:
             if not shard.shape:
                 return f.get_tensor(name).to(device)
             return f.get_slice(name)[index].to(device)
+
+    def _get(self, name: str, device: torch.device) -> torch.Tensor:
+        with _safe_open(self.files[name], str(device)) as f:
+            return f.get_tensor(name).to(device)

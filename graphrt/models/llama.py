@@ -127,8 +127,8 @@ class Block(nn.Module):
     them in the GEMMs' prologues (:mod:`graphrt.kernels.prologue`), any other step runs the same
     ops as the unfused path. Under TP those projections are column-parallel (no collective
     between the norm and the GEMM) and ``down`` is all-reduced after its GEMM, as unfused.
-    Any other MLP (a MoE layer) runs unfused; one with ``takes_ctx`` gets ``ctx`` (its routing
-    buffers).
+    A MoE layer keeps the attention's fusion; its own norm runs unfused before the router, and
+    with ``takes_ctx`` it gets ``ctx`` (its routing buffers).
     """
 
     def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
@@ -146,23 +146,21 @@ class Block(nn.Module):
         """``x``: the previous sublayer's output (the embedding for the first block, with
         ``residual`` None). ``cos_sin``: the decoder's ``rope_inputs`` (passed to the attention).
         Returns this block's MLP output and the residual stream before it."""
+        out, residual = self._attention(x, residual, cos_sin, ctx)
         if self.norms_in_projections:
-            return self._fused(x, residual, cos_sin, ctx)
-        h, residual = self.attn_norm.stream(x, residual)
-        h, residual = self.mlp_norm.add(self.attn(h, cos_sin, ctx), residual)
+            gate_up, residual = self.mlp_norm.linear(out, residual, self.mlp.gate_up)
+            return self.mlp.gated_down(gate_up), residual
+        h, residual = self.mlp_norm.add(out, residual)
         return (self.mlp(h, ctx) if self.mlp_takes_ctx else self.mlp(h)), residual
 
-    def _fused(
+    def _attention(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: Any, ctx: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(self.attn, Attention):
+        if isinstance(self.attn, Attention):  # NOTE: the norm in the qkv GEMM's prologue, MoE or not
             qkv, residual = self.attn_norm.linear(x, residual, self.attn.qkv)
-            out = self.attn.attend(self.attn.heads(qkv, cos_sin), ctx)
-        else:  # NOTE: MLA / DSA make several projections of the normed input
-            h, residual = self.attn_norm.stream(x, residual)
-            out = self.attn(h, cos_sin, ctx)
-        gate_up, residual = self.mlp_norm.linear(out, residual, self.mlp.gate_up)
-        return self.mlp.gated_down(gate_up), residual
+            return self.attn.attend(self.attn.heads(qkv, cos_sin), ctx), residual
+        h, residual = self.attn_norm.stream(x, residual)  # NOTE: MLA / DSA make several projections
+        return self.attn(h, cos_sin, ctx), residual
 
 
 def seeded(model: nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> Any:

@@ -23,24 +23,43 @@ from torch import nn
 from torch.nn import functional as F
 
 from graphrt.kernels.moe import Routing, experts_reference, fused_experts
+from graphrt.kernels.moe.align import align_reference
 from graphrt.metadata.routing import RoutingShape
 from graphrt.models.experts import Experts
 from graphrt.models.mlp import MLP
 from graphrt.models.moe_config import MoESpec
 from graphrt.models.parallel import SINGLE
-from graphrt.models.router import align_reference, route, write_routing
+from graphrt.models.router import route, route_into
 from graphrt.parallel import TPGroup, all_reduce_
+
+
+class Gate(nn.Linear):
+    """The router linear ``[E, H]`` (with bias for gpt-oss). With ``fp32`` (DeepSeek, whose router
+    transformers computes in float32) its parameters stay float32 whatever the model's dtype, so a
+    step converts only its ``[T, H]`` input; else it runs in the model's dtype, as transformers'
+    Mixtral, Qwen-MoE, OLMoE and gpt-oss routers do (their scores then go to float32)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, bias: bool, fp32: bool) -> None:
+        super().__init__(hidden_size, num_experts, bias=bias)
+        self.fp32 = fp32
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        if not self.fp32:
+            return super()._apply(fn, recurse)
+        return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float() if self.fp32 else x, self.weight, self.bias)
 
 
 class SparseMoE(nn.Module):
     """One MoE MLP: ``forward(x [T, H], ctx) -> [T, H]`` in ``x``'s dtype.
 
-    ``gate``: the router linear ``[E, H]`` (with bias for gpt-oss), computed in float32;
-    ``score_bias``: DeepSeek-V3's ``e_score_correction_bias [E]``; ``shared``: the shared
-    expert (a dense SwiGLU), ``shared_gate`` its sigmoid gate ``[1, H]`` (Qwen2-MoE). With
-    ``tp``: this rank's slice of every expert's and the shared expert's intermediate dim, the
-    router and its biases whole; ``ValueError`` naming the size and the TP size when it does
-    not divide an intermediate size.
+    ``gate``: the router linear (:class:`Gate`); ``score_bias``: DeepSeek-V3's
+    ``e_score_correction_bias [E]``; ``shared``: the shared expert (a dense SwiGLU),
+    ``shared_gate`` its sigmoid gate ``[1, H]`` (Qwen2-MoE). With ``tp``: this rank's slice of
+    every expert's and the shared expert's intermediate dim, the router and its biases whole;
+    ``ValueError`` naming the size and the TP size when it does not divide an intermediate size.
     """
 
     takes_ctx = True
@@ -48,7 +67,7 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: Any, spec: MoESpec, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         self.spec, self.tp = spec, tp
-        self.gate = nn.Linear(cfg.hidden_size, spec.num_experts, bias=spec.router_bias)
+        self.gate = Gate(cfg.hidden_size, spec.num_experts, spec.router_bias, spec.router_fp32)
         self.score_bias = nn.Parameter(torch.zeros(spec.num_experts)) if spec.score_bias else None
         self.experts = Experts(spec, cfg.hidden_size, tp)
         shared = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=spec.shared_size)
@@ -59,17 +78,15 @@ class SparseMoE(nn.Module):
         return RoutingShape(self.spec.num_experts, self.spec.topk)
 
     def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
-        logits = F.linear(
-            x.float(), self.gate.weight.float(), None if self.gate.bias is None else self.gate.bias.float()
-        )
-        weights, ids = route(logits, self.spec, self.score_bias)
+        logits = self.gate(x)
         routing: Routing | None = getattr(ctx, "routing", None)
         if routing is None:  # NOTE: a context without routing buffers (no runtime): local tensors
+            weights, ids = route(logits, self.spec, self.score_bias)
             out = experts_reference(x, self.experts.weights(), ids, weights)
         else:
-            write_routing(routing, ctx.routing_tokens, weights, ids)
+            route_into(routing, ctx.routing_tokens, logits, self.spec, self.score_bias)
             if not x.is_cuda:  # NOTE: the fused kernels write the alignment on the GPU
-                align_reference(routing)
+                align_reference(routing.topk_ids, self.spec.num_experts, routing)
             out = fused_experts(x, self.experts.weights(), routing)
         if self.shared is not None:
             shared = self.shared.partial(x)  # NOTE: summed over the ranks with the routed experts

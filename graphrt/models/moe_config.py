@@ -20,7 +20,8 @@ class MoESpec:
     ``scoring`` (:data:`SCORINGS`). ``n_group`` / ``topk_group``: grouped top-k (DeepSeek).
     ``norm_topk_prob``: the chosen weights are renormalised to sum 1; ``routed_scaling_factor``
     multiplies them after. ``score_bias``: DeepSeek-V3's ``e_score_correction_bias`` (choice
-    only); ``router_bias``: the router linear has a bias (gpt-oss). ``shared_size``: the shared
+    only); ``router_bias``: the router linear has a bias (gpt-oss); ``router_fp32``: it runs in
+    float32 (DeepSeek), else in the model's dtype. ``shared_size``: the shared
     expert's intermediate size (0: none); ``shared_gate``: Qwen2-MoE's sigmoid gate on it.
     ``activation`` (``silu`` or gpt-oss's ``swiglu_clamp``) and ``expert_bias``: the experts'
     SwiGLU and biases. ``sparse``: per layer, whether it is MoE (else a dense MLP).
@@ -37,6 +38,7 @@ class MoESpec:
     routed_scaling_factor: float = 1.0
     score_bias: bool = False
     router_bias: bool = False
+    router_fp32: bool = False
     shared_size: int = 0
     shared_gate: bool = False
     activation: str = "silu"

@@ -24,6 +24,7 @@ V3_ROUTER: dict[str, Any] = dict(
     topk_group=2,
     routed_scaling_factor=2.5,
     score_bias=True,
+    router_fp32=True,
 )
 
 #: Real shapes: name → (base tiny preset, fields replaced).
@@ -79,7 +80,7 @@ REAL: dict[str, tuple[str, dict[str, Any]]] = {
             v_head_dim=128,
             intermediate_size=10944,
             architecture="DeepseekV2ForCausalLM",
-            moe=MoESpec(64, 6, 1408, deepseek_sparse(27, 1), shared_size=2816),
+            moe=MoESpec(64, 6, 1408, deepseek_sparse(27, 1), shared_size=2816, router_fp32=True),
         ),
     ),
     # NOTE: OLMoE-1B-7B: 16 layers of 64 experts (8 per token, 1024 wide); no q/k norm here.

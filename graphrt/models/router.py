@@ -1,8 +1,9 @@
 """The MoE router on the device: scores, top-k and weights, one table row per scoring.
 
 Every op has a static shape (top-k, gathers, masks by arithmetic): nothing reads routing on
-the host, so a router runs inside a captured graph. :func:`write_routing` puts the choice into
-the step's routing buffers, with pad rows (rows ``>= num_tokens``) routed to no expert.
+the host, so a router runs inside a captured graph. :func:`route_into` puts the choice into the
+step's routing buffers, with pad rows (rows ``>= num_tokens``) routed to no expert: one fused
+Triton program for the softmax scorings where Triton runs, else these torch ops.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from collections.abc import Callable
 
 import torch
 
-from graphrt.kernels.moe import BLOCK_M, Routing
+from graphrt.kernels.moe import Routing
+from graphrt.kernels.moe.align import ENV, PDL_ENV
+from graphrt.kernels.moe.route_triton import FUSED_SCORINGS, route_triton
+from graphrt.kernels.switches import pdl_enabled, triton_enabled
 from graphrt.models.moe_config import MoESpec
 
 #: ``(logits [T, E] float32, spec, score_bias [E] or None) -> (weights [T, k] float32, ids [T, k] int64)``.
@@ -70,7 +74,7 @@ def topk_softmax(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gpt-oss: top-k of the logits, softmax over the chosen."""
     values, ids = torch.topk(logits, spec.topk, dim=-1)
-    return values.softmax(dim=-1), ids
+    return values.float().softmax(dim=-1), ids
 
 
 SCORERS: dict[str, Scorer] = {
@@ -85,7 +89,8 @@ def route(
     logits: torch.Tensor, spec: MoESpec, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, k] float32, ids [T, k] int64)`` of router ``logits [T, E]`` (any float dtype)."""
-    return SCORERS[spec.scoring](logits.float(), spec, bias)
+    scores = logits if spec.scoring == "topk_softmax" else logits.float()  # NOTE: ranked as computed
+    return SCORERS[spec.scoring](scores, spec, bias)
 
 
 def write_routing(
@@ -99,29 +104,22 @@ def write_routing(
     routing.topk_weights.copy_(torch.where(pad, 0.0, weights))
 
 
-def align_reference(routing: Routing) -> None:
-    """The alignment buffers of ``routing`` from its ``topk_ids``, in torch (sync-free): the CPU
-    path's counterpart of the alignment kernel, same layout (:class:`Routing`).
-
-    Slots ``t * k + j`` grouped by expert in slot order, each expert's run padded to
-    :data:`BLOCK_M` with the tail value ``T * k``; ``block_experts`` -1 past ``num_padded``.
-    """
-    ids = routing.topk_ids.reshape(-1).long()
-    slots, num_experts = ids.numel(), routing.expert_counts.shape[0]
-    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
-    counts.scatter_add_(0, ids, torch.ones_like(ids))
-    routing.expert_counts.copy_(counts[:num_experts])
-    padded = (counts[:num_experts] + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = padded.cumsum(0)
-    order = torch.sort(ids, stable=True)[1]
-    expert = ids[order]
-    rank = torch.arange(slots, device=ids.device) - (counts.cumsum(0) - counts)[expert]
-    size = routing.sorted_ids.shape[0]
-    start = (ends - padded)[expert.clamp(max=num_experts - 1)]
-    pos = torch.where(expert < num_experts, start + rank, size)
-    out = torch.full((size + 1,), slots, dtype=torch.long, device=ids.device)
-    routing.sorted_ids.copy_(out.scatter_(0, pos, order)[:size])
-    routing.num_padded.copy_(ends[-1:])
-    first = torch.arange(routing.block_experts.shape[0], device=ids.device) * BLOCK_M
-    block = torch.searchsorted(ends, first, right=True)
-    routing.block_experts.copy_(torch.where(first < ends[-1], block, -1))
+def route_into(
+    routing: Routing,
+    num_tokens: torch.Tensor,
+    logits: torch.Tensor,
+    spec: MoESpec,
+    bias: torch.Tensor | None = None,
+) -> None:
+    """Route ``logits [T, E]`` into ``routing``'s ``topk_ids`` / ``topk_weights`` in place, rows
+    ``>= num_tokens [1]`` as pad rows: :func:`route` and :func:`write_routing`, or the fused
+    kernel (:mod:`graphrt.kernels.moe.route_triton`) where it runs (the MoE switch)."""
+    if spec.scoring in FUSED_SCORINGS and triton_enabled(ENV, logits.device):
+        pdl = pdl_enabled(PDL_ENV, logits.device)
+        renorm, scale = spec.norm_topk_prob, spec.routed_scaling_factor
+        route_triton(
+            logits, num_tokens, routing.topk_ids, routing.topk_weights, spec.scoring, renorm, scale, pdl
+        )
+        return
+    weights, ids = route(logits, spec, bias)
+    write_routing(routing, num_tokens, weights, ids)

@@ -15,7 +15,8 @@ from graphrt.debug.snapshot import take_snapshot
 from graphrt.kernels.moe import BLOCK_M, Routing, align_bound, block_bound
 from graphrt.metadata.routing import RoutingShape
 from graphrt.models.moe_config import MoESpec
-from graphrt.models.router import align_reference, route
+from graphrt.kernels.moe.align import align_reference
+from graphrt.models.router import route
 from tests.support.util import build_runtime, decode_batch, prefill
 
 transformers = pytest.importorskip("transformers")
@@ -131,7 +132,7 @@ def test_align_reference_layout(tokens: int, topk: int, experts: int) -> None:
     ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
     ids[-1] = experts  # NOTE: the last row is a pad row
     r = _routing(tokens, topk, experts, ids)
-    align_reference(r)
+    align_reference(r.topk_ids, experts, r)
     flat, runs, blocks = ids.reshape(-1).tolist(), [], []
     for e in range(experts):
         run = [s for s, x in enumerate(flat) if x == e]

@@ -114,6 +114,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, routing: Routing) -> Non
     if triton_enabled(ENV, topk_ids.device):
         from graphrt.kernels.moe.align_triton import align_triton
 
-        align_triton(topk_ids, num_experts, routing, pdl_enabled(PDL_ENV, topk_ids.device))
+        align_triton(topk_ids, num_experts, routing, BLOCK_M, pdl_enabled(PDL_ENV, topk_ids.device))
     else:
         align_reference(topk_ids, num_experts, routing)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from graphrt.kernels.moe.align import BLOCK_M
 from graphrt.kernels.switches import tl, triton
 
 if TYPE_CHECKING:
@@ -27,15 +26,16 @@ CHUNK_CELLS = 4096
 FILL = 1024
 
 
-def align_triton(topk_ids: torch.Tensor, num_experts: int, routing: Routing, pdl: bool) -> None:
-    """Launch the alignment program (buffers already checked by ``moe_align``)."""
+def align_triton(topk_ids: torch.Tensor, num_experts: int, routing: Routing, block_m: int, pdl: bool) -> None:
+    """Launch the alignment program, runs padded to ``block_m`` (buffers already checked by
+    ``moe_align``)."""
     assert triton is not None, "the MoE alignment kernel needs Triton"
     block_e = triton.next_power_of_2(num_experts)
     chunk = max(16, CHUNK_CELLS // block_e)
     _align[(1,)](
         topk_ids, routing.sorted_ids, routing.block_experts, routing.num_padded, routing.expert_counts,
         topk_ids.numel(), num_experts, routing.sorted_ids.numel(), routing.block_experts.numel(),
-        BLOCK_E=block_e, CHUNK=chunk, FILL=FILL, BM=BLOCK_M, PDL=pdl, num_warps=4, launch_pdl=pdl,
+        BLOCK_E=block_e, CHUNK=chunk, FILL=FILL, BM=block_m, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
 
 
