@@ -6,7 +6,8 @@ shared expert split as the dense MLP, summed with the routed experts in the laye
 all-reduce; a dense first layer), gpt-oss (fused experts with gate and up interleaved, biases:
 ``b13`` split, ``b2`` added by rank 0 only; sinks, sliding layers). Each rank holds exactly its
 slices of the TP=1 model's weights and reads no more than it holds; a MoE preset's seeded
-shards are the TP=1 weights' slices (one process, no group).
+shards and an MXFP4 gpt-oss's dequantized experts are the TP=1 weights' slices (one process,
+no group).
 On two CPU ranks (gloo, fp32), greedy decoding of a batch of two prompts
 (:mod:`tests.support.greedy_run`): logits within ``ATOL`` of TP=1 (prefill, each decode step
 eager and graphed; only the all-reduce changes the summation order), greedy tokens equal TP=1's
@@ -38,6 +39,7 @@ from tests.parallel.test_tp_checkpoints import torchrun  # noqa: E402
 from tests.support.greedy_run import forced_rows, greedy_run, tp_forced, tp_greedy  # noqa: E402
 from tests.support.hf_util import save_word_tokenizer, saved_reference  # noqa: E402
 from tests.support.moe_checkpoints import MOE_CASES  # noqa: E402
+from tests.support.mxfp4_checkpoint import save_mxfp4_checkpoint  # noqa: E402
 from tests.support.tp_util import run_ranks  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -71,6 +73,14 @@ def _assert_slices(model: torch.nn.Module, full: dict[str, torch.Tensor], rank: 
             want = torch.full_like(p, float("nan"))
             p.weight_loader(want, full[name])
         assert torch.equal(p, want), f"rank {rank} {name}: not its slice of the TP=1 weight"
+
+
+def test_mxfp4_gpt_oss_ranks_hold_their_slices(tmp_path: Path) -> None:
+    """The Hub's MXFP4 gpt-oss form: experts dequantized at load, then each rank keeps its slices."""
+    save_mxfp4_checkpoint(tmp_path)
+    full = dict(load(tmp_path, device=CPU).named_parameters())
+    for rank in range(2):
+        _assert_slices(load(tmp_path, device=CPU, tp=TPGroup(rank=rank, size=2)), full, rank)
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-gpt-oss"])
