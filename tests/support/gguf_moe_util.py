@@ -133,9 +133,10 @@ def _gpt_oss(name: str, t: torch.Tensor, bid: int) -> Iterator[tuple[str, torch.
 
 
 def _tensors(
-    tensors: dict[str, torch.Tensor], cfg: dict[str, Any], arch: Any
+    tensors: dict[str, torch.Tensor], cfg: dict[str, Any], arch: Any, split_kv_b: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The converter's ``modify_tensors``: gguf names and data, experts merged per layer."""
+    """The converter's ``modify_tensors``: gguf names and data, experts merged per layer;
+    ``split_kv_b``: DeepSeek's ``kv_b_proj`` as newer converters write it (else as older ones)."""
     import gguf
 
     names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
@@ -152,7 +153,7 @@ def _tensors(
             yield _name("FFN_EXP_PROBS_B", bid, "bias"), t
         elif name.endswith("self_attn.sinks"):
             yield _name("ATTN_SINKS", bid), t
-        elif name.endswith("kv_b_proj.weight"):
+        elif split_kv_b and name.endswith("kv_b_proj.weight"):
             heads, nope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"]
             k_b, v_b = t.view(heads, nope + cfg["v_head_dim"], -1).split([nope, cfg["v_head_dim"]], dim=1)
             yield _name("ATTN_K_B", bid), k_b.transpose(1, 2)
@@ -174,8 +175,9 @@ def quantizable(name: str, shape: tuple[int, ...], qtype: str) -> bool:
     return qtype != "F32" and len(shape) >= 2 and shape[-1] % block == 0 and not name.endswith(F32_NAMES)
 
 
-def write_moe_gguf(checkpoint: Path, path: Path, qtype: str = "F32") -> Path:
-    """Convert the transformers checkpoint directory ``checkpoint`` into GGUF ``path``."""
+def write_moe_gguf(checkpoint: Path, path: Path, qtype: str = "F32", split_kv_b: bool = True) -> Path:
+    """Convert the transformers checkpoint directory ``checkpoint`` into GGUF ``path``
+    (``split_kv_b``: see :func:`_tensors`)."""
     import gguf
     from gguf.quants import quantize
     from safetensors.torch import load_file
@@ -187,7 +189,7 @@ def write_moe_gguf(checkpoint: Path, path: Path, qtype: str = "F32") -> Path:
     _metadata(writer, cfg, cfg["model_type"])
     qt = gguf.GGMLQuantizationType[qtype]
     gate_inp = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_INP].split(".")[-1]
-    for name, t in _tensors(tensors, cfg, arch):
+    for name, t in _tensors(tensors, cfg, arch, split_kv_b):
         w = np.ascontiguousarray(t.numpy())
         if gate_inp not in name and quantizable(name, w.shape, qtype):
             writer.add_tensor(name, quantize(w, qt), raw_dtype=qt)
