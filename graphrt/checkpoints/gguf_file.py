@@ -225,6 +225,10 @@ class GGUFFile:
         #: HF tensors made of several GGUF tensors (merged experts, split ``kv_b``), by HF name.
         self.joined: dict[str, Joined] = moe_joined(arch_name, self.config.num_layers, by_gguf) if moe else {}
         parts = {p for j in self.joined.values() for p in j.parts}
+        for name, joined in self.joined.items():
+            absent = [p for p in joined.parts if p not in by_gguf]
+            if absent:
+                raise CheckpointError(f"{self.path}: no tensor {absent[0]!r} (a part of {name!r})")
         names = moe_layer_names(arch_name) if moe else None
         self.tensors = {hf_name(name, names): t for name, t in by_gguf.items() if name not in parts}
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from graphrt.checkpoints.errors import CheckpointError
 from graphrt.checkpoints.moe_tensors import MOE_NAMES
 
 Shape = tuple[int, ...]
@@ -82,14 +83,23 @@ def _sparse(raw: dict[str, Any], layers: int, tensors: Mapping[str, Any]) -> Non
     raw["mlp_only_layers"] = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
 
 
+def _need(field: Field, *keys: str) -> Any:
+    """The first of metadata ``keys`` the file has; :class:`CheckpointError` naming them if none."""
+    for key in keys:
+        value = field(key)
+        if value is not None:
+            return value
+    raise CheckpointError(f"no metadata key {' or '.join(map(repr, keys))}")
+
+
 def _deepseek(raw: dict[str, Any], arch: str, field: Field) -> str:
     """DeepSeek-V2/V3's MLA sizes and router; the transformers class it is."""
-    rope = int(field(f"{arch}.rope.dimension_count"))
-    key = field(f"{arch}.attention.key_length_mla") or field(f"{arch}.attention.key_length")
-    value = field(f"{arch}.attention.value_length_mla") or field(f"{arch}.attention.value_length")
+    rope = int(_need(field, f"{arch}.rope.dimension_count"))
+    key = _need(field, f"{arch}.attention.key_length_mla", f"{arch}.attention.key_length")
+    value = _need(field, f"{arch}.attention.value_length_mla", f"{arch}.attention.value_length")
     q_lora = field(f"{arch}.attention.q_lora_rank")
     raw |= {
-        "kv_lora_rank": field(f"{arch}.attention.kv_lora_rank"),
+        "kv_lora_rank": _need(field, f"{arch}.attention.kv_lora_rank"),
         "q_lora_rank": q_lora or None,  # NOTE: llama.cpp writes 0 for "no q LoRA" in some files
         "qk_rope_head_dim": rope,
         "qk_nope_head_dim": int(key) - rope,

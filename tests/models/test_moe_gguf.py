@@ -4,8 +4,9 @@ Each tiny random transformers MoE checkpoint is saved, converted to GGUF the way
 ``convert_hf_to_gguf.py`` does (``tests/support/gguf_moe_util.py``), and loaded by graphrt:
 prefill and decode logits (graphed and eager) against transformers' forward of the original
 checkpoint, greedy tokens (graphed and eager) against its ``generate``. F32 files
-match the original to a float32 forward (atol = rtol = 1e-4 on the CPU); a Q8_0 file is compared
-with transformers holding the same Q8_0-rounded weights (``roundtrip``). GGUF architectures:
+match the original to a float32 forward (atol = rtol = 1e-4 on the CPU); a Q8_0 file (and
+gpt-oss's MXFP4 experts) is compared with transformers holding the same rounded weights
+(``roundtrip``). GGUF architectures:
 ``qwen3moe``, ``qwen2moe`` (gated shared expert), ``llama`` with experts (Mixtral), ``olmoe``,
 ``deepseek2`` (MLA; V2's group-limited softmax and V3's sigmoid with ``exp_probs_b``; ``kv_b``
 split as newer converters write it and whole as older ones) and ``gpt-oss``.
@@ -23,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from graphrt import Engine  # noqa: E402
-from graphrt.checkpoints import load  # noqa: E402
+from graphrt.checkpoints import CheckpointError, load  # noqa: E402
 from graphrt.models.moe import SparseMoE  # noqa: E402
 from tests.support.gguf_moe_util import roundtrip, write_moe_gguf  # noqa: E402
 from tests.support.hf_util import PROMPT_LENS, check_checkpoint, saved_reference, sequences  # noqa: E402
@@ -42,6 +43,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str, bool]] = {
     "deepseek2-v3": ("deepseek-v3-sigmoid-grouped", {}, "F32", True),
     "deepseek2-v3-kv_b": ("deepseek-v3-sigmoid-grouped", {}, "F32", False),
     "gpt-oss": ("gpt-oss", {}, "F32", True),
+    "gpt-oss-MXFP4": ("gpt-oss", {}, "MXFP4", True),
 }
 
 
@@ -105,4 +107,33 @@ def test_unsupported_moe_architecture_is_refused_by_name(tmp_path: Path, arch: s
     with pytest.raises(
         ValueError, match=rf"GGUF architecture '{arch}' with mixture-of-experts layers.*qwen3moe"
     ):
+        load(path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny Qwen3-MoE checkpoint (transformers' files) to convert in the tests below."""
+    root = tmp_path_factory.mktemp("qwen3-moe-hf")
+    saved_reference(root, *MOE_CASES["qwen3-moe-norm-topk"])
+    return root
+
+
+def test_direct_read_equals_converted_cache(
+    qwen3_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merged experts read straight from the GGUF (cache off) == through the converted
+    cache: the same parameters, bit for bit."""
+    path = write_moe_gguf(qwen3_checkpoint, tmp_path / "model.gguf", "Q8_0")
+    cached = load(path, device="cpu").state_dict()
+    monkeypatch.setenv("GRAPHRT_CACHE", "0")
+    direct = load(path, device="cpu").state_dict()
+    assert direct.keys() == cached.keys()
+    for name, value in direct.items():
+        assert torch.equal(value, cached[name]), name
+
+
+def test_missing_merged_part_is_named(qwen3_checkpoint: Path, tmp_path: Path) -> None:
+    """A file without one layer's ``ffn_up_exps`` is refused naming it and the tensor it makes."""
+    path = write_moe_gguf(qwen3_checkpoint, tmp_path / "model.gguf", drop=("blk.1.ffn_up_exps.weight",))
+    with pytest.raises(CheckpointError, match=r"no tensor 'blk\.1\.ffn_up_exps\.weight' \(a part of "):
         load(path, device="cpu")

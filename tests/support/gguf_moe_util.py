@@ -168,16 +168,27 @@ def _tensors(
 
 
 def quantizable(name: str, shape: tuple[int, ...], qtype: str) -> bool:
-    """Whether a weight is stored in ``qtype``: two or more dims, whole blocks a row, not a router."""
+    """Whether a weight is stored in ``qtype``: two or more dims, whole blocks a row, not a
+    router nor a bias; MXFP4 only for the experts (as llama.cpp writes gpt-oss)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]
-    return qtype != "F32" and len(shape) >= 2 and shape[-1] % block == 0 and not name.endswith(F32_NAMES)
+    if qtype == "MXFP4" and "exps" not in name and ".experts." not in name:
+        return False
+    return (
+        qtype != "F32"
+        and len(shape) >= 2
+        and shape[-1] % block == 0
+        and not name.endswith((*F32_NAMES, "bias"))
+    )
 
 
-def write_moe_gguf(checkpoint: Path, path: Path, qtype: str = "F32", split_kv_b: bool = True) -> Path:
+def write_moe_gguf(
+    checkpoint: Path, path: Path, qtype: str = "F32", split_kv_b: bool = True, drop: tuple[str, ...] = ()
+) -> Path:
     """Convert the transformers checkpoint directory ``checkpoint`` into GGUF ``path``
-    (``split_kv_b``: see :func:`_tensors`)."""
+    (``split_kv_b``: see :func:`_tensors`); GGUF tensors named in ``drop`` are left out (a
+    damaged file)."""
     import gguf
     from gguf.quants import quantize
     from safetensors.torch import load_file
@@ -191,6 +202,8 @@ def write_moe_gguf(checkpoint: Path, path: Path, qtype: str = "F32", split_kv_b:
     gate_inp = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_INP].split(".")[-1]
     for name, t in _tensors(tensors, cfg, arch, split_kv_b):
         w = np.ascontiguousarray(t.numpy())
+        if name in drop:
+            continue
         if gate_inp not in name and quantizable(name, w.shape, qtype):
             writer.add_tensor(name, quantize(w, qt), raw_dtype=qt)
         else:
@@ -205,13 +218,19 @@ def write_moe_gguf(checkpoint: Path, path: Path, qtype: str = "F32", split_kv_b:
 @torch.no_grad()
 def roundtrip(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
     """``model`` with every weight :func:`write_moe_gguf` stores in ``qtype`` rounded as it is
-    (quantised and dequantised along the rows: the blocks a merged or permuted tensor has too)."""
+    (quantised and dequantised along the rows the file holds: a merged or permuted tensor's
+    blocks are the same; gpt-oss's fused experts are transposed in the file, so here too)."""
     import gguf
     from gguf.quants import dequantize, quantize
 
     qt = gguf.GGMLQuantizationType[qtype]
+    transposed = model.config.model_type == "gpt_oss"
     for name, p in model.named_parameters():
-        if quantizable(name, tuple(p.shape), qtype):
-            w = p.detach().float().numpy()
-            p.copy_(torch.from_numpy(dequantize(quantize(w, qt), qt).reshape(w.shape)))
+        w = p.detach().float()
+        if transposed and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            w = w.transpose(1, 2)
+        if quantizable(name, tuple(w.shape), qtype):
+            w = w.contiguous().numpy()
+            w = torch.from_numpy(dequantize(quantize(w, qt), qt).reshape(w.shape))
+            p.copy_(w.transpose(1, 2) if transposed and w.ndim == 3 else w)
     return model
