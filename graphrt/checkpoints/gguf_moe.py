@@ -20,10 +20,12 @@ from typing import Any
 import torch
 
 from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.hf_config import MAX_LAYERS
 from graphrt.checkpoints.moe_tensors import MOE_NAMES
 
 Shape = tuple[int, ...]
-#: ``{arch}.<key>`` → the key ``fields`` reads (None: absent).
+Raw = dict[str, Any]
+#: A GGUF metadata key → its value (None: absent).
 Field = Callable[[str], Any]
 #: gguf's ``ExpertGatingFuncType`` values.
 GATING = {1: "softmax", 2: "sigmoid"}
@@ -42,47 +44,6 @@ MOE_KEYS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class MoEArch:
-    """One llama.cpp MoE architecture: the transformers class (``deepseek2`` picks V2 or V3 by
-    its gating function), the config key ``expert_feed_forward_length`` fills, and what llama.cpp
-    fixes for it when the file has no ``expert_weights_norm`` (``norm_topk_prob``)."""
-
-    architecture: str
-    size_key: str
-    norm_topk: bool = False
-    #: ``config.json`` keys set for the family whatever the file says.
-    fixed: tuple[tuple[str, Any], ...] = ()
-    #: ``rope_scaling`` keys of the family's definition the file has no key for.
-    rope: tuple[tuple[str, Any], ...] = ()
-
-
-GGUF_MOE: dict[str, MoEArch] = {
-    "qwen3moe": MoEArch("Qwen3MoeForCausalLM", "moe_intermediate_size", norm_topk=True),
-    "qwen2moe": MoEArch("Qwen2MoeForCausalLM", "moe_intermediate_size"),
-    "llama": MoEArch("MixtralForCausalLM", "intermediate_size", norm_topk=True),
-    "olmoe": MoEArch("OlmoeForCausalLM", "intermediate_size"),
-    "deepseek2": MoEArch("DeepseekV2ForCausalLM", "moe_intermediate_size"),
-    # NOTE: gpt-oss's YaRN does not round its ramp's ends (transformers' ``truncate: False``)
-    "gpt-oss": MoEArch(
-        "GptOssForCausalLM",
-        "intermediate_size",
-        fixed=(("attention_bias", True),),
-        rope=(("truncate", False),),
-    ),
-}
-
-
-def has_experts(arch: str, field: Field, tensors: Mapping[str, Any]) -> bool:
-    """Whether the file holds MoE layers (an expert count, or merged expert tensors)."""
-    return bool(field(f"{arch}.expert_count")) or any("_exps." in n for n in tensors)
-
-
-def _sparse(raw: dict[str, Any], layers: int, tensors: Mapping[str, Any]) -> None:
-    """Qwen-MoE's dense layers: those without a router (llama.cpp has no ``mlp_only_layers``)."""
-    raw["mlp_only_layers"] = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
-
-
 def _need(field: Field, *keys: str) -> Any:
     """The first of metadata ``keys`` the file has; :class:`CheckpointError` naming them if none."""
     for key in keys:
@@ -92,8 +53,28 @@ def _need(field: Field, *keys: str) -> Any:
     raise CheckpointError(f"no metadata key {' or '.join(map(repr, keys))}")
 
 
-def _deepseek(raw: dict[str, Any], arch: str, field: Field) -> str:
-    """DeepSeek-V2/V3's MLA sizes and router; the transformers class it is."""
+def _layers(raw: Raw) -> range:
+    """The decoder's layers, none for a count :func:`~graphrt.checkpoints.hf_config.check_sizes`
+    refuses next (a damaged ``block_count`` of ``2**40`` would loop for ever here)."""
+    n = raw.get("num_hidden_layers")
+    return range(n if isinstance(n, int) and 0 < n <= MAX_LAYERS else 0)
+
+
+def _qwen(raw: Raw, arch: str, field: Field, tensors: Mapping[str, Any]) -> None:
+    """Qwen-MoE's dense layers: those without a router (llama.cpp has no ``mlp_only_layers``)."""
+    raw["mlp_only_layers"] = [i for i in _layers(raw) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
+
+
+def _gpt_oss(raw: Raw, arch: str, field: Field, tensors: Mapping[str, Any]) -> None:
+    """gpt-oss: llama.cpp's SWA pattern 2 (even layers slide), transformers' default too."""
+    raw["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in _layers(raw)]
+    raw["attention_bias"] = True
+    if "rope_scaling" in raw:  # NOTE: its YaRN does not round the ramp's ends (no GGUF key says so)
+        raw["rope_scaling"]["truncate"] = False
+
+
+def _deepseek(raw: Raw, arch: str, field: Field, tensors: Mapping[str, Any]) -> None:
+    """DeepSeek-V2/V3's MLA sizes and router; V3 (sigmoid gating) or V2 (softmax)."""
     rope = int(_need(field, f"{arch}.rope.dimension_count"))
     key = _need(field, f"{arch}.attention.key_length_mla", f"{arch}.attention.key_length")
     value = _need(field, f"{arch}.attention.value_length_mla", f"{arch}.attention.value_length")
@@ -105,19 +86,50 @@ def _deepseek(raw: dict[str, Any], arch: str, field: Field) -> str:
         "qk_nope_head_dim": int(key) - rope,
         "v_head_dim": value,
     }
-    for key in ("head_dim", "num_key_value_heads"):  # NOTE: MLA's "MQA" view, not the model's heads
-        raw.pop(key, None)
-    gating = GATING.get(field(f"{arch}.expert_gating_func") or 1)
-    if gating == "sigmoid":
+    for name in ("head_dim", "num_key_value_heads"):  # NOTE: MLA's "MQA" view, not the model's heads
+        raw.pop(name, None)
+    if GATING.get(field(f"{arch}.expert_gating_func") or 1) == "sigmoid":
         raw["scoring_func"] = "sigmoid"
-        return "DeepseekV3ForCausalLM"
+        raw["architectures"] = ["DeepseekV3ForCausalLM"]
+        return
     grouped = (raw.get("n_group") or 1) > 1
     raw["topk_method"] = "group_limited_greedy" if grouped else "greedy"
-    return "DeepseekV2ForCausalLM"
 
 
-def moe_config(arch: str, field: Field, tensors: Mapping[str, Any], raw: dict[str, Any]) -> None:
-    """Add the MoE keys of GGUF ``arch`` to ``raw`` (a ``config.json``-style dict); its
+def _none(raw: Raw, arch: str, field: Field, tensors: Mapping[str, Any]) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class MoEArch:
+    """One llama.cpp MoE architecture: the transformers class, the config key
+    ``expert_feed_forward_length`` fills, ``norm_topk_prob`` where the file has no
+    ``expert_weights_norm`` (what llama.cpp fixes for the arch), and the family's own keys
+    (``extra(raw, arch, field, tensors)``, in place)."""
+
+    architecture: str
+    size_key: str
+    norm_topk: bool = False
+    extra: Callable[[Raw, str, Field, Mapping[str, Any]], None] = _none
+
+
+GGUF_MOE: dict[str, MoEArch] = {
+    "qwen3moe": MoEArch("Qwen3MoeForCausalLM", "moe_intermediate_size", norm_topk=True, extra=_qwen),
+    "qwen2moe": MoEArch("Qwen2MoeForCausalLM", "moe_intermediate_size", extra=_qwen),
+    "llama": MoEArch("MixtralForCausalLM", "intermediate_size", norm_topk=True),
+    "olmoe": MoEArch("OlmoeForCausalLM", "intermediate_size"),
+    "deepseek2": MoEArch("DeepseekV2ForCausalLM", "moe_intermediate_size", extra=_deepseek),
+    "gpt-oss": MoEArch("GptOssForCausalLM", "intermediate_size", extra=_gpt_oss),
+}
+
+
+def has_experts(arch: str, field: Field, tensors: Mapping[str, Any]) -> bool:
+    """Whether the file holds MoE layers (an expert count, or merged expert tensors)."""
+    return bool(field(f"{arch}.expert_count")) or any("_exps." in n for n in tensors)
+
+
+def moe_config(arch: str, field: Field, tensors: Mapping[str, Any], raw: Raw) -> None:
+    """Add the MoE keys of GGUF ``arch`` to ``raw`` (a ``config.json``-style dict), whose
     ``architectures`` become the transformers MoE class."""
     family = GGUF_MOE[arch]
     for key, hf_key in MOE_KEYS.items():
@@ -128,19 +140,8 @@ def moe_config(arch: str, field: Field, tensors: Mapping[str, Any], raw: dict[st
     if size is not None:
         raw[family.size_key] = size
     raw.setdefault("norm_topk_prob", family.norm_topk)
-    raw |= dict(family.fixed)
-    if "rope_scaling" in raw:
-        raw["rope_scaling"] |= dict(family.rope)
-    name = family.architecture
-    if arch in ("qwen2moe", "qwen3moe"):
-        _sparse(raw, int(raw["num_hidden_layers"]), tensors)
-    elif arch == "deepseek2":
-        name = _deepseek(raw, arch, field)
-    elif arch == "gpt-oss":
-        raw["layer_types"] = [
-            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(raw["num_hidden_layers"])
-        ]  # NOTE: llama.cpp's swa pattern 2 (even layers slide), transformers' default too
-    raw["architectures"] = [name]
+    raw["architectures"] = [family.architecture]
+    family.extra(raw, arch, field, tensors)
 
 
 @dataclass(frozen=True, slots=True)
