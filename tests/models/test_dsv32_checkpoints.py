@@ -95,25 +95,26 @@ def test_keeping_every_key_differs(checkpoint: tuple[Path, Any], tmp_path: Path)
     path, reference = checkpoint
     seq = sequences(reference.config.vocab_size)[1][: PROMPT_LENS[1]]
     want = reference_logits(reference, [seq])[0]
-    dense = Engine(str(with_config(path, tmp_path / "all", index_topk=64)), device="cpu", max_context_len=64)
-    sparse = Engine(str(path), device="cpu", max_context_len=64)
-    assert [e.runtime.kv.index_topk for e in (sparse, dense)] == [TOPK, 64]
-    for engine, close in ((sparse, True), (dense, False)):
-        got = engine.runtime.run(prefill_batch(engine, [seq])).float().cpu()
+    for source, topk, close in ((path, TOPK, True), (with_config(path, tmp_path, index_topk=64), 64, False)):
+        setup = build_runtime(
+            torch.device("cpu"), model=str(source), capture=False, max_batch_size=1, max_context_len=32
+        )
+        assert setup.kv.index_topk == topk
+        got = setup.runtime.run(prefill_batch(setup, [seq])).float().cpu()
         assert torch.allclose(got[TOPK:], want[TOPK:], atol=1e-4, rtol=1e-4) == close
         # NOTE: positions below index_topk keep every key either way.
         torch.testing.assert_close(got[:TOPK], want[:TOPK], atol=1e-4, rtol=1e-4)
 
 
-def prefill_batch(engine: Engine, seqs: list[list[int]]) -> Batch:
-    """One EXTEND of ``seqs`` into rows ``0..`` (contiguous pages per row)."""
-    pages, ps = engine.runtime.config.max_pages, engine.runtime.config.page_size
+def prefill_batch(setup: Setup, seqs: list[list[int]]) -> Batch:
+    """One EXTEND of ``seqs`` into rows ``0..``."""
+    reqs = range(len(seqs))
     return Batch.create(
         ForwardMode.EXTEND,
         input_ids=np.concatenate(seqs),
         seq_lens=[len(s) for s in seqs],
-        req_pool_indices=list(range(len(seqs))),
-        out_cache_loc=[(r * pages + p // ps) * ps + p % ps for r, s in enumerate(seqs) for p in range(len(s))],
+        req_pool_indices=list(reqs),
+        out_cache_loc=[slot_of(setup, r, p) for r, s in zip(reqs, seqs, strict=True) for p in range(len(s))],
         q_lens=[len(s) for s in seqs],
     )
 
@@ -123,7 +124,7 @@ def test_greedy_tokens_equal_transformers_generate(checkpoint: tuple[Path, Any])
     """``Engine(dir)`` (graphed DECODE, fp32 CPU) == transformers' greedy ``generate``; the batch
     gives each prompt the tokens it gets alone."""
     path, reference = checkpoint
-    seqs, new = sequences(reference.config.vocab_size, seed=1), 10
+    seqs, new = sequences(reference.config.vocab_size, seed=1), 8
     prompts = [s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]
     engine = Engine(str(path), device="cpu", max_batch_size=4, max_context_len=64, buckets=(1, 2, 4))
     assert isinstance(engine.runtime.kv, MLAKVCache) and engine.runtime.kv.layout == "fp32"
@@ -157,14 +158,7 @@ def test_target_verify_matches_transformers(checkpoint: tuple[Path, Any]) -> Non
     seqs = sequences(reference.config.vocab_size, seed=2)
     reqs = list(range(len(seqs)))
     want = reference_logits(reference, [s[: p + n] for s, p in zip(seqs, PROMPT_LENS, strict=True)])
-    prompt = Batch.create(
-        ForwardMode.EXTEND,
-        input_ids=np.concatenate([s[:p] for s, p in zip(seqs, PROMPT_LENS, strict=True)]),
-        seq_lens=list(PROMPT_LENS),
-        req_pool_indices=reqs,
-        out_cache_loc=[slot_of(setup, r, i) for r, p in zip(reqs, PROMPT_LENS, strict=True) for i in range(p)],
-        q_lens=list(PROMPT_LENS),
-    )
+    prompt = prefill_batch(setup, [s[:p] for s, p in zip(seqs, PROMPT_LENS, strict=True)])
     setup.runtime.run(prompt)
     verify = verify_chain(setup, seqs, reqs, n)
     rows = torch.cat([w[p : p + n] for w, p in zip(want, PROMPT_LENS, strict=True)])
@@ -181,7 +175,9 @@ def verify_chain(setup: Setup, seqs: list[list[int]], reqs: list[int], n: int) -
         input_ids=np.concatenate([s[p : p + n] for s, p in zip(seqs, PROMPT_LENS, strict=True)]),
         seq_lens=[p + n for p in PROMPT_LENS],
         req_pool_indices=reqs,
-        out_cache_loc=[slot_of(setup, r, i) for r, p in zip(reqs, PROMPT_LENS, strict=True) for i in range(p, p + n)],
+        out_cache_loc=[
+            slot_of(setup, r, i) for r, p in zip(reqs, PROMPT_LENS, strict=True) for i in range(p, p + n)
+        ],
         q_lens=[n] * len(reqs),
     )
 
@@ -193,7 +189,11 @@ def v32_raw(**changes: Any) -> dict[str, Any]:
 
 def test_v32_fields_are_read() -> None:
     cfg = parse_config(v32_raw())
-    assert cfg.indexer is not None and (cfg.indexer.n_heads, cfg.indexer.head_dim, cfg.indexer.topk) == (16, 80, 4)
+    assert cfg.indexer is not None and (cfg.indexer.n_heads, cfg.indexer.head_dim, cfg.indexer.topk) == (
+        16,
+        80,
+        4,
+    )
     assert cfg.moe is not None and cfg.moe.sparse == (False, True) and cfg.moe.scoring == "sigmoid"
     assert parse_config(v32_raw(mlp_layer_types=["sparse", "dense"])).moe.sparse == (True, False)
     assert cfg.rope_interleave  # NOTE: V3.2's MLA always rotates interleaved pairs
@@ -217,10 +217,14 @@ def test_unsupported_v32_shapes_are_refused(checkpoint: tuple[Path, Any], tmp_pa
     """What the sparse-MLA path cannot hold is refused when the model is built, by name."""
     path, _ = checkpoint
     small = with_config(path, tmp_path / "small", kv_lora_rank=32)
-    with pytest.raises(ValueError, match=r"sparse MLA needs kv_lora_rank 512 and qk_rope_head_dim 64.*32 and 64"):
+    with pytest.raises(
+        ValueError, match=r"sparse MLA needs kv_lora_rank 512 and qk_rope_head_dim 64.*32 and 64"
+    ):
         load(small, device="cpu")
     narrow = with_config(path, tmp_path / "narrow", index_head_dim=32)
     with pytest.raises(ValueError, match=r"index_head_dim 32 must be >= qk_rope_head_dim 64"):
         load(narrow, device="cpu")
-    with pytest.raises(ValueError, match=r"kv_cache_dtype 'fp8_e4m3': a sparse-MLA \(DSA\) cache holds one of"):
+    with pytest.raises(
+        ValueError, match=r"kv_cache_dtype 'fp8_e4m3': a sparse-MLA \(DSA\) cache holds one of"
+    ):
         Engine(str(path), device="cpu", max_context_len=64, kv_cache_dtype="fp8_e4m3")
