@@ -62,10 +62,13 @@ class Indexer(nn.Module):
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(q [T, n_heads, head_dim], k [T, head_dim], weights [T, n_heads])`` of ``x [T, hidden]``
+        """``(q [T, n_heads, head_dim], k [T, head_dim], weights [T, n_heads] float32)`` of ``x [T, hidden]``
         and ``q_resid [T, q_lora_rank]``, rotated by ``cos_sin [T, rope_dim]``: what
         ``ctx.index_topk(layer, q, k, weights, scale)`` scores."""
         spec = self.spec
         q = self._rotate(self.wq_b(q_resid).view(-1, spec.n_heads, spec.head_dim), cos_sin)
         k = self._rotate(self.k_norm(self.wk(x))[:, None], cos_sin)[:, 0]
-        return q, k, self.weights_proj(x) * spec.n_heads**-0.5
+        # NOTE: the head weights in float32, as transformers keeps ``weights_proj`` (its
+        # ``_keep_in_fp32_modules``): a bf16 product would round near-tied scores apart.
+        weights = nn.functional.linear(x.float(), self.weights_proj.weight.float())
+        return q, k, weights * spec.n_heads**-0.5
