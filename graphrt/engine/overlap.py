@@ -114,17 +114,17 @@ class Overlap:
         return previous
 
 
-def unsupported(speculative: bool, record_logits: bool, chunked: bool = False) -> str | None:
+def unsupported(speculative: str | None, record_logits: bool, chunked: bool = False) -> str | None:
     """Why an engine cannot overlap its steps, or None when it can.
 
-    Speculative rounds are left out: a round's accept lengths decide the next round's slots,
-    query lengths and draft inputs on the host, so the next round cannot be built before the
-    verify's tokens are read. ``record_logits`` reads every step's logits on the host. With
+    ``speculative``: why its speculation cannot overlap (``spec_ahead.refusal``), or None:
+    proposer chains overlap (:mod:`.spec_ahead`), draft models and trees do not.
+    ``record_logits`` reads every step's logits on the host. With
     tensor parallelism each step message names its feed, and every rank's runtime keeps its own
     (``GraphRuntime.tokens``, read by that rank's graphs).
     """
     if speculative:
-        return "speculative decoding (each round's batch needs the previous round's accepted tokens)"
+        return speculative
     if record_logits:
         return "record_logits=True (logits are read on the host every step)"
     if chunked:
