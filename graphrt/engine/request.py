@@ -84,6 +84,14 @@ class EngineStats:
     prefix: PrefixStats | None = None
     #: Chunked prefill's steps holding decode rows and prompt chunks (one EXTEND each).
     mixed_steps: int = 0
+    #: Whether speculative rounds overlap (``graphrt.engine.spec_ahead``): round n+1 launched
+    #: before round n is read.
+    spec_overlap: bool = False
+    #: Drafts offered and accepted over all verifies (``acceptance_rate`` is their ratio).
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
+    #: Running requests sitting out a back-off pause now (proposer methods).
+    paused_requests: int = 0
 
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
@@ -187,4 +195,8 @@ def engine_stats(
         accepted_per_position=tuple(acc.per_position),
         tokens_per_round=spec.backoff.tokens_per_round,
         backoff=spec.backoff.as_dict() if spec.draft is None else {},
+        spec_overlap=getattr(sched, "ahead", None) is not None,
+        drafts_proposed=acc.proposed,
+        drafts_accepted=acc.accepted,
+        paused_requests=sum(r.spec.backoff.paused > 0 for r in sched.running),
     )

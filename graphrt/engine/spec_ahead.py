@@ -59,9 +59,11 @@ def refusal(spec: SpecOptions | None, tp: int) -> str | None:
     if spec is None:
         return None
     if spec.uses_draft_model:
-        return "speculative method 'draft_model' (the next drafts need the draft's extend on the accepted tokens)"
+        return (
+            "speculative decoding with a draft model (its next drafts need its extend on the accepted tokens)"
+        )
     if spec.geometry.topk > 1:
-        return f"tree drafts (topk {spec.geometry.topk}: the accepted path's KV is moved on the host)"
+        return f"speculative decoding with tree drafts (topk {spec.geometry.topk}: the path's KV moves on the host)"
     if tp > 1:
         return f"speculative decoding with tp {tp} (each rank's feed would need the round's drafts)"
     return None
