@@ -93,6 +93,21 @@ class EngineStats:
     #: Running requests sitting out a back-off pause now (proposer methods).
     paused_requests: int = 0
 
+    def speculation(self) -> dict[str, Any]:
+        """The speculative counters as one flat dict (``graphrt inspect``, the TUI); {} when the
+        engine does not speculate."""
+        if not self.verify_steps and not self.backoff and not self.spec_overlap:
+            return {}
+        rates = {
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_round": round(self.tokens_per_round, 4),
+        }
+        return {
+            "overlapped": self.spec_overlap, **rates, "mean_accept_length": round(self.mean_accept_length, 4),
+            "verify_steps": self.verify_steps, "drafts_proposed": self.drafts_proposed,
+            "drafts_accepted": self.drafts_accepted, "paused_requests": self.paused_requests, **self.backoff,
+        }  # fmt: skip
+
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
         """Per draft step (tree depth) ``i``: the fraction of verifies that accepted it."""
