@@ -55,6 +55,8 @@ def _timed(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, 
     row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": generated / seconds}
     row |= {"steps": stats.decode_steps - before.decode_steps, "fallbacks": stats.fallbacks}
     row["dtype"] = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    # NOTE: the plain loop overlaps (its fastest); proposer chains overlap their rounds too
+    row |= {"overlap": engine.overlap is not None, "spec_overlap": stats.spec_overlap}
     if engine.spec is not None:
         # NOTE: acceptance counts include the warm-up's few rounds
         row |= {
