@@ -113,8 +113,7 @@ def take_snapshot(
     bucket, bs : int, optional
         The step the buffer contents are described as; default: the last replay.
     speculation : dict, optional
-        The engine's speculative counters (``Engine.stats().speculation()``).
-
+        ``Engine.stats().speculation()``: the engine's speculative counters.
     Copies buffers to the host (a device sync): call it between steps, never inside one.
     """
     contents = _contents(runtime, bucket, bs, npz_path(path).name)

@@ -46,27 +46,11 @@ from graphrt.engine.overlap import DEPTH, Launched, Overlap
 from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
-from graphrt.engine.spec_options import SpecOptions
 from graphrt.step.batch import FED, PAD_DRAFT, Batch
 from graphrt.step.modes import ForwardMode
 
 if TYPE_CHECKING:
     from graphrt.engine.scheduler import Scheduler
-
-
-def refusal(spec: SpecOptions | None, tp: int) -> str | None:
-    """Why an engine speculating with ``spec`` cannot overlap its rounds; None when it can."""
-    if spec is None:
-        return None
-    if spec.uses_draft_model:
-        return (
-            "speculative decoding with a draft model (its next drafts need its extend on the accepted tokens)"
-        )
-    if spec.geometry.topk > 1:
-        return f"speculative decoding with tree drafts (topk {spec.geometry.topk}: the path's KV moves on the host)"
-    if tp > 1:
-        return f"speculative decoding with tp {tp} (each rank's feed would need the round's drafts)"
-    return None
 
 
 @dataclass(slots=True)
@@ -204,10 +188,9 @@ class SpecAhead:
         reqs, bs = plan.reqs, len(plan.reqs)
         rows = np.array([r.req_idx for r in reqs], dtype=np.int64)
         if plan.exact.any():
-            pick = np.flatnonzero(plan.exact)
-            pending = torch.tensor([reqs[i].output[-1] for i in pick], dtype=torch.int64)
-            at = torch.as_tensor(rows[pick]).to(self.device, non_blocking=True)
-            self.overlap.feed.last.index_copy_(0, at, pending.to(self.device, non_blocking=True))
+            self._fix_feed(
+                rows[plan.exact], [r.output[-1] for r, e in zip(reqs, plan.exact, strict=True) if e]
+            )
         table = page_table(reqs)
         sampling = row_params([r.sampling for r in reqs])
         verify = bool((plan.drafts != PAD_DRAFT).any())
@@ -239,6 +222,15 @@ class SpecAhead:
             launched.flights.append(flight)
             r.spec.ahead = flight
         return launched
+
+    def _fix_feed(self, rows: np.ndarray, pending: list[int]) -> None:
+        """``feed.last[rows] = pending``: one upload of both, then one scatter (stream order: after
+        the stale round's record)."""
+        cuda = self.device.type == "cuda"
+        both = torch.tensor(np.stack([rows, np.asarray(pending, dtype=np.int64)]), dtype=torch.int64)
+        both = both.pin_memory() if cuda else both  # NOTE: pinned: the copy does not stall the host
+        both = both.to(self.device, non_blocking=True)
+        self.overlap.feed.last.index_copy_(0, both[0], both[1])
 
     # ---- reading a step ------------------------------------------------------------------
     def _read(
