@@ -24,9 +24,9 @@ supplies what it alone knows:
 
 Greedy tokens therefore equal plain greedy decoding, and sampled ones plain sampling for the same
 seed (each verify node draws with the counter of the position its token takes), whatever was
-assumed: a wrong guess costs a round, never a token. Trees (``topk > 1``) and draft models are
-not overlapped (a tree's accepted path is moved on the host; a draft model's next drafts need
-its DRAFT_EXTEND on the accepted tokens).
+assumed: a wrong guess costs a round, never a token. Trees (``topk > 1``), draft models and
+``tp > 1`` are not overlapped (``overlap.refusal``: a tree's accepted path is moved on the host;
+a draft model's next drafts need its DRAFT_EXTEND on the accepted tokens).
 """
 
 from __future__ import annotations
