@@ -32,7 +32,12 @@ TOPK_MULTIPLE = 128
 
 
 def flashmla_available(device: torch.device, layout: str, **_: Any) -> bool:
-    if device.type != "cuda" or importlib.util.find_spec("sgl_kernel") is None:
+    # NOTE: FlashMLA reads bf16 or its FP8 656-byte rows; an fp32 cache runs the reference.
+    if (
+        layout not in ("bf16", "fp8")
+        or device.type != "cuda"
+        or importlib.util.find_spec("sgl_kernel") is None
+    ):
         return False
     if torch.cuda.get_device_capability(device)[0] not in (9, 10):
         return False

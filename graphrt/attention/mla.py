@@ -58,5 +58,5 @@ class SparseMLAReference(Backend):
         q, sparse = call.q, call.group
         slots = sparse.topk_slots[: q.shape[0]]
         rows = call.k_cache.view(-1, call.k_cache.shape[-1])[slots.long().clamp_min(0)]
-        kv = rows.float() if self.layout == "bf16" else dequantize_fp8(rows)
+        kv = dequantize_fp8(rows) if self.layout == "fp8" else rows.float()
         return sparse_attention(q, kv, slots >= 0, call.scale).to(q.dtype)

@@ -22,6 +22,7 @@ from graphrt.checkpoints.slot import Slot
 from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.config import ModelConfig
+from graphrt.models.indexed_mla import mla_decoder
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, to_empty, whole
 from graphrt.models.presets import MLAConfig
@@ -54,7 +55,7 @@ LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
     "mlp.up_proj.weight": ("mlp.gate_up.weight", 1),
     "mlp.down_proj.weight": ("mlp.down.weight", None),
 }
-#: DeepSeek-V2/V3 attention modules: ``self_attn.<m>`` is :class:`MLACausalLM`'s ``attn.<m>``.
+#: DeepSeek-V2/V3/V3.2 attention modules: ``self_attn.<m>`` is :class:`MLACausalLM`'s ``attn.<m>``.
 MLA_ATTENTION = (
     "q_proj",
     "q_a_proj",
@@ -64,6 +65,11 @@ MLA_ATTENTION = (
     "kv_a_layernorm",
     "kv_b_proj",
     "o_proj",
+    # NOTE: DeepSeek-V3.2's DSA indexer (absent from V2/V3 models, so never expected there).
+    "indexer.wq_b",
+    "indexer.wk",
+    "indexer.k_norm",
+    "indexer.weights_proj",
 )
 #: Per layer for dense-MLA models: the norms and MLP as above, the attention by its own names.
 MLA_LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
@@ -98,9 +104,10 @@ Model = CausalLM | MLACausalLM
 
 
 def build_model(config: ModelConfig | MLAConfig, freq_factors: torch.Tensor | None, tp: TPGroup) -> Model:
-    """The decoder ``config`` describes: dense MLA (DeepSeek-V2/V3) or the Llama-family ``CausalLM``."""
+    """The decoder ``config`` describes: dense MLA (DeepSeek-V2/V3), sparse MLA with the DSA
+    indexer (DeepSeek-V3.2) or the Llama-family ``CausalLM``."""
     if isinstance(config, MLAConfig):
-        return MLACausalLM(config, tp)
+        return mla_decoder(config)(config, tp)
     return CausalLM(config, freq_factors, tp)
 
 

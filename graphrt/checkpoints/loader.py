@@ -108,8 +108,7 @@ def load(
         (:class:`CheckpointError`, naming the file and the fault: a GGUF or safetensors file cut
         short or with an absurd header, a ``config.json`` that does not parse or holds impossible
         sizes); an unsupported architecture, rope type or
-        quantisation type; DeepSeek MoE layers (``n_routed_experts`` with ``first_k_dense_replace
-        < num_hidden_layers``); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
+        quantisation type; MoE features named in ``docs/moe.md`` (expert parallelism, say); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
         a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
         numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either; any TP size > 1
         for an MLA model.

@@ -49,6 +49,7 @@ MOE_NAMES: dict[str, ExpertNames] = {
     "OlmoeForCausalLM": ExpertNames(),
     "DeepseekV2ForCausalLM": ExpertNames(shared="shared_experts"),
     "DeepseekV3ForCausalLM": ExpertNames(shared="shared_experts"),
+    "DeepseekV32ForCausalLM": ExpertNames(shared="shared_experts"),
     "GptOssForCausalLM": ExpertNames(router="router", interleaved=True),
 }
 

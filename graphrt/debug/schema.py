@@ -175,6 +175,9 @@ class Snapshot:
     kv: KVFacts | None = None
     #: The ``GRAPHRT_*`` switches the runtime was built with, name -> value (empty in older files).
     switches: dict[str, str] = field(default_factory=dict)
+    #: The engine's speculative counters (``EngineStats.speculation()``); empty when it does not
+    #: speculate, or the snapshot was taken from a bare runtime.
+    speculation: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

@@ -98,6 +98,7 @@ def take_snapshot(
     parity: tuple[ParityResult, ...] = (),
     bucket: int | None = None,
     bs: int | None = None,
+    speculation: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Write the runtime's facts to ``path`` (JSON) and its buffer contents beside it (``.npz``).
 
@@ -111,7 +112,8 @@ def take_snapshot(
         Results of :func:`graphrt.debug.check_parity` / ``parity_sweep`` to include.
     bucket, bs : int, optional
         The step the buffer contents are described as; default: the last replay.
-
+    speculation : dict, optional
+        ``Engine.stats().speculation()``: the engine's speculative counters.
     Copies buffers to the host (a device sync): call it between steps, never inside one.
     """
     contents = _contents(runtime, bucket, bs, npz_path(path).name)
@@ -142,6 +144,7 @@ def take_snapshot(
         families=tuple(_memory(f) for f in _families(runtime)),
         kv=_kv(runtime.kv),
         switches=runtime.switches.as_dict(),
+        speculation=dict(speculation or {}),
         arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)

@@ -69,7 +69,7 @@ class Engine:
         self.device = self.tp.device if cfg.tp > 1 else self.device
         self.channel = StepChannel(self.tp) if cfg.tp > 1 else None
         spec = SpecOptions.parse(cfg.speculative) if cfg.speculative is not None else None
-        why_not = unsupported(spec is not None, cfg.record_logits, cfg.prefill_chunk is not None)
+        why_not = unsupported(spec, cfg.tp, cfg.record_logits, cfg.prefill_chunk is not None)
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         runtime_config = cfg.runtime_config(spec)

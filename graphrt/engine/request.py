@@ -84,6 +84,29 @@ class EngineStats:
     prefix: PrefixStats | None = None
     #: Chunked prefill's steps holding decode rows and prompt chunks (one EXTEND each).
     mixed_steps: int = 0
+    #: Whether speculative rounds overlap (``graphrt.engine.spec_ahead``): round n+1 launched
+    #: before round n is read.
+    spec_overlap: bool = False
+    #: Drafts offered and accepted over all verifies (``acceptance_rate`` is their ratio).
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
+    #: Running requests sitting out a back-off pause now (proposer methods).
+    paused_requests: int = 0
+
+    def speculation(self) -> dict[str, Any]:
+        """The speculative counters as one flat dict (``graphrt inspect``, the TUI); {} when the
+        engine does not speculate."""
+        if not self.verify_steps and not self.backoff and not self.spec_overlap:
+            return {}
+        rates = {
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_round": round(self.tokens_per_round, 4),
+        }
+        return {
+            "overlapped": self.spec_overlap, **rates, "mean_accept_length": round(self.mean_accept_length, 4),
+            "verify_steps": self.verify_steps, "drafts_proposed": self.drafts_proposed,
+            "drafts_accepted": self.drafts_accepted, "paused_requests": self.paused_requests, **self.backoff,
+        }  # fmt: skip
 
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
@@ -187,4 +210,8 @@ def engine_stats(
         accepted_per_position=tuple(acc.per_position),
         tokens_per_round=spec.backoff.tokens_per_round,
         backoff=spec.backoff.as_dict() if spec.draft is None else {},
+        spec_overlap=getattr(sched, "ahead", None) is not None,
+        drafts_proposed=acc.proposed,
+        drafts_accepted=acc.accepted,
+        paused_requests=sum(r.spec.backoff.paused > 0 for r in sched.running),
     )

@@ -163,7 +163,29 @@ def replay_summary(snap: Snapshot) -> list[Row]:
     ]
     if synced:
         rows.append(("replay (synced)", percentiles(synced)))
-    return rows
+    return rows + speculation_rows(snap)
+
+
+def speculation_rows(snap: Snapshot) -> list[Row]:
+    """The engine's speculation (acceptance, tokens per round, back-off), when it speculates."""
+    spec = snap.speculation
+    if not spec:
+        return []
+    backoff = (
+        "decode_steps",
+        "batch_steps",
+        "paused_rows",
+        "no_match_rows",
+        "pad_rows",
+        "pauses",
+        "stale_rows",
+    )
+    return [
+        ("speculation", f"overlapped {spec.get('overlapped')}, {spec.get('verify_steps')} verifies"),
+        ("acceptance", f"{spec.get('acceptance_rate')} ({spec.get('drafts_accepted')} of {spec.get('drafts_proposed')} drafts)"),
+        ("tokens per round", f"{spec.get('tokens_per_round')} (mean accepted length {spec.get('mean_accept_length')})"),
+        ("back-off", f"{spec.get('paused_requests')} paused now; " + ", ".join(f"{k} {spec[k]}" for k in backoff if k in spec)),
+    ]  # fmt: skip
 
 
 def histogram(values: Sequence[float], bins: int = 8, width: int = 30) -> list[str]:
