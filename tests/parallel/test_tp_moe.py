@@ -6,8 +6,8 @@ shared expert split as the dense MLP, summed with the routed experts in the laye
 all-reduce; a dense first layer), gpt-oss (fused experts with gate and up interleaved, biases:
 ``b13`` split, ``b2`` added by rank 0 only; sinks, sliding layers). Each rank holds exactly its
 slices of the TP=1 model's weights and reads no more than it holds; a MoE preset's seeded
-shards and an MXFP4 gpt-oss's dequantized experts are the TP=1 weights' slices (one process,
-no group).
+shards, an MXFP4 gpt-oss's dequantized experts and each model converted to GGUF are the TP=1
+weights' slices (one process, no group).
 On two CPU ranks (gloo, fp32), greedy decoding of a batch of two prompts
 (:mod:`tests.support.greedy_run`): logits within ``ATOL`` of TP=1 (prefill, each decode step
 eager and graphed; only the all-reduce changes the summation order), greedy tokens equal TP=1's
@@ -36,6 +36,7 @@ from graphrt.models.moe import SparseMoE  # noqa: E402
 from graphrt.models.presets import PRESETS  # noqa: E402
 from graphrt.parallel import TPGroup  # noqa: E402
 from tests.parallel.test_tp_checkpoints import torchrun  # noqa: E402
+from tests.support.gguf_moe_util import write_moe_gguf  # noqa: E402
 from tests.support.greedy_run import forced_rows, greedy_run, tp_forced, tp_greedy  # noqa: E402
 from tests.support.hf_util import save_word_tokenizer, saved_reference  # noqa: E402
 from tests.support.moe_checkpoints import MOE_CASES  # noqa: E402
@@ -81,6 +82,18 @@ def test_mxfp4_gpt_oss_ranks_hold_their_slices(tmp_path: Path) -> None:
     full = dict(load(tmp_path, device=CPU).named_parameters())
     for rank in range(2):
         _assert_slices(load(tmp_path, device=CPU, tp=TPGroup(rank=rank, size=2)), full, rank)
+
+
+@pytest.mark.parametrize(("case", "qtype"), [("qwen3-moe-norm-topk", "Q8_0"), ("gpt-oss", "MXFP4")])
+def test_gguf_ranks_hold_their_slices(tmp_path: Path, case: str, qtype: str) -> None:
+    """A model converted to GGUF as llama.cpp does (experts stacked, quantized): each rank's slices
+    of the dequantized weights."""
+    pytest.importorskip("gguf")
+    saved_reference(tmp_path / "hf", *MOE_CASES[case])
+    path = write_moe_gguf(tmp_path / "hf", tmp_path / "model.gguf", qtype)
+    full = dict(load(path, device=CPU).named_parameters())
+    for rank in range(2):
+        _assert_slices(load(path, device=CPU, tp=TPGroup(rank=rank, size=2)), full, rank)
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-gpt-oss"])
