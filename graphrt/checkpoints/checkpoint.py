@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.fp8_layers import hold_layers
 from graphrt.checkpoints.moe_tensors import expert_slots
 from graphrt.checkpoints.slot import Slot
 from graphrt.kv.quant import KVScales
@@ -25,6 +26,7 @@ from graphrt.models.config import ModelConfig
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, to_empty, whole
 from graphrt.models.presets import MLAConfig
+from graphrt.models.quantize import release_fp8
 from graphrt.parallel import TPGroup
 
 Shape = tuple[int, ...]
@@ -114,10 +116,12 @@ def slots(model: Model, found: Mapping[str, Shape] | None = None) -> dict[str, S
         names |= {f"model.layers.{i}.{k}": (f"layers.{i}.{p}", part) for k, (p, part) in layer.items()}
     out = {}
     for name, (param, part) in names.items():
-        if param in params:
-            p = params[param]
-            shard = p.shard(part) if hasattr(p, "shard") else whole(tuple(p.shape))
-            out[name] = Slot(param, shard)
+        # NOTE: an FP8-held projection's per-row scale (graphrt.checkpoints.fp8_layers) after it
+        for key, at in ((name, param), (name + "_scale", param + "_scale")):
+            if at in params and (key == name or param.endswith(".weight")):
+                p = params[at]
+                shard = p.shard(part) if hasattr(p, "shard") else whole(tuple(p.shape))
+                out[key] = Slot(at, shard)
     moe = getattr(model.cfg, "moe", None)
     for i in range(model.cfg.num_layers) if moe is not None else ():
         if moe.is_sparse(i):
@@ -192,8 +196,11 @@ def materialize(
     with torch.device("meta"):
         model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
     expected = slots(model, found)
+    scales = hold_layers(model, expected, source) if hasattr(source, "hold") else {}
+    if scales:  # NOTE: FP8 checkpoint: its projections stay e4m3, with per-row scales
+        found, expected = {**found, **scales}, slots(model, found)
     check_tensors(expected, found, source.config.tie_word_embeddings)
-    scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
+    kv = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
@@ -201,8 +208,9 @@ def materialize(
         slot.load(params[slot.param], source.read(name, device, slot.read_shard))
         if progress is not None:
             progress(i + 1, len(expected))
+    release_fp8(model)
     model.reset_rope(device)
-    model.kv_scales = scales
+    model.kv_scales = kv
     return model.eval()
 
 
