@@ -12,7 +12,14 @@ import torch
 from torch import nn
 
 from graphrt.kernels.fp8_gemm import FP8
-from graphrt.models.parallel import ATTRS, ColumnParallelLinear, ParallelLMHead, RowParallelLinear, Shard, whole
+from graphrt.models.parallel import (
+    ATTRS,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    Shard,
+    whole,
+)
 
 #: ``quantization`` values the loaders and the CLI take (``None``: the checkpoint's own dtype).
 QUANTIZATIONS = ("fp8",)
