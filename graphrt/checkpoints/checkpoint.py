@@ -26,7 +26,7 @@ from graphrt.models.config import ModelConfig
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, to_empty, whole
 from graphrt.models.presets import MLAConfig
-from graphrt.models.quantize import release_fp8
+from graphrt.models.quantize import release_fp8, scale_shard
 from graphrt.parallel import TPGroup
 
 Shape = tuple[int, ...]
@@ -116,17 +116,26 @@ def slots(model: Model, found: Mapping[str, Shape] | None = None) -> dict[str, S
         names |= {f"model.layers.{i}.{k}": (f"layers.{i}.{p}", part) for k, (p, part) in layer.items()}
     out = {}
     for name, (param, part) in names.items():
-        # NOTE: an FP8-held projection's per-row scale (graphrt.checkpoints.fp8_layers) after it
-        for key, at in ((name, param), (name + "_scale", param + "_scale")):
-            if at in params and (key == name or param.endswith(".weight")):
-                p = params[at]
-                shard = p.shard(part) if hasattr(p, "shard") else whole(tuple(p.shape))
-                out[key] = Slot(at, shard)
+        if param in params:
+            p = params[param]
+            shard = p.shard(part) if hasattr(p, "shard") else whole(tuple(p.shape))
+            out[name] = Slot(param, shard)
     moe = getattr(model.cfg, "moe", None)
     for i in range(model.cfg.num_layers) if moe is not None else ():
         if moe.is_sparse(i):
             out |= expert_slots(i, model.cfg.architecture, params, found or {})
-    return out
+    return with_scales(out, params)
+
+
+def with_scales(out: Mapping[str, Slot], params: Mapping[str, torch.Tensor]) -> dict[str, Slot]:
+    """``out`` with, after each weight an FP8-held projection loads (:func:`~graphrt.models.
+    quantize.hold_fp8`), its per-row scale ``<name>_scale``: the rows of the weight's shard."""
+    scaled = {}
+    for name, slot in out.items():
+        scaled[name] = slot
+        if slot.param + "_scale" in params and slot.index is None and slot.expect is None:
+            scaled[name + "_scale"] = Slot(slot.param + "_scale", scale_shard(slot.shard))
+    return scaled
 
 
 def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied: bool) -> None:

@@ -61,7 +61,7 @@ def quantize(model: nn.Module, quantization: str | None) -> int:
     return len(todo)
 
 
-def _scale_shard(weight: Shard) -> Shard:
+def scale_shard(weight: Shard) -> Shard:
     """The per-row scale's shard of a weight shard: its rows, or all rows for a column shard."""
     rows = weight.shape[0]
     if weight.dim != 0:
@@ -72,7 +72,7 @@ def _scale_shard(weight: Shard) -> Shard:
 def hold_fp8(layer: nn.Module) -> None:
     """Make ``layer`` (a projection of :func:`quantizable`, on the meta device) hold an FP8
     checkpoint's weight: ``weight`` e4m3 and ``weight_scale`` a float32 ``[rows]`` parameter
-    with a ``shard`` (the weight's rows), so checkpoint loaders fill both; :func:`release_fp8`
+    (loaders fill it with the rows of each weight shard: :func:`scale_shard`), so both load; :func:`release_fp8`
     makes the scale a buffer again once loaded, as :meth:`quantize_fp8` leaves it."""
     old = layer.weight
     weight = nn.Parameter(torch.empty(old.shape, dtype=FP8, device=old.device), requires_grad=False)
@@ -81,7 +81,6 @@ def hold_fp8(layer: nn.Module) -> None:
     layer.weight = weight
     scale = nn.Parameter(torch.empty(old.shape[0], device=old.device), requires_grad=False)
     scale.full_shape = (old.full_shape[0],)  # type: ignore[attr-defined]
-    scale.shard = lambda part=None: _scale_shard(old.shard(part))  # type: ignore[attr-defined]
     layer.weight_scale = scale
 
 

@@ -24,11 +24,14 @@ from typing import Any
 import torch
 
 from tests.support.hf_util import SMALL, save_checkpoint
+from tests.support.moe_checkpoints import HEADS, MOE_CASES
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 BLOCK = (24, 40)
+#: The projections quantized (DeepSeek's MLA ones too; routers and norms stay as saved).
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJ += ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 
 
 def _ct_group(strategy: str, static: bool) -> dict[str, Any]:
@@ -54,12 +57,19 @@ def _ct(strategy: str, static: bool) -> dict[str, Any]:
 CONFIGS: dict[str, dict[str, Any]] = {
     "ct-channel": _ct("channel", static=False),
     "ct-tensor": _ct("tensor", static=True),
-    "block": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)},
+    "block": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(BLOCK),
+    },
 }
-#: Tiny models: a Llama (GQA) and a Qwen3 (q/k norms).
+#: Tiny models: a Llama (GQA), a Qwen3 (q/k norms), and two MoE families with FP8 experts.
 MODELS = {
-    "llama": ("LlamaForCausalLM", "LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2)),
-    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+    "llama": ("LlamaForCausalLM", "LlamaConfig", HEADS),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(**HEADS, head_dim=16)),
+    "qwen3-moe": MOE_CASES["qwen3-moe-norm-topk"],
+    "deepseek-v3": MOE_CASES["deepseek-v3-sigmoid-grouped"],
 }
 
 
@@ -115,22 +125,21 @@ def save_fp8_checkpoint(path: Path, fmt: str, model: str = "llama", seed: int = 
     raw = json.loads((path / "config.json").read_text())
     raw["quantization_config"] = CONFIGS[fmt]
     (path / "config.json").write_text(json.dumps(raw))
-    return {**{n: t.float() for n, t in tensors.items() if t.dtype != FP8}, **dequantized}
+    kept = {n: t.float() for n, t in tensors.items() if not n.endswith(("_scale", "_scale_inv"))}
+    return kept | dequantized
 
 
-def reference(path: Path, state: dict[str, torch.Tensor], model: str = "llama") -> Any:
-    """transformers' model of ``path``'s config (without the quantization) on ``state``: the
-    dequantize-then-matmul reference, fp32."""
+def reference(path: Path, state: dict[str, torch.Tensor], out: Path, model: str = "llama") -> Any:
+    """transformers' fp32 model of ``state`` (the dequantized weights) saved at ``out`` with
+    ``path``'s config less its quantization: the dequantize-then-matmul reference."""
     import transformers
+    from safetensors.torch import save_file
 
-    model_cls, config_cls, _ = MODELS[model]
+    out.mkdir(parents=True, exist_ok=True)
     raw = json.loads((path / "config.json").read_text())
     raw.pop("quantization_config")
-    config = getattr(transformers, config_cls).from_dict(raw)
-    out = getattr(transformers, model_cls)(config).eval()
-    keep = {n: t for n, t in state.items() if not n.endswith(("_scale", "_scale_inv"))}
-    missing, unexpected = out.load_state_dict(keep, strict=False)
-    assert not unexpected and all("rotary" in m or m == "lm_head.weight" for m in missing), (missing, unexpected)
-    if config.tie_word_embeddings:
-        out.tie_weights()
-    return out.float()
+    (out / "config.json").write_text(json.dumps(raw))
+    save_file(
+        {n: t.contiguous() for n, t in state.items()}, out / "model.safetensors", metadata={"format": "pt"}
+    )
+    return getattr(transformers, MODELS[model][0]).from_pretrained(out, dtype=torch.float32).eval()
