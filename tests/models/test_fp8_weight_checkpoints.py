@@ -105,26 +105,24 @@ def test_logits_equal_the_dequantized_reference(checkpoint: tuple[Path, dict, st
             torch.device("cpu"), path / "fp8", reference(path / "fp8", state, path / "ref", model)
         )
         return
-    held = {
-        n: fp8_gemm.dequantize(*fp8_gemm.quantize(t)) for n, t in state.items() if n.endswith("proj.weight")
-    }
-    check_checkpoint(
-        torch.device("cpu"), path / "fp8", reference(path / "fp8", state | held, path / "held", model)
-    )
+    loaded, source, held = _held_reference(path / "fp8", state, path / "held", model)
+    assert source.held == set(source.fp8)  # NOTE: a dense model holds every projection in FP8
     own = reference(path / "fp8", state, path / "ref", model)
     seqs = sequences(own.config.vocab_size)
-    run = run_graphrt(load(path / "fp8", device="cpu"), seqs)
+    run = run_graphrt(loaded, seqs)
+    assert_parity(run, reference_logits(held, seqs), atol=1e-4, rtol=1e-4)
     assert_parity(run, reference_logits(own, seqs), atol=BLOCK_LOGITS, rtol=0)
 
 
-def _held_reference(path: Path, state: dict[str, torch.Tensor], out: Path, model: str) -> tuple[Any, Any]:
+def _held_reference(
+    path: Path, state: dict[str, torch.Tensor], out: Path, model: str
+) -> tuple[Any, SafetensorsDir, Any]:
     """graphrt's load of ``path`` and transformers on the weights it holds: FP8-held projections
     as their per-row requantization, every other weight as the format dequantizes it."""
     source = SafetensorsDir(path)
     loaded = materialize(source, torch.device("cpu"), torch.float32)
     held = {n: fp8_gemm.dequantize(*fp8_gemm.quantize(state[n])) for n in source.held}
-    assert source.held and set(source.held) < set(source.fp8)  # NOTE: some FP8 weights dequantized
-    return loaded, reference(path, state | held, out, model)
+    return loaded, source, reference(path, state | held, out, model)
 
 
 @pytest.mark.parametrize("model", ["qwen3-moe", "deepseek-v3"])
@@ -133,7 +131,9 @@ def test_moe_experts_dequantized_at_load(model: str, tmp_path: Path) -> None:
     MLPs stay FP8, routed experts (and MLA projections) are dequantized to the model dtype; the
     logits equal transformers on those weights (fp32, 1e-4)."""
     state = save_fp8_checkpoint(tmp_path / "fp8", "block", model)
-    loaded, ref = _held_reference(tmp_path / "fp8", state, tmp_path / "ref", model)
+    loaded, source, ref = _held_reference(tmp_path / "fp8", state, tmp_path / "ref", model)
+    assert source.held and source.held < set(source.fp8)
+    assert all(".experts." not in n for n in source.held) and any(".experts." in n for n in source.fp8)
     experts = loaded.layers[1].mlp.experts
     assert experts.w13.dtype == experts.w2.dtype == torch.float32
     fp8 = [n for n, p in loaded.named_parameters() if p.dtype == FP8]
