@@ -121,8 +121,22 @@ def _held_reference(
     as their per-row requantization, every other weight as the format dequantizes it."""
     source = SafetensorsDir(path)
     loaded = materialize(source, torch.device("cpu"), torch.float32)
-    held = {n: fp8_gemm.dequantize(*fp8_gemm.quantize(state[n])) for n in source.held}
+    block = source.fp8_scheme is not None and source.fp8_scheme.strategy == "block"
+    held = {n: fp8_gemm.dequantize(*fp8_gemm.quantize(state[n])) for n in source.held} if block else {}
     return loaded, source, reference(path, state | held, out, model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_logits_on_the_gpu(checkpoint: tuple[Path, dict, str]) -> None:
+    """bf16 on CUDA (the FP8 skinny GEMM at decode): logits within tests/support/hf_util's bf16
+    tolerance of transformers (fp32) on the weights graphrt holds, dequantized."""
+    path, state, _ = checkpoint
+    name = json.loads((path / "fp8" / "config.json").read_text())["architectures"][0]
+    _, _, held = _held_reference(
+        path / "fp8", state, path / "gpu-ref", "qwen3" if "Qwen3" in name else "llama"
+    )
+    check_checkpoint(torch.device("cuda"), path / "fp8", held)
 
 
 @pytest.mark.parametrize("model", ["qwen3-moe", "deepseek-v3"])
