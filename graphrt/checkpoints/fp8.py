@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from graphrt.checkpoints.errors import CheckpointError
 from graphrt.kernels import fp8_gemm
 
 Shape = tuple[int, ...]
@@ -94,7 +95,11 @@ def _fp8(quant: Mapping[str, Any]) -> FP8Scheme:
     block = quant.get("weight_block_size")
     if block is None:
         return FP8Scheme("fp8", "tensor", "weight_scale")
-    if not (isinstance(block, list | tuple) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+    if not (
+        isinstance(block, list | tuple)
+        and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    ):
         raise _refuse("fp8", f"weight_block_size {block!r} (want [rows, columns] > 0)")
     return FP8Scheme("fp8", "block", "weight_scale_inv", (int(block[0]), int(block[1])))
 
@@ -112,6 +117,14 @@ def fp8_scheme(raw: Mapping[str, Any]) -> FP8Scheme | None:
     return METHODS[quant["quant_method"]](quant)
 
 
+def scale_shapes(scheme: FP8Scheme, shape: Shape) -> tuple[Shape, ...]:
+    """The shapes a weight ``[N, K]``'s scale may have under ``scheme``."""
+    n, k = shape
+    if scheme.block is not None:
+        return ((math.ceil(n / scheme.block[0]), math.ceil(k / scheme.block[1])),)
+    return ((n, 1), (n,)) if scheme.strategy == "channel" else ((), (1,))
+
+
 @dataclass(frozen=True, slots=True)
 class FP8Weight:
     """One stored FP8 weight: its ``scale`` tensor's name and shape, under ``scheme``."""
@@ -121,25 +134,25 @@ class FP8Weight:
     scale_shape: Shape
     scheme: FP8Scheme
 
-    def check(self, name: str) -> str | None:
-        """What is wrong with the scale's shape for weight ``name``, or None."""
-        n, k = self.shape
-        want = {
-            "channel": ((n, 1), (n,)),
-            "tensor": ((), (1,)),
-            "block": ((math.ceil(n / self.scheme.block[0]), math.ceil(k / self.scheme.block[1])),)
-            if self.scheme.block
-            else (),
-        }[self.scheme.strategy]
-        if self.scheme.strategy == "channel" and math.prod(self.scale_shape) == 1:
-            return None  # NOTE: a tensor-strategy group in a checkpoint with channel groups
-        if self.scale_shape in want:
-            return None
+    def check(self) -> str | None:
+        """What is wrong with the scale's shape, or None."""
+        want = scale_shapes(self.scheme, self.shape)
+        if self.scale_shape in want or (
+            self.scheme.strategy == "channel" and math.prod(self.scale_shape) == 1
+        ):
+            return None  # NOTE: one value: a tensor-strategy group beside channel groups
         return f"{self.scale!r} has shape {list(self.scale_shape)}, want {' or '.join(str(list(w)) for w in want)}"
+
+    def _scale(self, scale: torch.Tensor) -> torch.Tensor:
+        """``scale`` in float32; :class:`CheckpointError` naming it when a value is not finite."""
+        s = scale.float()
+        if not bool(torch.isfinite(s).all()):  # NOTE: at load, once per tensor
+            raise CheckpointError(f"FP8 scale {self.scale!r} holds a value that is not finite")
+        return s
 
     def dequantize(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``W = q * s`` in float32, ``[N, K]``: the format's own dequantization."""
-        s = scale.float()
+        s = self._scale(scale)
         if self.scheme.strategy == "block" and self.scheme.block is not None:
             (bn, bk), (n, k) = self.scheme.block, q.shape
             s = s.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
@@ -152,7 +165,7 @@ class FP8Weight:
         scales as stored (exact); block scales requantized per row from :meth:`dequantize`."""
         if self.scheme.strategy == "block":
             return fp8_gemm.quantize(self.dequantize(q, scale))
-        return q, scale.float().reshape(-1).expand(q.shape[0]).contiguous()
+        return q, self._scale(scale).reshape(-1).expand(q.shape[0]).contiguous()
 
 
 def fp8_weights(headers: Mapping[str, tuple[str, Shape]], scheme: FP8Scheme) -> dict[str, FP8Weight]:
@@ -166,9 +179,11 @@ def fp8_weights(headers: Mapping[str, tuple[str, Shape]], scheme: FP8Scheme) -> 
         if not name.endswith(".weight") or len(shape) != 2:
             raise ValueError(f"FP8 tensor {name!r} of shape {list(shape)} is not a 2-D projection weight")
         if scale not in headers:
-            raise ValueError(f"FP8 weight {name!r} has no {scale!r} ({scheme.method}, {scheme.strategy} scales)")
+            raise ValueError(
+                f"FP8 weight {name!r} has no {scale!r} ({scheme.method}, {scheme.strategy} scales)"
+            )
         weight = FP8Weight(scale, tuple(shape), tuple(headers[scale][1]), scheme)
-        fault = weight.check(name)
+        fault = weight.check()
         if fault is not None:
             raise ValueError(f"FP8 weight {name!r} ({scheme.method}, {scheme.strategy} scales): {fault}")
         out[name] = weight
