@@ -27,7 +27,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from graphrt import Engine  # noqa: E402
 from graphrt.checkpoints import load  # noqa: E402
-from graphrt.checkpoints.checkpoint import materialize  # noqa: E402
+from graphrt.checkpoints.checkpoint import CheckpointError, materialize  # noqa: E402
 from graphrt.checkpoints.safetensors_dir import SafetensorsDir  # noqa: E402
 from graphrt.kernels import fp8_gemm  # noqa: E402
 from graphrt.models import CausalLM  # noqa: E402
@@ -261,3 +261,33 @@ def test_unsupported_fp8_refused(case: str, tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(CausalLM, "to_empty", lambda *a, **k: pytest.fail("allocated before the check"))
     with pytest.raises(ValueError, match=message):
         load(_edited(tmp_path / "fp8", tmp_path, config, tensors), device="cpu")
+
+
+def test_non_finite_scale_refused(tmp_path: Path) -> None:
+    """A scale that is NaN or infinite is refused naming it (it would turn every logit to NaN)."""
+    save_fp8_checkpoint(tmp_path / "fp8", "ct-channel")
+
+    def nan(state: dict) -> None:
+        state[f"{Q0}.weight_scale"][3] = float("nan")
+
+    with pytest.raises(
+        CheckpointError, match=rf"FP8 scale '{Q0}.weight_scale' holds a value that is not finite"
+    ):
+        load(_edited(tmp_path / "fp8", tmp_path, None, nan), device="cpu")
+
+
+@pytest.mark.slow  # NOTE: two spawned ranks, ~75 s on a loaded 2-core box
+def test_tp2_matches_tp1(tmp_path: Path) -> None:
+    """Two CPU ranks (gloo, fp32): column shards keep their rows' scales, row shards every row's
+    (block scales requantized over the whole row before the columns are cut); logits within
+    1e-4 of TP=1 and the same greedy tokens (tests/parallel/test_tp_checkpoints.py's check)."""
+    from tests.parallel.test_tp_checkpoints import ATOL, checkpoint_parity
+    from tests.support.tp_util import run_ranks
+
+    paths = {}
+    for fmt in ("ct-channel", "block"):
+        save_fp8_checkpoint(tmp_path / fmt, fmt)
+        paths[fmt] = str(tmp_path / fmt)
+    for rank, found in enumerate(run_ranks(checkpoint_parity, 2, paths, deadline_s=420)):
+        for fmt, (diff, same, _, _) in found.items():
+            assert diff <= ATOL and same, (rank, fmt, diff)
