@@ -37,11 +37,12 @@ def hold_layers(model: nn.Module, expected: Mapping[str, Slot], source: FP8Sourc
     for name, slot in expected.items():
         names_of.setdefault(slot.param, []).append(name)
     held: set[str] = set()
-    modules = dict(model.named_modules())
+    paths = {id(m): p for p, m in model.named_modules()}
     for layer in quantizable(model):
-        path = next(p for p, m in modules.items() if m is layer)
-        names = names_of.get(f"{path}.weight", [])
-        if names and all(n in source.fp8 and expected[n].expect is None and expected[n].index is None for n in names):
+        names = names_of.get(f"{paths[id(layer)]}.weight", [])
+        if names and all(
+            n in source.fp8 and expected[n].expect is None and expected[n].index is None for n in names
+        ):
             hold_fp8(layer)
             held.update(names)
     return source.hold(held)
