@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.fp8 import fp8_scheme
 from graphrt.checkpoints.hf_moe import parse_moe
 from graphrt.checkpoints.mxfp4 import quant_method
 from graphrt.models.config import ModelConfig
@@ -108,8 +109,16 @@ def _windows(raw: Raw, arch: Arch, num_layers: int) -> tuple[int | None, ...]:
     return tuple(int(size) - 1 if s else None for s in sliding)
 
 
+#: The FP8 checkpoint formats that load (:mod:`graphrt.checkpoints.fp8`), for messages.
+FP8_FORMATS = "compressed-tensors float-quantized channel/tensor scales, fp8 block/tensor scales"
+
+
 def _refuse_unsupported(raw: Raw, arch_name: str) -> None:
-    quant_method(raw, arch_name)  # NOTE: refuses what is not dequantized at load (mxfp4 for gpt-oss)
+    if fp8_scheme(raw) is None:  # NOTE: refuses an FP8 scheme graphrt does not read, by name
+        try:
+            quant_method(raw, arch_name)  # NOTE: refuses what is not dequantized at load (mxfp4 for gpt-oss)
+        except ValueError as err:
+            raise ValueError(f"{err}; FP8 checkpoints load for every architecture ({FP8_FORMATS})") from None
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias=True is not supported")
     if raw.get("clip_qkv") is not None:

@@ -89,7 +89,10 @@ def load(
         Default: CUDA when available, else CPU. Tensors are read straight onto it.
     dtype : torch.dtype, optional
         Weight dtype (default bf16 on CUDA, fp32 elsewhere); GGUF blocks and gpt-oss's MXFP4
-        experts (``quant_method: mxfp4``) are dequantised to it, one tensor at a time.
+        experts (``quant_method: mxfp4``) are dequantised to it, one tensor at a time. An FP8
+        checkpoint's projections (compressed-tensors ``float-quantized``, ``fp8`` block or tensor
+        scales: :mod:`graphrt.checkpoints.fp8`) load as e4m3 with per-row scales, its other FP8
+        weights (routed experts, MLA) dequantised to it.
     tp : TPGroup, optional
         This rank's tensor-parallel group (``graphrt.parallel.init_tp``): the model holds the
         rank's shards only (attention heads, MLP columns, vocabulary rows; norms replicated),
@@ -114,7 +117,8 @@ def load(
         for an MLA model.
 
     ``progress(done, total)``: called after each tensor is read. ``quantization="fp8"``: the
-    projections quantized once loaded (:mod:`graphrt.models.quantize`; unknown names refused first).
+    projections quantized once loaded (:mod:`graphrt.models.quantize`; unknown names refused first);
+    those an FP8 checkpoint holds in FP8 already are left as loaded.
     """
     check_quantization(quantization)
     resolved = resolve(path)
