@@ -186,21 +186,21 @@ class GraphRuntime:
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
     ) -> torch.Tensor:
         start = time.perf_counter()
-        self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
+        self.families.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(plan.mode, route.bucket, plan.rows_per_req)
+            self._check_poison(plan.mode, route, plan.rows_per_req)
         self.dispatcher.count_replay(plan.mode)
         out = route.result(batch.sampling is not None, batch.input_ids.size)
         self.logprobs = step_logprobs_of(route.output, batch)
         if feed is None:
             return out.clone()
         if not feed.gather:  # NOTE: a gathering feed recorded inside the graph
-            feed.after(self.buffers.view(route.bucket, plan.rows_per_req), batch.bs, out)
+            feed.after(self.buffers.view(route.rows, plan.rows_per_req, route.tokens), batch.bs, out)
         return out
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
@@ -209,10 +209,13 @@ class GraphRuntime:
         self.logprobs = step_logprobs_of(raw, batch)
         return out
 
-    def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
-        left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]
+    def _check_poison(self, mode: ForwardMode, route: Route, rows_per_req: int) -> None:
+        groups = self.families.used_by(mode)
+        left = [name for f in groups for name in f.poisoned(route.rows, rows_per_req, route.tokens)]
         if left:
-            raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+            raise PoisonLeft(
+                f"buffers not written by the update for {mode.name} bucket {route.bucket}: {left}"
+            )
 
     def stats(self) -> RuntimeStats:
         """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
