@@ -28,6 +28,7 @@ from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
 from graphrt.engine.speculative import SpecRunner
 from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.step.modes import ForwardMode
 
 
 class Scheduler:
@@ -66,6 +67,9 @@ class Scheduler:
         self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
         #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
         self.chunk, self.mixed_steps = chunk, 0
+        #: A chunked step's mode: MIXED where the runtime captured its graphs, else EXTEND.
+        modes = runtime.config.capture_modes
+        self.mixed_mode = ForwardMode.MIXED if ForwardMode.MIXED in modes else ForwardMode.EXTEND
 
     @property
     def lookahead(self) -> int:
@@ -82,7 +86,11 @@ class Scheduler:
             return self._step_ahead(self.overlap)
         admitted = self._admit()
         sampled = self.runtime.config.sample and not self.record_logits
-        plan = plan_step(self.running, self.chunk, self.page_size, sampled) if self.chunk else None
+        plan = (
+            plan_step(self.running, self.chunk, self.page_size, sampled, self.mixed_mode)
+            if self.chunk
+            else None
+        )
         if plan is not None:  # NOTE: chunked prefill (:mod:`.chunked`) while a prompt prefills
             return run_mixed(self, plan)
         if admitted:
