@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from graphrt import Batch, ForwardMode, PoisonLeft
+from graphrt import Batch, ForwardMode, PoisonLeft, RuntimeConfig
+from graphrt.attention import REQUEST_MODES, registry
 from tests.runtime.test_decode_parity import tolerance
 from tests.support.util import Setup, backends, build_runtime, refill, slot_of
 
@@ -101,6 +102,7 @@ def test_mixed_graph_matches_eager(device: torch.device, page_size: int) -> None
         assert stats.replays == {"MIXED": len(CASES)} and stats.fallbacks == {}
 
 
+@pytest.mark.slow
 def test_debug_poison_leaves_nothing_in_mixed_buckets(device: torch.device) -> None:
     """Debug mode poisons every buffer before each update: mixed steps that shrink inside and
     across token buckets leave none of it behind, and match eager."""
@@ -162,7 +164,52 @@ def test_steps_no_graph_holds_run_eagerly_and_are_counted() -> None:
     ],
 )
 def test_bad_mixed_configs_are_refused(kw: dict[str, object], message: str) -> None:
-    from graphrt import RuntimeConfig
-
     with pytest.raises(ValueError, match=message):
         RuntimeConfig(capture_modes=(ForwardMode.MIXED,), **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "window_pool"),
+    [("tiny-qwen3-moe", False), ("tiny-llama-swa", True), ("tiny-mla", False)],
+    ids=["moe", "window-pool", "dense-mla"],
+)
+def test_mixed_graphs_serve_moe_windows_and_mla(model: str, window_pool: bool) -> None:
+    """MoE routing buffers hold the largest token bucket (pad tokens route to no expert); a
+    window pool holds a whole bucket's chunk; dense MLA attends varlen queries alike. Debug
+    poison on, graph = eager."""
+    setup = build_runtime(
+        torch.device("cpu"),
+        model=model,
+        max_batch_size=MAX_BS,
+        max_context_len=CONTEXT,
+        max_reqs=MAX_REQS,
+        modes=(ForwardMode.MIXED,),
+        token_buckets=(4, 16),
+        window_pool=window_pool,
+        debug=True,
+    )
+    routing = setup.runtime.families.group("routing")
+    assert (routing is not None) == (model == "tiny-qwen3-moe")
+    if routing is not None:
+        assert routing.view(MAX_BS, 1, 16).topk_ids.shape[0] == 16 == routing.dims.max_tokens
+    for decode, chunks in (CASES[3], CASES[2], CASES[1]):
+        rows = list(range(len(decode) + len(chunks)))
+        fill(setup, rows, decode + [p for p, _ in chunks])
+        batch = mixed_batch(setup, rows, decode, chunks)
+        out_eager = setup.runtime.run(batch, eager=True)
+        torch.testing.assert_close(setup.runtime.run(batch), out_eager, **tolerance(torch.device("cpu")))
+    assert setup.runtime.stats().replays == {"MIXED": 3}
+
+
+def test_a_backend_without_mixed_is_refused_or_routed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toy backend declares no MIXED: named, it is refused naming both; preferred but
+    unnamed, a MIXED runtime is routed to the reference."""
+    monkeypatch.setattr(registry, "BACKENDS", {k: dict(v) for k, v in registry.BACKENDS.items()})
+    registry.add_backend("mha", "toy", "tests.support.toy_backend:ToyBackend", first=True)
+    kw = {"modes": (ForwardMode.DECODE, ForwardMode.MIXED), "token_buckets": (2,), "max_batch_size": 1}
+    with pytest.raises(ValueError, match=r"backend 'toy' cannot be captured for MIXED \(it supports DECODE"):
+        build_runtime(torch.device("cpu"), backend="toy", **kw)
+    assert build_runtime(torch.device("cpu"), backend=None, **kw).runtime.backend.name == "reference"
+    assert build_runtime(torch.device("cpu"), backend=None, capture=False).runtime.backend.name == "toy"
+    assert ForwardMode.MIXED not in REQUEST_MODES
