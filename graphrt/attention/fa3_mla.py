@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from graphrt.attention.call import AttendCall
-from graphrt.attention.capabilities import REQUEST_MODES, GraphSupport
+from graphrt.attention.capabilities import ALL_MODES, GraphSupport
 from graphrt.attention.fa3 import FA3Backend, fa3_available
 
 #: The MLA shape FA3's ``qv`` kernel is built for: RoPE key width and latent (value) width.
@@ -27,8 +27,9 @@ class FA3MLABackend(FA3Backend):
     """FA3 for the dense-MLA kind: ``forward(q_rope, rope_cache, latent_cache, ..., qv=qv)``."""
 
     name = "fa3"
-    # NOTE: MLA layers have neither windows, sinks, an encoder nor chunked-local layers.
-    graph_support = GraphSupport(REQUEST_MODES, trees=True, fp8_kv=True, qv=True)
+    # NOTE: MLA layers have neither windows, sinks, an encoder nor chunked-local layers; MIXED
+    # is FA3's varlen call with qv, as EXTEND's (tests/runtime/test_mixed_mode.py, on the GPU).
+    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True, qv=True)
 
     def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:
         super().__init__(dtype)
