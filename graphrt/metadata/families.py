@@ -211,6 +211,11 @@ class Families:
             if writer is not None:
                 writer.forget()
 
+    def poisoned(self, mode: ForwardMode, rows: int, rows_per_req: int, tokens: int) -> list[str]:
+        """Buffers of ``mode``'s groups whose view of ``rows`` requests and ``tokens`` token rows
+        still holds poison (debug mode; syncs)."""
+        return [name for g in self.used_by(mode) for name in g.poisoned(rows, rows_per_req, tokens)]
+
     def forget(self) -> None:
         """The device buffers no longer match what the writers know (e.g. after a capture)."""
         for writer in self.writers.values():

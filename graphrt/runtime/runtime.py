@@ -210,12 +210,9 @@ class GraphRuntime:
         return out
 
     def _check_poison(self, mode: ForwardMode, route: Route, rows_per_req: int) -> None:
-        groups = self.families.used_by(mode)
-        left = [name for f in groups for name in f.poisoned(route.rows, rows_per_req, route.tokens)]
+        left = self.families.poisoned(mode, route.rows, rows_per_req, route.tokens)
         if left:
-            raise PoisonLeft(
-                f"buffers not written by the update for {mode.name} bucket {route.bucket}: {left}"
-            )
+            raise PoisonLeft(f"buffers not written by the update for {mode.name} {route.bucket}: {left}")
 
     def stats(self) -> RuntimeStats:
         """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
