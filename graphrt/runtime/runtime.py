@@ -268,7 +268,8 @@ class GraphRuntime:
             raise ValueError(f"largest bucket {top} is outside 1..{self.allocation} (max_batch_size)")
         with self._lock:  # NOTE: run() adds to the histogram; copy it whole
             counts = dict(self.telemetry.batch_sizes)
-        weights = step_weights(counts, self.config.capture_modes, self.rows_per_req, top)
+        modes = [m for m in self.config.capture_modes if not MODES[m].token_bucket]  # NOTE: MIXED: tokens
+        weights = step_weights(counts, modes, self.rows_per_req, top)
         if not weights:
             raise ValueError(
                 f"no graphed steps of at most {top} requests observed yet: run() some batches first"
