@@ -170,17 +170,26 @@ def test_bad_mixed_configs_are_refused(kw: dict[str, object], message: str) -> N
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("model", "window_pool"),
-    [("tiny-qwen3-moe", False), ("tiny-llama-swa", True), ("tiny-mla", False)],
-    ids=["moe", "window-pool", "dense-mla"],
+    ("model", "window_pool", "kv"),
+    [
+        ("tiny-qwen3-moe", False, None),
+        ("tiny-llama-swa", True, None),
+        ("tiny-mla", False, None),
+        ("tiny-sinks", False, None),
+        ("tiny-llama", False, "fp8_e4m3"),
+    ],
+    ids=["moe", "window-pool", "dense-mla", "sinks", "fp8-kv"],
 )
-def test_mixed_graphs_serve_moe_windows_and_mla(device: torch.device, model: str, window_pool: bool) -> None:
+def test_mixed_graphs_serve_the_features(
+    device: torch.device, model: str, window_pool: bool, kv: str | None
+) -> None:
     """MoE routing buffers hold the largest token bucket (pad tokens route to no expert); a
-    window pool holds a whole bucket's chunk; dense MLA attends varlen queries alike (on a
-    Hopper GPU through FA3's row). Debug poison on, graph = eager."""
+    window pool holds a whole bucket's chunk; dense MLA, sinks and an FP8 cache attend varlen
+    queries alike (on a Hopper GPU through FA3's rows). Debug poison on, graph = eager."""
     setup = build_runtime(
         device,
         backend=None,
+        kv_cache_dtype=kv,
         model=model,
         max_batch_size=MAX_BS,
         max_context_len=CONTEXT,
@@ -214,3 +223,5 @@ def test_a_backend_without_mixed_is_refused_or_routed(monkeypatch: pytest.Monkey
     assert build_runtime(torch.device("cpu"), backend=None, **kw).runtime.backend.name == "reference"
     assert build_runtime(torch.device("cpu"), backend=None, capture=False).runtime.backend.name == "toy"
     assert ForwardMode.MIXED not in REQUEST_MODES
+    with pytest.raises(ValueError, match=r"backend 'reference' cannot be captured for MIXED"):
+        build_runtime(torch.device("cpu"), model="tiny-dsa", backend=None, **kw)  # NOTE: sparse MLA
