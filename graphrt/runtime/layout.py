@@ -40,7 +40,7 @@ def build_layout(
     (``routing``: a MoE model's experts and top-k, :func:`routing_shape`)."""
     # NOTE: token rows for the widest mode's largest bucket, or the largest MIXED token bucket;
     # every group sized by tokens (routing's expert alignment too) follows from this one value.
-    tokens = max((max_bs * config.max_rows_per_req, *config.token_buckets))
+    tokens = max(max_bs * config.max_rows_per_req, config.max_tokens)
     dims = Dims(max_bs, tokens, config.max_pages, config.max_context_len)
     local, window = local_geometry(config), window_pool(kv, req_to_token, config)
     geometry = Geometry(
