@@ -5,6 +5,7 @@ graphs, counted in ``stats()``, with the tokens of whole-prompt prefills."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from graphrt import Engine, SamplingParams
 from graphrt.engine.config import token_ladder
@@ -14,6 +15,7 @@ PROMPTS = [[int(t) for t in np.random.default_rng(1).integers(0, 512, n)] for n 
 BUDGETS = [12, 4, 7, 3]
 
 
+@pytest.mark.slow
 def test_mixed_steps_replay_graphs_and_give_the_same_tokens() -> None:
     sampling = [SamplingParams(temperature=0.7, seed=5), SamplingParams()] * 2
     whole = Engine("tiny-llama", **KW, use_graphs=False).generate(PROMPTS, BUDGETS, sampling)
@@ -27,6 +29,7 @@ def test_mixed_steps_replay_graphs_and_give_the_same_tokens() -> None:
     assert stats.eager == {}
 
 
+@pytest.mark.slow
 def test_prefill_only_chunks_replay_graphs() -> None:
     """One 50-token prompt alone, 16 tokens a step: 16, 16, 16 and 2, each a graph replay."""
     engine = Engine("tiny-llama", **KW, prefill_chunk=16)
