@@ -177,8 +177,9 @@ def test_bad_mixed_configs_are_refused(kw: dict[str, object], message: str) -> N
         ("tiny-mla", False, None),
         ("tiny-sinks", False, None),
         ("tiny-llama", False, "fp8_e4m3"),
+        ("tiny-llama-local", False, None),
     ],
-    ids=["moe", "window-pool", "dense-mla", "sinks", "fp8-kv"],
+    ids=["moe", "window-pool", "dense-mla", "sinks", "fp8-kv", "chunked-local"],
 )
 def test_mixed_graphs_serve_the_features(
     device: torch.device, model: str, window_pool: bool, kv: str | None
