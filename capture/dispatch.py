@@ -19,22 +19,33 @@ class Fallback:
 
 
 class Dispatcher:
-    """Graphs keyed by ``(mode, bucket)``; counts replays and eager fallbacks per mode."""
+    """Graphs keyed by ``(mode, bucket)``; counts replays and eager fallbacks per mode.
 
-    def __init__(self, policy: BucketPolicy) -> None:
+    ``policy`` buckets every mode by its requests; ``own`` gives a mode a ladder of its own
+    (a token-bucketed mode: its buckets count query tokens, and ``select`` takes that count).
+    """
+
+    def __init__(self, policy: BucketPolicy, own: dict[Hashable, BucketPolicy] | None = None) -> None:
         self.policy = policy
+        self.own: dict[Hashable, BucketPolicy] = dict(own or {})
         self.graphs: dict[tuple[Hashable, int], Graph] = {}
         self.replays: Counter[Hashable] = Counter()
         self.fallbacks: Counter[Fallback] = Counter()
 
+    def policy_for(self, mode: Hashable) -> BucketPolicy:
+        """The ladder ``mode`` is captured and dispatched by."""
+        return self.own.get(mode, self.policy)
+
     def add(self, mode: Hashable, bucket: int, graph: Graph) -> None:
-        """Register the graph of ``(mode, bucket)``; the bucket must be one of the policy's."""
-        if bucket not in self.policy.buckets:
-            raise ValueError(f"bucket {bucket} is not in the policy {self.policy.buckets}")
+        """Register the graph of ``(mode, bucket)``; the bucket must be one of the mode's policy's."""
+        buckets = self.policy_for(mode).buckets
+        if bucket not in buckets:
+            raise ValueError(f"bucket {bucket} is not in the policy {buckets}")
         self.graphs[(mode, bucket)] = graph
 
     def replace(self, policy: BucketPolicy) -> None:
-        """Drop every graph and dispatch by ``policy`` from now on (counters keep counting)."""
+        """Drop every graph and dispatch by ``policy`` from now on (counters keep counting;
+        modes with a ladder of their own keep it)."""
         self.graphs.clear()
         self.policy = policy
 
@@ -43,10 +54,14 @@ class Dispatcher:
         return {mode for mode, _ in self.graphs}
 
     def select(self, mode: Hashable, bs: int) -> tuple[int, Graph] | Fallback:
-        """The bucket and graph for ``bs`` requests, or the reason there is none."""
-        bucket = self.policy.bucket_for(bs)
+        """The bucket and graph for ``bs`` requests (tokens, for a mode with a ladder of its
+        own), or the reason there is none."""
+        policy = self.own.get(mode)
+        what = "bs" if policy is None else "tokens"
+        policy = policy or self.policy
+        bucket = policy.bucket_for(bs)
         if bucket is None:
-            return Fallback(mode, f"bs {bs} > largest bucket {self.policy.largest}")
+            return Fallback(mode, f"{what} {bs} > largest bucket {policy.largest}")
         graph = self.graphs.get((mode, bucket))
         if graph is None:
             return Fallback(mode, f"mode {_name(mode)} not captured")

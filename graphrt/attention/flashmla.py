@@ -21,7 +21,7 @@ import torch
 
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.call import AttendCall
-from graphrt.attention.capabilities import ALL_MODES, GraphSupport
+from graphrt.attention.capabilities import REQUEST_MODES, GraphSupport
 from graphrt.kv.mla import KV_LORA_RANK, QK_DIM
 from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 from graphrt.step.modes import MODES
@@ -65,7 +65,7 @@ class FlashMLABackend(Backend):
     """FlashMLA sparse attention; ``padded_heads`` defaults to 64 (or 128 above 64 heads)."""
 
     slot_multiple = TOPK_MULTIPLE
-    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True)
+    graph_support = GraphSupport(REQUEST_MODES, trees=True, fp8_kv=True)
 
     def __init__(
         self,

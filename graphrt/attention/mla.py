@@ -16,7 +16,7 @@ import torch
 
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.call import AttendCall
-from graphrt.attention.capabilities import ALL_MODES, GraphSupport
+from graphrt.attention.capabilities import REQUEST_MODES, GraphSupport
 from graphrt.kv.mla import KV_LORA_RANK, dequantize_fp8
 from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 
@@ -42,7 +42,7 @@ class SparseMLAReference(Backend):
     """Gather the selected slots (dequantised for fp8), then :func:`sparse_attention`."""
 
     name = "reference"
-    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True)
+    graph_support = GraphSupport(REQUEST_MODES, trees=True, fp8_kv=True)
     padded_heads = 0
     slot_multiple = 1
 

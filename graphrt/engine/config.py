@@ -88,7 +88,10 @@ class EngineConfig:
         Chunked prefill (:mod:`graphrt.engine.chunked`): a step holds the decode rows and up to
         this many tokens in all, prompts prefilling in chunks, so a long prompt never stalls
         the running requests. None (default): whole prompts, each prefill a step of its own.
-        Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises).
+        Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises). With
+        ``use_graphs`` such steps (and prefill-only chunks) replay MIXED graphs, captured per
+        token bucket of :func:`token_ladder` ``(max(prefill_chunk, max_batch_size))``; with
+        ``penalties`` they run eagerly (a mixed step cannot tell whose token counts start over).
     """
 
     device: str | torch.device | None = None
@@ -156,7 +159,9 @@ class EngineConfig:
         or only those with a draft model (its rounds never decode)."""
         decode = spec is None or not spec.uses_draft_model
         modes = (ForwardMode.TARGET_VERIFY,) * (spec is not None) + (ForwardMode.DECODE,) * decode
-        modes = modes if self.use_graphs else ()
+        mixed = self.prefill_chunk is not None and not self.penalties
+        tokens = token_ladder(max(self.prefill_chunk or 0, self.max_batch_size)) if mixed else ()
+        modes = (modes + (ForwardMode.MIXED,) * mixed) if self.use_graphs else ()
         return RuntimeConfig(
             max_batch_size=self.max_batch_size,
             max_context_len=self.max_context_len,
@@ -171,4 +176,11 @@ class EngineConfig:
             token_masks=self.token_masks and spec is None and self.tp == 1 and not self.record_logits,
             record_kernels=self.record_kernels,
             deterministic=self.deterministic,
+            token_buckets=tokens if self.use_graphs else (),
         )
+
+
+def token_ladder(largest: int) -> tuple[int, ...]:
+    """MIXED token buckets up to ``largest``: the powers of two below it, then ``largest``
+    (a chunked step fills its budget but for a prompt's last chunk)."""
+    return (*(1 << i for i in range(largest.bit_length()) if 1 << i < largest), largest)

@@ -29,6 +29,7 @@ from graphrt.engine.sampling import row_params
 from graphrt.engine.spec_ahead import SpecAhead
 from graphrt.engine.speculative import SpecRunner
 from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.step.modes import ForwardMode
 
 
 class Scheduler:
@@ -71,6 +72,9 @@ class Scheduler:
         self.ahead = None
         if overlap is not None and isinstance(spec, LookupRunner):
             self.ahead = SpecAhead(spec, overlap, runtime.req_to_token.max_reqs, runtime.device)
+        #: A chunked step's mode: MIXED where the runtime captured its graphs, else EXTEND.
+        modes = runtime.config.capture_modes
+        self.mixed_mode = ForwardMode.MIXED if ForwardMode.MIXED in modes else ForwardMode.EXTEND
 
     @property
     def lookahead(self) -> int:
@@ -87,7 +91,11 @@ class Scheduler:
             return self._step_ahead(self.overlap)
         admitted = self._admit()
         sampled = self.runtime.config.sample and not self.record_logits
-        plan = plan_step(self.running, self.chunk, self.page_size, sampled) if self.chunk else None
+        plan = (
+            plan_step(self.running, self.chunk, self.page_size, sampled, self.mixed_mode)
+            if self.chunk
+            else None
+        )
         if plan is not None:  # NOTE: chunked prefill (:mod:`.chunked`) while a prompt prefills
             return run_mixed(self, plan)
         if admitted:

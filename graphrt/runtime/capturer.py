@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,24 @@ def make_engine(name: str | None, device: torch.device, record_kernels: bool) ->
     raise ValueError(f"capture engine {name!r} is not usable on {device}; use 'cuda' or 'emulated'")
 
 
+@dataclass(frozen=True, slots=True)
+class GraphShape:
+    """What a graph ``(mode, bucket)`` holds: ``rows`` requests, ``tokens`` token rows, and the
+    ``max_seqlen_q`` its kernels receive (a function of the key, rule 4)."""
+
+    rows: int
+    tokens: int
+    max_q: int
+
+
+def token_ladders(config: RuntimeConfig) -> dict[ForwardMode, BucketPolicy]:
+    """The token ladder of each token-bucketed mode (MIXED), from ``config.token_buckets``."""
+    if not config.token_buckets:
+        return {}
+    ladder = BucketPolicy.exact(config.token_buckets, config.max_tokens)
+    return {mode: ladder for mode, spec in MODES.items() if spec.token_bucket}
+
+
 def empty_batch(mode: ForwardMode) -> Batch:
     """A batch of no requests: capture runs on all-padding rows."""
     empty = np.zeros(0, dtype=np.int64)
@@ -68,20 +87,31 @@ class Capturer:
         #: The switches the runtime was built with (the capture report carries them).
         self.switches = switches
         self.engine = make_engine(config.engine, device, config.record_kernels)
-        self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
+        self.dispatcher = Dispatcher(
+            BucketPolicy.create(config.max_batch_size, config.buckets), token_ladders(config)
+        )
         #: Each graph's output (static tensors in the graph's pool), by (mode, bucket).
         self.outputs: dict[tuple[ForwardMode, int], Any] = {}
         #: Per mode and bs: the graph path's route; dropped with the graphs (runtime/fastpath.py).
-        self.routes = Routes(self.dispatcher, self.outputs)
+        self.routes = Routes(self.dispatcher, self.outputs, self.shape)
 
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
         return rows_per_req(mode, self.config.speculative)
 
+    def shape(self, mode: ForwardMode, bucket: int) -> GraphShape:
+        """Request rows, token rows and ``max_seqlen_q`` of the graph ``(mode, bucket)``: a
+        token-bucketed mode's bucket counts tokens, any request may hold all of them."""
+        if MODES[mode].token_bucket:
+            return GraphShape(self.config.mixed_rows(bucket), bucket, bucket)
+        per = self.rows_per_req(mode)
+        return GraphShape(bucket, bucket * per, per)
+
     def capture_all(self, show_progress: bool) -> CaptureReport:
         """Capture every (mode, bucket) of the config, largest bucket first, gc frozen."""
         self.routes.clear()  # NOTE: routes name graphs; capture replaces them
-        keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
+        policy = self.dispatcher.policy_for
+        keys = [(m, b) for m in self.config.capture_modes for b in reversed(policy(m).buckets)]
         start = time.perf_counter()
         with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
             for mode, bucket in keys:
@@ -109,19 +139,19 @@ class Capturer:
         return report
 
     def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
-        rows_per_req = self.rows_per_req(mode)
-        inputs = self.families.view(mode, bucket, rows_per_req)
+        shape = self.shape(mode, bucket)
+        inputs = self.families.view(mode, shape.rows, self.rows_per_req(mode), shape.tokens)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
-        self.families.write(empty_batch(mode), bucket, bucket * rows_per_req, poison=self.config.debug)
-        program, env = PROGRAMS[mode], self.env
+        self.families.write(empty_batch(mode), shape.rows, shape.tokens, poison=self.config.debug)
+        program, env, max_q = PROGRAMS[mode], self.env, shape.max_q
 
         def step() -> torch.Tensor:
             with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
-                return program(env, mode, inputs, rows_per_req)
+                return program(env, mode, inputs, max_q)
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
-        graph.info.host_scalars = self.host_scalars(mode, rows_per_req, inputs.cascade is not None)
+        graph.info.host_scalars = self.host_scalars(mode, max_q, inputs.cascade is not None)
         log.debug("captured %s bs=%d in %.1f ms", mode.name, bucket, graph.info.capture_seconds * 1e3)
         self.dispatcher.add(mode, bucket, graph)
         self.outputs[(mode, bucket)] = out

@@ -268,4 +268,5 @@ PROGRAMS: dict[ForwardMode, Program] = {
     ForwardMode.DRAFT_EXTEND: forward_once,
     ForwardMode.IDLE: forward_once,
     ForwardMode.EXTEND: sampled(forward_once),
+    ForwardMode.MIXED: sampled(forward_once),
 }

@@ -186,21 +186,21 @@ class GraphRuntime:
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
     ) -> torch.Tensor:
         start = time.perf_counter()
-        self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
+        self.families.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(plan.mode, route.bucket, plan.rows_per_req)
+            self._check_poison(plan.mode, route, plan.rows_per_req)
         self.dispatcher.count_replay(plan.mode)
         out = route.result(batch.sampling is not None, batch.input_ids.size)
         self.logprobs = step_logprobs_of(route.output, batch)
         if feed is None:
             return out.clone()
         if not feed.gather:  # NOTE: a gathering feed recorded inside the graph
-            feed.after(self.buffers.view(route.bucket, plan.rows_per_req), batch.bs, out)
+            feed.after(self.buffers.view(route.rows, plan.rows_per_req, route.tokens), batch.bs, out)
         return out
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
@@ -209,10 +209,10 @@ class GraphRuntime:
         self.logprobs = step_logprobs_of(raw, batch)
         return out
 
-    def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
-        left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]
+    def _check_poison(self, mode: ForwardMode, route: Route, rows_per_req: int) -> None:
+        left = self.families.poisoned(mode, route.rows, rows_per_req, route.tokens)
         if left:
-            raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+            raise PoisonLeft(f"buffers not written by the update for {mode.name} {route.bucket}: {left}")
 
     def stats(self) -> RuntimeStats:
         """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
@@ -268,7 +268,8 @@ class GraphRuntime:
             raise ValueError(f"largest bucket {top} is outside 1..{self.allocation} (max_batch_size)")
         with self._lock:  # NOTE: run() adds to the histogram; copy it whole
             counts = dict(self.telemetry.batch_sizes)
-        weights = step_weights(counts, self.config.capture_modes, self.rows_per_req, top)
+        modes = [m for m in self.config.capture_modes if not MODES[m].token_bucket]  # NOTE: MIXED: tokens
+        weights = step_weights(counts, modes, self.rows_per_req, top)
         if not weights:
             raise ValueError(
                 f"no graphed steps of at most {top} requests observed yet: run() some batches first"

@@ -58,6 +58,7 @@ def build_runtime(
     tp: TPGroup | None = None,
     window_pool: bool = False,
     dtype: torch.dtype | None = None,
+    token_buckets: Sequence[int] = (),
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
     config = RuntimeConfig(
@@ -72,6 +73,7 @@ def build_runtime(
         strict=strict,
         warmup=1,
         sample=sample,
+        token_buckets=tuple(token_buckets),
     )
     stack = build_stack(
         model,
