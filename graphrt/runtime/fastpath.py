@@ -12,19 +12,21 @@ dispatcher, the graph's host scalars and the slice of the static output (a
   it baked in and the views of its static output that a batch of ``bs`` requests returns.
 
 Routes name captured graphs, so they go stale when the graphs change: the runtime drops
-every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``).
+every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``). A
+graph captured lazily, on a step's first use of its key, only adds the route that step needed.
 Plans depend only on the runtime's config and never go stale.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from graphrt.capture import Dispatcher, Fallback, Graph
+from graphrt.capture import Dispatcher, Fallback, Graph, Pending
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch
 from graphrt.runtime.programs import Sampled
 from graphrt.runtime.telemetry import Telemetry
@@ -105,11 +107,17 @@ def step_logprobs_of(out: Any, batch: Batch) -> torch.Tensor | None:
 class Routes:
     """Routes per mode and ``bs``, made on a step's first visit; :meth:`clear` drops them all.
 
-    ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied).
+    ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied);
+    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route.
     """
 
-    def __init__(self, dispatcher: Dispatcher, outputs: dict[tuple[ForwardMode, int], Any]) -> None:
-        self.dispatcher, self.outputs = dispatcher, outputs
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        outputs: dict[tuple[ForwardMode, int], Any],
+        capture: Callable[[ForwardMode, int], None],
+    ) -> None:
+        self.dispatcher, self.outputs, self.capture = dispatcher, outputs, capture
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
 
     def clear(self) -> None:
@@ -126,6 +134,11 @@ class Routes:
         route = routes.get(bs)
         if route is None:
             chosen = self.dispatcher.select(plan.mode, bs)
+            if isinstance(chosen, Pending):  # NOTE: lazy capture: this step is its first use
+                # NOTE: refused before anything is captured; a graph bakes in its rows per request
+                check_host_scalars(batch, plan.ragged, plan.rows_per_req)
+                self.capture(chosen.mode, chosen.bucket)
+                chosen = self.dispatcher.select(plan.mode, bs)
             if isinstance(chosen, Fallback):
                 if strict:
                     raise GraphFallbackError(chosen.reason)
