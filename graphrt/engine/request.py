@@ -84,6 +84,8 @@ class EngineStats:
     prefix: PrefixStats | None = None
     #: Chunked prefill's steps holding decode rows and prompt chunks (one EXTEND each).
     mixed_steps: int = 0
+    #: Graphs captured per mode and bucket (``RuntimeStats.captures``; lazy: as steps need them).
+    captures: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
@@ -174,6 +176,7 @@ def engine_stats(
         generated,
         prefix=cache.stats() if cache is not None else None,
         mixed_steps=sched.mixed_steps,
+        captures=rt.captures,
     )
     if spec is None:
         return stats

@@ -98,6 +98,16 @@ def deterministic_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
+def capture_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--capture",
+        choices=("lazy", "eager"),
+        default="lazy",
+        help="lazy: capture each graph the first time a step needs it (a cold start captures only "
+        "what its first answer runs); eager: every graph before the first request",
+    )
+
+
 def sampling_args(p: argparse.ArgumentParser, seed_help: str, seed: int | None = 0) -> None:
     """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")

@@ -131,6 +131,7 @@ def engine_options(args: argparse.Namespace, max_batch_size: int) -> dict[str, A
         "quantization": args.quantization,
         "deterministic": args.deterministic,
         "speculative": args.speculative,
+        "capture": getattr(args, "capture", "lazy"),  # NOTE: every rank of --tp the same
     }
 
 
