@@ -247,6 +247,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
     ("bench", "serve"): ("graphrt.tools.bench.serve", "run_bench_serve"),
     ("bench", "prefix"): ("graphrt.tools.bench.prefix", "run_bench_prefix"),
+    ("bench", "first-answer"): ("graphrt.tools.bench.first_answer", "run_bench_first_answer"),
 }
 
 

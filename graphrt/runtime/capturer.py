@@ -14,6 +14,9 @@ share the engine's one memory pool whenever they are captured. With TP every ran
 batch, so every rank captures the same key in the same step; whether all of them succeeded is
 agreed on (``agree``, the group's ``all_true``) before any replays it, so a capture that fails
 on one rank sends every rank down the same eager path, never into a collective the others skip.
+A failure inside the warm-up or the recorded forward, where the ranks' collectives run, is a
+collective failure like that of any step: the others raise ``CollectiveError`` after the group's
+timeout.
 """
 
 from __future__ import annotations
