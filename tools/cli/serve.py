@@ -109,10 +109,11 @@ def build_server(args: argparse.Namespace, llm: Any, loop: EngineLoop, start: fl
 
 def _ready_line(args: argparse.Namespace, llm: Any, seconds: float) -> str:
     t = llm.timings
+    lazy = " lazy: each graph on first use" if llm.engine.config.capture == "lazy" else ""
     return (
         f"graphrt serve: {llm.name} on http://{args.host}:{args.port} (OpenAI API under /v1), ready in "
         f"{seconds:.1f} s (tokenizer {t['tokenizer']:.1f} s, load {t['load']:.1f} s, "
-        f"capture {t['capture']:.1f} s)"
+        f"capture {t['capture']:.1f} s{lazy})"
     )
 
 
