@@ -6,11 +6,11 @@ and the host scalars each graph baked in; the runtime's public ``capture`` / ``r
 
 Lazy capture (``RuntimeConfig(capture="lazy")``): ``capture`` marks every key pending and the
 step that first needs one captures it (:meth:`Capturer.on_first_use`, under the same lock,
-after the step's checks and before its window slots, metadata or replay). That is safe for a running batch because a
-capture runs on an all-padding batch: it writes the bucket's static metadata (which every step
-rewrites whole, and which the writers are told to upload again), the dummy KV slot and the dummy
-request row (token feed, token counts), never a live row's KV, metadata or sampled token. Graphs
-share the engine's one memory pool whenever they are captured. With TP every rank runs the same
+after the step's checks and before its window slots, metadata or replay). That is safe for a
+running batch because a capture runs on an all-padding batch: it writes the bucket's static
+metadata (which every step rewrites whole, and which the writers are told to upload again), the
+dummy KV slot and the dummy request row (token feed, token counts), never a live row's KV,
+metadata or sampled token. Graphs share the engine's one memory pool whenever they are captured. With TP every rank runs the same
 batch, so every rank captures the same key in the same step; whether all of them succeeded is
 agreed on (``agree``, the group's ``all_true``) before any replays it, so a capture that fails
 on one rank sends every rank down the same eager path, never into a collective the others skip.
