@@ -65,14 +65,17 @@ def cold_run(model: str, capture: str, device: str | None, tokens: int, timeout_
     """One cold process's facts (:data:`CHILD`), plus ``wall_s`` from its spawn to its exit."""
     cfg = {"model": model, "capture": capture, "device": device, "prompt": PROMPT, "tokens": tokens}
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=os.environ.copy(),
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=os.environ.copy(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the {capture} run took over {timeout_s:g} s (--run-timeout)") from None
     wall = time.perf_counter() - start
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
