@@ -88,6 +88,14 @@ class FallbackFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingFacts:
+    """A (mode, bucket) of a lazily capturing runtime that no step has needed yet (no graph)."""
+
+    mode: str
+    bucket: int
+
+
+@dataclass(frozen=True, slots=True)
 class BufferFacts:
     """One declared static buffer at its full (allocation) size."""
 
@@ -178,6 +186,8 @@ class Snapshot:
     #: The engine's speculative counters (``EngineStats.speculation()``); empty when it does not
     #: speculate, or the snapshot was taken from a bare runtime.
     speculation: dict[str, Any] = field(default_factory=dict)
+    #: Lazy capture's keys still without a graph (empty when every graph was captured, and in older files).
+    pending: tuple[PendingFacts, ...] = ()
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

@@ -37,6 +37,7 @@ from graphrt.debug.schema import (
     KernelFacts,
     KVFacts,
     MemoryFacts,
+    PendingFacts,
     Snapshot,
     TelemetryFacts,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "KVFacts",
     "KernelFacts",
     "MemoryFacts",
+    "PendingFacts",
     "Snapshot",
     "SnapshotError",
     "SnapshotVersionError",
@@ -145,6 +147,7 @@ def take_snapshot(
         kv=_kv(runtime.kv),
         switches=runtime.switches.as_dict(),
         speculation=dict(speculation or {}),
+        pending=tuple(PendingFacts(_name(m), b) for m, b in runtime.report().pending),
         arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)

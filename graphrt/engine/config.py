@@ -36,6 +36,11 @@ class EngineConfig:
         Keep every step's logits per request (``Engine.logits``); samples on the host.
     show_progress : bool
         Progress bars on stderr while the checkpoint loads and the graphs are captured.
+    capture : str
+        ``"eager"``: every graph is captured while the engine is built; ``"lazy"`` (what
+        ``graphrt.LLM`` and ``graphrt serve`` use): each (mode, bucket) the first time a step
+        needs it, into the same memory pool, with the same tokens (``RuntimeConfig.capture``).
+        With ``tp > 1`` every rank must be built with the same value.
     record_kernels : bool
         List each CUDA graph's kernels at capture (``RuntimeConfig.record_kernels``), for a
         snapshot; off by default (seconds of start-up).
@@ -104,6 +109,7 @@ class EngineConfig:
     buckets: Sequence[int] | None = None
     record_logits: bool = False
     show_progress: bool = False
+    capture: str = "eager"
     record_kernels: bool = False
     speculative: dict[str, Any] | None = None
     kv_cache_dtype: str | None = None
@@ -168,6 +174,7 @@ class EngineConfig:
             page_size=self.page_size,
             buckets=tuple(self.buckets) if self.buckets else None,
             capture_modes=modes,
+            capture=self.capture,
             backend=self.backend,
             speculative=spec.geometry if spec else None,
             sample=True,  # NOTE: a verify draws every node's token in its graph, too

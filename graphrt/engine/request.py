@@ -109,6 +109,9 @@ class EngineStats:
             "drafts_accepted": self.drafts_accepted, "paused_requests": self.paused_requests, **self.backoff,
         }  # fmt: skip
 
+    #: Graphs captured per mode and bucket (``RuntimeStats.captures``; lazy: as steps need them).
+    captures: dict[str, dict[int, int]] = field(default_factory=dict)
+
     @property
     def acceptance_per_step(self) -> tuple[float, ...]:
         """Per draft step (tree depth) ``i``: the fraction of verifies that accepted it."""
@@ -198,6 +201,7 @@ def engine_stats(
         generated,
         prefix=cache.stats() if cache is not None else None,
         mixed_steps=sched.mixed_steps,
+        captures=rt.captures,
     )
     if spec is None:
         return stats

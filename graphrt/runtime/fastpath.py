@@ -12,7 +12,8 @@ dispatcher, the graph's host scalars and the slice of the static output (a
   it baked in and the views of its static output that a batch of ``bs`` requests returns.
 
 Routes name captured graphs, so they go stale when the graphs change: the runtime drops
-every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``).
+every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``). A
+graph captured lazily, on a step's first use of its key, only adds the route that step needed.
 Plans depend only on the runtime's config and never go stale.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from graphrt.capture import Dispatcher, Fallback, Graph
+from graphrt.capture import Dispatcher, Fallback, Graph, Pending
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch
 from graphrt.runtime.programs import Sampled
 from graphrt.runtime.telemetry import Telemetry
@@ -112,14 +113,19 @@ class Routes:
     """Routes per mode and ``bs``, made on a step's first visit; :meth:`clear` drops them all.
 
     ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied);
-    ``shape(mode, bucket)`` a graph's rows, tokens and ``max_seqlen_q`` (the capturer's).
+    ``shape(mode, bucket)`` a graph's rows, tokens and ``max_seqlen_q`` (the capturer's);
+    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route.
     A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``.
     """
 
     def __init__(
-        self, dispatcher: Dispatcher, outputs: dict[tuple[ForwardMode, int], Any], shape: Callable[..., Any]
+        self,
+        dispatcher: Dispatcher,
+        outputs: dict[tuple[ForwardMode, int], Any],
+        shape: Callable[..., Any],
+        capture: Callable[[ForwardMode, int], None],
     ) -> None:
-        self.dispatcher, self.outputs, self.shape = dispatcher, outputs, shape
+        self.dispatcher, self.outputs, self.shape, self.capture = dispatcher, outputs, shape, capture
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
 
     def clear(self) -> None:
@@ -137,9 +143,15 @@ class Routes:
         route = routes.get(size)
         if route is None or route.bs != bs:
             chosen = self.dispatcher.select(plan.mode, size)
-            if not isinstance(chosen, Fallback) and self.shape(plan.mode, chosen[0]).rows < bs:
-                rows = self.shape(plan.mode, chosen[0]).rows
-                chosen = Fallback(plan.mode, f"bs {bs} > the {rows} requests a {size}-token graph holds")
+            if not isinstance(chosen, Fallback):
+                rows = self.shape(plan.mode, chosen.bucket if isinstance(chosen, Pending) else chosen[0]).rows
+                if rows < bs:
+                    chosen = Fallback(plan.mode, f"bs {bs} > the {rows} requests a {size}-token graph holds")
+            if isinstance(chosen, Pending):  # NOTE: lazy capture: this step is its first use
+                # NOTE: refused before anything is captured; a graph bakes in its max_seqlen_q
+                check_host_scalars(batch, plan.ragged, self.shape(plan.mode, chosen.bucket).max_q)
+                self.capture(chosen.mode, chosen.bucket)
+                chosen = self.dispatcher.select(plan.mode, size)
             if isinstance(chosen, Fallback):
                 if strict:
                     raise GraphFallbackError(chosen.reason)

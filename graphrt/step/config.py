@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, rows_per_req
 
+#: When graphs are captured: all at once (``eager``) or each on the first step that needs it.
+CAPTURE_POLICIES = ("eager", "lazy")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeConfig:
@@ -28,6 +31,10 @@ class RuntimeConfig:
         ``"fa3"`` or ``"reference"``; default: the best one available on the device.
     engine : str, optional
         ``"cuda"`` or ``"emulated"``; default: cuda on a CUDA device, emulated otherwise.
+    capture : str
+        ``"eager"``: :meth:`GraphRuntime.capture` records every (mode, bucket) at once;
+        ``"lazy"``: it records none, and each graph is captured the first time a step needs it
+        (that step then replays it; the same graph, the same tokens).
     warmup : int
         Eager runs of each graph's step before it is captured.
     debug : bool
@@ -79,6 +86,7 @@ class RuntimeConfig:
     capture_modes: tuple[ForwardMode, ...] = (ForwardMode.DECODE,)
     backend: str | None = None
     engine: str | None = None
+    capture: str = "eager"
     warmup: int = 2
     debug: bool = False
     strict: bool = False
@@ -93,6 +101,8 @@ class RuntimeConfig:
     token_buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.capture not in CAPTURE_POLICIES:
+            raise ValueError(f"capture = {self.capture!r}: expected one of {', '.join(CAPTURE_POLICIES)}")
         if not 0 <= self.logprobs <= 64 or (self.logprobs and not self.sample):
             raise ValueError(f"logprobs = {self.logprobs}: allowed 0..64, and only with sample=True")
         if (self.penalties or self.token_masks) and not self.sample:

@@ -59,8 +59,10 @@ def build_runtime(
     window_pool: bool = False,
     dtype: torch.dtype | None = None,
     token_buckets: Sequence[int] = (),
+    lazy: bool = False,
 ) -> Setup:
-    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
+    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous);
+    ``lazy``: its graphs are captured on first use (``RuntimeConfig(capture="lazy")``)."""
     config = RuntimeConfig(
         max_batch_size=max_batch_size,
         max_context_len=max_context_len,
@@ -74,6 +76,7 @@ def build_runtime(
         warmup=1,
         sample=sample,
         token_buckets=tuple(token_buckets),
+        capture="lazy" if lazy else "eager",
     )
     stack = build_stack(
         model,

@@ -75,17 +75,20 @@ def _fallbacks_by_bucket(snap: Snapshot) -> dict[tuple[str, int | None], int]:
 
 
 def graph_rows(snap: Snapshot) -> list[Row]:
-    """The mode × bucket grid: one row per captured or fallen-back (mode, bucket)."""
-    buckets = sorted({g.bucket for g in snap.graphs})
+    """The mode × bucket grid: one row per captured, pending (lazy capture: no step has needed
+    it yet) or fallen-back (mode, bucket)."""
+    pending = {(p.mode, p.bucket) for p in snap.pending}
+    buckets = sorted({g.bucket for g in snap.graphs} | {b for _, b in pending})
     fallbacks = _fallbacks_by_bucket(snap)
-    modes = sorted({g.mode for g in snap.graphs} | {f.mode for f in snap.fallbacks})
+    modes = sorted({g.mode for g in snap.graphs} | {f.mode for f in snap.fallbacks} | {m for m, _ in pending})
     rows: list[Row] = []
     for mode in modes:
         for bucket in buckets:
             g = snap.graph(mode, bucket)
             fb = str(fallbacks.get((mode, bucket), 0))
             if g is None:
-                rows.append((mode, str(bucket), "no", "-", "-", "-", "-", fb, "-"))
+                state = "pending" if (mode, bucket) in pending else "no"
+                rows.append((mode, str(bucket), state, "-", "-", "-", "-", fb, "-"))
                 continue
             rows.append(
                 (
