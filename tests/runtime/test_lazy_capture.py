@@ -180,3 +180,19 @@ def test_release_drops_pending_keys_and_capture_pending_takes_the_rest() -> None
     s.runtime.run(decode_batch(s, [0, 1], next_lens(s, [0, 1]), np.random.default_rng(2)))
     assert s.runtime.stats().fallbacks == {"DECODE": {"mode DECODE not captured": 1}}
     assert s.runtime.report().pending == () and s.runtime.stats().captures == {"DECODE": {1: 1, 2: 1}}
+
+
+def test_a_token_bucketed_mode_is_captured_on_first_use_too() -> None:
+    """MIXED (buckets count tokens): a lazy runtime captures only the token bucket a step needs,
+    and its output equals the eager runtime's bit for bit."""
+    from tests.runtime.test_mixed_mode import TOKEN_BUCKETS, fill, mixed_batch
+
+    outs, stats = [], []
+    for lazy in (False, True):
+        s = build_runtime(CPU, modes=(M.MIXED,), token_buckets=TOKEN_BUCKETS, max_batch_size=4, lazy=lazy)
+        fill(s, [0, 1, 2], [9, 30, 0])
+        outs.append(s.runtime.run(mixed_batch(s, [0, 1, 2], [9, 30], [(0, 6)])))
+        stats.append(s.runtime.stats())
+    assert torch.equal(outs[0], outs[1])
+    assert stats[0].captures == {"MIXED": {4: 1, 8: 1, 16: 1}}
+    assert stats[1].captures == {"MIXED": {8: 1}} and stats[1].replays == {"MIXED": 1}
