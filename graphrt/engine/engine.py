@@ -17,19 +17,12 @@ from graphrt.engine.draft import build_draft
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
-from graphrt.engine.request import (
-    EngineStats,
-    Request,
-    budgets,
-    check_encoder_ids,
-    check_prompt,
-    check_prompts,
-    engine_stats,
-)
+from graphrt.engine.request import Request, budgets, check_encoder_ids, check_prompt, check_prompts
 from graphrt.engine.sampling import admit_params
 from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
+from graphrt.engine.stats import EngineStats, engine_stats
 from graphrt.engine.tp import tp_generate, tp_runtimes
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime

@@ -98,7 +98,7 @@ def test_page_ids_past_a_rows_length_are_marked_unread(snap: Snapshot, tmp_path:
 def test_speculation_rows_round_trip_a_snapshot(snap: Snapshot, tmp_path: Path) -> None:
     from graphrt.debug.reader import load_snapshot
     from graphrt.debug.snapshot import save_snapshot
-    from graphrt.engine.request import EngineStats
+    from graphrt.engine.stats import EngineStats
 
     assert report.speculation_rows(snap) == [] and snap.speculation == {}
     stats = EngineStats({}, {}, {}, 10, 0.1, 1, 30, verify_steps=8, acceptance_rate=0.5, tokens_per_round=1.75,
