@@ -36,7 +36,10 @@ def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple
     model = load(checkpoint[0], device="cpu")
     sparse = [isinstance(layer.mlp, SparseMoE) for layer in model.layers]
     assert any(sparse), "no MoE layer was built"
-    check_checkpoint(device, *checkpoint)
+    # NOTE: fp32 on the GPU too: in bf16 a routing near-tie picks other experts in any two
+    # implementations (transformers' bf16 misses its own fp32 that way), so the bound of
+    # "three times transformers' bf16 error" cannot hold token by token for MoE layers.
+    check_checkpoint(device, *checkpoint, dtype=torch.float32)
 
 
 @torch.no_grad()

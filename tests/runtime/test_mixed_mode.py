@@ -59,8 +59,10 @@ def fill(setup: Setup, rows: list[int], lens: list[int]) -> None:
 
 def outside(setup: Setup, batch: Batch) -> torch.Tensor:
     """Every KV slot a graph of ``batch`` may not write: all but its own and the dummy page's."""
-    keep = torch.ones(setup.kv.num_live_slots + setup.kv.page_size, dtype=torch.bool)
-    keep[torch.as_tensor(batch.out_cache_loc)] = False
+    keep = torch.ones(
+        setup.kv.num_live_slots + setup.kv.page_size, dtype=torch.bool, device=setup.kv.k[0].device
+    )
+    keep[torch.as_tensor(batch.out_cache_loc, device=keep.device)] = False
     keep[setup.kv.dummy_slot : setup.kv.dummy_slot + setup.kv.page_size] = False
     return keep[: setup.kv.k[0].view(-1, *setup.kv.k[0].shape[2:]).shape[0]]
 
