@@ -175,6 +175,8 @@ class Snapshot:
     kv: KVFacts | None = None
     #: The ``GRAPHRT_*`` switches the runtime was built with, name -> value (empty in older files).
     switches: dict[str, str] = field(default_factory=dict)
+    #: The kernels' tuning table, ``{"name", "path"}`` (empty in older files).
+    tuning: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

@@ -142,6 +142,7 @@ def take_snapshot(
         families=tuple(_memory(f) for f in _families(runtime)),
         kv=_kv(runtime.kv),
         switches=runtime.switches.as_dict(),
+        tuning=runtime.tuning.brief(),
         arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)

@@ -16,6 +16,7 @@ import torch
 
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine
 from graphrt.kernels.switches import Switches
+from graphrt.kernels import tuning
 from graphrt.metadata.families import Families
 from graphrt.runtime.fastpath import Routes
 from graphrt.runtime.programs import PROGRAMS, StepEnv
@@ -67,6 +68,8 @@ class Capturer:
         )
         #: The switches the runtime was built with (the capture report carries them).
         self.switches = switches
+        #: The kernels' tuning table: the one the runtime installed just before making this.
+        self.tuning = tuning.active()
         self.engine = make_engine(config.engine, device, config.record_kernels)
         self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
         #: Each graph's output (static tensors in the graph's pool), by (mode, bucket).
@@ -97,6 +100,7 @@ class Capturer:
             time.perf_counter() - start,
             self.families.step.memory_report(),
             self.switches.as_dict(),
+            self.tuning.brief(),
         )
         log.info(
             "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",

@@ -11,7 +11,8 @@ from graphrt.capture import GraphInfo
 @dataclass(frozen=True, slots=True)
 class CaptureReport:
     """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers,
-    and the switches the runtime was built with (name -> value, :mod:`graphrt.kernels.switches`)."""
+    the switches the runtime was built with (name -> value, :mod:`graphrt.kernels.switches`) and
+    the kernels' tuning table (``{"name", "path"}``, :mod:`graphrt.kernels.tuning`)."""
 
     engine: str
     backend: str
@@ -19,6 +20,7 @@ class CaptureReport:
     seconds: float
     buffers: MemoryReport
     switches: dict[str, str] = field(default_factory=dict)
+    tuning: dict[str, str] = field(default_factory=dict)
 
     @property
     def pool_bytes(self) -> int:
@@ -30,6 +32,7 @@ class CaptureReport:
             f"{len(self.graphs)} graphs ({self.engine} engine, {self.backend} backend) in "
             f"{self.seconds:.2f} s; pool {self.pool_bytes / 2**20:.1f} MiB; "
             f"static buffers {self.buffers.total_bytes} B"
+            + (f"; tuning table {self.tuning['name']} ({self.tuning['path']})" if self.tuning else "")
         )
 
 
