@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine
-from graphrt.kernels.switches import Switches
 from graphrt.kernels import tuning
+from graphrt.kernels.switches import Switches
 from graphrt.metadata.families import Families
 from graphrt.runtime.fastpath import Routes
 from graphrt.runtime.programs import PROGRAMS, StepEnv
