@@ -1,8 +1,8 @@
 """Per-GPU tuning tables of the Triton kernels: the record (:mod:`.table`), its JSON file
-(:mod:`.files`) and which one a process runs with (:mod:`.choose`). docs/gpu.md says how a
+(:mod:`.files`) and which one a process runs with (:mod:`.device`). docs/gpu.md says how a
 table is chosen and how ``graphrt tune`` writes one for a new GPU."""
 
-from graphrt.kernels.tuning.choose import (
+from graphrt.kernels.tuning.device import (
     COMMITTED,
     active,
     cache_path,

@@ -3,7 +3,7 @@
 Tiles and launch shapes decide how fast a kernel streams, never what it computes (every
 candidate gives the same math; the tile-sweeping tools check each against a torch reference).
 The best ones differ per GPU (SM count, bandwidth, L2), so they are held in a table keyed by the
-device name (:mod:`graphrt.kernels.tuning.choose`) instead of module constants:
+device name (:mod:`graphrt.kernels.tuning.device`) instead of module constants:
 
 - the skinny GEMM (:mod:`graphrt.kernels.skinny`; the FP8 GEMM takes its tiles too): rule rows
   ``(largest M, largest K, tile)`` and per-shape overrides ``(M class, N, K) -> tile``;
