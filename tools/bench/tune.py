@@ -115,6 +115,19 @@ def _plain(row: dict) -> dict:
     return {k: (str(v) if k in ("tile", "shape") else v) for k, v in row.items()}
 
 
+def _short(value: object) -> str:
+    """A tunable in a few characters: ``8x2048 w8 s1`` tiles, ``M<=16: tile`` rules."""
+    if isinstance(value, tuning.Tile):
+        return f"{value.block_n}x{value.block_k} w{value.warps} s{value.stages}"
+    if isinstance(value, tuning.SkinnyRule):
+        return f"M<={value.max_m}: {_short(value.tile)}"
+    if isinstance(value, tuning.ShapeTile):
+        return f"M{value.m_class} N={value.n} K={value.k}: {_short(value.tile)}"
+    if isinstance(value, tuple) and value and not isinstance(value[0], int):
+        return "; ".join(_short(v) for v in value)
+    return "—" if value == () else str(value)
+
+
 def print_summary(base: tuning.TuningTable, table: tuning.TuningTable, out: Path, seconds: float) -> None:
     """Each tunable before (``base``) and after the sweep."""
     grid = Table(title=f"graphrt tune — {table.name} (from {base.name}: {base.path})")
@@ -124,7 +137,7 @@ def print_summary(base: tuning.TuningTable, table: tuning.TuningTable, out: Path
         if field == "source":
             continue
         before, after = getattr(base, field), getattr(table, field)
-        grid.add_row(field, str(before), str(after) if after != before else "same")
+        grid.add_row(field, _short(before), _short(after) if after != before else "same")
     console = wide_console()
     console.print(grid)
     console.print(f"{seconds:.0f} s; written to {out} (timings in {out.with_suffix('.sweep.json')})")
