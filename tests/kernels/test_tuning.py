@@ -4,6 +4,7 @@ following the installed table, the capture report and ``graphrt inspect`` naming
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,12 @@ def test_committed_tables_load_for_known_devices(cache: Path, name: str) -> None
 
 
 def test_unknown_devices_and_the_cpu_get_the_defaults(cache: Path) -> None:
+    from graphrt.tools.bench.record import header
+
+    assert header("x", argparse.Namespace(), torch.device("cpu"))["tuning"] == {
+        "name": "default",
+        "path": "built-in",
+    }
     assert tuning.choose("NVIDIA GeForce RTX 4090") is tuning.DEFAULT
     assert tuning.choose(None) is tuning.DEFAULT
     assert tuning.install_for(torch.device("cpu")) is tuning.DEFAULT
