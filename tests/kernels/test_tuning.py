@@ -107,6 +107,9 @@ def test_a_table_survives_its_file() -> None:
         (lambda d: d.update(tiles=[]), "unknown field tiles"),
         (lambda d: d["skinny_overrides"][0].pop("k"), r"field skinny_overrides\[0\]\.k: missing"),
         (lambda d: d.update(decode_warps={"x": 4}), "field decode_warps: expected an object head dim"),
+        (lambda d: d.update(decode_warps={"128": 6}), r"decode_warps\[128\] must be a power of two"),
+        (lambda d: d["sampler_layouts"][0].update(chunk=3000), r"sampler_layouts\[0\]: SamplerRule\.chunk"),
+        (lambda d: d.update(decode_waves=0), "decode_waves 0 must be >= 1"),
     ],
 )
 def test_malformed_tables_are_refused_naming_file_and_field(cache: Path, edit, message: str) -> None:

@@ -120,7 +120,10 @@ def parse(raw: Any, name: str, path: str) -> TuningTable:
         if field not in raw:
             raise TableError(f"tuning table {path}: field {field} is missing")
         values[field] = parse_one(raw[field], f"tuning table {path}: field {field}")
-    return TuningTable(name=name, path=path, **values)
+    try:
+        return TuningTable(name=name, path=path, **values)
+    except ValueError as e:
+        raise TableError(f"tuning table {path}: {e}") from None
 
 
 def load(path: Path, name: str) -> TuningTable:

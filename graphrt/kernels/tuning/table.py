@@ -27,6 +27,14 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _powers_of_two(record: object, names: tuple[str, ...]) -> None:
+    """``ValueError`` naming the first of ``names`` whose value is not a power of two >= 1."""
+    for name in names:
+        value = getattr(record, name)
+        if not isinstance(value, int) or value < 1 or value & (value - 1):
+            raise ValueError(f"{type(record).__name__}.{name} must be a power of two >= 1, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Tile:
     """One program's share of a skinny GEMM: ``block_n`` rows of ``W`` by ``block_k`` columns per
@@ -44,10 +52,9 @@ class Tile:
     stages: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k", "warps", "stages"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1 or (name != "stages" and value & (value - 1)):
-                raise ValueError(f"Tile.{name} must be a power of two >= 1, got {value!r}")
+        _powers_of_two(self, ("block_n", "block_k", "warps"))
+        if not isinstance(self.stages, int) or self.stages < 1:
+            raise ValueError(f"Tile.stages must be >= 1, got {self.stages!r}")
 
     def fit(self, m: int, n: int, k: int) -> Tile:
         """This tile shrunk to ``N`` and ``K`` (never below the ``tl.dot`` minimum of 16)."""
@@ -87,6 +94,9 @@ class SamplerRule:
     tally: int = 4
     scan_warps: int = 0
 
+    def __post_init__(self) -> None:
+        _powers_of_two(self, ("chunk", "warps", "tally"))
+
 
 @dataclass(frozen=True, slots=True)
 class MoeTiles:
@@ -100,6 +110,9 @@ class MoeTiles:
     skinny_n: int = 8
     skinny_k: int = 1024
     skinny_warps: int = 8
+
+    def __post_init__(self) -> None:
+        _powers_of_two(self, ("block_n", "block_k", "warps", "skinny_n", "skinny_k", "skinny_warps"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +137,16 @@ class TuningTable:
     sampler_layouts: tuple[SamplerRule, ...]
     moe: MoeTiles
     moe_skinny_slots: int
+
+    def __post_init__(self) -> None:
+        for d, warps in self.decode_warps:
+            if warps < 1 or warps & (warps - 1):
+                raise ValueError(f"decode_warps[{d}] must be a power of two >= 1, got {warps}")
+        if self.decode_merge_tile < 1 or self.decode_waves < 1 or self.moe_skinny_slots < 0:
+            raise ValueError(
+                f"decode_merge_tile {self.decode_merge_tile} and decode_waves {self.decode_waves} "
+                f"must be >= 1, moe_skinny_slots {self.moe_skinny_slots} >= 0"
+            )
 
     def skinny_tile(self, m_class: int, m: int, n: int, k: int) -> Tile:
         """The skinny GEMM's tile (unfitted): an override for ``(m_class, N, K)``, else the first
