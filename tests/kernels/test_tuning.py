@@ -206,9 +206,11 @@ def test_tune_refuses_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 def test_tune_writes_a_table_the_next_runtime_reads(cache: Path) -> None:
-    """A tiny sweep (the 1B shapes shrunk 16 times, 3 replays) writes the user cache; choosing
-    the GPU's table then reads it."""
+    """A tiny sweep (GEMMs only, the 1B shapes shrunk 16 times, 3 replays) writes the user
+    cache; choosing the GPU's table then reads it. (``graphrt tune`` in full sweeps the split
+    decode too: a few minutes, docs/gpu.md.)"""
     args = ["tune", "--models", "llama-3.2-1b", "--shrink", "16", "--iters", "3", "--classes", "1,16"]
+    args += ["--only", "skinny,prologue"]
     assert main(args) == 0
     name = torch.cuda.get_device_name(0)
     path = tuning.cache_path(name)
@@ -217,4 +219,23 @@ def test_tune_writes_a_table_the_next_runtime_reads(cache: Path) -> None:
     assert table.path == str(path) and table.name == tuning.device_key(name)
     assert [r.max_m for r in table.skinny_rules] == [1, 16, 64]
     assert "graphrt tune on" in dict(table.source)["skinny"]
-    assert dict(table.decode_warps).keys() >= {64, 128}
+    assert (
+        "graphrt tune on" in dict(table.source)["prologue"]
+        and table.decode_warps == tuning.DEFAULT.decode_warps
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_tune_decode_sweep_checks_and_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split decode part on one case: every candidate matches torch's attention, the pick is
+    one of the candidates and other head dims keep the base table's warps."""
+    from graphrt.tools.bench import tune_decode
+
+    monkeypatch.setattr(tune_decode, "CASES", ((128, 1),))
+    monkeypatch.setattr(tune_decode, "WARPS", {128: (4, 8)})
+    monkeypatch.setattr(tune_decode, "WAVES", (1, 2))
+    us = tune_decode.sweep(tuning.DEFAULT, 3, torch.device("cuda"))
+    assert sorted(us) == [(128, 1, w, v) for w in (4, 8) for v in (1, 2)] and all(t > 0 for t in us.values())
+    warps, waves = tune_decode.pick(us, tuning.DEFAULT)
+    assert waves in (1, 2) and dict(warps)[128] in (4, 8) and dict(warps)[64] == 4

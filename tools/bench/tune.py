@@ -74,7 +74,7 @@ def tune(
             source["skinny"], raw["skinny"] = f"{sweep}, M classes {list(sizes)}", t.rows
         table = replace(base, **found)
         if "prologue" in parts and tune_gemm.prologue_on(device):
-            extra = tuple({r.tile for r in table.skinny_rules} | {o.tile for o in table.skinny_overrides})
+            extra = tuple({table.skinny_tile(1, 1, s[3], s[2]) for s in models})  # NOTE: SiLU's own tiles
             t = tune_gemm.sweep_prologue(models, args.iters, device, extra)
             norm, tiles = tune_gemm.pick_prologue(t, models, lambda n, k: table.skinny_tile(1, 1, n, k))
             found |= {"prologue_norm_tile": norm, "prologue_tiles": tiles}
