@@ -24,8 +24,10 @@ class Dims:
     max_pages: int
     max_context_len: int
 
-    def for_bucket(self, bucket: int, rows_per_req: int) -> Dims:
-        return replace(self, max_bs=bucket, max_tokens=bucket * rows_per_req)
+    def for_bucket(self, bucket: int, rows_per_req: int, tokens: int | None = None) -> Dims:
+        """The dims of a bucket of ``bucket`` rows and ``bucket * rows_per_req`` token rows, or
+        ``tokens`` token rows when given (a token-bucketed graph)."""
+        return replace(self, max_bs=bucket, max_tokens=bucket * rows_per_req if tokens is None else tokens)
 
     def resolve(self, dim: str | int) -> int:
         """Evaluate ``"max_bs"``, ``"max_bs+1"``, ``"4*max_bs+8"`` or a plain int."""

@@ -131,11 +131,16 @@ class StaticBuffers(Generic[T]):
         nbytes = spec.nbytes(self.dims)
         return arena[offset : offset + nbytes].view(spec.dtype).view(spec.size(self.dims))
 
-    def view(self, bucket: int, rows_per_req: int = 1) -> T:
-        """Typed views for one bucket: each buffer sliced along dim 0. Cached per bucket."""
-        key = (bucket, rows_per_req)
+    def view(self, bucket: int, rows_per_req: int = 1, tokens: int | None = None) -> T:
+        """Typed views for one bucket: each buffer sliced along dim 0. Cached per bucket.
+
+        ``tokens``: the token rows, when not ``bucket * rows_per_req`` (a token-bucketed graph
+        of ``bucket`` request rows)."""
+        if tokens == bucket * rows_per_req:
+            tokens = None  # NOTE: one cached view per shape, however it is named
+        key = (bucket, rows_per_req if tokens is None else -tokens)
         if key not in self._views:
-            dims = self.dims.for_bucket(bucket, rows_per_req)
+            dims = self.dims.for_bucket(bucket, rows_per_req, tokens)
             if not 1 <= bucket <= self.dims.max_bs or dims.max_tokens > self.dims.max_tokens:
                 # NOTE: slicing past the allocation would silently give a short view.
                 raise ValueError(
@@ -190,9 +195,9 @@ class StaticBuffers(Generic[T]):
             for name, arr in mirror.items():
                 fill_host_poison(arr, dtypes[name])
 
-    def poisoned(self, bucket: int, rows_per_req: int = 1) -> list[str]:
+    def poisoned(self, bucket: int, rows_per_req: int = 1, tokens: int | None = None) -> list[str]:
         """Names of buffers whose bucket view still holds poison (debug mode; syncs)."""
-        view = self.view(bucket, rows_per_req)
+        view = self.view(bucket, rows_per_req, tokens)
         found = []
         for spec in (s for s in self.specs if not s.scratch):
             tensor = getattr(view, spec.name)

@@ -5,7 +5,7 @@ models or attention is imported.
 """
 
 from graphrt.capture.buckets import BucketPolicy, default_buckets, optimal_buckets, padded_tokens
-from graphrt.capture.dispatch import Dispatcher, Fallback
+from graphrt.capture.dispatch import Dispatcher, Fallback, Pending
 from graphrt.capture.emulated import CaptureSyncError, EmulatedEngine
 from graphrt.capture.graph import CaptureEngine, Graph, GraphInfo, KernelCount
 from graphrt.capture.topology import GraphTopology, TopologyNode
@@ -21,6 +21,7 @@ __all__ = [
     "GraphInfo",
     "GraphTopology",
     "KernelCount",
+    "Pending",
     "TopologyNode",
     "default_buckets",
     "optimal_buckets",

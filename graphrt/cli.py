@@ -32,6 +32,7 @@ from graphrt.tools.cli.flags import (
     BENCH_SIZES,
     add_bench,
     bench_defaults,
+    capture_arg,
     deterministic_arg,
     device_args,
     kv_arg,
@@ -143,6 +144,7 @@ def _add_generate(sub: argparse._SubParsersAction, common: Parser) -> None:
     kv_arg(p)
     quant_arg(p)
     deterministic_arg(p)
+    capture_arg(p)
     tp_arg(p)
 
 
@@ -182,6 +184,7 @@ def _add_serve(sub: argparse._SubParsersAction, common: Parser) -> None:
     server_args(p)
     quant_arg(p)
     deterministic_arg(p)
+    capture_arg(p)
     speculative_arg(p)
     p.add_argument(
         "--no-prefix-caching",
@@ -247,6 +250,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("bench", "sampler"): ("graphrt.tools.bench.sampler", "run_bench_sampler"),
     ("bench", "serve"): ("graphrt.tools.bench.serve", "run_bench_serve"),
     ("bench", "prefix"): ("graphrt.tools.bench.prefix", "run_bench_prefix"),
+    ("bench", "first-answer"): ("graphrt.tools.bench.first_answer", "run_bench_first_answer"),
 }
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from graphrt.defaults import engine_defaults
 from graphrt.engine import Engine
 from graphrt.replies import Completion, Replies
 from graphrt.step.ints import is_int
@@ -46,23 +47,6 @@ def sampling_of(sampling: SamplingParams | None, keywords: Mapping[str, Any]) ->
     return SamplingParams(**keywords)
 
 
-#: Engine sizes on a CPU unless given (what ``graphrt serve`` uses there): the KV cache and the
-#: emulated graphs of the engine's defaults (32 requests of 2048 tokens) outgrow a small host.
-CPU_SIZES = {"max_batch_size": 8, "max_context_len": 1024}
-#: Top log-probabilities an LLM's engine computes per step unless given (OpenAI's cap), so that
-#: ``logprobs=`` works out of the box: one small op more per sampling step. Its engine also keeps
-#: token counts for the penalties and token masks for grammars unless told otherwise.
-MAX_LOGPROBS = 20
-
-
-def cpu_sizes(options: Mapping[str, Any]) -> dict[str, int]:
-    """:data:`CPU_SIZES` when the engine will run on a CPU, else nothing."""
-    import torch
-
-    device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    return dict(CPU_SIZES) if torch.device(device).type == "cpu" else {}
-
-
 class LLM:
     """A model with its tokenizer on an :class:`~graphrt.Engine`.
 
@@ -77,7 +61,8 @@ class LLM:
         ``False``: not built (token ids only).
     **engine_options
         Passed to :class:`~graphrt.Engine` (``device``, ``max_batch_size``,
-        ``max_context_len``, ``dtype``, ``show_progress``, ...).
+        ``max_context_len``, ``dtype``, ``show_progress``, ``capture``, ...); unless given,
+        graphs are captured lazily (:data:`CAPTURE`: each on the first step that needs it).
 
     Attributes
     ----------
@@ -134,14 +119,7 @@ class LLM:
                 self.no_text = f"{err}"
         stop = self.tokenizer.stop_ids if self.tokenizer is not None else frozenset(declared_stop_ids(model))
         loaded = time.perf_counter()
-        defaults = cpu_sizes(engine_options) | {
-            "max_logprobs": MAX_LOGPROBS,
-            "penalties": True,
-            "token_masks": True,
-        }
-        if engine_options.get("speculative") is not None or engine_options.get("tp", 1) != 1:
-            defaults = cpu_sizes(engine_options)  # NOTE: neither computes logprobs or penalties
-        self.engine = Engine(model, **(defaults | engine_options))
+        self.engine = Engine(model, **(engine_defaults(engine_options) | engine_options))
         capture = self.engine.capture_report.seconds if self.engine.capture_report else 0.0
         built = time.perf_counter() - loaded
         self.timings = {"tokenizer": loaded - start, "load": built - capture, "capture": capture}

@@ -8,7 +8,7 @@ runs the backend's plan once per forward and calls the backend per layer.
 
 from graphrt.attention.base import AttentionBackend, Backend, BufferGroup
 from graphrt.attention.call import AttendCall
-from graphrt.attention.capabilities import ALL_MODES, GraphSupport, Needs
+from graphrt.attention.capabilities import ALL_MODES, REQUEST_MODES, GraphSupport, Needs
 from graphrt.attention.context import ContextInputs, CrossStep, ForwardContext, LocalStep, ScalarLog
 from graphrt.attention.kinds import AttentionKind, attention_kind
 from graphrt.attention.mla_context import MLAContext
@@ -18,6 +18,7 @@ from graphrt.attention.sparse_context import SparseMLAContext
 __all__ = [
     "ALL_MODES",
     "BACKENDS",
+    "REQUEST_MODES",
     "AttendCall",
     "AttentionBackend",
     "AttentionKind",

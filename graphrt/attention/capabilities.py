@@ -15,6 +15,9 @@ from graphrt.step.modes import ForwardMode
 
 #: Every forward mode, for a backend whose kernels may be captured for any of them.
 ALL_MODES: frozenset[ForwardMode] = frozenset(ForwardMode)
+#: Every mode but MIXED (varlen queries of any length in a token-bucketed graph): for a backend
+#: whose graphed kernels have not been held to the reference on mixed steps.
+REQUEST_MODES: frozenset[ForwardMode] = ALL_MODES - {ForwardMode.MIXED}
 
 #: The feature flags shared by :class:`GraphSupport` and :class:`Needs`, with what each means.
 FEATURES: dict[str, str] = {

@@ -27,7 +27,8 @@ class FA3MLABackend(FA3Backend):
     """FA3 for the dense-MLA kind: ``forward(q_rope, rope_cache, latent_cache, ..., qv=qv)``."""
 
     name = "fa3"
-    # NOTE: MLA layers have neither windows, sinks, an encoder nor chunked-local layers.
+    # NOTE: MLA layers have neither windows, sinks, an encoder nor chunked-local layers; MIXED
+    # is FA3's varlen call with qv, as EXTEND's (tests/runtime/test_mixed_mode.py, on the GPU).
     graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True, qv=True)
 
     def __init__(self, dtype: torch.dtype | None = None, **_: Any) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.call import AttendCall
-from graphrt.attention.capabilities import ALL_MODES, GraphSupport
+from graphrt.attention.capabilities import REQUEST_MODES, GraphSupport
 from graphrt.kv.mla import KV_LORA_RANK, QK_DIM
 from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 from graphrt.step.modes import MODES
@@ -32,7 +32,12 @@ TOPK_MULTIPLE = 128
 
 
 def flashmla_available(device: torch.device, layout: str, **_: Any) -> bool:
-    if device.type != "cuda" or importlib.util.find_spec("sgl_kernel") is None:
+    # NOTE: FlashMLA reads bf16 or its FP8 656-byte rows; an fp32 cache runs the reference.
+    if (
+        layout not in ("bf16", "fp8")
+        or device.type != "cuda"
+        or importlib.util.find_spec("sgl_kernel") is None
+    ):
         return False
     if torch.cuda.get_device_capability(device)[0] not in (9, 10):
         return False
@@ -60,7 +65,7 @@ class FlashMLABackend(Backend):
     """FlashMLA sparse attention; ``padded_heads`` defaults to 64 (or 128 above 64 heads)."""
 
     slot_multiple = TOPK_MULTIPLE
-    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True)
+    graph_support = GraphSupport(REQUEST_MODES, trees=True, fp8_kv=True)
 
     def __init__(
         self,

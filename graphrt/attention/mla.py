@@ -16,7 +16,7 @@ import torch
 
 from graphrt.attention.base import Backend, BufferGroup
 from graphrt.attention.call import AttendCall
-from graphrt.attention.capabilities import ALL_MODES, GraphSupport
+from graphrt.attention.capabilities import REQUEST_MODES, GraphSupport
 from graphrt.kv.mla import KV_LORA_RANK, dequantize_fp8
 from graphrt.metadata.sparse import SparseBuffers, sparse_specs
 
@@ -42,7 +42,7 @@ class SparseMLAReference(Backend):
     """Gather the selected slots (dequantised for fp8), then :func:`sparse_attention`."""
 
     name = "reference"
-    graph_support = GraphSupport(ALL_MODES, trees=True, fp8_kv=True)
+    graph_support = GraphSupport(REQUEST_MODES, trees=True, fp8_kv=True)
     padded_heads = 0
     slot_multiple = 1
 
@@ -58,5 +58,5 @@ class SparseMLAReference(Backend):
         q, sparse = call.q, call.group
         slots = sparse.topk_slots[: q.shape[0]]
         rows = call.k_cache.view(-1, call.k_cache.shape[-1])[slots.long().clamp_min(0)]
-        kv = rows.float() if self.layout == "bf16" else dequantize_fp8(rows)
+        kv = dequantize_fp8(rows) if self.layout == "fp8" else rows.float()
         return sparse_attention(q, kv, slots >= 0, call.scale).to(q.dtype)

@@ -53,20 +53,23 @@ class SparseMLAContext:
     def mode(self):
         return self.meta.mode
 
-    def index_topk(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor) -> None:
+    def index_topk(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float = 1.0
+    ) -> None:
         """Store indexer keys, score past keys and keep ``index_topk`` per query token.
 
         ``q [T, index_heads, index_dim]``, ``k [T, index_dim]``, ``weights [T, index_heads]``;
-        score of key ``j`` for token ``t``: ``sum_h weights[t, h] * relu(q[t, h] . k_j)``
-        (DeepSeek-V3.2's lightning indexer), float32. The keys are the token's candidates
-        (:func:`~graphrt.metadata.sparse.step_candidates`: causal, or prefix + ancestors in a tree).
+        score of key ``j`` for token ``t``: ``sum_h weights[t, h] * relu(scale * q[t, h] . k_j)``
+        (DeepSeek-V3.2's lightning indexer, in transformers' order of operations), float32. The
+        keys are the token's candidates (:func:`~graphrt.metadata.sparse.step_candidates`:
+        causal, or prefix + ancestors in a tree).
         """
         step = self.meta.buffers
         self.kv.index_k[layer_id].index_copy_(0, step.out_cache_loc, k.to(self.kv.index_k[layer_id].dtype))
         if self._keys is None:
             self._keys = step_candidates(self.meta, self.req_to_token)
         keys = self.kv.index_k[layer_id][self._keys.slots].float()  # [T, C, index_dim]
-        logits = torch.einsum("thd,tjd->thj", q.float(), keys).relu()
+        logits = (torch.einsum("thd,tjd->thj", q.float(), keys) * scale).relu()
         scores = torch.einsum("thj,th->tj", logits, weights.float())
         select_topk(scores, self._keys, self.sparse)
 

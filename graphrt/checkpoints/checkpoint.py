@@ -17,14 +17,17 @@ from typing import Protocol
 import torch
 
 from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.fp8_layers import hold_layers
 from graphrt.checkpoints.moe_tensors import expert_slots
 from graphrt.checkpoints.slot import Slot
 from graphrt.kv.quant import KVScales
 from graphrt.models.causal_lm import CausalLM
 from graphrt.models.config import ModelConfig
+from graphrt.models.indexed_mla import mla_decoder
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE, Shard, to_empty, whole
 from graphrt.models.presets import MLAConfig
+from graphrt.models.quantize import release_fp8, scale_shard
 from graphrt.parallel import TPGroup
 
 Shape = tuple[int, ...]
@@ -54,7 +57,7 @@ LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
     "mlp.up_proj.weight": ("mlp.gate_up.weight", 1),
     "mlp.down_proj.weight": ("mlp.down.weight", None),
 }
-#: DeepSeek-V2/V3 attention modules: ``self_attn.<m>`` is :class:`MLACausalLM`'s ``attn.<m>``.
+#: DeepSeek-V2/V3/V3.2 attention modules: ``self_attn.<m>`` is :class:`MLACausalLM`'s ``attn.<m>``.
 MLA_ATTENTION = (
     "q_proj",
     "q_a_proj",
@@ -64,6 +67,11 @@ MLA_ATTENTION = (
     "kv_a_layernorm",
     "kv_b_proj",
     "o_proj",
+    # NOTE: DeepSeek-V3.2's DSA indexer (absent from V2/V3 models, so never expected there).
+    "indexer.wq_b",
+    "indexer.wk",
+    "indexer.k_norm",
+    "indexer.weights_proj",
 )
 #: Per layer for dense-MLA models: the norms and MLP as above, the attention by its own names.
 MLA_LAYER_TENSORS: dict[str, tuple[str, int | None]] = {
@@ -98,9 +106,10 @@ Model = CausalLM | MLACausalLM
 
 
 def build_model(config: ModelConfig | MLAConfig, freq_factors: torch.Tensor | None, tp: TPGroup) -> Model:
-    """The decoder ``config`` describes: dense MLA (DeepSeek-V2/V3) or the Llama-family ``CausalLM``."""
+    """The decoder ``config`` describes: dense MLA (DeepSeek-V2/V3), sparse MLA with the DSA
+    indexer (DeepSeek-V3.2) or the Llama-family ``CausalLM``."""
     if isinstance(config, MLAConfig):
-        return MLACausalLM(config, tp)
+        return mla_decoder(config)(config, tp)
     return CausalLM(config, freq_factors, tp)
 
 
@@ -122,7 +131,18 @@ def slots(model: Model, found: Mapping[str, Shape] | None = None) -> dict[str, S
     for i in range(model.cfg.num_layers) if moe is not None else ():
         if moe.is_sparse(i):
             out |= expert_slots(i, model.cfg.architecture, params, found or {})
-    return out
+    return with_scales(out, params)
+
+
+def with_scales(out: Mapping[str, Slot], params: Mapping[str, torch.Tensor]) -> dict[str, Slot]:
+    """``out`` with, after each weight an FP8-held projection loads (:func:`~graphrt.models.
+    quantize.hold_fp8`), its per-row scale ``<name>_scale``: the rows of the weight's shard."""
+    scaled = {}
+    for name, slot in out.items():
+        scaled[name] = slot
+        if slot.param + "_scale" in params and slot.index is None and slot.expect is None:
+            scaled[name + "_scale"] = Slot(slot.param + "_scale", scale_shard(slot.shard))
+    return scaled
 
 
 def check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Shape], tied: bool) -> None:
@@ -192,8 +212,11 @@ def materialize(
     with torch.device("meta"):
         model = build_model(source.config, source.freq_factors, tp).to(dtype)  # NOTE: refuses a bad TP size
     expected = slots(model, found)
+    scales = hold_layers(model, expected, source) if hasattr(source, "hold") else {}
+    if scales:  # NOTE: FP8 checkpoint: its projections stay e4m3, with per-row scales
+        found, expected = {**found, **scales}, slots(model, found)
     check_tensors(expected, found, source.config.tie_word_embeddings)
-    scales = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
+    kv = kv_scales(source, found, source.config.num_layers)  # NOTE: checked before allocating
     model = to_empty(model, device)
     model.tie()
     params = dict(model.named_parameters())
@@ -201,8 +224,9 @@ def materialize(
         slot.load(params[slot.param], source.read(name, device, slot.read_shard))
         if progress is not None:
             progress(i + 1, len(expected))
+    release_fp8(model)
     model.reset_rope(device)
-    model.kv_scales = scales
+    model.kv_scales = kv
     return model.eval()
 
 

@@ -1,6 +1,7 @@
 """A GGUF file (llama.cpp's format) as a tensor source under Hugging Face names.
 
-Metadata becomes a ``config.json``-style dict (one key table), tensor names are renamed to
+Mixture-of-experts architectures (merged expert tensors) are read through
+:mod:`graphrt.checkpoints.gguf_moe`. Metadata becomes a ``config.json``-style dict (one key table), tensor names are renamed to
 transformers' layout, quantised blocks are dequantised with ``gguf.quants.dequantize``, and the
 q/k rows llama.cpp permutes for the ``llama`` architecture are put back in NeoX order (the
 inverse of ``convert_hf_to_gguf.py``'s permute, as transformers' GGUF loader does).
@@ -19,7 +20,16 @@ import torch
 from graphrt.checkpoints.checkpoint import Shape
 from graphrt.checkpoints.errors import CheckpointError
 from graphrt.checkpoints.gguf_header import check_gguf
+from graphrt.checkpoints.gguf_moe import (
+    GGUF_MOE,
+    Joined,
+    has_experts,
+    moe_config,
+    moe_joined,
+    moe_layer_names,
+)
 from graphrt.checkpoints.hf_config import parse_config
+from graphrt.checkpoints.moe_tensors import MOE_NAMES
 from graphrt.models.config import ModelConfig
 from graphrt.models.parallel import Shard, cut
 
@@ -59,17 +69,25 @@ LAYER_NAMES = {
 PERMUTED = {"llama": {"self_attn.q_proj.weight": "num_heads", "self_attn.k_proj.weight": "num_kv_heads"}}
 SUPPORTED_TYPES = (
     *("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"),
-    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"),
 )
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(name: str) -> str:
-    """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``; unknown names kept."""
+def hf_name(name: str, moe: dict[str, str] | None = None) -> str:
+    """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``; unknown names kept.
+
+    ``moe``: a MoE architecture's own per-layer names (``ffn_gate_inp.weight`` → ...), first.
+    """
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     m = _LAYER.fullmatch(name)
-    if m is None or m[2] not in LAYER_NAMES:
+    if m is None:
+        return name
+    own = (moe or {}).get(f"{m[2]}.{m[3]}")
+    if own is not None:
+        return f"model.layers.{m[1]}.{own}"
+    if m[2] not in LAYER_NAMES:
         return name
     return f"model.layers.{m[1]}.{LAYER_NAMES[m[2]]}.{m[3]}"
 
@@ -136,11 +154,25 @@ def _field(reader: Any, key: str) -> Any:
     return None if field is None else field.contents()
 
 
+def _check_arch(arch: Any, moe: bool) -> None:
+    """``ValueError`` naming ``arch`` when graphrt does not load it (with or without experts)."""
+    if moe and arch not in GGUF_MOE:
+        raise ValueError(
+            f"GGUF architecture {arch!r} with mixture-of-experts layers is not supported; "
+            f"supported MoE architectures: {', '.join(GGUF_MOE)}"
+        )
+    if not moe and arch not in ARCHITECTURES:
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)} "
+            f"(mixture of experts: {', '.join(GGUF_MOE)})"
+        )
+
+
 def _raw_config(reader: Any, tensors: dict[str, Any]) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
-    raw: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]]}
+    moe = has_experts(arch, lambda key: _field(reader, key), tensors)
+    _check_arch(arch, moe)
+    raw: dict[str, Any] = {"architectures": [ARCHITECTURES.get(arch)]}
     for key, hf_key in CONFIG_KEYS.items():
         value = _field(reader, f"{arch}.{key}")
         if value is not None:
@@ -150,7 +182,24 @@ def _raw_config(reader: Any, tensors: dict[str, Any]) -> dict[str, Any]:
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raw["rope_scaling"] = {"rope_type": scaling, "factor": _field(reader, f"{arch}.rope.scaling.factor")}
+        original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+        if original is not None:
+            raw["rope_scaling"]["original_max_position_embeddings"] = original
+    if moe:
+        moe_config(arch, lambda key: _field(reader, key), tensors, raw)
     return raw
+
+
+def _shape(t: Any) -> Shape:
+    """A GGUF tensor's logical (row-major) shape: its dims reversed."""
+    return tuple(int(d) for d in reversed(t.shape))
+
+
+def _dequantize(t: Any) -> torch.Tensor:
+    """GGUF tensor ``t`` on the host, dequantised, in its logical shape (a writable copy)."""
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(_shape(t)))
 
 
 class GGUFFile:
@@ -170,26 +219,42 @@ class GGUFFile:
             raise CheckpointError(f"{self.path}: {what}") from None
         rope_freqs = by_gguf.pop("rope_freqs.weight", None)
         self.freq_factors = None if rope_freqs is None else torch.from_numpy(np.array(rope_freqs.data))
-        self.tensors = {hf_name(name): t for name, t in by_gguf.items()}
+        self._gguf = by_gguf
+        arch_name = self.config.architecture
+        moe = arch_name in MOE_NAMES
+        #: HF tensors made of several GGUF tensors (merged experts, split ``kv_b``), by HF name.
+        self.joined: dict[str, Joined] = moe_joined(arch_name, self.config.num_layers, by_gguf) if moe else {}
+        parts = {p for j in self.joined.values() for p in j.parts}
+        for name, joined in self.joined.items():
+            absent = [p for p in joined.parts if p not in by_gguf]
+            if absent:
+                raise CheckpointError(f"{self.path}: no tensor {absent[0]!r} (a part of {name!r})")
+        names = moe_layer_names(arch_name) if moe else None
+        self.tensors = {hf_name(name, names): t for name, t in by_gguf.items() if name not in parts}
 
     def shapes(self) -> dict[str, Shape]:
         """Logical (row-major) shapes; ``CheckpointError`` on a quantisation type not supported."""
-        for name, t in self.tensors.items():
+        parts = [(p, self._gguf[p]) for j in self.joined.values() for p in j.parts]
+        for name, t in (*self.tensors.items(), *parts):
             if t.tensor_type.name not in SUPPORTED_TYPES:
                 raise CheckpointError(
                     f"{self.path}: tensor {name!r} is {t.tensor_type.name}: quantisation type not supported "
                     f"(supported: {', '.join(SUPPORTED_TYPES)})"
                 )
-        return {name: tuple(int(d) for d in reversed(t.shape)) for name, t in self.tensors.items()}
+        out = {name: _shape(t) for name, t in self.tensors.items()}
+        try:
+            return out | {name: j.shape({p: _shape(t) for p, t in parts}) for name, j in self.joined.items()}
+        except RuntimeError as err:  # NOTE: parts whose shapes do not join (a damaged file)
+            raise CheckpointError(f"{self.path}: merged tensors do not fit together: {err}") from None
 
     def dequantized(self, name: str) -> torch.Tensor:
         """All of tensor ``name`` on the host: dequantised (float32 for quantised blocks, the
-        file's own float dtype otherwise), q/k rows back in NeoX order."""
-        from gguf.quants import dequantize
-
-        t = self.tensors[name]
-        shape = tuple(int(d) for d in reversed(t.shape))
-        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(shape))  # a writable copy
+        file's own float dtype otherwise), q/k rows back in NeoX order; a joined tensor
+        (merged experts, split ``kv_b``) made whole from its GGUF parts."""
+        joined = self.joined.get(name)
+        if joined is not None:
+            return joined.join(*(_dequantize(self._gguf[p]) for p in joined.parts)).contiguous()
+        w = _dequantize(self.tensors[name])
         heads = PERMUTED.get(self.arch, {}).get(name.split(".", 3)[-1])
         return w if heads is None else unpermute(w, getattr(self.config, heads))
 

@@ -2,7 +2,8 @@
 
 Only the json is read (transformers is not needed to load a checkpoint). Both rope spellings
 are accepted: legacy ``rope_theta`` + ``rope_scaling`` and transformers-5 ``rope_parameters``.
-DeepSeek-V2/V3 (MLA) read into an :class:`~graphrt.models.presets.MLAConfig`. MoE fields
+DeepSeek-V2/V3 (MLA) and V3.2 (MLA + the DSA indexer) read into an
+:class:`~graphrt.models.presets.MLAConfig`. MoE fields
 (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek, gpt-oss) are read by :mod:`graphrt.checkpoints.hf_moe`.
 """
 
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphrt.checkpoints.errors import CheckpointError
+from graphrt.checkpoints.fp8 import fp8_scheme
 from graphrt.checkpoints.hf_moe import parse_moe
 from graphrt.checkpoints.mxfp4 import quant_method
 from graphrt.models.config import ModelConfig
+from graphrt.models.indexer import IndexerSpec
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import check_rope_type
 
@@ -56,17 +59,14 @@ ARCHS: dict[str, Arch] = {
 }
 
 
-#: Architectures with dense multi-head latent attention (:class:`MLAConfig`).
-MLA_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+#: Architectures with multi-head latent attention (:class:`MLAConfig`): dense MLA
+#: (DeepSeek-V2/V3), and sparse MLA with the DSA indexer (DeepSeek-V3.2, :data:`DSA_ARCHS`).
+MLA_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")
+DSA_ARCHS = ("DeepseekV32ForCausalLM",)
 
 
 #: Architectures refused by name, with why (a clearer message than "unsupported").
-REFUSED: dict[str, str] = {
-    "DeepseekV32ForCausalLM": (
-        "DeepSeek-V3.2 (MLA + MoE + the DSA indexer) does not load yet: its indexer is not mapped "
-        "onto graphrt's sparse-MLA path (the tiny-dsa presets run that path with random weights)"
-    ),
-}
+REFUSED: dict[str, str] = {}
 
 
 def _architecture(raw: Raw) -> str:
@@ -109,8 +109,16 @@ def _windows(raw: Raw, arch: Arch, num_layers: int) -> tuple[int | None, ...]:
     return tuple(int(size) - 1 if s else None for s in sliding)
 
 
+#: The FP8 checkpoint formats that load (:mod:`graphrt.checkpoints.fp8`), for messages.
+FP8_FORMATS = "compressed-tensors float-quantized channel/tensor scales, fp8 block/tensor scales"
+
+
 def _refuse_unsupported(raw: Raw, arch_name: str) -> None:
-    quant_method(raw, arch_name)  # NOTE: refuses what is not dequantized at load (mxfp4 for gpt-oss)
+    if fp8_scheme(raw) is None:  # NOTE: refuses an FP8 scheme graphrt does not read, by name
+        try:
+            quant_method(raw, arch_name)  # NOTE: refuses what is not dequantized at load (mxfp4 for gpt-oss)
+        except ValueError as err:
+            raise ValueError(f"{err}; FP8 checkpoints load for every architecture ({FP8_FORMATS})") from None
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias=True is not supported")
     if raw.get("clip_qkv") is not None:
@@ -144,16 +152,24 @@ MLA_SIZES: dict[str, tuple[bool, int]] = {
     "n_routed_experts": (False, 0),
     "first_k_dense_replace": (False, 0),
 }
+#: DeepSeek-V3.2's indexer sizes on top of :data:`MLA_SIZES`.
+DSA_SIZES: dict[str, tuple[bool, int]] = {
+    "index_n_heads": (True, 1),
+    "index_head_dim": (True, 1),
+    "index_topk": (True, 1),
+    "q_lora_rank": (True, 1),
+}
 #: Numbers a config may give, which must be finite and > 0.
 POSITIVE = ("rms_norm_eps", "rope_theta")
 
 
-def check_sizes(raw: Raw, mla: bool) -> None:
+def check_sizes(raw: Raw, mla: bool, dsa: bool = False) -> None:
     """Raise :class:`CheckpointError` on a config whose sizes no model can have: a size that
     is missing, not an int, or below its least value; KV heads that do not divide the heads, or
     heads that do not divide the hidden size without ``head_dim`` (MHA/GQA); a norm epsilon or
     rope base that is not a finite number > 0."""
-    for name, (required, least) in (SIZES | (MLA_SIZES if mla else {})).items():
+    sizes = SIZES | (MLA_SIZES if mla else {}) | (DSA_SIZES if dsa else {})
+    for name, (required, least) in sizes.items():
         value = raw.get(name)
         if value is None:
             if required:
@@ -184,8 +200,8 @@ def check_sizes(raw: Raw, mla: bool) -> None:
 
 
 def parse_mla_config(raw: Raw, arch_name: str) -> MLAConfig:
-    """A DeepSeek-V2/V3 ``config.json`` (dense and MoE layers); ``ValueError`` names what is not
-    supported."""
+    """A DeepSeek-V2/V3/V3.2 ``config.json`` (dense and MoE layers; V3.2's indexer); ``ValueError``
+    names what is not supported."""
     theta, rope_type, rope_params = _rope(raw)
     if rope_type == "yarn" or (rope_type != "default" and rope_params.get("mscale_all_dim")):
         # NOTE: transformers then rescales the softmax (yarn_apply_mscale); YaRN is not supported.
@@ -217,7 +233,13 @@ def parse_mla_config(raw: Raw, arch_name: str) -> MLAConfig:
         architecture=arch_name,
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         moe=parse_moe(raw, arch_name),
+        indexer=_indexer(raw) if arch_name in DSA_ARCHS else None,
     )
+
+
+def _indexer(raw: Raw) -> IndexerSpec:
+    """DeepSeek-V3.2's ``index_n_heads`` / ``index_head_dim`` / ``index_topk``."""
+    return IndexerSpec(int(raw["index_n_heads"]), int(raw["index_head_dim"]), int(raw["index_topk"]))
 
 
 def parse_config(raw: Raw) -> ModelConfig | MLAConfig:
@@ -226,7 +248,7 @@ def parse_config(raw: Raw) -> ModelConfig | MLAConfig:
     if not isinstance(raw, Mapping):
         raise CheckpointError(f"config must be a JSON object, got {type(raw).__name__}")
     arch_name = _architecture(raw)
-    check_sizes(raw, mla=arch_name in MLA_ARCHS)
+    check_sizes(raw, mla=arch_name in MLA_ARCHS, dsa=arch_name in DSA_ARCHS)
     _refuse_unsupported(raw, arch_name)
     if arch_name in MLA_ARCHS:
         return parse_mla_config(raw, arch_name)

@@ -38,6 +38,19 @@ def _deepseek_layers(raw: Raw, layers: int) -> tuple[bool, ...]:
     )
 
 
+def _typed_layers(raw: Raw, layers: int) -> tuple[bool, ...]:
+    """DeepSeek-V3.2: ``mlp_layer_types`` (``"dense"`` / ``"sparse"`` per layer) when written,
+    else DeepSeek's ``first_k_dense_replace``."""
+    types = raw.get("mlp_layer_types")
+    if types is None:
+        return _deepseek_layers(raw, layers)
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {"dense", "sparse"}:
+        raise CheckpointError(
+            f"config mlp_layer_types = {types!r}: must list 'dense' or 'sparse' for each of {layers} layers"
+        )
+    return tuple(t == "sparse" for t in types)
+
+
 def _all_layers(raw: Raw, layers: int) -> tuple[bool, ...]:
     return (True,) * layers
 
@@ -115,6 +128,7 @@ MOE_ARCHS: dict[str, MoEArch] = {
     ),
     "DeepseekV2ForCausalLM": MoEArch("moe_intermediate_size", _deepseek_layers, _deepseek_v2),
     "DeepseekV3ForCausalLM": MoEArch("moe_intermediate_size", _deepseek_layers, _deepseek_v3),
+    "DeepseekV32ForCausalLM": MoEArch("moe_intermediate_size", _typed_layers, _deepseek_v3),
     "GptOssForCausalLM": MoEArch("intermediate_size", _all_layers, _gpt_oss),
 }
 

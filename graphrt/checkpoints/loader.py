@@ -89,7 +89,10 @@ def load(
         Default: CUDA when available, else CPU. Tensors are read straight onto it.
     dtype : torch.dtype, optional
         Weight dtype (default bf16 on CUDA, fp32 elsewhere); GGUF blocks and gpt-oss's MXFP4
-        experts (``quant_method: mxfp4``) are dequantised to it, one tensor at a time.
+        experts (``quant_method: mxfp4``) are dequantised to it, one tensor at a time. An FP8
+        checkpoint's projections (compressed-tensors ``float-quantized``, ``fp8`` block or tensor
+        scales: :mod:`graphrt.checkpoints.fp8`) load as e4m3 with per-row scales, its other FP8
+        weights (routed experts, MLA) dequantised to it.
     tp : TPGroup, optional
         This rank's tensor-parallel group (``graphrt.parallel.init_tp``): the model holds the
         rank's shards only (attention heads, MLP columns, vocabulary rows; norms replicated),
@@ -108,14 +111,14 @@ def load(
         (:class:`CheckpointError`, naming the file and the fault: a GGUF or safetensors file cut
         short or with an absurd header, a ``config.json`` that does not parse or holds impossible
         sizes); an unsupported architecture, rope type or
-        quantisation type; DeepSeek MoE layers (``n_routed_experts`` with ``first_k_dense_replace
-        < num_hidden_layers``); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
+        quantisation type; MoE features named in ``docs/moe.md`` (expert parallelism, say); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
         a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
         numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either; any TP size > 1
         for an MLA model.
 
     ``progress(done, total)``: called after each tensor is read. ``quantization="fp8"``: the
-    projections quantized once loaded (:mod:`graphrt.models.quantize`; unknown names refused first).
+    projections quantized once loaded (:mod:`graphrt.models.quantize`; unknown names refused first);
+    those an FP8 checkpoint holds in FP8 already are left as loaded.
     """
     check_quantization(quantization)
     resolved = resolve(path)

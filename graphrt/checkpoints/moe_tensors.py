@@ -6,6 +6,14 @@ family's Hub files, and what transformers' ``save_pretrained`` writes for all bu
 tensors (``experts.gate_up_proj`` and ``experts.down_proj``: transformers' own layout, gate rows
 then up rows; gpt-oss's is ``[E, H, 2 I]`` with gate and up *interleaved* and transposed, taken
 apart at load into the contract's ``w13 [E, 2 I, H]``).
+
+Under tensor parallelism each rank reads its slice of every expert's intermediate dim (the
+parameters' ``shard``, :mod:`graphrt.models.experts`): rows of a per-expert gate / up tensor,
+columns of a down tensor, the interleaved gate/up columns of gpt-oss's fused tensor (a rank's
+gate and up columns are one contiguous run there). Transformers' own fused ``[E, 2 I, H]`` is
+read whole and cut (a rank's gate and up rows are two runs). The router, its biases and
+gpt-oss's ``down_proj_bias`` are read whole by every rank; the shared expert is split as the
+dense MLP.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.checkpoints.slot import Slot
-from graphrt.models.parallel import Shard, whole
+from graphrt.checkpoints.slot import Slot, Transform
+from graphrt.models.parallel import Shard, cut, whole
 
 Shape = tuple[int, ...]
 
@@ -41,6 +49,7 @@ MOE_NAMES: dict[str, ExpertNames] = {
     "OlmoeForCausalLM": ExpertNames(),
     "DeepseekV2ForCausalLM": ExpertNames(shared="shared_experts"),
     "DeepseekV3ForCausalLM": ExpertNames(shared="shared_experts"),
+    "DeepseekV32ForCausalLM": ExpertNames(shared="shared_experts"),
     "GptOssForCausalLM": ExpertNames(router="router", interleaved=True),
 }
 
@@ -63,73 +72,106 @@ def _down_t(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).contiguous()
 
 
-def _fused(pre: str, mine: str, names: ExpertNames, w13: Shape, w2: Shape, bias: bool) -> dict[str, Slot]:
-    e, i2, h = w13
+def _blocks(gate: Shard, up: Shard) -> Transform:
+    """A whole ``[E, 2 I, ...]`` (gate rows then up rows) → this rank's ``[E, 2 i, ...]``."""
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        g, u = t.chunk(2, dim=1)
+        return torch.cat((cut(g, gate), cut(u, up)), dim=1).contiguous()
+
+    return take
+
+
+def _pairs(shard: Shard, full: Shape, dim: int) -> Shard:
+    """The interleaved gate/up run of this rank's intermediate slice ``shard``, along ``dim`` of ``full``."""
+    start, stop = 2 * shard.start, 2 * shard.stop
+    return Shard(dim, start, stop, 0, stop - start, full)
+
+
+def _fused(pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.Tensor]) -> dict[str, Slot]:
+    w13, w2, b13 = (params.get(f"{mine}.experts.{n}") for n in ("w13", "w2", "b13"))
+    e, i2, h = w13.full_shape  # type: ignore[union-attr]
+    local13, local2 = whole(tuple(w13.shape)), whole(tuple(w2.shape))  # type: ignore[union-attr]
+    cols = w2.shard()  # type: ignore[union-attr]  # NOTE: this rank's intermediate slice
     if names.interleaved:
+        gu, down = (e, h, i2), (e, i2 // 2, h)
         out = {
-            f"{pre}.experts.gate_up_proj": Slot(
-                f"{mine}.experts.w13", whole(w13), None, _gate_up_t, (e, h, i2)
+            "gate_up_proj": Slot(f"{mine}.experts.w13", local13, None, _gate_up_t, gu, _pairs(cols, gu, 2)),
+            "down_proj": Slot(
+                f"{mine}.experts.w2",
+                local2,
+                None,
+                _down_t,
+                down,
+                Shard(1, cols.start, cols.stop, 0, cols.length, down),
             ),
-            f"{pre}.experts.down_proj": Slot(f"{mine}.experts.w2", whole(w2), None, _down_t, (e, i2 // 2, h)),
         }
     else:
+        take = _blocks(w13.shard("gate"), w13.shard("up"))  # type: ignore[union-attr]
         out = {
-            f"{pre}.experts.gate_up_proj": Slot(f"{mine}.experts.w13", whole(w13)),
-            f"{pre}.experts.down_proj": Slot(f"{mine}.experts.w2", whole(w2)),
+            "gate_up_proj": Slot(f"{mine}.experts.w13", local13, None, take, (e, i2, h)),
+            "down_proj": Slot(f"{mine}.experts.w2", cols),
         }
-    if bias:
-        b13 = _deinterleave if names.interleaved else None
-        out[f"{pre}.experts.gate_up_proj_bias"] = Slot(
-            f"{mine}.experts.b13", whole((e, i2)), None, b13, (e, i2) if b13 else None
+    if b13 is not None:
+        local = whole(tuple(b13.shape))
+        out["gate_up_proj_bias"] = (
+            Slot(f"{mine}.experts.b13", local, None, _deinterleave, (e, i2), _pairs(cols, (e, i2), 1))
+            if names.interleaved
+            else Slot(
+                f"{mine}.experts.b13", local, None, _blocks(b13.shard("gate"), b13.shard("up")), (e, i2)
+            )
         )
-        out[f"{pre}.experts.down_proj_bias"] = Slot(f"{mine}.experts.b2", whole((e, h)))
-    return out
+        out["down_proj_bias"] = Slot(f"{mine}.experts.b2", whole((e, h)))
+    return {f"{pre}.experts.{k}": v for k, v in out.items()}
 
 
-def _per_expert(pre: str, mine: str, names: ExpertNames, w13: Shape) -> dict[str, Slot]:
-    e, i2, h = w13
-    i = i2 // 2
+def _one_expert(shard: Shard) -> Shard:
+    """``shard`` of a 3-D expert weight as the shard of one expert's 2-D tensor (dim 0 dropped)."""
+    return Shard(shard.dim - 1, shard.start, shard.stop, shard.dest, shard.size, shard.shape[1:])
+
+
+def _per_expert(
+    pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.Tensor]
+) -> dict[str, Slot]:
+    w13, w2 = params[f"{mine}.experts.w13"], params[f"{mine}.experts.w2"]
     gate, up, down = names.proj
-    out = {}
-    for x in range(e):
-        out[f"{pre}.experts.{x}.{gate}.weight"] = Slot(f"{mine}.experts.w13", Shard(0, 0, i, 0, i, (i, h)), x)
-        out[f"{pre}.experts.{x}.{up}.weight"] = Slot(f"{mine}.experts.w13", Shard(0, 0, i, i, i, (i, h)), x)
-        out[f"{pre}.experts.{x}.{down}.weight"] = Slot(f"{mine}.experts.w2", whole((h, i)), x)
-    return out
+    shards = {
+        gate: (f"{mine}.experts.w13", _one_expert(w13.shard("gate"))),  # type: ignore[operator]
+        up: (f"{mine}.experts.w13", _one_expert(w13.shard("up"))),  # type: ignore[operator]
+        down: (f"{mine}.experts.w2", _one_expert(w2.shard())),  # type: ignore[operator]
+    }
+    return {
+        f"{pre}.experts.{x}.{proj}.weight": Slot(param, shard, x)
+        for x in range(w13.shape[0])
+        for proj, (param, shard) in shards.items()
+    }
+
+
+def _shard(param: torch.Tensor, part: int | None = None) -> Shard:
+    """A parameter's shard (of block ``part``): its own ``shard`` when sharded, else all of it."""
+    return param.shard(part) if hasattr(param, "shard") else whole(tuple(param.shape))
 
 
 def expert_slots(
     layer: int, arch: str, params: Mapping[str, torch.Tensor], found: Mapping[str, Shape]
 ) -> dict[str, Slot]:
     """The routed experts', router's and shared expert's checkpoint tensors of MoE layer ``layer``,
-    by checkpoint name (the fused layout when the checkpoint holds it, else per expert)."""
+    by checkpoint name (the fused layout when the checkpoint holds it, else per expert), each
+    this rank's shard."""
     names = MOE_NAMES[arch]
     pre, mine = f"model.layers.{layer}.{names.block}", f"layers.{layer}.mlp"
-    w13 = tuple(params[f"{mine}.experts.w13"].shape)
-    w2 = tuple(params[f"{mine}.experts.w2"].shape)
     fused = f"{pre}.experts.gate_up_proj" in found
-    bias = f"{mine}.experts.b13" in params
-    out = (
-        _fused(pre, mine, names, w13, w2, bias)
-        if fused or names.interleaved
-        else _per_expert(pre, mine, names, w13)
-    )
+    out = (_fused if fused or names.interleaved else _per_expert)(pre, mine, names, params)
     simple = {
-        f"{names.router}.weight": "gate.weight",
-        f"{names.router}.bias": "gate.bias",
-        f"{names.router}.e_score_correction_bias": "score_bias",
-        "shared_expert_gate.weight": "shared_gate.weight",
-        f"{names.shared}.down_proj.weight": "shared.down.weight",
+        f"{names.router}.weight": ("gate.weight", None),
+        f"{names.router}.bias": ("gate.bias", None),
+        f"{names.router}.e_score_correction_bias": ("score_bias", None),
+        "shared_expert_gate.weight": ("shared_gate.weight", None),
+        f"{names.shared}.gate_proj.weight": ("shared.gate_up.weight", 0),
+        f"{names.shared}.up_proj.weight": ("shared.gate_up.weight", 1),
+        f"{names.shared}.down_proj.weight": ("shared.down.weight", None),
     }
-    for key, param in simple.items():
+    for key, (param, part) in simple.items():
         if f"{mine}.{param}" in params:
-            shape = tuple(params[f"{mine}.{param}"].shape)
-            out[f"{pre}.{key}"] = Slot(f"{mine}.{param}", whole(shape))
-    shared = params.get(f"{mine}.shared.gate_up.weight")
-    if shared is not None:
-        s, h = shared.shape[0] // 2, shared.shape[1]
-        for j, proj in enumerate(("gate_proj", "up_proj")):
-            out[f"{pre}.{names.shared}.{proj}.weight"] = Slot(
-                f"{mine}.shared.gate_up.weight", Shard(0, 0, s, j * s, s, (s, h))
-            )
+            out[f"{pre}.{key}"] = Slot(f"{mine}.{param}", _shard(params[f"{mine}.{param}"], part))
     return out

@@ -19,13 +19,15 @@ class Slot:
     """Where a checkpoint tensor lands: ``shard`` of parameter ``param`` (of its slice ``index``
     along dim 0 when set: one expert of a 3-D expert weight); ``shape`` is what the checkpoint
     must hold (the full tensor, whatever the TP size). ``transform`` (then ``expect``: the
-    checkpoint's shape) turns the whole tensor read into the parameter's layout first."""
+    checkpoint's shape) turns the tensor read into the parameter's layout first: all of it, or
+    ``read`` when set (a tensor-parallel rank's slice of a transposed or interleaved tensor)."""
 
     param: str
     shard: Shard
     index: int | None = None
     transform: Transform | None = None
     expect: Shape | None = None
+    read: Shard | None = None
 
     @property
     def shape(self) -> Shape:
@@ -33,8 +35,10 @@ class Slot:
 
     @property
     def read_shard(self) -> Shard:
-        """What to read of the checkpoint tensor: the shard, or all of it when transformed."""
-        return self.shard if self.expect is None else whole(self.expect)
+        """What to read of the checkpoint tensor: the shard, or when transformed ``read`` (else all of it)."""
+        if self.expect is None:
+            return self.shard
+        return whole(self.expect) if self.read is None else self.read
 
     def view(self, param: torch.Tensor) -> torch.Tensor:
         """The part of ``param`` this checkpoint tensor fills (padding excluded)."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from graphrt.capture import Fallback
+from graphrt.capture import Fallback, Pending
 from graphrt.debug.schema import ParityResult
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
@@ -25,16 +25,18 @@ def default_tol(dtype: torch.dtype) -> float:
 def check_parity(runtime: GraphRuntime, batch: Batch, tol: float | None = None) -> ParityResult:
     """Run ``batch`` through its graph and eagerly; compare the outputs of the real tokens.
 
-    Raises ``ValueError`` when no captured graph fits the batch (it would run eagerly twice).
+    Raises ``ValueError`` when no graph fits the batch (it would run eagerly twice); a pending
+    one (lazy capture) is captured by the graph run.
     """
     chosen = runtime.dispatcher.select(batch.mode, batch.bs)
     if isinstance(chosen, Fallback):
         raise ValueError(f"no graph for {batch.mode.name} bs={batch.bs}: {chosen.reason}")
+    bucket = chosen.bucket if isinstance(chosen, Pending) else chosen[0]
     graph = runtime.run(batch).float()
     eager = runtime.run(batch, eager=True).float()
     diff = (graph - eager).abs().reshape(graph.shape[0], -1).cpu().numpy()
     tol = default_tol(runtime.kv.dtype) if tol is None else tol
-    return _result(batch.mode.name, chosen[0], batch.bs, diff, tol)
+    return _result(batch.mode.name, bucket, batch.bs, diff, tol)
 
 
 def _result(mode: str, bucket: int, bs: int, diff: np.ndarray, tol: float) -> ParityResult:
@@ -53,13 +55,13 @@ def probe_sizes(buckets: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def parity_sweep(runtime: GraphRuntime, seed: int = 0, prompt_len: int = 24) -> tuple[ParityResult, ...]:
-    """Prefill fresh requests and check one DECODE step per captured bucket.
+    """Prefill fresh requests and check one DECODE step per bucket (pending ones captured).
 
     Uses request rows ``0..bs`` and their contiguous pages (``row * max_pages ...``), so it
     overwrites their KV: run it on an idle runtime (after a demo, in tests). Modes other than
     DECODE are skipped: their batches need mode-specific geometry.
     """
-    if ForwardMode.DECODE not in runtime.dispatcher.captured_modes():
+    if ForwardMode.DECODE not in runtime.dispatcher.graphed_modes():
         return ()
     rng = np.random.default_rng(seed)
     prompt_len = min(prompt_len, runtime.config.max_context_len - 1)

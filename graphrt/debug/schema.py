@@ -88,6 +88,14 @@ class FallbackFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingFacts:
+    """A (mode, bucket) of a lazily capturing runtime that no step has needed yet (no graph)."""
+
+    mode: str
+    bucket: int
+
+
+@dataclass(frozen=True, slots=True)
 class BufferFacts:
     """One declared static buffer at its full (allocation) size."""
 
@@ -175,6 +183,11 @@ class Snapshot:
     kv: KVFacts | None = None
     #: The ``GRAPHRT_*`` switches the runtime was built with, name -> value (empty in older files).
     switches: dict[str, str] = field(default_factory=dict)
+    #: The engine's speculative counters (``EngineStats.speculation()``); empty when it does not
+    #: speculate, or the snapshot was taken from a bare runtime.
+    speculation: dict[str, Any] = field(default_factory=dict)
+    #: Lazy capture's keys still without a graph (empty when every graph was captured, and in older files).
+    pending: tuple[PendingFacts, ...] = ()
     #: The kernels' tuning table, ``{"name", "path"}`` (empty in older files).
     tuning: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)

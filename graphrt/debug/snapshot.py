@@ -37,11 +37,12 @@ from graphrt.debug.schema import (
     KernelFacts,
     KVFacts,
     MemoryFacts,
+    PendingFacts,
     Snapshot,
     TelemetryFacts,
 )
 from graphrt.kv import PagedKVCache
-from graphrt.step.modes import ForwardMode
+from graphrt.step.modes import MODES, ForwardMode
 
 if TYPE_CHECKING:
     from graphrt.runtime import GraphRuntime
@@ -56,6 +57,7 @@ __all__ = [
     "KVFacts",
     "KernelFacts",
     "MemoryFacts",
+    "PendingFacts",
     "Snapshot",
     "SnapshotError",
     "SnapshotVersionError",
@@ -98,6 +100,7 @@ def take_snapshot(
     parity: tuple[ParityResult, ...] = (),
     bucket: int | None = None,
     bs: int | None = None,
+    speculation: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Write the runtime's facts to ``path`` (JSON) and its buffer contents beside it (``.npz``).
 
@@ -111,7 +114,8 @@ def take_snapshot(
         Results of :func:`graphrt.debug.check_parity` / ``parity_sweep`` to include.
     bucket, bs : int, optional
         The step the buffer contents are described as; default: the last replay.
-
+    speculation : dict, optional
+        ``Engine.stats().speculation()``: the engine's speculative counters.
     Copies buffers to the host (a device sync): call it between steps, never inside one.
     """
     contents = _contents(runtime, bucket, bs, npz_path(path).name)
@@ -142,6 +146,8 @@ def take_snapshot(
         families=tuple(_memory(f) for f in _families(runtime)),
         kv=_kv(runtime.kv),
         switches=runtime.switches.as_dict(),
+        speculation=dict(speculation or {}),
+        pending=tuple(PendingFacts(_name(m), b) for m, b in runtime.report().pending),
         tuning=runtime.tuning.brief(),
         arrays=_arrays(runtime, contents),
     )
@@ -172,10 +178,11 @@ def _config_value(value: Any) -> Any:
 def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
     mode, bucket = key
     rows_per_req = runtime.rows_per_req(mode)
+    shape = runtime.capturer.shape(mode, bucket)  # NOTE: a MIXED bucket counts tokens, not rows
     reads = tuple(
         BufferRead(_key(family, s.name), tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
         for family in _families(runtime, mode)
-        for view in [family.view(bucket, rows_per_req)]
+        for view in [family.view(shape.rows, rows_per_req, shape.tokens)]
         for s in family.specs
         for t in [getattr(view, s.name)]
     )
@@ -243,7 +250,10 @@ def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: s
     bs = bs if bs is not None else (last.bs if last else 0)
     rows_per_req = runtime.rows_per_req(mode)
     pad = runtime.pad_values(mode)
-    violations = runtime.buffers.pad_violations(bucket, rows_per_req, bs, pad) if bucket else []
+    # NOTE: the last replay's token count is not recorded, and a MIXED bucket's pad tokens start
+    # there: its pad rows are checked by debug mode's poison instead (docs/prefix-caching.md).
+    checked = bucket and not MODES[mode].token_bucket
+    violations = runtime.buffers.pad_violations(bucket, rows_per_req, bs, pad) if checked else []
     return ContentsFacts(file, mode.name, bucket, bs, rows_per_req, pad, tuple(violations))
 
 

@@ -7,8 +7,9 @@ draft model runs DRAFT_DECODE → TARGET_VERIFY → DRAFT_EXTEND rounds (:mod:`.
 
 from graphrt.engine.config import EngineConfig
 from graphrt.engine.engine import Engine
-from graphrt.engine.request import EngineStats, Request
+from graphrt.engine.request import Request
 from graphrt.engine.speculative import SpecOptions
 from graphrt.engine.stack import ModelStack, build_stack
+from graphrt.engine.stats import EngineStats
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "ModelStack", "Request", "SpecOptions", "build_stack"]

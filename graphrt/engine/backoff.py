@@ -54,7 +54,9 @@ class BackoffCounts:
     ``decode_steps``: steps run as DECODE since no row drafted; ``batch_steps``: of those,
     steps above ``disable_batch_size``; ``paused_rows`` / ``no_match_rows``: request-steps
     without drafts because the request was paused / its proposer found no match;
-    ``pad_rows``: verify rows that carried pad drafts; ``pauses``: pauses begun.
+    ``pad_rows``: verify rows that carried pad drafts; ``pauses``: pauses begun;
+    ``stale_rows``: overlapped rounds' rows dropped because the round before them accepted
+    fewer drafts than they assumed (:mod:`.spec_ahead`).
     """
 
     decode_steps: int = 0
@@ -63,6 +65,7 @@ class BackoffCounts:
     no_match_rows: int = 0
     pad_rows: int = 0
     pauses: int = 0
+    stale_rows: int = 0
     #: Tokens committed and request-steps, over verify and backed-off DECODE steps alike.
     committed: int = 0
     request_steps: int = 0
@@ -75,6 +78,7 @@ class BackoffCounts:
             "no_match_rows": self.no_match_rows,
             "pad_rows": self.pad_rows,
             "pauses": self.pauses,
+            "stale_rows": self.stale_rows,
         }
 
     @property

@@ -3,10 +3,10 @@
 With ``EngineConfig.prefill_chunk = B`` a step holds every running request that decodes (one
 token each) and then chunks of the prompts still prefilling, in admission order, until the
 step holds ``B`` tokens (a prefilling request gets at least one token per step, so it always
-advances). Such a *mixed* step is one EXTEND batch: a decode row is a query of one token at
+advances). Such a *mixed* step is one MIXED batch (a graph per token bucket; EXTEND, eager,
+where the runtime captured no MIXED graphs): a decode row is a query of one token at
 the end of its KV (``q_lens = 1``), a chunk a query of ``q`` tokens after the ``p`` positions
-its row already holds (``seq_lens = p + q``), so the varlen paged attention of EXTEND serves
-both. A decode row and a prompt's last chunk give their request its next token; an earlier
+its row already holds (``seq_lens = p + q``), so one varlen paged attention serves both. A decode row and a prompt's last chunk give their request its next token; an earlier
 chunk's logits are dropped. Tokens equal an unchunked prefill's: a chunk attends to the KV its
 earlier chunks wrote, as the whole prompt would.
 """
@@ -44,9 +44,12 @@ def prefilling(r: Any) -> bool:
     return r.prefilled < len(r.prompt)
 
 
-def plan_step(running: Sequence[Any], budget: int, page_size: int, sampled: bool) -> MixedStep | None:
-    """The next chunked step of ``running``, or None when no request is prefilling (a plain
-    DECODE step, which replays its graph)."""
+def plan_step(
+    running: Sequence[Any], budget: int, page_size: int, sampled: bool, mode: ForwardMode = ForwardMode.EXTEND
+) -> MixedStep | None:
+    """The next chunked step of ``running`` as a batch of ``mode`` (MIXED where the runtime
+    graphs it), or None when no request is prefilling (a plain DECODE step, which replays its
+    graph)."""
     chunked = [r for r in running if r.req_idx >= 0 and prefilling(r)]
     if not chunked:
         return None
@@ -73,7 +76,7 @@ def plan_step(running: Sequence[Any], budget: int, page_size: int, sampled: bool
         locs.append(r.slots(p, p + q, page_size))
         chunks.append(q)
     batch = Batch.create(
-        ForwardMode.EXTEND,
+        mode,
         input_ids=np.concatenate([np.asarray(t, dtype=np.int64) for t in ids]),
         seq_lens=seq_lens,
         req_pool_indices=[r.req_idx for r in reqs],

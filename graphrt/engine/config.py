@@ -36,6 +36,11 @@ class EngineConfig:
         Keep every step's logits per request (``Engine.logits``); samples on the host.
     show_progress : bool
         Progress bars on stderr while the checkpoint loads and the graphs are captured.
+    capture : str
+        ``"eager"``: every graph is captured while the engine is built; ``"lazy"`` (what
+        ``graphrt.LLM`` and ``graphrt serve`` use): each (mode, bucket) the first time a step
+        needs it, into the same memory pool, with the same tokens (``RuntimeConfig.capture``).
+        With ``tp > 1`` every rank must be built with the same value.
     record_kernels : bool
         List each CUDA graph's kernels at capture (``RuntimeConfig.record_kernels``), for a
         snapshot; off by default (seconds of start-up).
@@ -88,7 +93,10 @@ class EngineConfig:
         Chunked prefill (:mod:`graphrt.engine.chunked`): a step holds the decode rows and up to
         this many tokens in all, prompts prefilling in chunks, so a long prompt never stalls
         the running requests. None (default): whole prompts, each prefill a step of its own.
-        Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises).
+        Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises). With
+        ``use_graphs`` such steps (and prefill-only chunks) replay MIXED graphs, captured per
+        token bucket of :func:`token_ladder` ``(max(prefill_chunk, max_batch_size))``; with
+        ``penalties`` they run eagerly (a mixed step cannot tell whose token counts start over).
     """
 
     device: str | torch.device | None = None
@@ -101,6 +109,7 @@ class EngineConfig:
     buckets: Sequence[int] | None = None
     record_logits: bool = False
     show_progress: bool = False
+    capture: str = "eager"
     record_kernels: bool = False
     speculative: dict[str, Any] | None = None
     kv_cache_dtype: str | None = None
@@ -156,13 +165,16 @@ class EngineConfig:
         or only those with a draft model (its rounds never decode)."""
         decode = spec is None or not spec.uses_draft_model
         modes = (ForwardMode.TARGET_VERIFY,) * (spec is not None) + (ForwardMode.DECODE,) * decode
-        modes = modes if self.use_graphs else ()
+        mixed = self.prefill_chunk is not None and not self.penalties
+        tokens = token_ladder(max(self.prefill_chunk or 0, self.max_batch_size)) if mixed else ()
+        modes = (modes + (ForwardMode.MIXED,) * mixed) if self.use_graphs else ()
         return RuntimeConfig(
             max_batch_size=self.max_batch_size,
             max_context_len=self.max_context_len,
             page_size=self.page_size,
             buckets=tuple(self.buckets) if self.buckets else None,
             capture_modes=modes,
+            capture=self.capture,
             backend=self.backend,
             speculative=spec.geometry if spec else None,
             sample=True,  # NOTE: a verify draws every node's token in its graph, too
@@ -171,4 +183,11 @@ class EngineConfig:
             token_masks=self.token_masks and spec is None and self.tp == 1 and not self.record_logits,
             record_kernels=self.record_kernels,
             deterministic=self.deterministic,
+            token_buckets=tokens if self.use_graphs else (),
         )
+
+
+def token_ladder(largest: int) -> tuple[int, ...]:
+    """MIXED token buckets up to ``largest``: the powers of two below it, then ``largest``
+    (a chunked step fills its budget but for a prompt's last chunk)."""
+    return (*(1 << i for i in range(largest.bit_length()) if 1 << i < largest), largest)

@@ -17,19 +17,12 @@ from graphrt.engine.draft import build_draft
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
-from graphrt.engine.request import (
-    EngineStats,
-    Request,
-    budgets,
-    check_encoder_ids,
-    check_prompt,
-    check_prompts,
-    engine_stats,
-)
+from graphrt.engine.request import Request, budgets, check_encoder_ids, check_prompt, check_prompts
 from graphrt.engine.sampling import admit_params
 from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
 from graphrt.engine.stack import build_stack
+from graphrt.engine.stats import EngineStats, engine_stats
 from graphrt.engine.tp import tp_generate, tp_runtimes
 from graphrt.parallel import StepChannel, init_tp
 from graphrt.runtime import CaptureReport, TPRuntime
@@ -69,7 +62,7 @@ class Engine:
         self.device = self.tp.device if cfg.tp > 1 else self.device
         self.channel = StepChannel(self.tp) if cfg.tp > 1 else None
         spec = SpecOptions.parse(cfg.speculative) if cfg.speculative is not None else None
-        why_not = unsupported(spec is not None, cfg.record_logits, cfg.prefill_chunk is not None)
+        why_not = unsupported(spec, cfg.tp, cfg.record_logits, cfg.prefill_chunk is not None)
         if cfg.overlap and why_not:
             raise ValueError(f"overlap=True is not supported with {why_not}: pass overlap=False or None")
         runtime_config = cfg.runtime_config(spec)

@@ -25,6 +25,7 @@ import torch
 from graphrt.buffers.stream import current_stream
 from graphrt.engine.batches import DecodeRows
 from graphrt.engine.request import Request
+from graphrt.engine.spec_options import SpecOptions
 from graphrt.runtime.feed import TokenFeed
 from graphrt.step.batch import Batch
 
@@ -114,20 +115,36 @@ class Overlap:
         return previous
 
 
-def unsupported(speculative: bool, record_logits: bool, chunked: bool = False) -> str | None:
+def unsupported(spec: SpecOptions | None, tp: int, record_logits: bool, chunked: bool = False) -> str | None:
     """Why an engine cannot overlap its steps, or None when it can.
 
-    Speculative rounds are left out: a round's accept lengths decide the next round's slots,
-    query lengths and draft inputs on the host, so the next round cannot be built before the
-    verify's tokens are read. ``record_logits`` reads every step's logits on the host. With
+    ``spec``: its speculation, if any: proposer chains overlap (:mod:`.spec_ahead`), draft
+    models, trees and ``tp > 1`` do not (:func:`refusal`). ``record_logits`` reads every
+    step's logits on the host. With
     tensor parallelism each step message names its feed, and every rank's runtime keeps its own
     (``GraphRuntime.tokens``, read by that rank's graphs).
     """
+    speculative = refusal(spec, tp)
     if speculative:
-        return "speculative decoding (each round's batch needs the previous round's accepted tokens)"
+        return speculative
     if record_logits:
         return "record_logits=True (logits are read on the host every step)"
     if chunked:
         # NOTE: a mixed step's decode rows take their input ids from the host (EXTEND)
         return "prefill_chunk (a mixed step's decode rows need the previous step's tokens on the host)"
+    return None
+
+
+def refusal(spec: SpecOptions | None, tp: int) -> str | None:
+    """Why an engine speculating with ``spec`` cannot overlap its rounds; None when it can."""
+    if spec is None:
+        return None
+    if spec.uses_draft_model:
+        return (
+            "speculative decoding with a draft model (its next drafts need its extend on the accepted tokens)"
+        )
+    if spec.geometry.topk > 1:
+        return f"speculative decoding with tree drafts (topk {spec.geometry.topk}: the path's KV moves on the host)"
+    if tp > 1:
+        return f"speculative decoding with tp {tp} (each rank's feed would need the round's drafts)"
     return None

@@ -16,7 +16,10 @@ list: no match, nothing to draft.
   frequent child (ties: lower token id).
 
 Both index incrementally (``O(max_match)`` dict operations per new token), so a round costs
-the new tokens, not the request's length.
+the new tokens, not the request's length. :meth:`peek` proposes past tokens not read yet
+(an overlapped round's drafts, assumed accepted): it matches the request's tokens followed by
+``tail`` without indexing ``tail``, and returns one chain of ``count`` tokens, the first being
+the guess for the token the round in flight commits after ``tail``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,18 @@ class NgramProposer(_Tokens):
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
 
     def propose(self, prompt: Sequence[int], output: Sequence[int]) -> list[list[int]]:
+        self._index(prompt, output)
+        chain = self._lookup((), self.steps)
+        return [chain] if chain else []
+
+    def peek(
+        self, prompt: Sequence[int], output: Sequence[int], tail: Sequence[int], count: int
+    ) -> list[int]:
+        """``count`` tokens guessed to follow ``output + tail`` (``tail`` not indexed); [] if none."""
+        self._index(prompt, output)
+        return self._lookup(tuple(tail), count)
+
+    def _index(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         toks = self.tokens
         start = self.sync(prompt, output)
         # NOTE: an n-gram is indexed once the token after it is known, so the request's own
@@ -62,19 +77,28 @@ class NgramProposer(_Tokens):
             for n, index in self.index.items():
                 if end >= n:
                     index[tuple(toks[end - n : end])] = end
-        last = len(toks)
+
+    def _lookup(self, tail: tuple[int, ...], count: int) -> list[int]:
+        """``count`` tokens after the latest indexed occurrence of the last n-gram of the
+        request's tokens followed by ``tail``."""
+        seq = (*self.tokens[-self.sizes[0] :], *tail) if tail else self.tokens
+        last = len(seq)
         for n in self.sizes:
-            end = self.index[n].get(tuple(toks[last - n :])) if last >= n else None
+            end = self.index[n].get(tuple(seq[last - n :])) if last >= n else None
             if end is not None:
-                return [self._copy(end)]
+                return self._copy(end, count, tail)
         return []
 
-    def _copy(self, end: int) -> list[int]:
-        """The ``steps`` tokens from ``end`` on; past the last token the copy reads its own
-        output (a match overlapping the suffix: a loop continues as a loop)."""
+    def _copy(self, end: int, count: int, tail: tuple[int, ...]) -> list[int]:
+        """``count`` tokens from ``end`` on, over the request's tokens then ``tail``; past those
+        the copy reads its own output (a match overlapping the suffix: a loop continues)."""
         toks, out = self.tokens, []
-        for i in range(end, end + self.steps):
-            out.append(toks[i] if i < len(toks) else out[i - len(toks)])
+        size = len(toks) + len(tail)
+        for i in range(end, end + count):
+            if i < len(toks):
+                out.append(toks[i])
+            else:
+                out.append(tail[i - len(toks)] if i < size else out[i - size])
         return out
 
 
@@ -112,19 +136,49 @@ class SuffixProposer(_Tokens):
         self.active = grown
 
     def propose(self, prompt: Sequence[int], output: Sequence[int]) -> list[list[int]]:
+        self._index(prompt, output)
+        node = self._match(self.active)
+        if node is None:
+            return []
+        return [self._chain(t, child, self.steps) for t, child in node.best()[: self.topk]]
+
+    def peek(
+        self, prompt: Sequence[int], output: Sequence[int], tail: Sequence[int], count: int
+    ) -> list[int]:
+        """``count`` tokens guessed to follow ``output + tail`` (``tail`` not indexed); [] if none."""
+        self._index(prompt, output)
+        active = self.active
+        for t in tail:
+            # NOTE: a suffix seen before with ``t`` after it implies its shorter suffixes were:
+            # the matched suffixes stay the lengths 0 .. k, as ``active`` holds them.
+            grown = [self.root]
+            for node in active[: self.depth]:
+                child = node.children.get(t)
+                if child is None:
+                    break
+                grown.append(child)
+            active = grown
+        node = self._match(active)
+        if node is None:
+            return []
+        token, child = node.best()[0]
+        return self._chain(token, child, count)
+
+    def _index(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         start = self.sync(prompt, output)
         for t in self.tokens[start:]:
             self._append(t)
-        longest = min(self.max_match, len(self.active) - 1)
-        for length in range(longest, self.min_match - 1, -1):
-            node = self.active[length]
-            if node.children:
-                return [self._chain(t, child) for t, child in node.best()[: self.topk]]
-        return []
 
-    def _chain(self, first: int, node: _Node) -> list[int]:
+    def _match(self, active: list[_Node]) -> _Node | None:
+        """The node of the longest matched suffix (``min_match`` .. ``max_match``) with children."""
+        for length in range(min(self.max_match, len(active) - 1), self.min_match - 1, -1):
+            if active[length].children:
+                return active[length]
+        return None
+
+    def _chain(self, first: int, node: _Node, count: int) -> list[int]:
         chain = [first]
-        while len(chain) < self.steps and node.children:
+        while len(chain) < count and node.children:
             token, node = node.best()[0]
             chain.append(token)
         return chain

@@ -1,21 +1,30 @@
-"""A request's life in the engine, and what the engine reports."""
+"""A request's life in the engine: its state and the checks of what it asks for."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from graphrt.engine.lookup import LookupRunner
-from graphrt.engine.prefix_cache import PrefixStats
-from graphrt.engine.speculative import SpecRunner, SpecState
+from graphrt.engine.backoff import RowBackoff
 from graphrt.runtime.logprobs import TokenLogprobs
-from graphrt.runtime.report import RuntimeStats
 from graphrt.step.ints import count, is_int, token_ids
 from graphrt.step.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class SpecState:
+    """Per request: the draft's ``topk`` best guesses for the next position, best first; or
+    (proposer methods) its proposer and back-off state."""
+
+    draft_tokens: tuple[int, ...] = ()
+    proposer: Any = None  # NOTE: graphrt.engine.proposers.Proposer, made at the first round
+    backoff: RowBackoff = field(default_factory=RowBackoff)
+    #: Overlapped rounds: its part in the step launched last and not read yet
+    #: (``graphrt.engine.spec_ahead.Flight``), or None.
+    ahead: Any = None
 
 
 @dataclass(slots=True)
@@ -58,40 +67,6 @@ class Request:
     def at(self, pos: np.ndarray, page_size: int) -> np.ndarray:
         """The KV slot of each position in ``pos`` (int64) in this request's pages."""
         return np.asarray(self.pages)[pos // page_size] * page_size + pos % page_size
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """What :meth:`Engine.stats` reports: runtime counters plus decode and speculative totals."""
-
-    replays: dict[str, int]
-    eager: dict[str, int]
-    fallbacks: dict[str, dict[str, int]]
-    decode_steps: int
-    decode_seconds: float
-    prefill_steps: int
-    generated_tokens: int
-    draft_replays: dict[str, int] = field(default_factory=dict)
-    verify_steps: int = 0  # per request: one draft → verify → extend round
-    acceptance_rate: float = 0.0  # accepted drafts / (verifies × deepest acceptable path)
-    mean_accept_length: float = 0.0  # tokens committed per request per round (incl. the bonus)
-    accepted_per_position: tuple[int, ...] = ()  # verifies that accepted a draft at depth > i
-    #: Tokens committed per request per speculative step, verify or backed-off DECODE alike.
-    tokens_per_round: float = 0.0
-    #: Why drafts were not made (``graphrt.engine.backoff.BackoffCounts``), proposer methods.
-    backoff: dict[str, int] = field(default_factory=dict)
-    #: Prefix-cache hits, evictions and collisions; None when the engine caches no prefixes.
-    prefix: PrefixStats | None = None
-    #: Chunked prefill's steps holding decode rows and prompt chunks (one EXTEND each).
-    mixed_steps: int = 0
-
-    @property
-    def acceptance_per_step(self) -> tuple[float, ...]:
-        """Per draft step (tree depth) ``i``: the fraction of verifies that accepted it."""
-        n = self.verify_steps
-        return tuple(c / n if n else 0.0 for c in self.accepted_per_position)
-
-    accepted_per_position: tuple[int, ...] = ()
 
 
 def check_prompts(prompts: object) -> list[list[int]]:
@@ -156,35 +131,3 @@ def check_encoder_ids(model: Any, encoder: Any, encoder_ids: object) -> list[int
     tokens = token_ids(encoder_ids, "encoder_ids")
     model.encoder_ids(tokens)
     return tokens
-
-
-def engine_stats(
-    rt: RuntimeStats, sched: Any, generated: int, spec: SpecRunner | LookupRunner | None
-) -> EngineStats:
-    """An engine's counters: its runtime's, its scheduler's (``sched``: steps, decode time,
-    the prefix cache's), ``generated`` tokens and the speculative runner's."""
-    cache = sched.pool.cache
-    stats = EngineStats(
-        rt.replays,
-        rt.eager,
-        rt.fallbacks,
-        sched.decode_steps,
-        sched.decode_seconds,
-        sched.prefill_steps,
-        generated,
-        prefix=cache.stats() if cache is not None else None,
-        mixed_steps=sched.mixed_steps,
-    )
-    if spec is None:
-        return stats
-    acc = spec.stats
-    return dataclasses.replace(
-        stats,
-        draft_replays=spec.draft.stats().replays if spec.draft is not None else {},
-        verify_steps=acc.verify_steps,
-        acceptance_rate=acc.rate,
-        mean_accept_length=acc.mean_accept_length,
-        accepted_per_position=tuple(acc.per_position),
-        tokens_per_round=spec.backoff.tokens_per_round,
-        backoff=spec.backoff.as_dict() if spec.draft is None else {},
-    )

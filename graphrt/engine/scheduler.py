@@ -26,8 +26,10 @@ from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
+from graphrt.engine.spec_ahead import SpecAhead
 from graphrt.engine.speculative import SpecRunner
 from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.step.modes import ForwardMode
 
 
 class Scheduler:
@@ -66,6 +68,13 @@ class Scheduler:
         self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
         #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
         self.chunk, self.mixed_steps = chunk, 0
+        #: Overlapped proposer rounds (:mod:`.spec_ahead`), when the engine overlaps and speculates.
+        self.ahead = None
+        if overlap is not None and isinstance(spec, LookupRunner):
+            self.ahead = SpecAhead(spec, overlap, runtime.req_to_token.max_reqs, runtime.device)
+        #: A chunked step's mode: MIXED where the runtime captured its graphs, else EXTEND.
+        modes = runtime.config.capture_modes
+        self.mixed_mode = ForwardMode.MIXED if ForwardMode.MIXED in modes else ForwardMode.EXTEND
 
     @property
     def lookahead(self) -> int:
@@ -82,7 +91,11 @@ class Scheduler:
             return self._step_ahead(self.overlap)
         admitted = self._admit()
         sampled = self.runtime.config.sample and not self.record_logits
-        plan = plan_step(self.running, self.chunk, self.page_size, sampled) if self.chunk else None
+        plan = (
+            plan_step(self.running, self.chunk, self.page_size, sampled, self.mixed_mode)
+            if self.chunk
+            else None
+        )
         if plan is not None:  # NOTE: chunked prefill (:mod:`.chunked`) while a prompt prefills
             return run_mixed(self, plan)
         if admitted:
@@ -143,6 +156,8 @@ class Scheduler:
         overlap. One that samples a stop token is seen a step late, so it may have run one
         more step: that token is dropped and the KV it wrote freed with its row.
         """
+        if self.ahead is not None:
+            return self.ahead.step(self)
         start = time.perf_counter()
         admitted = self._admit()
         eager = not self.use_graphs

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.engine.backoff import BackoffCounts, RowBackoff
+from graphrt.engine.backoff import BackoffCounts
 from graphrt.engine.batches import prefill_batch
 from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.spec_options import DRAFT_INITS, SpecOptions
@@ -31,17 +31,7 @@ from graphrt.runtime import GraphRuntime
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
 
-__all__ = ["DRAFT_INITS", "Acceptance", "SpecOptions", "SpecRunner", "SpecState", "accept_greedy"]
-
-
-@dataclass(slots=True)
-class SpecState:
-    """Per request: the draft's ``topk`` best guesses for the next position, best first; or
-    (proposer methods) its proposer and back-off state."""
-
-    draft_tokens: tuple[int, ...] = ()
-    proposer: Any = None  # NOTE: graphrt.engine.proposers.Proposer, made at the first round
-    backoff: RowBackoff = field(default_factory=RowBackoff)
+__all__ = ["DRAFT_INITS", "Acceptance", "SpecOptions", "SpecRunner", "accept_greedy"]
 
 
 @dataclass(slots=True)

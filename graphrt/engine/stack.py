@@ -10,7 +10,7 @@ import torch
 
 from graphrt.checkpoints.loader import default_dtype, load, resolve
 from graphrt.kv import EncoderKV, KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
-from graphrt.kv.mla import MLAKVCache, MLAShape
+from graphrt.kv.mla import LAYOUTS, PLAIN_LAYOUTS, MLAKVCache, MLAShape
 from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
 from graphrt.kv.window import WindowLayers, window_pool_pages, window_step
 from graphrt.metadata.local import with_model_chunk
@@ -18,6 +18,7 @@ from graphrt.models.causal_lm import CausalLM
 from graphrt.models.cross import CrossDecoder
 from graphrt.models.dsa import TinyDSA
 from graphrt.models.hf_wrap import HFWrapped
+from graphrt.models.indexed_mla import mla_decoder
 from graphrt.models.llama import TinyLlama
 from graphrt.models.mla import MLACausalLM
 from graphrt.models.parallel import SINGLE
@@ -122,7 +123,7 @@ def preset_model_kv(
     seed, device, dtype, kv_cache_dtype, tp = o.seed, o.device, o.dtype, o.kv_cache_dtype, o.tp
     num_pages = max_reqs * config.max_pages + 1
     if isinstance(cfg, MLAConfig):
-        model = MLACausalLM.from_seed(cfg, seed, device, dtype, tp)
+        model = mla_decoder(cfg).from_seed(cfg, seed, device, dtype, tp)
         kv = latent_cache(cfg, config.page_size, num_pages, dtype, device, kv_cache_dtype)
     elif isinstance(cfg, DSAConfig):
         if tp.size > 1:
@@ -183,14 +184,42 @@ def latent_cache(
     dtype: torch.dtype,
     device: torch.device,
     kv_cache_dtype: str | None = None,
-) -> LatentKVCache:
-    """The dense-MLA cache of ``cfg`` over ``num_pages``: each layer's latents and RoPE keys in ``dtype``."""
+) -> LatentKVCache | MLAKVCache:
+    """The MLA cache of ``cfg`` over ``num_pages``: for dense MLA each layer's latents and RoPE
+    keys in ``dtype``; with a DSA indexer (DeepSeek-V3.2) the sparse-MLA cache (:func:`dsa_cache`)."""
+    if cfg.indexer is not None:
+        return dsa_cache(cfg, page_size, num_pages, dtype, device, kv_cache_dtype)
     if kv_cache_dtype not in (None, "auto"):
         raise ValueError(
             f"kv_cache_dtype {kv_cache_dtype!r}: a dense-MLA cache keeps the model's dtype ('auto')"
         )
     shape = LatentShape(cfg.num_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim, page_size, num_pages)
     return LatentKVCache(shape, dtype, device)
+
+
+def dsa_cache(
+    cfg: MLAConfig,
+    page_size: int,
+    num_pages: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_cache_dtype: str | None = None,
+) -> MLAKVCache:
+    """The sparse-MLA cache of a DeepSeek-V3.2 ``cfg``: latent rows in ``kv_cache_dtype`` (one of
+    :data:`~graphrt.kv.mla.LAYOUTS`; ``None`` / ``"auto"``: the model's ``dtype``, bf16 or
+    fp32) and the indexer's keys in ``dtype``."""
+    assert cfg.indexer is not None
+    layout = kv_cache_dtype or "auto"
+    if layout == "auto":
+        layout = next((name for name, d in PLAIN_LAYOUTS.items() if d == dtype), str(dtype))
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"kv_cache_dtype {layout!r}: a sparse-MLA (DSA) cache holds one of {', '.join(LAYOUTS)} "
+            "(auto: the model's dtype when it is bf16 or fp32)"
+        )
+    idx = cfg.indexer
+    shape = MLAShape(cfg.num_layers, page_size, num_pages, idx.head_dim, idx.topk, cfg.num_heads)
+    return MLAKVCache(shape, layout, dtype, device)
 
 
 def stack_for(
@@ -213,7 +242,7 @@ def stack_for(
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
     num_pages = max_reqs * config.max_pages + 1
-    kv: PagedKVCache | LatentKVCache
+    kv: PagedKVCache | LatentKVCache | MLAKVCache
     if isinstance(cfg, MLAConfig):
         kv = latent_cache(cfg, config.page_size, num_pages, param.dtype, param.device, kv_cache_dtype)
     else:

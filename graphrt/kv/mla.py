@@ -3,6 +3,7 @@
 Layouts (per token, per layer):
 
 * ``"bf16"``: ``[576]`` bfloat16 — the 512-wide latent ``c_kv`` then the 64-wide RoPE key.
+* ``"fp32"``: the same ``[576]`` in float32 (an fp32 model's cache: the torch reference only).
 * ``"fp8"``: 656 bytes, FlashMLA's "FP8 with scale" format — 512 ``float8_e4m3fn`` values,
   4 ``float32`` scales (one per 128 values), 64 ``bfloat16`` RoPE values. Quantised on write.
 
@@ -26,7 +27,9 @@ TILE = 128
 NUM_TILES = KV_LORA_RANK // TILE
 FP8_BYTES = KV_LORA_RANK + 4 * NUM_TILES + 2 * ROPE_DIM  # 656
 FP8_MAX = 448.0
-LAYOUTS = ("bf16", "fp8")
+LAYOUTS = ("bf16", "fp8", "fp32")
+#: Layouts that store the 576 values unquantised, in this dtype (``"fp8"`` packs 656 bytes).
+PLAIN_LAYOUTS: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ class MLAKVCache(PagedSlots):
     Parameters
     ----------
     shape : MLAShape
-    layout : {"bf16", "fp8"}
+    layout : {"bf16", "fp8", "fp32"}
     index_dtype : torch.dtype
         dtype of the indexer key cache (the model's).
     device : torch.device
@@ -87,7 +90,8 @@ class MLAKVCache(PagedSlots):
         if shape.num_pages < 2:
             raise ValueError(f"num_pages must be >= 2 (one is the dummy), got {shape.num_pages}")
         self.shape, self.layout, self.device = shape, layout, device
-        width, dtype = (QK_DIM, torch.bfloat16) if layout == "bf16" else (FP8_BYTES, torch.uint8)
+        plain = PLAIN_LAYOUTS.get(layout)
+        width, dtype = (QK_DIM, plain) if plain is not None else (FP8_BYTES, torch.uint8)
         size = (shape.num_pages, shape.page_size, 1, width)
         self.kv = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.num_layers)]
         slots = shape.num_pages * shape.page_size
@@ -102,7 +106,7 @@ class MLAKVCache(PagedSlots):
 
     @property
     def bytes_per_token(self) -> int:
-        """Latent bytes per token per layer: 1152 (bf16) or 656 (fp8)."""
+        """Latent bytes per token per layer: 1152 (bf16), 656 (fp8) or 2304 (fp32)."""
         return self.kv[0].shape[-1] * self.kv[0].element_size()
 
     def rows(self, layer: int) -> torch.Tensor:
@@ -111,10 +115,11 @@ class MLAKVCache(PagedSlots):
 
     def store_latent(self, layer: int, loc: torch.Tensor, latent: torch.Tensor) -> None:
         """Write ``latent [n, 576]`` at slots ``loc`` (int64), quantised for fp8."""
-        rows = latent.to(torch.bfloat16) if self.layout == "bf16" else quantize_fp8(latent)
+        plain = PLAIN_LAYOUTS.get(self.layout)
+        rows = latent.to(plain) if plain is not None else quantize_fp8(latent)
         self.rows(layer).index_copy_(0, loc, rows)
 
     def gather(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Float32 latent rows ``[..., 576]`` at ``slots`` (int64, any shape; dequantised)."""
         rows = self.rows(layer)[slots]
-        return rows.float() if self.layout == "bf16" else dequantize_fp8(rows)
+        return dequantize_fp8(rows) if self.layout == "fp8" else rows.float()

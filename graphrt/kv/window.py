@@ -200,6 +200,8 @@ def _spans(rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, 
 
 
 def window_step(config: Any) -> int:
-    """Positions one graphed step of ``config`` writes per request at most (a draft chain: its steps)."""
+    """Positions one graphed step of ``config`` writes per request at most (a draft chain: its
+    steps; a MIXED step: its largest token bucket, all of it one request's chunk)."""
     spec = config.speculative
-    return max(config.max_rows_per_req, spec.draft_forwards if spec is not None else 1, 1)
+    draft = spec.draft_forwards if spec is not None else 1
+    return max(config.max_rows_per_req, draft, *getattr(config, "token_buckets", ()), 1)

@@ -132,12 +132,14 @@ class Families:
         docs/architecture.md).
 
         Pad requests of uniform modes carry the mode's query length; those of ragged modes
-        one token. Their ``seq_len`` covers their queries, so no position is negative.
+        one token, those of token-bucketed modes (MIXED) none: their bucket's token rows may
+        all be real. Their ``seq_len`` covers their queries (at least the one key of the dummy
+        request's position 0), so no position is negative.
         """
         pads = self._pads.get(mode)
         if pads is None:
             spec = MODES[mode]
-            pad_q = 1 if spec.ragged else rows_per_req(mode, self.geometry.spec)
+            pad_q = 0 if spec.token_bucket else 1 if spec.ragged else rows_per_req(mode, self.geometry.spec)
             # NOTE: trees and drafts keep a one-token prefix in pad rows, so the prefix half of
             # a cascade never sees an empty sequence; a draft's step-0 token sits at position 1.
             cascade = self.groups.get("cascade")
@@ -147,7 +149,7 @@ class Families:
                 "dummy_page": self.dummies.page,
                 "dummy_req": self.dummies.req,
                 "pad_q_len": pad_q,
-                "pad_seq_len": 1 + prefix if spec.draft_steps else pad_q + prefix,
+                "pad_seq_len": 1 + prefix if spec.draft_steps else max(pad_q, 1) + prefix,
                 "pad_prefix_len": 1,
             }
             if self.dummies.encoder_page is not None:
@@ -170,9 +172,12 @@ class Families:
         families.write(batch, rows, tokens)
         return families.full(batch.mode)
 
-    def view(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> StepInputs:
-        """Bucket views of every group ``mode`` reads (cached: addresses never change)."""
-        return self._inputs(mode, lambda f: f.view(bucket, rows_per_req))
+    def view(
+        self, mode: ForwardMode, bucket: int, rows_per_req: int, tokens: int | None = None
+    ) -> StepInputs:
+        """Bucket views of every group ``mode`` reads (cached: addresses never change);
+        ``tokens``: the token rows when not ``bucket * rows_per_req`` (MIXED)."""
+        return self._inputs(mode, lambda f: f.view(bucket, rows_per_req, tokens))
 
     def full(self, mode: ForwardMode) -> StepInputs:
         """Whole-allocation views (the eager path allocates groups at the exact size)."""
@@ -205,6 +210,11 @@ class Families:
             writer = self.writers.get(group.family)
             if writer is not None:
                 writer.forget()
+
+    def poisoned(self, mode: ForwardMode, rows: int, rows_per_req: int, tokens: int) -> list[str]:
+        """Buffers of ``mode``'s groups whose view of ``rows`` requests and ``tokens`` token rows
+        still holds poison (debug mode; syncs)."""
+        return [name for g in self.used_by(mode) for name in g.poisoned(rows, rows_per_req, tokens)]
 
     def forget(self) -> None:
         """The device buffers no longer match what the writers know (e.g. after a capture)."""

@@ -34,12 +34,15 @@ def sparse_specs(index_topk: int, padded_heads: int, slot_multiple: int = 1) -> 
     """
     sched_rows = MAX_SM_PARTS if padded_heads else 0
     width = -(-index_topk // slot_multiple) * slot_multiple
+    free = PadRule("free")
+    # NOTE: q_pad, sched_meta and num_splits are FlashMLA's workspace (the schedule only for the
+    # FP8 cache; the torch reference never touches them): debug mode's poison check skips them.
     return (
-        BufferSpec("topk_indices", ("max_tokens", index_topk), torch.int32, PadRule("free")),
-        BufferSpec("topk_slots", ("max_tokens", width), torch.int32, PadRule("free")),
-        BufferSpec("q_pad", ("max_tokens", padded_heads, QK_DIM), torch.bfloat16, PadRule("free")),
-        BufferSpec("sched_meta", (sched_rows, SCHED_WIDTH), torch.int32, PadRule("free")),
-        BufferSpec("num_splits", ("max_bs+1",), torch.int32, PadRule("free")),
+        BufferSpec("topk_indices", ("max_tokens", index_topk), torch.int32, free),
+        BufferSpec("topk_slots", ("max_tokens", width), torch.int32, free),
+        BufferSpec("q_pad", ("max_tokens", padded_heads, QK_DIM), torch.bfloat16, free, scratch=True),
+        BufferSpec("sched_meta", (sched_rows, SCHED_WIDTH), torch.int32, free, scratch=True),
+        BufferSpec("num_splits", ("max_bs+1",), torch.int32, free, scratch=True),
     )
 
 

@@ -11,6 +11,8 @@ attention sums the latents. Submodules keep transformers' names (``attn.kv_a_pro
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -95,11 +97,15 @@ class MLACausalLM(Decoder):
     :class:`~graphrt.kv.LatentKVCache`). One rank only: tensor parallelism is refused.
     """
 
+    #: Each layer's attention (DeepSeek-V3.2's subclass puts its indexed attention here).
+    attention_layer: ClassVar[type[LatentAttention]] = LatentAttention
+
     def __init__(self, cfg: MLAConfig, tp: TPGroup = SINGLE) -> None:
         if tp.size > 1:
             raise ValueError(f"tensor parallelism (tp {tp.size}) is not supported for MLA models")
+        attention = type(self).attention_layer
         super().__init__(
-            cfg, cfg.qk_rope_head_dim, lambda i: LatentAttention(cfg, i), mlp=lambda i: layer_mlp(cfg, i)
+            cfg, cfg.qk_rope_head_dim, lambda i: attention(cfg, i), mlp=lambda i: layer_mlp(cfg, i)
         )
         self.tie()
 

@@ -28,6 +28,12 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(ops.silu_and_mul(self.gate_up(x)))
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of ``forward(x)``: ``[T, H]`` before the all-reduce (a MoE layer
+        sums its shared expert's with its routed experts' in one all-reduce)."""
+        down = self.down
+        return ops.linear(ops.silu_and_mul(self.gate_up(x)), down.weight, None, down.weight_scale)
+
     def gated_down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``down(silu(gate) * up)`` of ``gate_up [T, 2 I]``: one launch for a single-row step
         (:func:`ops.silu_mul_linear`), then under TP the down projection's all-reduce."""

@@ -5,6 +5,12 @@ views reach the layer as ``ctx.routing``), pad rows routed to no expert, then
 :func:`~graphrt.kernels.moe.fused_experts` sums the chosen experts (fused Triton kernels on the
 GPU, the torch reference on the CPU). Every MoE layer of a step reuses the same buffers in turn.
 Shared experts (DeepSeek's, Qwen2-MoE's gated one) run beside the routed ones as a dense MLP.
+
+Tensor parallelism splits each expert's intermediate dim (:class:`~graphrt.models.experts.Experts`)
+and the shared expert's as the dense MLP's; the router is replicated, so every rank routes the
+same tokens to the same experts and writes the same routing buffers. The routed and shared
+partial sums meet in one all-reduce per layer, the dense MLP's. Expert parallelism (experts
+placed on different ranks) is not supported (refused at config parse, ``ep_size``).
 """
 
 from __future__ import annotations
@@ -16,34 +22,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from graphrt.kernels.moe import ExpertWeights, Routing, experts_reference, fused_experts
+from graphrt.kernels.moe import Routing, experts_reference, fused_experts
 from graphrt.kernels.moe.align import align_reference
 from graphrt.metadata.routing import RoutingShape
+from graphrt.models.experts import Experts
 from graphrt.models.mlp import MLP
 from graphrt.models.moe_config import MoESpec
 from graphrt.models.parallel import SINGLE
 from graphrt.models.router import route, route_into
-from graphrt.parallel import TPGroup
-
-
-class Experts(nn.Module):
-    """``num_experts`` SwiGLU experts as 3-D weights (the contract's layout).
-
-    ``w13 [E, 2 I, H]`` gate rows then up rows, ``w2 [E, H, I]``; with ``bias`` also
-    ``b13 [E, 2 I]`` and ``b2 [E, H]`` (gpt-oss).
-    """
-
-    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
-        super().__init__()
-        e, i, h = spec.num_experts, spec.expert_size, hidden_size
-        self.activation = spec.activation
-        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h))
-        self.w2 = nn.Parameter(torch.empty(e, h, i))
-        self.b13 = nn.Parameter(torch.empty(e, 2 * i)) if spec.expert_bias else None
-        self.b2 = nn.Parameter(torch.empty(e, h)) if spec.expert_bias else None
-
-    def weights(self) -> ExpertWeights:
-        return ExpertWeights(self.w13, self.w2, self.b13, self.b2, self.activation)
+from graphrt.parallel import TPGroup, all_reduce_
 
 
 class Gate(nn.Linear):
@@ -68,23 +55,21 @@ class Gate(nn.Linear):
 class SparseMoE(nn.Module):
     """One MoE MLP: ``forward(x [T, H], ctx) -> [T, H]`` in ``x``'s dtype.
 
-    ``gate``: the router linear (:class:`Gate`); ``score_bias``: DeepSeek-V3's ``e_score_correction_bias [E]``; ``shared``: the shared
-    expert (a dense SwiGLU), ``shared_gate`` its sigmoid gate ``[1, H]`` (Qwen2-MoE).
+    ``gate``: the router linear (:class:`Gate`); ``score_bias``: DeepSeek-V3's
+    ``e_score_correction_bias [E]``; ``shared``: the shared expert (a dense SwiGLU),
+    ``shared_gate`` its sigmoid gate ``[1, H]`` (Qwen2-MoE). With ``tp``: this rank's slice of
+    every expert's and the shared expert's intermediate dim, the router and its biases whole;
+    ``ValueError`` naming the size and the TP size when it does not divide an intermediate size.
     """
 
     takes_ctx = True
 
     def __init__(self, cfg: Any, spec: MoESpec, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        if tp.size > 1:
-            raise ValueError(
-                f"tensor parallelism (tp {tp.size}) is not supported for MoE layers yet; "
-                "expert parallelism is not supported either"
-            )
-        self.spec = spec
+        self.spec, self.tp = spec, tp
         self.gate = Gate(cfg.hidden_size, spec.num_experts, spec.router_bias, spec.router_fp32)
         self.score_bias = nn.Parameter(torch.zeros(spec.num_experts)) if spec.score_bias else None
-        self.experts = Experts(spec, cfg.hidden_size)
+        self.experts = Experts(spec, cfg.hidden_size, tp)
         shared = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=spec.shared_size)
         self.shared = MLP(shared, tp) if spec.shared_size else None
         self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if spec.shared_gate else None
@@ -104,11 +89,11 @@ class SparseMoE(nn.Module):
                 align_reference(routing.topk_ids, self.spec.num_experts, routing)
             out = fused_experts(x, self.experts.weights(), routing)
         if self.shared is not None:
-            shared = self.shared(x)
+            shared = self.shared.partial(x)  # NOTE: summed over the ranks with the routed experts
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
-        return out
+        return all_reduce_(out, self.tp)
 
 
 def layer_mlp(cfg: Any, layer_id: int, tp: TPGroup = SINGLE) -> nn.Module:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from graphrt.models.indexer import IndexerSpec
 from graphrt.models.moe_config import MoESpec, deepseek_sparse, qwen_sparse
 
 #: gpt-oss's router and experts: top-k of biased logits then softmax; clamped SwiGLU with biases.
@@ -118,6 +119,14 @@ def moe_presets(tiny: Any, tiny_sinks: Any, tiny_mla: Any) -> dict[str, Any]:
         "tiny-deepseek-moe": replace(
             tiny_mla,
             moe=MoESpec(8, 2, 128, deepseek_sparse(tiny_mla.num_layers, 1), shared_size=128, **V3_ROUTER),
+        ),
+        # NOTE: DeepSeek-V3.2: tiny-deepseek-moe plus the DSA indexer (8 heads of 96, RoPE on
+        # the first 64), keeping 16 keys: contexts past 16 drop keys.
+        "tiny-deepseek-v3.2": replace(
+            tiny_mla,
+            architecture="DeepseekV32ForCausalLM",
+            moe=MoESpec(8, 2, 128, deepseek_sparse(tiny_mla.num_layers, 1), shared_size=128, **V3_ROUTER),
+            indexer=IndexerSpec(n_heads=8, head_dim=96, topk=16),
         ),
         "tiny-gpt-oss": replace(
             tiny_sinks, moe=MoESpec(4, 2, 128, qwen_sparse(tiny_sinks.num_layers), **GPT_OSS)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graphrt.models.indexer import IndexerSpec
 from graphrt.models.moe_config import MoESpec
 
 
@@ -110,6 +111,8 @@ class MLAConfig:
     max_position_embeddings: int = 2048
     #: Mixture-of-experts MLPs (None: every MLP dense).
     moe: MoESpec | None = None
+    #: DeepSeek-V3.2's DSA indexer (None: dense MLA); with it the attention is sparse MLA.
+    indexer: IndexerSpec | None = None
 
     @property
     def softmax_scale(self) -> float:

@@ -3,12 +3,29 @@
 It owns the capture engine, the dispatcher (graphs by mode and bucket), each graph's output
 and the host scalars each graph baked in; the runtime's public ``capture`` / ``recapture`` /
 ``release`` call it under the runtime's lock. It never runs a step itself.
+
+Lazy capture (``RuntimeConfig(capture="lazy")``): ``capture`` marks every key pending and the
+step that first needs one captures it (:meth:`Capturer.on_first_use`, under the same lock,
+after the step's checks and before its window slots, metadata or replay). That is safe for a
+running batch because a capture runs on an all-padding batch: it writes the bucket's static
+metadata (which every step rewrites whole, and which the writers are told to upload again), the
+dummy KV slot and the dummy request row (token feed, token counts), never a live row's KV,
+metadata or sampled token. Graphs share the engine's one memory pool whenever they are captured. With TP every rank runs the same
+batch, so every rank captures the same key in the same step; whether all of them succeeded is
+agreed on (``agree``, the group's ``all_true``) before any replays it, so a capture that fails
+on one rank sends every rank down the same eager path, never into a collective the others skip.
+A failure inside the warm-up or the recorded forward, where the ranks' collectives run, is a
+collective failure like that of any step: the others raise ``CollectiveError`` after the group's
+timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,10 +58,33 @@ def make_engine(name: str | None, device: torch.device, record_kernels: bool) ->
     raise ValueError(f"capture engine {name!r} is not usable on {device}; use 'cuda' or 'emulated'")
 
 
+@dataclass(frozen=True, slots=True)
+class GraphShape:
+    """What a graph ``(mode, bucket)`` holds: ``rows`` requests, ``tokens`` token rows, and the
+    ``max_seqlen_q`` its kernels receive (a function of the key, rule 4)."""
+
+    rows: int
+    tokens: int
+    max_q: int
+
+
+def token_ladders(config: RuntimeConfig) -> dict[ForwardMode, BucketPolicy]:
+    """The token ladder of each token-bucketed mode (MIXED), from ``config.token_buckets``."""
+    if not config.token_buckets:
+        return {}
+    ladder = BucketPolicy.exact(config.token_buckets, config.max_tokens)
+    return {mode: ladder for mode, spec in MODES.items() if spec.token_bucket}
+
+
 def empty_batch(mode: ForwardMode) -> Batch:
     """A batch of no requests: capture runs on all-padding rows."""
     empty = np.zeros(0, dtype=np.int64)
     return Batch(mode, empty, empty, empty, empty, empty)
+
+
+def _alone(ok: bool, what: str) -> bool:
+    """The agreement of a group of one rank: its own outcome."""
+    return ok
 
 
 class Capturer:
@@ -71,40 +111,51 @@ class Capturer:
         #: The kernels' tuning table: the one the runtime installed just before making this.
         self.tuning = tuning.active()
         self.engine = make_engine(config.engine, device, config.record_kernels)
-        self.dispatcher = Dispatcher(BucketPolicy.create(config.max_batch_size, config.buckets))
+        self.dispatcher = Dispatcher(
+            BucketPolicy.create(config.max_batch_size, config.buckets), token_ladders(config)
+        )
         #: Each graph's output (static tensors in the graph's pool), by (mode, bucket).
         self.outputs: dict[tuple[ForwardMode, int], Any] = {}
         #: Per mode and bs: the graph path's route; dropped with the graphs (runtime/fastpath.py).
-        self.routes = Routes(self.dispatcher, self.outputs)
+        self.routes = Routes(self.dispatcher, self.outputs, self.shape, self.on_first_use)
+        #: Captures per (mode, bucket) over the runtime's life, and their seconds in all.
+        self.captures: Counter[tuple[ForwardMode, int]] = Counter()
+        self.seconds = 0.0
+        #: ``agree(ok, what)``: whether every rank's capture succeeded (a TP group's
+        #: ``all_true``, set by :class:`~graphrt.runtime.tp.TPRuntime`; alone: ``ok``).
+        self.agree: Callable[[bool, str], bool] = _alone
 
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
         return rows_per_req(mode, self.config.speculative)
 
+    def shape(self, mode: ForwardMode, bucket: int) -> GraphShape:
+        """Request rows, token rows and ``max_seqlen_q`` of the graph ``(mode, bucket)``: a
+        token-bucketed mode's bucket counts tokens, any request may hold all of them."""
+        if MODES[mode].token_bucket:
+            return GraphShape(self.config.mixed_rows(bucket), bucket, bucket)
+        per = self.rows_per_req(mode)
+        return GraphShape(bucket, bucket * per, per)
+
+    def keys(self) -> list[tuple[ForwardMode, int]]:
+        """Every (mode, bucket) of the config, largest bucket first (smaller graphs reuse the pool)."""
+        policy = self.dispatcher.policy_for
+        return [(m, b) for m in self.config.capture_modes for b in reversed(policy(m).buckets)]
+
     def capture_all(self, show_progress: bool) -> CaptureReport:
-        """Capture every (mode, bucket) of the config, largest bucket first, gc frozen."""
+        """Capture every (mode, bucket) of the config, largest bucket first, gc frozen; with
+        lazy capture only mark them pending (steps capture them as they need them)."""
         self.routes.clear()  # NOTE: routes name graphs; capture replaces them
-        keys = [(m, b) for m in self.config.capture_modes for b in reversed(self.dispatcher.policy.buckets)]
+        if self.config.capture == "lazy":
+            for mode, bucket in self.keys():
+                self.dispatcher.expect(mode, bucket)
+            return self.report(0.0)
         start = time.perf_counter()
-        with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
-            for mode, bucket in keys:
-                self._capture_one(mode, bucket)
-                advance(f"{mode.name} bs={bucket}")
-        # NOTE: capture recorded updates it never ran; the next replay rewrites everything.
-        self.families.forget()
-        graphs = tuple(g.info for g in self.dispatcher.graphs.values())
-        report = CaptureReport(
-            self.engine.name,
-            self.backend.name,
-            graphs,
-            time.perf_counter() - start,
-            self.families.step.memory_report(),
-            self.switches.as_dict(),
-            self.tuning.brief(),
-        )
+        self._capture_keys(self.keys(), show_progress)
+        report = self.report(time.perf_counter() - start)
         log.info(
             "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",
-            len(graphs),
+            len(report.graphs),
             report.seconds,
             report.pool_bytes / 2**20,
             report.engine,
@@ -112,23 +163,89 @@ class Capturer:
         )
         return report
 
-    def _capture_one(self, mode: ForwardMode, bucket: int) -> None:
-        rows_per_req = self.rows_per_req(mode)
-        inputs = self.families.view(mode, bucket, rows_per_req)
+    def capture_pending(self, show_progress: bool) -> CaptureReport:
+        """Capture every key still pending now, largest bucket first (lazy capture's "the rest")."""
+        start = time.perf_counter()
+        self._capture_keys([k for k in self.keys() if k in self.dispatcher.pending], show_progress)
+        return self.report(time.perf_counter() - start)
+
+    def _capture_keys(self, keys: list[tuple[ForwardMode, int]], show_progress: bool) -> None:
+        start = time.perf_counter()
+        try:
+            with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
+                for mode, bucket in keys:
+                    self._register(mode, bucket, *self._record(mode, bucket))
+                    advance(f"{mode.name} bs={bucket}")
+        finally:
+            # NOTE: capture recorded updates it never ran; the next replay rewrites everything.
+            self.families.forget()
+            self.seconds += time.perf_counter() - start
+
+    def on_first_use(self, mode: ForwardMode, bucket: int) -> None:
+        """Capture the pending ``(mode, bucket)`` a step is about to replay (lazy capture).
+
+        Every rank's outcome is agreed on first (:attr:`agree`). On failure anywhere the key is
+        marked failed on every rank: its steps run eagerly, counted under the failure (raised
+        as ``GraphFallbackError`` with ``strict``), and the error is logged.
+        """
+        start = time.perf_counter()
+        made, error = None, None
+        try:
+            with self.engine.frozen_gc():
+                made = self._record(mode, bucket)
+        except Exception as err:  # NOTE: agreed on below, so that every rank takes one path
+            error = err
+        finally:
+            self.families.forget()  # NOTE: the step's own write must upload every buffer again
+        ok = self.agree(error is None, f"lazy capture of {mode.name} bs={bucket}")
+        self.seconds += time.perf_counter() - start
+        if ok and made is not None:
+            self._register(mode, bucket, *made)
+            log.info("captured %s bs=%d on first use", mode.name, bucket)
+            return
+        if made is not None:
+            _reset(made[0])
+        why = f"{type(error).__name__}: {error}" if error is not None else "another rank's capture failed"
+        log.error("lazy capture of %s bs=%d failed (%s); its steps run eagerly", mode.name, bucket, why)
+        self.dispatcher.fail(mode, bucket, why)
+
+    def _record(self, mode: ForwardMode, bucket: int) -> tuple[Any, Any]:
+        """Capture ``(mode, bucket)`` on an all-padding batch; the graph and its static output."""
+        shape = self.shape(mode, bucket)
+        inputs = self.families.view(mode, shape.rows, self.rows_per_req(mode), shape.tokens)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
-        self.families.write(empty_batch(mode), bucket, bucket * rows_per_req, poison=self.config.debug)
-        program, env = PROGRAMS[mode], self.env
+        self.families.write(empty_batch(mode), shape.rows, shape.tokens, poison=self.config.debug)
+        program, env, max_q = PROGRAMS[mode], self.env, shape.max_q
 
         def step() -> torch.Tensor:
             with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
-                return program(env, mode, inputs, rows_per_req)
+                return program(env, mode, inputs, max_q)
 
         graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
-        graph.info.host_scalars = self.host_scalars(mode, rows_per_req, inputs.cascade is not None)
+        graph.info.host_scalars = self.host_scalars(mode, max_q, inputs.cascade is not None)
         log.debug("captured %s bs=%d in %.1f ms", mode.name, bucket, graph.info.capture_seconds * 1e3)
+        return graph, out
+
+    def _register(self, mode: ForwardMode, bucket: int, graph: Any, out: Any) -> None:
         self.dispatcher.add(mode, bucket, graph)
         self.outputs[(mode, bucket)] = out
+        self.captures[(mode, bucket)] += 1
+
+    def report(self, seconds: float | None = None) -> CaptureReport:
+        """The graphs captured so far and the keys pending; ``seconds``: default, every capture's."""
+        pending = tuple(k for k in self.keys() if k in self.dispatcher.pending)
+        return CaptureReport(
+            self.engine.name,
+            self.backend.name,
+            tuple(g.info for g in self.dispatcher.graphs.values()),
+            self.seconds if seconds is None else seconds,
+            self.families.step.memory_report(),
+            self.switches.as_dict(),
+            self.config.capture,
+            pending,
+            self.tuning.brief(),
+        )
 
     def host_scalars(self, mode: ForwardMode, max_q: int, cascade: bool) -> dict[str, Any]:
         """Every Python value the step's kernels receive, all functions of the graph key."""
@@ -142,14 +259,22 @@ class Capturer:
         return found | self.backend.host_scalars() | self.env.scalars.as_dict()
 
     def drop(self) -> None:
-        """Drop every graph, its output and the routes naming them (syncs first on CUDA)."""
+        """Drop every graph, its output, the routes naming them and the pending keys (syncs
+        first on CUDA)."""
         if self.device.type == "cuda":
             # NOTE: a replay still running must not find its graph and pool gone.
             torch.cuda.synchronize(self.device)
         for graph in self.dispatcher.graphs.values():
-            reset = getattr(getattr(graph, "graph", None), "reset", None)
-            if reset is not None:
-                reset()
-        self.dispatcher.graphs.clear()
+            _reset(graph)
+        # NOTE: pending keys go too: no step may capture after a release (a process group
+        # may be gone); capture() marks them again.
+        self.dispatcher.clear()
         self.outputs.clear()
         self.routes.clear()
+
+
+def _reset(graph: Any) -> None:
+    """Free a CUDA graph's instantiation now (an emulated graph has none)."""
+    reset = getattr(getattr(graph, "graph", None), "reset", None)
+    if reset is not None:
+        reset()

@@ -12,19 +12,21 @@ dispatcher, the graph's host scalars and the slice of the static output (a
   it baked in and the views of its static output that a batch of ``bs`` requests returns.
 
 Routes name captured graphs, so they go stale when the graphs change: the runtime drops
-every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``).
+every route whenever it drops or captures graphs (``capture``, ``recapture``, ``release``). A
+graph captured lazily, on a step's first use of its key, only adds the route that step needed.
 Plans depend only on the runtime's config and never go stale.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from graphrt.capture import Dispatcher, Fallback, Graph
+from graphrt.capture import Dispatcher, Fallback, Graph, Pending
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch
 from graphrt.runtime.programs import Sampled
 from graphrt.runtime.telemetry import Telemetry
@@ -47,11 +49,14 @@ class ModePlan:
     rows_per_req: int
     #: Values padded rows hold (rule 3 of docs/architecture.md), by the names the pad rules use.
     pad: dict[str, int]
+    #: Buckets count query tokens (MIXED): a step's route is picked by its token count.
+    token_bucket: bool = False
 
     @classmethod
     def of(cls, mode: ForwardMode, scratch: bool, rows_per_req: int, pad: dict[str, int]) -> ModePlan:
         spec = MODES[mode]
-        return cls(mode, mode.name, bool(spec.graphed), bool(spec.ragged), scratch, rows_per_req, pad)
+        graphed, ragged = bool(spec.graphed), bool(spec.ragged)
+        return cls(mode, mode.name, graphed, ragged, scratch, rows_per_req, pad, bool(spec.token_bucket))
 
 
 @dataclass(slots=True)
@@ -70,6 +75,8 @@ class Route:
     output: Any
     bs: int
     num_tokens: int
+    #: Request rows the graph holds (the bucket; MIXED: ``min(bucket, max_batch_size)``).
+    rows: int = 0
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
 
@@ -105,11 +112,20 @@ def step_logprobs_of(out: Any, batch: Batch) -> torch.Tensor | None:
 class Routes:
     """Routes per mode and ``bs``, made on a step's first visit; :meth:`clear` drops them all.
 
-    ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied).
+    ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied);
+    ``shape(mode, bucket)`` a graph's rows, tokens and ``max_seqlen_q`` (the capturer's);
+    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route.
+    A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``.
     """
 
-    def __init__(self, dispatcher: Dispatcher, outputs: dict[tuple[ForwardMode, int], Any]) -> None:
-        self.dispatcher, self.outputs = dispatcher, outputs
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        outputs: dict[tuple[ForwardMode, int], Any],
+        shape: Callable[..., Any],
+        capture: Callable[[ForwardMode, int], None],
+    ) -> None:
+        self.dispatcher, self.outputs, self.shape, self.capture = dispatcher, outputs, shape, capture
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
 
     def clear(self) -> None:
@@ -122,10 +138,20 @@ class Routes:
         A fallback is never cached: each one is counted (``strict``: raised instead).
         """
         bs = batch.seq_lens.size
+        size = batch.input_ids.size if plan.token_bucket else bs
         routes = self.by_mode.setdefault(plan.mode, {})
-        route = routes.get(bs)
-        if route is None:
-            chosen = self.dispatcher.select(plan.mode, bs)
+        route = routes.get(size)
+        if route is None or route.bs != bs:
+            chosen = self.dispatcher.select(plan.mode, size)
+            if not isinstance(chosen, Fallback):
+                rows = self.shape(plan.mode, chosen.bucket if isinstance(chosen, Pending) else chosen[0]).rows
+                if rows < bs:
+                    chosen = Fallback(plan.mode, f"bs {bs} > the {rows} requests a {size}-token graph holds")
+            if isinstance(chosen, Pending):  # NOTE: lazy capture: this step is its first use
+                # NOTE: refused before anything is captured; a graph bakes in its max_seqlen_q
+                check_host_scalars(batch, plan.ragged, self.shape(plan.mode, chosen.bucket).max_q)
+                self.capture(chosen.mode, chosen.bucket)
+                chosen = self.dispatcher.select(plan.mode, size)
             if isinstance(chosen, Fallback):
                 if strict:
                     raise GraphFallbackError(chosen.reason)
@@ -134,10 +160,12 @@ class Routes:
                 telemetry.fell_back(plan.name, bs, chosen.reason)
                 return None
             bucket, graph = chosen
+            shape = self.shape(plan.mode, bucket)
             n = -1 if plan.ragged else bs * plan.rows_per_req
             max_q = graph.info.host_scalars["max_seqlen_q"]
             output = self.outputs[(plan.mode, bucket)]
-            route = routes[bs] = Route(bucket, graph, bucket * plan.rows_per_req, max_q, output, bs, n)
+            route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows)
+            routes[size] = route
         check_host_scalars(batch, plan.ragged, route.max_q)
         return route
 

@@ -42,8 +42,9 @@ from graphrt.runtime.feed_kernel import fused_feed, gather_kernel, record_kernel
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
 
-#: Modes whose program runs the token feed (``programs.fed``): a gathering feed needs one.
-FED_MODES = frozenset({ForwardMode.DECODE})
+#: Modes whose program runs the token feed (``programs.fed``, ``programs.fed_nodes``): a
+#: gathering feed needs one.
+FED_MODES = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
 
 
 class TokenFeed:
@@ -79,6 +80,28 @@ class TokenFeed:
         # NOTE: other rows write the dummy entry, which no fed row reads (one op, no mask).
         self.last.index_copy_(0, torch.where(ids < 0, rows, self.dummy), sampled)
 
+    def gather_nodes(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """A verify's input ids: ``last[rows[r]]`` for every negative id of request row ``r``
+        (``FED`` node 0, ``PAD_DRAFT`` drafts), else the id.
+
+        ``ids [R * nodes]`` int64 request-major, ``rows [R]`` int64; returns a new tensor.
+        """
+        per_node = rows.repeat_interleave(ids.shape[0] // rows.shape[0])
+        return torch.where(ids < 0, self.last.index_select(0, per_node), ids)
+
+    def record_bonus(self, ids: torch.Tensor, rows: torch.Tensor, predicted: torch.Tensor) -> None:
+        """For request rows whose node 0 is ``FED``: ``last[rows[r]]`` = the target's token after
+        the row's accepted chain (the drafts equal to the target's tokens before them, in
+        order, as the host's acceptance counts them); other rows write the dummy entry.
+
+        ``ids [R * nodes]`` (as uploaded: ``PAD_DRAFT`` never equals a token), ``rows [R]``,
+        ``predicted [R, nodes]`` int64: the target's token after every node (a chain's).
+        """
+        nodes = ids.view(predicted.shape)
+        match = (nodes[:, 1:] == predicted[:, :-1]).to(torch.int64).cumprod(dim=1)
+        bonus = predicted.gather(1, match.sum(dim=1, keepdim=True)).squeeze(1)
+        self.last.index_copy_(0, torch.where(nodes[:, 0] < 0, rows, self.dummy), bonus)
+
 
 @dataclass(frozen=True, slots=True)
 class StepFeed:
@@ -97,9 +120,11 @@ class StepFeed:
             raise ValueError("the token feed is not this runtime's: pass runtime.tokens.decode / .prefill")
         if self.gather and batch.mode not in FED_MODES:
             raise ValueError(
-                f"a gathering feed needs one token per request (DECODE), got {batch.mode.name}: "
+                f"a gathering feed needs DECODE or TARGET_VERIFY, got {batch.mode.name}: "
                 "pass runtime.tokens.prefill to record only"
             )
+        if self.gather and batch.mode is ForwardMode.TARGET_VERIFY and batch.tree_mask is not None:
+            raise ValueError("a fed verify is a chain (topk 1): its node 0 follows the accepted chain")
 
     def after(self, step: StepBuffers, bs: int, sampled: torch.Tensor) -> None:
         """A recording step (``gather`` off; a gathering one records inside its program):

@@ -38,7 +38,10 @@ def build_layout(
 ) -> Layout:
     """Allocate every buffer group the runtime's steps use, for batches up to ``max_bs``
     (``routing``: a MoE model's experts and top-k, :func:`routing_shape`)."""
-    dims = Dims(max_bs, max_bs * config.max_rows_per_req, config.max_pages, config.max_context_len)
+    # NOTE: token rows for the widest mode's largest bucket, or the largest MIXED token bucket;
+    # every group sized by tokens (routing's expert alignment too) follows from this one value.
+    tokens = max(max_bs * config.max_rows_per_req, config.max_tokens)
+    dims = Dims(max_bs, tokens, config.max_pages, config.max_context_len)
     local, window = local_geometry(config), window_pool(kv, req_to_token, config)
     geometry = Geometry(
         config.speculative,

@@ -239,11 +239,34 @@ def fed(program: Program) -> Program:
     return run
 
 
+def fed_nodes(program: Program) -> Program:
+    """TARGET_VERIFY's ``program`` inside the token feed: an overlapped round's pending tokens.
+
+    Negative ids (``FED`` node 0, ``PAD_DRAFT`` drafts) take their request row's last token
+    from ``env.tokens``; after the draws, each row whose node 0 was ``FED`` records the token
+    after its accepted chain there, the next round's pending token. A round the host built
+    (no negative id) runs as ``program`` and records nothing but the dummy entry.
+    """
+
+    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+        tokens, step = env.tokens, inputs.step
+        if tokens is None or inputs.sampling is None:
+            return program(env, mode, inputs, max_q)
+        ids = tokens.gather_nodes(step.input_ids, step.req_pool_indices)
+        gathered = dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
+        out = program(env, mode, gathered, max_q)
+        tokens.record_bonus(step.input_ids, step.req_pool_indices, out.tokens)
+        return out
+
+    return run
+
+
 PROGRAMS: dict[ForwardMode, Program] = {
     ForwardMode.DECODE: fed(sampled(forward_once)),  # NOTE: feed.FED_MODES lists it
-    ForwardMode.TARGET_VERIFY: sampled_nodes(forward_once),
+    ForwardMode.TARGET_VERIFY: fed_nodes(sampled_nodes(forward_once)),
     ForwardMode.DRAFT_DECODE: draft_loop,
     ForwardMode.DRAFT_EXTEND: forward_once,
     ForwardMode.IDLE: forward_once,
     ForwardMode.EXTEND: sampled(forward_once),
+    ForwardMode.MIXED: sampled(forward_once),
 }

@@ -1,18 +1,25 @@
-"""What capture and stepping report: graphs captured, replays, eager steps and fallbacks."""
+"""What capture and stepping report: graphs captured (and pending), replays, eager steps, fallbacks."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from graphrt.buffers import MemoryReport
-from graphrt.capture import GraphInfo
+from graphrt.capture import Dispatcher, GraphInfo
 
 
 @dataclass(frozen=True, slots=True)
 class CaptureReport:
     """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers,
     the switches the runtime was built with (name -> value, :mod:`graphrt.kernels.switches`) and
-    the kernels' tuning table (``{"name", "path"}``, :mod:`graphrt.kernels.tuning`)."""
+    the kernels' tuning table (``{"name", "path"}``, :mod:`graphrt.kernels.tuning`).
+
+    With lazy capture (``RuntimeConfig(capture="lazy")``) ``graphs`` are those captured so far
+    (:meth:`GraphRuntime.report`), ``pending`` the ``(mode, bucket)`` keys no step has needed
+    yet, and ``seconds`` the capture time spent so far, at build and during steps together.
+    """
 
     engine: str
     backend: str
@@ -20,6 +27,8 @@ class CaptureReport:
     seconds: float
     buffers: MemoryReport
     switches: dict[str, str] = field(default_factory=dict)
+    policy: str = "eager"
+    pending: tuple[tuple[Hashable, int], ...] = ()
     tuning: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -28,8 +37,9 @@ class CaptureReport:
         return sum(g.pool_bytes for g in self.graphs)
 
     def __str__(self) -> str:
+        lazy = f", {len(self.pending)} pending (lazy)" if self.policy == "lazy" else ""
         return (
-            f"{len(self.graphs)} graphs ({self.engine} engine, {self.backend} backend) in "
+            f"{len(self.graphs)} graphs{lazy} ({self.engine} engine, {self.backend} backend) in "
             f"{self.seconds:.2f} s; pool {self.pool_bytes / 2**20:.1f} MiB; "
             f"static buffers {self.buffers.total_bytes} B"
             + (f"; tuning table {self.tuning['name']} ({self.tuning['path']})" if self.tuning else "")
@@ -38,8 +48,31 @@ class CaptureReport:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeStats:
-    """What :meth:`GraphRuntime.stats` reports, keyed by mode name."""
+    """What :meth:`GraphRuntime.stats` reports, keyed by mode name.
+
+    ``captures``: mode -> bucket -> how many times its graph was captured (once per ladder;
+    a lazy runtime's keys appear as steps first need them).
+    """
 
     replays: dict[str, int]
     eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)
     fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count
+    captures: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, dispatcher: Dispatcher, eager: Mapping[Hashable, int], captures: Counter[tuple[Hashable, int]]
+    ) -> RuntimeStats:
+        """The counters of ``dispatcher``, the eager steps per mode and the captures per key."""
+        fallbacks: dict[str, dict[str, int]] = {}
+        for fb, n in dispatcher.fallbacks.items():
+            fallbacks.setdefault(_name(fb.mode), {})[fb.reason] = n
+        counted: dict[str, dict[int, int]] = {}
+        for (mode, bucket), n in sorted(captures.items(), key=lambda kv: (_name(kv[0][0]), kv[0][1])):
+            counted.setdefault(_name(mode), {})[bucket] = n
+        replays = {_name(m): n for m, n in dispatcher.replays.items()}
+        return cls(replays, {_name(m): n for m, n in eager.items()}, fallbacks, counted)
+
+
+def _name(mode: Hashable) -> str:
+    return getattr(mode, "name", str(mode))

@@ -29,7 +29,7 @@ from graphrt.runtime.layout import build_layout, routing_shape
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
-from graphrt.runtime.telemetry import Telemetry, step_weights
+from graphrt.runtime.telemetry import Telemetry, ladder_top, step_weights
 from graphrt.runtime.token_mask import TokenMasks
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
@@ -156,9 +156,9 @@ class GraphRuntime:
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
             drop = ledger.check(writes)
+            route = None if eager or not plan.graphed else self._route(batch, plan)
             if self.window is not None:
                 self.window.assign(batch, writes)
-            route = None if eager or not plan.graphed else self._route(batch, plan)
             try:
                 out = self._replay(batch, plan, route, feed) if route else self._eager(batch, plan, feed)
             except BaseException:
@@ -187,21 +187,21 @@ class GraphRuntime:
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
     ) -> torch.Tensor:
         start = time.perf_counter()
-        self.families.write(batch, route.bucket, route.tokens, plan.pad, poison=self.config.debug)
+        self.families.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(plan.mode, route.bucket, plan.rows_per_req)
+            self._check_poison(plan.mode, route, plan.rows_per_req)
         self.dispatcher.count_replay(plan.mode)
         out = route.result(batch.sampling is not None, batch.input_ids.size)
         self.logprobs = step_logprobs_of(route.output, batch)
         if feed is None:
             return out.clone()
         if not feed.gather:  # NOTE: a gathering feed recorded inside the graph
-            feed.after(self.buffers.view(route.bucket, plan.rows_per_req), batch.bs, out)
+            feed.after(self.buffers.view(route.rows, plan.rows_per_req, route.tokens), batch.bs, out)
         return out
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
@@ -210,19 +210,14 @@ class GraphRuntime:
         self.logprobs = step_logprobs_of(raw, batch)
         return out
 
-    def _check_poison(self, mode: ForwardMode, bucket: int, rows_per_req: int) -> None:
-        left = [name for f in self.families.used_by(mode) for name in f.poisoned(bucket, rows_per_req)]
+    def _check_poison(self, mode: ForwardMode, route: Route, rows_per_req: int) -> None:
+        left = self.families.poisoned(mode, route.rows, rows_per_req, route.tokens)
         if left:
-            raise PoisonLeft(f"buffers not written by the update for bucket {bucket}: {left}")
+            raise PoisonLeft(f"buffers not written by the update for {mode.name} {route.bucket}: {left}")
 
     def stats(self) -> RuntimeStats:
-        """Replays and eager steps per mode, and eager fallbacks per mode and reason."""
-        fallbacks: dict[str, dict[str, int]] = {}
-        for fb, n in self.dispatcher.fallbacks.items():
-            fallbacks.setdefault(fb.mode.name, {})[fb.reason] = n
-        replays = {m.name: n for m, n in self.dispatcher.replays.items()}
-        eager = {m.name: n for m, n in self._eager_steps.items()}
-        return RuntimeStats(replays, eager, fallbacks)
+        """Replays and eager steps per mode, eager fallbacks per mode and reason, captures per key."""
+        return RuntimeStats.of(self.dispatcher, self._eager_steps, self.capturer.captures)
 
     # ---- graphs ------------------------------------------------------------------------
     @property
@@ -249,9 +244,19 @@ class GraphRuntime:
         return self.families.pad_values(mode)
 
     def capture(self, show_progress: bool = False) -> CaptureReport:
-        """Capture every (mode, bucket) in ``config``, largest bucket first, gc frozen."""
+        """Capture every (mode, bucket) in ``config``, largest bucket first (lazy: mark them pending)."""
         with self._lock:
             return self.capturer.capture_all(show_progress)
+
+    def capture_pending(self, show_progress: bool = False) -> CaptureReport:
+        """Capture every key still pending now (lazy capture's rest; with TP on every rank)."""
+        with self._lock:
+            return self.capturer.capture_pending(show_progress)
+
+    def report(self) -> CaptureReport:
+        """The graphs captured so far, the keys pending and every capture's seconds."""
+        with self._lock:
+            return self.capturer.report()
 
     def suggest_buckets(self, max_graphs: int, *, largest: int | None = None) -> tuple[int, ...]:
         """The ladder of at most ``max_graphs`` buckets that pads the observed steps least.
@@ -262,14 +267,11 @@ class GraphRuntime:
         allocation's ``max_batch_size``, so no batch the buffers hold runs eagerly) is always
         in; steps larger than it are left out (no ladder could serve them).
         """
-        if max_graphs < 1:
-            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
-        top = self.allocation if largest is None else largest
-        if not 1 <= top <= self.allocation:
-            raise ValueError(f"largest bucket {top} is outside 1..{self.allocation} (max_batch_size)")
+        top = ladder_top(max_graphs, largest, self.allocation)
         with self._lock:  # NOTE: run() adds to the histogram; copy it whole
             counts = dict(self.telemetry.batch_sizes)
-        weights = step_weights(counts, self.config.capture_modes, self.rows_per_req, top)
+        modes = [m for m in self.config.capture_modes if not MODES[m].token_bucket]  # NOTE: MIXED: tokens
+        weights = step_weights(counts, modes, self.rows_per_req, top)
         if not weights:
             raise ValueError(
                 f"no graphed steps of at most {top} requests observed yet: run() some batches first"
@@ -277,7 +279,7 @@ class GraphRuntime:
         return optimal_buckets(weights, max_graphs, top)
 
     def recapture(self, buckets: Sequence[int], show_progress: bool = False) -> CaptureReport:
-        """Swap in a new ladder: drop every graph and capture ``buckets`` for every mode.
+        """Swap in a new ladder: drop every graph and capture ``buckets`` for every mode (lazy: pending).
 
         ``buckets`` must be sorted unique ints in 1..``max_batch_size`` (checked before
         anything is dropped); the static buffers are reused. Holds the lock ``run()`` takes,

@@ -126,3 +126,14 @@ def step_weights(
         if mode in rows and bs <= largest:
             weights[max(bs, 1)] += n * rows[mode]
     return dict(weights)
+
+
+def ladder_top(max_graphs: int, largest: int | None, allocation: int) -> int:
+    """The largest bucket of a suggested ladder (``largest``, default ``allocation``), checked
+    along with ``max_graphs``; ``ValueError`` naming the value and its limit."""
+    if max_graphs < 1:
+        raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+    top = allocation if largest is None else largest
+    if not 1 <= top <= allocation:
+        raise ValueError(f"largest bucket {top} is outside 1..{allocation} (max_batch_size)")
+    return top

@@ -29,6 +29,8 @@ class TPRuntime:
 
     def __init__(self, inner: GraphRuntime, channel: StepChannel, target: int = 0) -> None:
         self.inner, self.channel, self.target = inner, channel, target
+        # NOTE: a lazy capture's outcome is agreed on by every rank before any replays it
+        inner.capturer.agree = channel.group.all_true
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -179,7 +179,7 @@ def build_app(
         raise ValueError(f"{llm.name} has no tokenizer: graphrt serve needs text in and out")
     name = served_model_name or llm.name
     formats = Formats(tokenizer, llm.engine.model.vocab_size)
-    metrics = Metrics(name)
+    metrics = Metrics(name, speculative=llm.engine.spec is not None)
     serving = Serving(
         llm, loop, name, tokenizer, LogprobText(tokenizer), metrics, formats, allow_special_tokens
     )

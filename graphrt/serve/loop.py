@@ -16,6 +16,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from graphrt.parallel import CollectiveError
 from graphrt.replies import Replies, Update
@@ -62,6 +63,23 @@ class LoopStats:
     aborted: int = 0
     errors: int = 0
     alive: bool = True
+    #: Speculation (zeros without it): drafts offered and accepted, verifies (one per request
+    #: per round that drafted), tokens per request per step, requests paused by back-off now.
+    spec_drafts: int = 0
+    spec_accepted: int = 0
+    spec_verifies: int = 0
+    spec_tokens_per_round: float = 0.0
+    spec_paused: int = 0
+
+
+def spec_counts(spec: Any, running: list[Any]) -> tuple[int, int, int, float, int]:
+    """``LoopStats``' speculation fields from an engine's runner (None: zeros); attribute reads
+    and one pass over the running requests, cheap enough for every loop pass."""
+    if spec is None:
+        return 0, 0, 0, 0.0, 0
+    acc, counts = spec.stats, spec.backoff
+    paused = sum(r.spec.backoff.paused > 0 for r in running)
+    return acc.proposed, acc.accepted, acc.verify_steps, counts.tokens_per_round, paused
 
 
 @dataclass(slots=True)
@@ -182,4 +200,5 @@ class EngineLoop:
         self.stats = LoopStats(
             len(e.running), len(e.waiting), len(rows), e.runtime.req_to_token.max_reqs,
             e.pool.available, e.kv.dummy_page, c.served, c.aborted, c.errors, alive,
+            *spec_counts(e.spec, e.running),
         )  # fmt: skip

@@ -32,6 +32,24 @@ GAUGES = {
 }
 #: Prefixes every gauge is exported under (the second: the model-server protocol's names).
 GAUGE_PREFIXES = ("graphrt", "vllm")
+#: A speculating server's gauges (``graphrt:`` only), read from the loop's stats.
+SPEC_GAUGES = {
+    "spec_decode_acceptance_rate": (
+        "Accepted share of the drafts offered",
+        lambda s: s.spec_accepted / s.spec_drafts if s.spec_drafts else 0.0,
+    ),
+    "spec_decode_tokens_per_round": (
+        "Tokens committed per request per speculative step (1: no gain)",
+        lambda s: s.spec_tokens_per_round,
+    ),
+    "spec_decode_paused_requests": ("Running requests paused by back-off", lambda s: s.spec_paused),
+}
+#: A speculating server's counters, advanced to the loop's totals at each scrape.
+SPEC_COUNTERS = {
+    "spec_decode_num_draft_tokens": ("Draft tokens offered", lambda s: s.spec_drafts),
+    "spec_decode_num_accepted_tokens": ("Draft tokens accepted", lambda s: s.spec_accepted),
+    "spec_decode_num_drafts": ("Verifies of a request's drafts", lambda s: s.spec_verifies),
+}
 
 
 @dataclass(slots=True)
@@ -56,7 +74,7 @@ class Timing:
 class Metrics:
     """The server's Prometheus registry (one per app, so several apps live in one process)."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, *, speculative: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.model = model_name
         labels = ["model_name"]
@@ -85,6 +103,14 @@ class Metrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed").labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Tokens generated").labels(model_name)
         self.requests = counter("request_success", "Requests answered in full").labels(model_name)
+        spec = speculative
+        self._gauges += [
+            (Gauge(f"graphrt:{name}", doc, labels, registry=self.registry).labels(model_name), read)
+            for name, (doc, read) in (SPEC_GAUGES.items() if spec else ())
+        ]
+        self._totals = [
+            (counter(name, doc), read, [0]) for name, (doc, read) in (SPEC_COUNTERS.items() if spec else ())
+        ]
 
     def ended(self, timing: Timing, prompt_tokens: int) -> None:
         """A request answered in full: its latencies and token counts."""
@@ -103,4 +129,9 @@ class Metrics:
         """The exposition text, gauges read from ``stats``."""
         for gauge, read in self._gauges:
             gauge.set(read(stats))
+        for total, read, seen in self._totals:
+            now = read(stats)
+            if now > seen[0]:  # NOTE: a counter only rises: add what the loop counted since
+                total.labels(self.model).inc(now - seen[0])
+                seen[0] = now
         return generate_latest(self.registry)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from graphrt.step.checks import fast_ok
+from graphrt.step.fed import FED, PAD_DRAFT, fed_ids_error
 from graphrt.step.hostops import umax, umin
 from graphrt.step.limits import Limits
 from graphrt.step.modes import MODES, ForwardMode, TreeInput, tokens_per_req
@@ -18,12 +19,10 @@ from graphrt.step.values import host_ints as _host_ints
 from graphrt.step.values import in_range as _in_range
 from graphrt.step.values import tree_mask as _tree_mask
 
-#: The input id of a fed row: its token is gathered on the device (:mod:`graphrt.runtime.feed`).
-FED = -1
-
 #: One token per request, shared read-only by DECODE batches that omit ``q_lens``.
 _ONES = np.ones(4096, dtype=np.int64)
 _ONES.flags.writeable = False
+__all__ = ["FED", "PAD_DRAFT", "Batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +182,9 @@ class Batch:
     def check(self, limits: Limits, *, fed: bool = False) -> None:
         """Raise ``ValueError`` naming the value and the limit; writes nothing.
 
-        ``fed``: a fed step (a gathering token feed): every input id must be :data:`FED`;
-        otherwise every id must be a token id in ``[0, vocab_size)``.
+        ``fed``: a fed step (a gathering token feed): its ids follow
+        :func:`graphrt.step.fed.fed_ids_error` (DECODE: every id :data:`FED`); otherwise every
+        id must be a token id in ``[0, vocab_size)``.
         """
         bs = self.seq_lens.size
         if bs > limits.max_reqs:
@@ -194,12 +194,12 @@ class Batch:
         if bs == 0:
             return
         ids = self.input_ids
-        if fed and not umin(ids) == FED == umax(ids):
-            i = int(np.argmax(ids != FED))
-            raise ValueError(
-                f"a fed step's input ids must all be FED ({FED}), got {int(ids[i])} at input_ids[{i}]"
-            )
         self._check_geometry(limits)
+        if fed and not umin(ids) == FED == umax(ids):
+            vocab = INT64_MAX if limits.vocab_size is None else limits.vocab_size
+            why = fed_ids_error(self.mode, ids, bs, vocab)
+            if why is not None:
+                raise ValueError(why)
         if fast_ok(self, limits, limits.scratch, fed):
             return
         self._check_full(limits, fed)

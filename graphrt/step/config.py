@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from graphrt.step.modes import MODES, ForwardMode, SpecGeometry, rows_per_req
 
+#: When graphs are captured: all at once (``eager``) or each on the first step that needs it.
+CAPTURE_POLICIES = ("eager", "lazy")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeConfig:
@@ -28,6 +31,10 @@ class RuntimeConfig:
         ``"fa3"`` or ``"reference"``; default: the best one available on the device.
     engine : str, optional
         ``"cuda"`` or ``"emulated"``; default: cuda on a CUDA device, emulated otherwise.
+    capture : str
+        ``"eager"``: :meth:`GraphRuntime.capture` records every (mode, bucket) at once;
+        ``"lazy"``: it records none, and each graph is captured the first time a step needs it
+        (that step then replays it; the same graph, the same tokens).
     warmup : int
         Eager runs of each graph's step before it is captured.
     debug : bool
@@ -65,6 +72,11 @@ class RuntimeConfig:
         With ``sample``: keep an allowed-token bitmask per request row (``[rows, ceil(vocab /
         32)]`` int32, :mod:`graphrt.runtime.token_mask`) applied inside the sampling step:
         constrained decoding (JSON mode, JSON schemas).
+    token_buckets : tuple of int
+        Token buckets of the MIXED mode (decode rows plus prompt chunks in one step, graphed per
+        count of query tokens): sorted, unique, positive. A bucket of ``T`` tokens holds up to
+        :meth:`mixed_rows` ``(T) = min(T, max_batch_size)`` requests. Required (non-empty) when
+        ``capture_modes`` holds MIXED; the static token buffers hold the largest.
     """
 
     max_batch_size: int = 32
@@ -74,6 +86,7 @@ class RuntimeConfig:
     capture_modes: tuple[ForwardMode, ...] = (ForwardMode.DECODE,)
     backend: str | None = None
     engine: str | None = None
+    capture: str = "eager"
     warmup: int = 2
     debug: bool = False
     strict: bool = False
@@ -85,8 +98,11 @@ class RuntimeConfig:
     logprobs: int = 0
     penalties: bool = False
     token_masks: bool = False
+    token_buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.capture not in CAPTURE_POLICIES:
+            raise ValueError(f"capture = {self.capture!r}: expected one of {', '.join(CAPTURE_POLICIES)}")
         if not 0 <= self.logprobs <= 64 or (self.logprobs and not self.sample):
             raise ValueError(f"logprobs = {self.logprobs}: allowed 0..64, and only with sample=True")
         if (self.penalties or self.token_masks) and not self.sample:
@@ -101,6 +117,7 @@ class RuntimeConfig:
                 raise ValueError(f"mode {mode.name} is eager-only and cannot be captured")
             rows_per_req(mode, self.speculative)  # raises when the geometry is missing
         check_chunk(self.attention_chunk_size, self.page_size)
+        check_token_buckets(self)
         if self.attention_chunk_size is not None and self.speculative and self.speculative.topk > 1:
             raise ValueError(
                 f"chunked-local attention (attention_chunk_size {self.attention_chunk_size}) "
@@ -113,9 +130,37 @@ class RuntimeConfig:
         return max((rows_per_req(m, self.speculative) for m in self.capture_modes), default=1)
 
     @property
+    def max_tokens(self) -> int:
+        """Token rows the static buffers hold: the widest captured mode's, or the largest token
+        bucket (MIXED)."""
+        return max(self.max_batch_size * self.max_rows_per_req, *self.token_buckets, 1)
+
+    def mixed_rows(self, bucket: int) -> int:
+        """Requests a MIXED graph of ``bucket`` tokens holds (each has at least one token)."""
+        return min(bucket, self.max_batch_size)
+
+    @property
     def max_pages(self) -> int:
         """Pages a request of ``max_context_len`` tokens spans (page_table width)."""
         return -(-self.max_context_len // self.page_size)
+
+
+def check_token_buckets(config: RuntimeConfig) -> None:
+    """Raise ``ValueError`` unless ``config.token_buckets`` are sorted unique positive ints, given
+    whenever MIXED is captured, and the MIXED mode meets nothing it does not combine with yet."""
+    buckets = config.token_buckets
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
+        raise ValueError(f"token_buckets must be positive ints, got {buckets}")
+    if list(buckets) != sorted(set(buckets)):
+        raise ValueError(f"token_buckets must be sorted and unique, got {buckets}")
+    if ForwardMode.MIXED not in config.capture_modes:
+        return
+    if not buckets:
+        raise ValueError("capture_modes holds MIXED but token_buckets is empty: name its token buckets")
+    if config.penalties:
+        # NOTE: a mixed row may be a prompt's first chunk, a later one or a decode row; the
+        # step cannot tell which rows' token counts start over (EXTEND starts them all).
+        raise ValueError("the MIXED mode does not combine with penalties=True yet")
 
 
 def check_chunk(chunk_size: int | None, page_size: int) -> None:

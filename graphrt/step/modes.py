@@ -16,6 +16,7 @@ class ForwardMode(Enum):
     DRAFT_EXTEND = "draft_extend"
     IDLE = "idle"
     EXTEND = "extend"
+    MIXED = "mixed"
 
     # NOTE: members are singletons compared by identity, so the identity hash (C-level) is
     # correct; Enum's own hashes the name in Python, on every MODES lookup of the hot path.
@@ -95,7 +96,10 @@ class ModeSpec:
     the program samples one token per request from its last token's logits (the sampling family);
     TARGET_VERIFY one per verify node (speculative sampling). ``starts``: the step holds whole
     prompts from position 0, so per-request state kept on the device (penalty counts) starts over
-    for its requests.
+    for its requests. ``token_bucket``: the graph key's bucket counts query tokens, not requests
+    (a mixed step: decode rows and prompt chunks); a bucket of ``T`` tokens holds up to
+    ``min(T, max_batch_size)`` requests, pad requests have no query token and pad tokens belong
+    to no request (docs/prefix-caching.md, "How a mixed step is laid out").
     """
 
     graphed: bool
@@ -107,6 +111,7 @@ class ModeSpec:
     idle: bool = False
     samples: bool = False
     starts: bool = False
+    token_bucket: bool = False
 
 
 MODES: dict[ForwardMode, ModeSpec] = {
@@ -124,6 +129,8 @@ MODES: dict[ForwardMode, ModeSpec] = {
         graphed=True, ragged=False, tokens=lambda _: 0, implicit_q_len=True, idle=True
     ),
     ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None, samples=True, starts=True),
+    # NOTE: a mixed step's rows may continue a prompt or decode: none of them starts over.
+    ForwardMode.MIXED: ModeSpec(graphed=True, ragged=True, tokens=None, samples=True, token_bucket=True),
 }
 
 

@@ -18,7 +18,8 @@ MIXED = [SamplingParams(temperature=0.4, seed=s) if s % 2 else SamplingParams() 
 
 
 def engine(use_graphs: bool, **spec: object) -> Engine:
-    return Engine("tiny-llama", use_graphs=use_graphs, speculative=spec or None, **KW)  # type: ignore[arg-type]
+    # NOTE: the synchronous rounds (tests/engine/test_spec_overlap.py covers the overlapped ones)
+    return Engine("tiny-llama", use_graphs=use_graphs, overlap=False, speculative=spec or None, **KW)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

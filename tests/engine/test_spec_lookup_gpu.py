@@ -39,3 +39,17 @@ def test_fused_node_draws_equal_the_torch_sampler() -> None:
         drawn[device] = sample_nodes(logits.to(device), buffers, positions.to(device), nodes=3).cpu()
     # NOTE: exp/log may differ in the last bit between libraries: a near-tie may flip
     assert (drawn["cpu"] == drawn["cuda"]).float().mean().item() > 0.99
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_overlapped_rounds_equal_synchronous_ones_fp32(method: str) -> None:
+    """Overlapped rounds (engine/spec_ahead.py) on CUDA graphs: the synchronous run's tokens,
+    greedy and seeded, with stale rows dropped on the way."""
+    runs = {}
+    for overlap in (False, None):
+        e = Engine("tiny-llama", overlap=overlap, speculative={"method": method, "num_steps": 4}, **KW)
+        runs[overlap] = (e.generate(PROMPTS, 24, PARAMS), e.generate(PROMPTS, 24), e.stats())
+    assert runs[False][:2] == runs[None][:2]
+    sync, ahead = runs[False][2], runs[None][2]
+    assert ahead.spec_overlap and not sync.spec_overlap and ahead.fallbacks == {}
+    assert ahead.verify_steps > 0 and ahead.drafts_accepted > 0

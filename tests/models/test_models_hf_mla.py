@@ -5,7 +5,8 @@ Prefill and decode logits (eager and graphed) and greedy tokens against transfor
 and a single ``q_proj``, DeepSeek's interleaved RoPE (V2's complex form, V3's
 ``rope_interleave``) and NeoX RoPE (with linear scaling), attention biases and tied embeddings; one case has
 DeepSeek's 512 + 64 latent (FA3's shape on an H100). MoE fields are read (their checkpoints:
-tests/models/test_moe_checkpoints.py); expert parallelism is refused.
+tests/models/test_moe_checkpoints.py; V3.2's: tests/models/test_dsv32_checkpoints.py); expert
+parallelism is refused.
 Tolerances as tests/models/test_models_hf.py: fp32 CPU 1e-4; bf16 CUDA three times transformers' own
 bf16 error.
 """
@@ -108,9 +109,8 @@ def test_moe_fields_are_read_and_unsupported_ones_refused(tmp_path: Path) -> Non
     assert parse_config(raw | {"first_k_dense_replace": 2}).moe is None
     with pytest.raises(ValueError, match=r"expert parallelism \(ep_size 2\) is not supported"):
         parse_config(raw | {"ep_size": 2})
-    with pytest.raises(
-        ValueError, match=r"DeepSeek-V3.2 \(MLA \+ MoE \+ the DSA indexer\) does not load yet"
-    ):
+    # NOTE: V3.2 loads (tests/models/test_dsv32_checkpoints.py); without its indexer sizes it is refused.
+    with pytest.raises(CheckpointError, match=r"config has no 'index_n_heads'"):
         parse_config(raw | {"architectures": ["DeepseekV32ForCausalLM"]})
     v2 = raw | {"architectures": ["DeepseekV2ForCausalLM"], "topk_method": "noaux_tc"}
     with pytest.raises(ValueError, match=r"DeepSeek-V2 topk_method 'noaux_tc' is not supported"):

@@ -20,10 +20,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from graphrt import Engine  # noqa: E402
 from graphrt.checkpoints import load  # noqa: E402
 from graphrt.models.moe import SparseMoE  # noqa: E402
-from tests.support.hf_util import PROMPT_LENS, check_checkpoint, saved_reference, sequences  # noqa: E402
+from tests.support.hf_util import check_checkpoint, check_greedy_generate, saved_reference  # noqa: E402
 from tests.support.moe_checkpoints import MOE_CASES  # noqa: E402
 
 
@@ -44,15 +43,4 @@ def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple
 def test_greedy_tokens_equal_transformers_generate(checkpoint: tuple[Path, Any]) -> None:
     """``Engine(dir)`` (graphed DECODE, fp32 CPU) == transformers' greedy ``generate``; the batch
     gives each prompt the tokens it gets alone."""
-    path, reference = checkpoint
-    seqs, new = sequences(reference.config.vocab_size, seed=1), 8
-    prompts = [s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]
-    engine = Engine(str(path), device="cpu", max_batch_size=4, max_context_len=64, buckets=(1, 2, 4))
-    ours = engine.generate(prompts, new)
-    assert engine.stats().replays["DECODE"] > 0
-    assert [engine.generate([p], new)[0] for p in prompts] == ours
-    for prompt, got in zip(prompts, ours, strict=True):
-        # NOTE: transformers stops at EOS; graphrt's generate runs the count it was given.
-        want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
-        want = want[0, len(prompt) :].tolist()
-        assert got[: len(want)] == want
+    check_greedy_generate(*checkpoint)

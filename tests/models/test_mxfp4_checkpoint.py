@@ -25,13 +25,12 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: E402
 
-from graphrt import Engine  # noqa: E402
 from graphrt.checkpoints import load, mxfp4  # noqa: E402
 from graphrt.checkpoints.mxfp4 import dequantize  # noqa: E402
 from graphrt.checkpoints.safetensors_dir import SafetensorsDir  # noqa: E402
 from graphrt.models import CausalLM  # noqa: E402
 from graphrt.models.parallel import whole  # noqa: E402
-from tests.support.hf_util import PROMPT_LENS, check_checkpoint, sequences  # noqa: E402
+from tests.support.hf_util import check_checkpoint, check_greedy_generate  # noqa: E402
 from tests.support.mxfp4_checkpoint import EXPERTS, mxfp4_reference, save_mxfp4_checkpoint  # noqa: E402
 
 WEIGHTS = "model.safetensors"
@@ -127,17 +126,7 @@ def test_logits_equal_transformers(device: torch.device, checkpoint: tuple[Path,
 def test_greedy_tokens_equal_transformers_generate(checkpoint: tuple[Path, Any]) -> None:
     """``Engine(dir)`` (graphed DECODE, fp32 CPU) == transformers' greedy ``generate`` on its
     own dequantization of the same checkpoint; a batch gives each prompt its tokens alone."""
-    path, reference = checkpoint
-    seqs, new = sequences(reference.config.vocab_size, seed=1), 8
-    prompts = [s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]
-    engine = Engine(str(path), device="cpu", max_batch_size=4, max_context_len=64, buckets=(1, 2, 4))
-    ours = engine.generate(prompts, new)
-    assert engine.stats().replays["DECODE"] > 0
-    assert [engine.generate([p], new)[0] for p in prompts] == ours
-    for prompt, got in zip(prompts, ours, strict=True):
-        want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
-        want = want[0, len(prompt) :].tolist()
-        assert got[: len(want)] == want
+    check_greedy_generate(*checkpoint)
 
 
 def _edited(path: Path, tmp: Path, config: Callable[[dict], None] | None, tensors: Callable | None) -> Path:

@@ -199,7 +199,7 @@ def test_fed_steps_refused_with_nothing_written() -> None:
         s.runtime.run(batch([FED, 7]), feed=feed)
     with pytest.raises(ValueError, match=r"not this runtime's"):
         s.runtime.run(batch([FED, FED]), feed=TokenFeed(ROWS + 1, ROWS, CPU).decode)
-    with pytest.raises(ValueError, match=r"needs one token per request \(DECODE\), got EXTEND"):
+    with pytest.raises(ValueError, match=r"needs DECODE or TARGET_VERIFY, got EXTEND"):
         s.runtime.run(batch([FED, FED], ForwardMode.EXTEND), feed=feed)
     assert torch.equal(s.runtime.tokens.last, last)
     assert np.array_equal(s.req_to_token.valid_lens, valid)

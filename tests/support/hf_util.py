@@ -92,6 +92,24 @@ def check_checkpoint(device: torch.device, path: Path, reference: Any) -> None:
 
 
 @torch.no_grad()
+def check_greedy_generate(path: Path, reference: Any, new: int = 8) -> None:
+    """``Engine(path)`` (graphed DECODE, fp32 CPU) gives transformers' greedy ``generate`` tokens,
+    and a batch gives each prompt the tokens it gets alone."""
+    from graphrt import Engine
+
+    seqs = sequences(reference.config.vocab_size, seed=1)
+    prompts = [s[:n] for s, n in zip(seqs, PROMPT_LENS, strict=True)]
+    engine = Engine(str(path), device="cpu", max_batch_size=4, max_context_len=64, buckets=BUCKETS)
+    ours = engine.generate(prompts, new)
+    assert engine.stats().replays["DECODE"] > 0
+    assert [engine.generate([p], new)[0] for p in prompts] == ours
+    for prompt, got in zip(prompts, ours, strict=True):
+        # NOTE: transformers stops at EOS; graphrt's generate runs the count it was given.
+        want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+        assert got[: want.shape[1] - len(prompt)] == want[0, len(prompt) :].tolist()
+
+
+@torch.no_grad()
 def tolerance(device: torch.device, reference: Any, seqs: list[list[int]]) -> float:
     """fp32 (CPU): 1e-4. bf16 (CUDA): three times transformers' own bf16 error.
 

@@ -58,8 +58,11 @@ def build_runtime(
     tp: TPGroup | None = None,
     window_pool: bool = False,
     dtype: torch.dtype | None = None,
+    token_buckets: Sequence[int] = (),
+    lazy: bool = False,
 ) -> Setup:
-    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous)."""
+    """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous);
+    ``lazy``: its graphs are captured on first use (``RuntimeConfig(capture="lazy")``)."""
     config = RuntimeConfig(
         max_batch_size=max_batch_size,
         max_context_len=max_context_len,
@@ -72,6 +75,8 @@ def build_runtime(
         strict=strict,
         warmup=1,
         sample=sample,
+        token_buckets=tuple(token_buckets),
+        capture="lazy" if lazy else "eager",
     )
     stack = build_stack(
         model,

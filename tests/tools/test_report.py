@@ -93,3 +93,22 @@ def test_page_ids_past_a_rows_length_are_marked_unread(snap: Snapshot, tmp_path:
     # buffers other than the page table are shown whole
     seqlens = report.buffer_contents(snap, "cache_seqlens", bucket)
     assert seqlens is not None and not any("unread" in v for v in seqlens.values)
+
+
+def test_speculation_rows_round_trip_a_snapshot(snap: Snapshot, tmp_path: Path) -> None:
+    from graphrt.debug.reader import load_snapshot
+    from graphrt.debug.snapshot import save_snapshot
+    from graphrt.engine.stats import EngineStats
+
+    assert report.speculation_rows(snap) == [] and snap.speculation == {}
+    stats = EngineStats({}, {}, {}, 10, 0.1, 1, 30, verify_steps=8, acceptance_rate=0.5, tokens_per_round=1.75,
+                        backoff={"pauses": 1, "stale_rows": 2}, spec_overlap=True, drafts_proposed=16,
+                        drafts_accepted=8, paused_requests=1)  # fmt: skip
+    path = tmp_path / "spec.json"
+    save_snapshot(dataclasses.replace(snap, speculation=stats.speculation()), path)
+    rows = dict(report.speculation_rows(load_snapshot(path)))
+    assert rows["speculation"] == "overlapped True, 8 verifies"
+    assert rows["acceptance"] == "0.5 (8 of 16 drafts)"
+    assert rows["tokens per round"].startswith("1.75 ")
+    assert rows["back-off"] == "1 paused now; pauses 1, stale_rows 2"
+    assert dict(report.replay_summary(load_snapshot(path)))["acceptance"] == rows["acceptance"]

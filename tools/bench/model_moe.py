@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from graphrt.checkpoints.loader import default_dtype
+from graphrt.models.indexed_mla import mla_decoder
 from graphrt.models.llama import TinyLlama
-from graphrt.models.mla import MLACausalLM
 from graphrt.models.moe import SparseMoE
 from graphrt.models.presets import MLAConfig, preset
 from graphrt.tools.bench import model_steps as steps
@@ -50,7 +50,7 @@ def random_moe(cfg: Any, device: torch.device, dtype: torch.dtype, seed: int = 0
     """A MoE preset's model, random weights drawn on ``device`` (as ``model_twin.random_llama``:
     nothing passes through host memory). Matrices and experts ``N(0, 1/fan_in)``, norms
     ``1 + N(0, 0.1)``, the embedding ``N(0, 1)``."""
-    model = MLACausalLM(cfg) if isinstance(cfg, MLAConfig) else TinyLlama(cfg)
+    model = mla_decoder(cfg)(cfg) if isinstance(cfg, MLAConfig) else TinyLlama(cfg)
     gen = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -98,7 +98,9 @@ def start_graphrt(model: str, device: str, port: int, max_batch_size: int, log: 
         "--port",
         str(port),
     ]
-    return _start("graphrt serve", [*cmd, "--max-batch-size", str(max_batch_size)], port, model, log)
+    # NOTE: every graph before the first request: the timed load measures serving, not capture
+    cmd += ["--capture", "eager", "--max-batch-size", str(max_batch_size)]
+    return _start("graphrt serve", cmd, port, model, log)
 
 
 def start_transformers(checkpoint: Path, device: str, port: int, batching: bool, log: Path) -> Server:

@@ -33,9 +33,12 @@ from graphrt.tools.cli.console import wide_console
 WARMUP_TOKENS = 8
 
 
-def _engine(args: argparse.Namespace, bs: int, speculative: dict[str, Any] | None) -> Engine:
+def _engine(
+    args: argparse.Namespace, bs: int, speculative: dict[str, Any] | None, overlap: bool | None = None
+) -> Engine:
     return Engine(
         args.target,
+        overlap=overlap,
         device=resolve_device(args.device),
         max_batch_size=bs,
         max_context_len=args.context,
@@ -55,6 +58,8 @@ def _timed(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, 
     row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": generated / seconds}
     row |= {"steps": stats.decode_steps - before.decode_steps, "fallbacks": stats.fallbacks}
     row["dtype"] = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    # NOTE: the plain loop overlaps (its fastest); proposer chains overlap their rounds too
+    row |= {"overlap": engine.overlap is not None, "spec_overlap": stats.spec_overlap}
     if engine.spec is not None:
         # NOTE: acceptance counts include the warm-up's few rounds
         row |= {
@@ -89,10 +94,11 @@ def _batch_rows(args: argparse.Namespace, bs: int) -> tuple[dict[str, Any], list
     plain_engine.close()
     rows = []
     known = {tuple(p): t for p, t in zip(prompts, plain["tokens"], strict=True)}
-    for spec in _specs(args):
+    modes = {"on": (None,), "off": (False,), "both": (None, False)}[getattr(args, "spec_overlap", "on")]
+    for spec, overlap in ((s, o) for s in _specs(args) for o in modes):
         if args.workload == "always-match":
             spec = {k: v for k, v in spec.items() if k != "disable_batch_size"} | {"method": "ngram"}
-        engine = _engine(args, bs, spec)
+        engine = _engine(args, bs, spec, overlap)
         if args.workload == "always-match":
             # NOTE: the bench's proposer replaces the runner's factory (made at each admission)
             engine.spec.make = lambda _options: AlwaysMatch(known, args.num_steps)  # type: ignore[union-attr]
@@ -139,10 +145,12 @@ def _print(result: dict, args: argparse.Namespace) -> None:
         "bs",
         "method",
         "topk",
+        "overlap",
         "= greedy",
         "accept",
         "tok/round",
         "backed off",
+        "stale",
         "tok/s",
         "plain",
         "ratio",
@@ -155,10 +163,12 @@ def _print(result: dict, args: argparse.Namespace) -> None:
             str(r["batch_size"]),
             r["spec"]["method"],
             str(r["spec"].get("topk", 1)),
+            "yes" if r.get("spec_overlap") else "no",
             "yes" if r["equal"] else f"{r['requests_equal']}/{r['requests_equal'] + len(r['departures'])}",
             f"{r['acceptance_rate']:.2f}",
             f"{r['tokens_per_round']:.2f}",
             f"{off}/{r['steps']}",
+            str(r["backoff"].get("stale_rows", 0) if r["backoff"] else 0),
             f"{r['tokens_per_s']:.1f}",
             f"{r['plain_tokens_per_s']:.1f}",
             f"{r['ratio']:.2f}x",

@@ -52,3 +52,14 @@ class AlwaysMatch:
             return []
         following = known[n : n + self.steps]
         return [following] if following else []
+
+    def peek(
+        self, prompt: Sequence[int], output: Sequence[int], tail: Sequence[int], count: int
+    ) -> list[int]:
+        """``count`` tokens of the continuation after ``output + tail`` (overlapped rounds), or []."""
+        known, n = self.continuations.get(tuple(prompt)), len(output)
+        if known is None or n > len(known) or (n and known[n - 1] != output[-1]):
+            return []
+        if list(known[n : n + len(tail)]) != list(tail):
+            return []
+        return known[n + len(tail) : n + len(tail) + count]

@@ -127,7 +127,7 @@ def resolve_backend(value: str, device: torch.device, model: str = "tiny-llama")
         return None
     cfg = preset(model) if model in PRESETS else None
     kind, need = "mha", {}
-    if isinstance(cfg, DSAConfig):
+    if isinstance(cfg, DSAConfig) or getattr(cfg, "indexer", None) is not None:
         kind, need = "sparse_mla", {"layout": "bf16", "num_heads": cfg.num_heads}
     elif isinstance(cfg, MLAConfig):
         dims = {"rope_dim": cfg.qk_rope_head_dim, "kv_lora_rank": cfg.kv_lora_rank}

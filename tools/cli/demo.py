@@ -181,7 +181,10 @@ def _print_replies(console: Console, tokenizer: Any, outputs: list[list[int]], m
 def write_snapshot(engine: Engine, path: str) -> None:
     """Check parity on every captured bucket (idle engine), then snapshot the runtime."""
     parity = parity_sweep(engine.runtime)
-    take_snapshot(engine.runtime, path, environment=environment(engine.device), parity=parity)
+    spec = engine.stats().speculation()
+    take_snapshot(
+        engine.runtime, path, environment=environment(engine.device), parity=parity, speculation=spec
+    )
 
 
 def _max_logit_diff(a: Engine, b: Engine) -> float:

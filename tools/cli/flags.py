@@ -40,7 +40,7 @@ def bench_defaults(args: argparse.Namespace, what: str | None) -> None:
 
     cpu = args.device == "cpu" or (args.device == AUTO and not torch.cuda.is_available())
     small = CPU_BENCH.get(what or "", {}) if cpu and args.command == "bench" else {}
-    if args.batch_sizes is None and what not in ("serve", "prefix"):  # NOTE: serve has --concurrency
+    if args.batch_sizes is None and what not in ("serve", "prefix", "first-answer"):  # NOTE: no batch sizes
         args.batch_sizes = batch_sizes(small.get("batch_sizes") or BENCH_SIZES[what or "decode"])
     if args.context is None:
         args.context = small.get("context", BENCH_CONTEXT)
@@ -98,6 +98,16 @@ def deterministic_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
+def capture_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--capture",
+        choices=("lazy", "eager"),
+        default="lazy",
+        help="lazy: capture each graph the first time a step needs it (a cold start captures only "
+        "what its first answer runs); eager: every graph before the first request",
+    )
+
+
 def sampling_args(p: argparse.ArgumentParser, seed_help: str, seed: int | None = 0) -> None:
     """``--temperature --top-k --top-p --seed``: a ``SamplingParams`` (checked when built)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples inside the graph")
@@ -123,6 +133,7 @@ def _host_args(p: argparse.ArgumentParser) -> None:
             "sampler",
             "serve",
             "prefix",
+            "first-answer",
         ),
         help="decode: step time; host: host cost; buckets: padded tokens, default vs suggested ladder; "
         "model: a whole model's step vs the weight-read floor and transformers; "
@@ -131,7 +142,8 @@ def _host_args(p: argparse.ArgumentParser) -> None:
         "(--batch-sizes: rows M); moe: one MoE layer's experts in a graph, Triton vs the torch reference vs "
         "the routed experts' read floor (--batch-sizes: tokens); sampler: the in-graph sampler per call, torch vs the fused kernel vs floors; "
         "serve: graphrt serve vs transformers serve, TTFT/TPOT/throughput per concurrency; "
-        "prefix: requests sharing a system prompt, TTFT and throughput, prefix caching off vs on",
+        "prefix: requests sharing a system prompt, TTFT and throughput, prefix caching off vs on; "
+        "first-answer: a cold process's LLM(--model) to its first answer, lazy vs eager capture",
     )
     p.add_argument(
         "--sweep",

@@ -131,6 +131,7 @@ def engine_options(args: argparse.Namespace, max_batch_size: int) -> dict[str, A
         "quantization": args.quantization,
         "deterministic": args.deterministic,
         "speculative": args.speculative,
+        "capture": getattr(args, "capture", "lazy"),  # NOTE: every rank of --tp the same
     }
 
 
@@ -176,6 +177,9 @@ def run_generate(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError("--response-format", "", str(err)) from err
     records = _run(llm, ids, budgets, sampling, phases, stream, make)
+    if llm.engine.use_graphs and llm.engine.config.capture == "lazy":
+        # NOTE: inside the first token and decode phases: each graph on the step that first ran it
+        phases.add("captured on first use", llm.engine.runtime.report().seconds)
     if not stream:
         for n, r in enumerate(records, 1):
             print(json.dumps(r, ensure_ascii=False) if args.json else human(r, n, len(records)))

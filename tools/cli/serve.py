@@ -28,13 +28,12 @@ log = logging.getLogger("graphrt.serve")
 
 
 def engine_sizes(args: argparse.Namespace, cuda: bool) -> tuple[int, int]:
-    """``--max-batch-size`` and ``--max-context-len``, or the device's defaults (a CPU's KV
-    cache and capture are kept small: 8 requests of 1024 tokens)."""
-    from graphrt.llm import CPU_SIZES
+    """``--max-batch-size`` and ``--max-context-len``, or the device's defaults, which are
+    ``graphrt.LLM``'s (a CPU's KV cache and capture are kept small: 8 requests of 1024 tokens)."""
+    from graphrt.defaults import default_sizes
 
-    batch = args.max_batch_size or (32 if cuda else CPU_SIZES["max_batch_size"])
-    context = args.max_context_len or (2048 if cuda else CPU_SIZES["max_context_len"])
-    return batch, context
+    sizes = default_sizes(cuda)
+    return args.max_batch_size or sizes["max_batch_size"], args.max_context_len or sizes["max_context_len"]
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -66,6 +65,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "device": device,
         "max_batch_size": batch,
         "max_context_len": context,
+        "capture": getattr(args, "capture", "lazy"),  # NOTE: every rank of --tp the same
         "show_progress": progress_wanted(),
         "deterministic": args.deterministic,
         "quantization": args.quantization,
@@ -109,10 +109,11 @@ def build_server(args: argparse.Namespace, llm: Any, loop: EngineLoop, start: fl
 
 def _ready_line(args: argparse.Namespace, llm: Any, seconds: float) -> str:
     t = llm.timings
+    lazy = " lazy: each graph on first use" if llm.engine.config.capture == "lazy" else ""
     return (
         f"graphrt serve: {llm.name} on http://{args.host}:{args.port} (OpenAI API under /v1), ready in "
         f"{seconds:.1f} s (tokenizer {t['tokenizer']:.1f} s, load {t['load']:.1f} s, "
-        f"capture {t['capture']:.1f} s)"
+        f"capture {t['capture']:.1f} s{lazy})"
     )
 
 

@@ -1,5 +1,5 @@
 """``graphrt serve``'s server options (what it answers, who it lets in, how it stops) and
-``graphrt bench serve``'s."""
+``graphrt bench serve``'s (and ``bench first-answer``'s, which builds serve's engine cold)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,10 @@ def server_args(p: argparse.ArgumentParser) -> None:
 def bench_serve_args(p: argparse.ArgumentParser) -> None:
     """``graphrt bench serve``: both servers on one model, the same requests at each concurrency."""
     p.add_argument(
-        "--model", type=model_name, default="smollm2", help="serve and prefix: the model the servers run"
+        "--model",
+        type=model_name,
+        default="smollm2",
+        help="serve, prefix and first-answer: the model the servers run",
     )
     p.add_argument(
         "--concurrency",
@@ -57,7 +60,19 @@ def bench_serve_args(p: argparse.ArgumentParser) -> None:
         "--max-tokens",
         type=positive_int,
         default=None,
-        help="serve only: tokens a reply (default 128; CPU 8)",
+        help="serve: tokens a reply (default 128; CPU 8); first-answer: the answer's (default 16)",
+    )
+    p.add_argument(
+        "--runs",
+        type=positive_int,
+        default=3,
+        help="first-answer only: cold processes per capture policy (lazy and eager alternate)",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=seconds,
+        default=600.0,
+        help="first-answer only: seconds one cold process may take",
     )
     p.add_argument(
         "--waves", type=positive_int, default=None, help="serve only: requests per client (default 4; CPU 1)"

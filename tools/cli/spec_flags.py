@@ -39,6 +39,12 @@ def spec_engine_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="ngram/suffix: no drafts above this many requests (0: never)",
     )
+    p.add_argument(
+        "--spec-overlap",
+        choices=("on", "off", "both"),
+        default="on",
+        help="ngram/suffix chains: overlapped rounds (on, as by default), synchronous (off), or a row of each",
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens per prompt")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="random / always-match prompt length")
     p.add_argument(

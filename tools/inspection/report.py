@@ -75,17 +75,20 @@ def _fallbacks_by_bucket(snap: Snapshot) -> dict[tuple[str, int | None], int]:
 
 
 def graph_rows(snap: Snapshot) -> list[Row]:
-    """The mode × bucket grid: one row per captured or fallen-back (mode, bucket)."""
-    buckets = sorted({g.bucket for g in snap.graphs})
+    """The mode × bucket grid: one row per captured, pending (lazy capture: no step has needed
+    it yet) or fallen-back (mode, bucket)."""
+    pending = {(p.mode, p.bucket) for p in snap.pending}
+    buckets = sorted({g.bucket for g in snap.graphs} | {b for _, b in pending})
     fallbacks = _fallbacks_by_bucket(snap)
-    modes = sorted({g.mode for g in snap.graphs} | {f.mode for f in snap.fallbacks})
+    modes = sorted({g.mode for g in snap.graphs} | {f.mode for f in snap.fallbacks} | {m for m, _ in pending})
     rows: list[Row] = []
     for mode in modes:
         for bucket in buckets:
             g = snap.graph(mode, bucket)
             fb = str(fallbacks.get((mode, bucket), 0))
             if g is None:
-                rows.append((mode, str(bucket), "no", "-", "-", "-", "-", fb, "-"))
+                state = "pending" if (mode, bucket) in pending else "no"
+                rows.append((mode, str(bucket), state, "-", "-", "-", "-", fb, "-"))
                 continue
             rows.append(
                 (
@@ -163,7 +166,29 @@ def replay_summary(snap: Snapshot) -> list[Row]:
     ]
     if synced:
         rows.append(("replay (synced)", percentiles(synced)))
-    return rows
+    return rows + speculation_rows(snap)
+
+
+def speculation_rows(snap: Snapshot) -> list[Row]:
+    """The engine's speculation (acceptance, tokens per round, back-off), when it speculates."""
+    spec = snap.speculation
+    if not spec:
+        return []
+    backoff = (
+        "decode_steps",
+        "batch_steps",
+        "paused_rows",
+        "no_match_rows",
+        "pad_rows",
+        "pauses",
+        "stale_rows",
+    )
+    return [
+        ("speculation", f"overlapped {spec.get('overlapped')}, {spec.get('verify_steps')} verifies"),
+        ("acceptance", f"{spec.get('acceptance_rate')} ({spec.get('drafts_accepted')} of {spec.get('drafts_proposed')} drafts)"),
+        ("tokens per round", f"{spec.get('tokens_per_round')} (mean accepted length {spec.get('mean_accept_length')})"),
+        ("back-off", f"{spec.get('paused_requests')} paused now; " + ", ".join(f"{k} {spec[k]}" for k in backoff if k in spec)),
+    ]  # fmt: skip
 
 
 def histogram(values: Sequence[float], bins: int = 8, width: int = 30) -> list[str]:

@@ -1,0 +1,125 @@
+"""Overlapped speculation (proposer chains, ``engine/spec_ahead.py``): round n+1 launched before
+round n is read. Greedy tokens equal plain greedy decoding, sampled ones the non-overlapped
+speculative run's (fp32, CPU); rounds built on a wrong assumption are dropped, never committed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphrt import Engine, SamplingParams
+from graphrt.engine.proposers import NgramProposer, SuffixProposer
+from graphrt.step.batch import FED, PAD_DRAFT, Batch
+from graphrt.step.modes import ForwardMode
+
+_BASE = [np.random.default_rng(i).integers(0, 512, 5).tolist() for i in range(4)]
+#: Repeated phrases (something to look up) and one prompt with nothing to copy.
+PROMPTS = [b * 3 + b[:2] for b in _BASE[:3]] + [_BASE[3]]
+MAX_NEW = [10, 4, 8, 6]
+KW = {
+    "device": "cpu",
+    "max_batch_size": 4,
+    "max_context_len": 64,
+    "buckets": (1, 2, 4),
+    "dtype": torch.float32,
+}
+MIXED = [SamplingParams(temperature=0.4, seed=s) if s % 2 else SamplingParams() for s in range(4)]
+
+
+def engine(overlap: bool | None, use_graphs: bool = False, **spec: object) -> Engine:
+    return Engine("tiny-llama", overlap=overlap, use_graphs=use_graphs, speculative=spec or None, **KW)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def plain() -> Engine:
+    return engine(False)
+
+
+@pytest.fixture(scope="module")
+def greedy(plain: Engine) -> list[list[int]]:
+    return plain.generate(PROMPTS, MAX_NEW)
+
+
+@pytest.mark.parametrize(
+    "spec", [{"method": "ngram"}, {"method": "suffix", "min_match": 1}], ids=["ngram", "suffix"]
+)
+def test_greedy_tokens_equal_plain(greedy: list[list[int]], spec: dict[str, object]) -> None:
+    e = engine(None, num_steps=3, **spec)
+    assert e.scheduler.ahead is not None  # NOTE: the default overlaps proposer chains
+    assert e.generate(PROMPTS, MAX_NEW) == greedy
+    stats = e.stats()
+    assert stats.spec_overlap and stats.verify_steps > 0 and stats.drafts_accepted > 0
+    assert stats.acceptance_rate == stats.drafts_accepted / stats.drafts_proposed
+    # a round that accepted less than the next one assumed: that one was dropped, not committed
+    assert stats.backoff["stale_rows"] > 0
+    assert stats.decode_steps == stats.backoff["decode_steps"] + stats.eager.get("TARGET_VERIFY", 0)
+
+
+def test_sampled_tokens_equal_the_synchronous_run(plain: Engine) -> None:
+    sync = engine(False, method="ngram", num_steps=3)
+    reference = sync.generate(PROMPTS, MAX_NEW, MIXED)
+    assert sync.scheduler.ahead is None
+    e = engine(None, method="ngram", num_steps=3)
+    assert e.generate(PROMPTS, MAX_NEW, MIXED) == reference == plain.generate(PROMPTS, MAX_NEW, MIXED)
+    assert e.stats().acceptance_rate > 0
+
+
+def test_graph_equals_eager(greedy: list[list[int]]) -> None:
+    graph = engine(None, use_graphs=True, method="ngram", num_steps=2)
+    assert graph.generate(PROMPTS, MAX_NEW) == greedy
+    stats = graph.stats()
+    assert (
+        stats.replays.get("TARGET_VERIFY", 0) > 0 and stats.fallbacks == {} and set(stats.eager) == {"EXTEND"}
+    )
+
+
+def test_stops_budgets_and_backoff(greedy: list[list[int]]) -> None:
+    stop = greedy[0][4]
+    params = [SamplingParams(stop_token_ids=(stop,))] + [SamplingParams()] * 3
+    e = engine(None, method="ngram", num_steps=4, disable_batch_size=2)
+    out = e.generate(PROMPTS, MAX_NEW, params)
+    assert out == [greedy[0][: greedy[0].index(stop) + 1], *greedy[1:]]
+    assert e.stats().backoff["batch_steps"] > 0 and not e.running
+    paused = engine(None, method="ngram", min_match=1, max_match=1, min_acceptance=1.0, backoff_rounds=2)
+    assert paused.generate(PROMPTS, MAX_NEW) == greedy and paused.stats().backoff["pauses"] > 0
+
+
+def test_trees_and_draft_models_stay_synchronous() -> None:
+    tree = {"method": "suffix", "num_steps": 2, "topk": 2}
+    assert engine(None, **tree).overlap is None
+    with pytest.raises(
+        ValueError, match=r"overlap=True is not supported with speculative decoding with tree"
+    ):
+        engine(True, **tree)
+
+
+def test_fed_verify_ids_checked_with_nothing_written() -> None:
+    e = engine(None, method="ngram", num_steps=2)
+    e.generate(PROMPTS[:1], 3)
+    last = e.runtime.tokens.last.clone()
+
+    def verify(ids: list[int]) -> Batch:
+        return Batch.create(
+            ForwardMode.TARGET_VERIFY, input_ids=ids, seq_lens=[3], req_pool_indices=[0],
+            out_cache_loc=[0, 1, 2], q_lens=[3], sampling=(SamplingParams(),),
+        )  # fmt: skip
+
+    feed = e.runtime.tokens.decode
+    with pytest.raises(ValueError, match=r"node 0 must be FED \(-1\), got 5 in request 0"):
+        e.runtime.run(verify([5, 6, 7]), feed=feed)
+    with pytest.raises(ValueError, match=r"PAD_DRAFT \(-2\) or a token id in \[0, 512\), got 512 at node 2"):
+        e.runtime.run(verify([FED, PAD_DRAFT, 512]), feed=feed)
+    assert torch.equal(e.runtime.tokens.last, last)
+
+
+def test_peek_continues_past_the_tokens_in_flight() -> None:
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    ngram = NgramProposer(2, 3, 3)
+    assert ngram.propose(prompt, []) == [[3, 4, 1]]
+    # after [3, 4] (in flight, not read): the next token guessed 1, then the drafts 2, 3, 4
+    assert ngram.peek(prompt, [], (3, 4), 4) == [1, 2, 3, 4]
+    assert ngram.peek(prompt, [], (9, 9), 4) == []  # nothing seen ends like that
+    suffix = SuffixProposer(1, 3, 4, 1)  # NOTE: its trie holds substrings of max_match + steps
+    assert suffix.peek(prompt, [], (3, 4), 4) == [1, 2, 3, 4]
+    assert suffix.propose(prompt, []) == [[3, 4, 1, 2]]  # peeking indexed nothing
