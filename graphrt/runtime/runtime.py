@@ -72,8 +72,7 @@ class GraphRuntime:
             raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
         self.forward, self.kv, self.req_to_token, self.config = forward, kv, req_to_token, config
         self.device = kv.device
-        #: The ``GRAPHRT_*`` switches (a bad or unknown one is refused here) and the kernels' tiles
-        #: for this GPU (:mod:`graphrt.kernels.tuning`), each read once here.
+        #: The ``GRAPHRT_*`` switches (a bad one is refused) and this GPU's kernel tiles, read once here.
         self.switches, self.tuning = switches.refresh(), tuning.install_for(kv.device)
         self.kind = attention_kind(kv)
         max_bs = BucketPolicy.create(config.max_batch_size, config.buckets).largest
