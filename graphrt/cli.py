@@ -1,4 +1,4 @@
-"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, moe, sampler, serve, prefix), ``bench-spec``, ``inspect`` and ``debug``.
+"""``graphrt demo``, ``generate``, ``serve``, ``bench`` (decode, host, buckets, model, overlap, gemm, moe, sampler, serve, prefix), ``bench-spec``, ``tune``, ``inspect`` and ``debug``.
 
 The parser lives here; argument types and machine checks in ``graphrt.tools.cli.args``; each
 command's implementation in ``graphrt.tools``. A bad value ends with one line on stderr that
@@ -44,6 +44,7 @@ from graphrt.tools.cli.reply_flags import reply_args
 from graphrt.tools.cli.serve_flags import server_args
 from graphrt.tools.cli.spec_flags import speculative_arg
 from graphrt.tools.cli.threads import apply_threads
+from graphrt.tools.cli.tune_flags import add_tune
 
 log = logging.getLogger(__name__)
 TUI_HINT = (
@@ -204,6 +205,7 @@ def build_parser() -> Parser:
     _add_serve(sub, common)
     add_bench(sub, common, "bench", BENCH_SIZES["decode"], 50)
     add_bench(sub, common, "bench-spec", "1,8,32", 30)
+    add_tune(sub, common)
     inspect = sub.add_parser("inspect", parents=[common], help="a snapshot's facts as tables on stdout")
     inspect.add_argument("path", metavar="PATH", help="snapshot JSON (its .npz beside it)")
     inspect.add_argument(
@@ -237,6 +239,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("inspect", None): ("graphrt.tools.inspection.tables", "run_inspect"),
     ("debug", None): ("graphrt.tools.inspection.tui.app", "run_debug"),
     ("bench-spec", None): ("graphrt.tools.bench.spec", "run_bench_spec"),
+    ("tune", None): ("graphrt.tools.bench.tune", "run_tune"),
     ("bench", "decode"): ("graphrt.tools.bench.decode", "run_bench"),
     ("bench", "host"): ("graphrt.tools.bench.host", "run_bench_host"),
     ("bench", "buckets"): ("graphrt.tools.bench.buckets", "run_bench_buckets"),

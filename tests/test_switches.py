@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROCESS_LEVEL = {
     "graphrt/parallel/world.py": {"RANK", "LOCAL_RANK", "WORLD_SIZE"},
     "graphrt/checkpoints/cache_dir.py": {"XDG_CACHE_HOME"},
+    "graphrt/kernels/tuning/device.py": {"XDG_CACHE_HOME"},  # NOTE: read once, when a runtime is built
     "graphrt/serve/guard.py": {"GRAPHRT_API_KEY"},  # NOTE: a secret, not a switch (switches.SETTINGS)
 }
 

@@ -188,6 +188,8 @@ class Snapshot:
     speculation: dict[str, Any] = field(default_factory=dict)
     #: Lazy capture's keys still without a graph (empty when every graph was captured, and in older files).
     pending: tuple[PendingFacts, ...] = ()
+    #: The kernels' tuning table, ``{"name", "path"}`` (empty in older files).
+    tuning: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def graph(self, mode: str, bucket: int) -> GraphFacts | None:

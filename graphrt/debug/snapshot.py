@@ -148,6 +148,7 @@ def take_snapshot(
         switches=runtime.switches.as_dict(),
         speculation=dict(speculation or {}),
         pending=tuple(PendingFacts(_name(m), b) for m, b in runtime.report().pending),
+        tuning=runtime.tuning.brief(),
         arrays=_arrays(runtime, contents),
     )
     save_snapshot(snapshot, path)

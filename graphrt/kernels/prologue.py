@@ -30,18 +30,10 @@ from dataclasses import astuple
 import torch
 
 from graphrt.kernels import prologue_triton as kernels
-from graphrt.kernels import skinny
+from graphrt.kernels import skinny, tuning
 from graphrt.kernels.switches import triton, triton_enabled
 
 ENV = "GRAPHRT_FUSED_PROLOGUE"
-#: The norm kernel's tile (None: the skinny GEMM's single-row rule). Every program recomputes
-#: ``rsqrt(mean(h^2))`` over all of ``h``, so 8 rows of ``W`` a program halve that repeated work
-#: against the skinny GEMM's 4; 4 warps beat 8 on every Llama-3.2-1B and 8B shape (H100, ``graphrt
-#: bench gemm --sweep``; docs/gpu.md has the figures). The SiLU kernel takes the skinny rule
-#: (8 x 2048 on 8 warps).
-NORM_TILE: skinny.Tile | None = skinny.Tile(block_n=8, block_k=2048, warps=4)
-#: Tiles for one weight shape ``(N, K)``, replacing the rules (the sweep's ``prologue_best_tile``).
-TILES: dict[tuple[int, int], skinny.Tile] = {}
 
 
 def enabled(device: torch.device) -> bool:
@@ -129,9 +121,13 @@ def silu_mul_linear(
 
 
 def tile_for(n: int, k: int, norm: bool) -> skinny.Tile:
-    """The tile of a fused kernel (``norm``: the norm kernel, else SiLU's) for a ``[N, K]`` weight:
-    :data:`TILES`, else :data:`NORM_TILE` for the norm kernel, else the skinny GEMM's rule."""
-    tile = TILES.get((n, k)) or (NORM_TILE if norm else None)
+    """The tile of a fused kernel (``norm``: the norm kernel, else SiLU's) for a ``[N, K]`` weight,
+    from the active tuning table (:mod:`graphrt.kernels.tuning`): its tile for the shape, else its
+    norm tile for the norm kernel, else the skinny GEMM's single-row rule.
+
+    NOTE: every program recomputes ``rsqrt(mean(h^2))`` over all of ``h``, so the norm kernel's
+    tile trades programs against that repeated work (docs/gpu.md has the H100 figures)."""
+    tile = tuning.active().prologue_tile(n, k, norm)
     return skinny.tile_for(1, n, k) if tile is None else tile.fit(1, n, k)
 
 

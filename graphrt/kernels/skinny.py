@@ -20,17 +20,19 @@ that regime:
   fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
   with different ``M`` may round differently (another path or tile), as cuBLAS's do.
 - **Batch-invariant**: :mod:`graphrt.kernels.invariant` launches it with one tile for every ``M``.
-- **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the fixed rule
-  table :data:`TILES` by ``M`` and ``K``; :data:`OVERRIDES` (per ``(M class, N, K)``) and the
-  ``tile=`` argument replace it. ``graphrt bench gemm --sweep`` times candidates on a GPU.
+- **No autotuning** (a graph capture cannot benchmark): :func:`tile_for` reads the rule rows
+  (by ``M`` and ``K``) and per-shape overrides (``(M class, N, K)``) of the tuning table chosen
+  for the GPU when the runtime was built (:mod:`graphrt.kernels.tuning`); the ``tile=`` argument
+  replaces it. ``graphrt tune`` (``graphrt bench gemm --sweep``) times candidates on a GPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 
 import torch
 
+from graphrt.kernels import tuning
 from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the kernel (:mod:`graphrt.kernels.switches`); ``GRAPHRT_PDL=0`` launches
@@ -42,59 +44,12 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_M = 64
 #: ``M`` classes of the tile table: a tile is chosen for the smallest class ``>= M``.
 M_CLASSES = (1, 16, 64)
-
-
-@dataclass(frozen=True, slots=True)
-class Tile:
-    """One program's share: ``block_n`` rows of ``W`` by ``block_k`` columns per loop step.
-
-    Powers of two; the ``tl.dot`` path (``M > 1``) needs ``block_n, block_k >= 16``.
-    ``stages``: 1: the kernel's own one-tile-ahead register prefetch (the first tile loaded before
-    the PDL wait); more: the loop loads each tile where it multiplies it and Triton's pipeliner
-    keeps ``stages`` tiles in flight through shared memory (all after the wait).
-    """
-
-    block_n: int
-    block_k: int
-    warps: int = 4
-    stages: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("block_n", "block_k", "warps", "stages"):
-            value = getattr(self, name)
-            if value < 1 or (name != "stages" and value & (value - 1)):
-                raise ValueError(f"Tile.{name} must be a power of two >= 1, got {value}")
-
-    def fit(self, m: int, n: int, k: int) -> Tile:
-        """This tile shrunk to ``N`` and ``K`` (never below the ``tl.dot`` minimum of 16)."""
-        low = 16 if m > 1 else 1
-        bn = max(low, min(self.block_n, _pow2(n)))
-        bk = max(low, min(self.block_k, _pow2(k)))
-        return Tile(bn, bk, self.warps, self.stages)
+#: A program's tile (:class:`graphrt.kernels.tuning.Tile`, kept here under its old name).
+Tile = tuning.Tile
 
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
-
-
-#: ``(largest M, largest K, tile)``: the first row with ``M <= largest M`` and ``K <= largest K``
-#: wins. A program keeps one ``W`` tile in flight while it multiplies the previous one, and an
-#: SM needs ~32 KB in flight to stream at ~3 TB/s. ``M == 1``: 8 rows x 2048 columns (32 KB) on
-#: 8 warps, the best or within 3 % of it on every Llama-3.2-1B and 8B projection (H100, ``graphrt
-#: bench gemm --sweep``; docs/gpu.md has the figures against the older 4 x 2048 / 8 x 1024 rule); with ``K <= 2048`` one tile holds a
-#: program's whole slice of ``W``, all of it loaded before ``gdc_wait``. ``tl.dot`` (``M > 1``):
-#: 32 KB tiles on 8 warps (127 registers, 64 KB of shared memory for the operand layout), so N =
-#: 2048 still has 128 programs with 32 KB in flight each; at ``M <= 64`` smaller tiles keep
-#: ``x``'s ``BLOCK_M x block_k`` share in registers.
-TILES: tuple[tuple[int, int, Tile], ...] = (
-    (1, 1 << 62, Tile(block_n=8, block_k=2048, warps=8)),
-    (16, 1 << 62, Tile(block_n=16, block_k=1024, warps=8)),
-    (64, 1 << 62, Tile(block_n=32, block_k=128, warps=4)),
-)
-#: Tiles measured better for one weight shape: ``(M class, N, K) -> Tile`` (``M class``: the
-#: smallest of :data:`M_CLASSES` ``>= M``), from ``bench gemm --sweep`` on the H100: the 8B down
-#: projection streams faster in 8 x 1024 tiles on 4 warps (docs/gpu.md).
-OVERRIDES: dict[tuple[int, int, int], Tile] = {(1, 4096, 14336): Tile(block_n=8, block_k=1024, warps=4)}
 
 
 def m_class(m: int) -> int:
@@ -106,11 +61,9 @@ def m_class(m: int) -> int:
 
 
 def tile_for(m: int, n: int, k: int) -> Tile:
-    """The tile of ``[m, k] x [n, k]^T``: :data:`OVERRIDES`, else the first fitting :data:`TILES` row."""
-    tile = OVERRIDES.get((m_class(m), n, k))
-    if tile is None:
-        tile = next(t for most_m, most_k, t in TILES if m <= most_m and k <= most_k)
-    return tile.fit(m, n, k)
+    """The tile of ``[m, k] x [n, k]^T`` in the active tuning table (:mod:`graphrt.kernels.tuning`):
+    its override for ``(M class, N, K)``, else its first fitting rule row, fitted to ``N`` and ``K``."""
+    return tuning.active().skinny_tile(m_class(m), m, n, k).fit(m, n, k)
 
 
 def enabled(device: torch.device) -> bool:

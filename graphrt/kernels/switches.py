@@ -140,7 +140,7 @@ TABLE: tuple[Switch, ...] = (
         "GRAPHRT_STEP_CHANNEL", "shm", "choice", "TP step broadcast: shared memory or gloo", ("shm", "gloo")
     ),
     Switch("GRAPHRT_TP_TIMEOUT", "120", "seconds", "how long a collective waits for the other ranks"),
-    Switch("GRAPHRT_CACHE", "1", "flag", "the converted-weights cache under $XDG_CACHE_HOME/graphrt"),
+    Switch("GRAPHRT_CACHE", "1", "flag", "converted-weights and tuning-table caches under $XDG_CACHE_HOME"),
     Switch("GRAPHRT_CACHE_MAX_GB", "4", "GiB", "bound on the converted weights the cache keeps"),
 )
 #: Name -> switch.

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine
+from graphrt.kernels import tuning
 from graphrt.kernels.switches import Switches
 from graphrt.metadata.families import Families
 from graphrt.runtime.fastpath import Routes
@@ -107,6 +108,8 @@ class Capturer:
         )
         #: The switches the runtime was built with (the capture report carries them).
         self.switches = switches
+        #: The kernels' tuning table: the one the runtime installed just before making this.
+        self.tuning = tuning.active()
         self.engine = make_engine(config.engine, device, config.record_kernels)
         self.dispatcher = Dispatcher(
             BucketPolicy.create(config.max_batch_size, config.buckets), token_ladders(config)
@@ -241,6 +244,7 @@ class Capturer:
             self.switches.as_dict(),
             self.config.capture,
             pending,
+            self.tuning.brief(),
         )
 
     def host_scalars(self, mode: ForwardMode, max_q: int, cascade: bool) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from graphrt.capture import Dispatcher, GraphInfo
 @dataclass(frozen=True, slots=True)
 class CaptureReport:
     """What :meth:`GraphRuntime.capture` did: engine, backend, each graph's facts, seconds, buffers,
-    and the switches the runtime was built with (name -> value, :mod:`graphrt.kernels.switches`).
+    the switches the runtime was built with (name -> value, :mod:`graphrt.kernels.switches`) and
+    the kernels' tuning table (``{"name", "path"}``, :mod:`graphrt.kernels.tuning`).
 
     With lazy capture (``RuntimeConfig(capture="lazy")``) ``graphs`` are those captured so far
     (:meth:`GraphRuntime.report`), ``pending`` the ``(mode, bucket)`` keys no step has needed
@@ -28,6 +29,7 @@ class CaptureReport:
     switches: dict[str, str] = field(default_factory=dict)
     policy: str = "eager"
     pending: tuple[tuple[Hashable, int], ...] = ()
+    tuning: dict[str, str] = field(default_factory=dict)
 
     @property
     def pool_bytes(self) -> int:
@@ -40,6 +42,7 @@ class CaptureReport:
             f"{len(self.graphs)} graphs{lazy} ({self.engine} engine, {self.backend} backend) in "
             f"{self.seconds:.2f} s; pool {self.pool_bytes / 2**20:.1f} MiB; "
             f"static buffers {self.buffers.total_bytes} B"
+            + (f"; tuning table {self.tuning['name']} ({self.tuning['path']})" if self.tuning else "")
         )
 
 

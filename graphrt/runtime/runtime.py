@@ -17,7 +17,7 @@ import torch
 from graphrt.attention import attention_kind
 from graphrt.attention.needs import runtime_needs
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
-from graphrt.kernels import switches
+from graphrt.kernels import switches, tuning
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
 from graphrt.runtime.capturer import Capturer
@@ -72,8 +72,8 @@ class GraphRuntime:
             raise ValueError(f"KV page_size {kv.page_size} != config page_size {config.page_size}")
         self.forward, self.kv, self.req_to_token, self.config = forward, kv, req_to_token, config
         self.device = kv.device
-        #: The ``GRAPHRT_*`` switches, read once here (a bad or unknown one is refused here).
-        self.switches = switches.refresh()
+        #: The ``GRAPHRT_*`` switches (a bad one is refused) and this GPU's kernel tiles, read once here.
+        self.switches, self.tuning = switches.refresh(), tuning.install_for(kv.device)
         self.kind = attention_kind(kv)
         max_bs = BucketPolicy.create(config.max_batch_size, config.buckets).largest
         needs = runtime_needs(self.kind.name, kv, config, max_bs, forward, encoder)

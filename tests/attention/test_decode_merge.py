@@ -17,7 +17,7 @@ import torch
 
 from graphrt.attention.split_decode import attend as dk
 from graphrt.attention.split_decode import launch as dl
-from graphrt.kernels import scratch
+from graphrt.kernels import scratch, tuning
 from tests.attention.test_decode_kernel import oracle
 from tests.support.triton_util import (
     INTERPRET,
@@ -28,6 +28,7 @@ from tests.support.triton_util import (
     sm90_ptx,
     triton_devices,
 )
+from tests.support.tuning_util import patch_tuning
 
 ATOL = 2e-2
 #: Splits merged a step, by mode: the default tile, and 2 splits of each head a step (chunks).
@@ -81,7 +82,7 @@ def test_merge_matches_the_oracle_in_any_chunking(device, mode, keys, lens, shap
         want = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
         got = want
         if mode == "chunks":
-            monkeypatch.setattr(dl, "MERGE_TILE", 2 * 4 * shape[2])  # NOTE: 2 splits of 3 or 4 heads
+            patch_tuning(monkeypatch, decode_merge_tile=2 * 4 * shape[2])  # NOTE: 2 splits of 3 or 4 heads
             got = dk.decode_attention(q, k, v, table, seqlens, scale, splits, False)
             monkeypatch.undo()
             torch.testing.assert_close(got.float(), want.float(), atol=1e-5, rtol=2**-7)
@@ -143,9 +144,9 @@ def test_split_kernel_compiles_for_hopper_without_spills(d: int) -> None:
     ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb o_sb o_sh"
     constexprs = dict(
         PAGE=16, D=d, G=4, BLOCK_G=16, BLOCK_N=64, SPLITS=33, PDL=True, F32_DOT=False, MERGE_G=4,
-        CHUNK=dl.MERGE_TILE // (4 * d),
+        CHUNK=tuning.DEFAULT.decode_merge_tile // (4 * d),
     )  # fmt: skip
-    ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, dl.SPLIT_WARPS[d])
+    ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, tuning.DEFAULT.split_warps(d))
     assert ptx.count("atom.global.gpu.acq_rel.add") == 1
     assert NO_SPILLS in ptxas_report(ptx)
 

@@ -15,6 +15,7 @@ from graphrt.kernels.moe import align, experts_reference, fused_experts, new_rou
 from graphrt.kernels.moe import triton_experts as te
 from tests.support.moe_util import random_experts, random_routing
 from tests.support.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.tuning_util import patch_tuning
 
 E, K, H, INTER = 8, 2, 64, 32
 #: fp32 sums of H or I products in another order.
@@ -39,7 +40,7 @@ def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     if INTERPRET:
         monkeypatch.setenv(te.ENV, "interpret")
         monkeypatch.setenv(align.ENV, "interpret")
-        monkeypatch.setattr(te, "TILES", SMALL_TILES)
+        patch_tuning(monkeypatch, moe=SMALL_TILES)
 
 
 def _layer(device, tokens: int, pads, activation: str, bias: bool, seed: int = 0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from graphrt.kernels import tuning
 from graphrt.kernels.moe import BLOCK_M
 from graphrt.kernels.moe import align_triton as at
 from graphrt.kernels.moe import grouped as gr
@@ -14,7 +15,7 @@ from graphrt.kernels.switches import triton
 from tests.support.triton_util import INTERPRET, NO_SPILLS, ptxas_report, sm90_ptx
 
 pytestmark = pytest.mark.skipif(triton is None, reason="needs Triton")
-T = te.TILES
+T = tuning.DEFAULT.moe
 BF16 = {"x", "w13", "b13", "inter", "w2", "b2", "out"}
 F32 = {"topk_weights", "buf"}
 INTS = {"S", "H", "INTER", "TOPK", "x_stride", "E", "NK", "BOUND", "NBLOCKS"}

@@ -34,10 +34,12 @@ from graphrt.debug.snapshot import take_snapshot
 from graphrt.engine.stack import stack_for
 from graphrt.kernels import prologue as pr
 from graphrt.kernels import skinny as sk
+from graphrt.kernels.tuning import SkinnyRule
 from graphrt.models import PRESETS, CausalLM, MLACausalLM, ModelConfig, TinyLlama, ops
 from graphrt.parallel import TPGroup
 from graphrt.tools.inspection import report
 from tests.support.triton_util import triton_devices
+from tests.support.tuning_util import patch_tuning
 from tests.support.util import Setup, backends, prefill, slot_of
 
 #: Largest relative difference between the fused and unfused bf16 logits of a step, in L2 norm
@@ -77,8 +79,10 @@ def kernels_on(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> str:
     programs cost ~50 ms each); returns the "on" value."""
     on = "interpret" if device.type == "cpu" else "1"
     if device.type == "cpu":
-        monkeypatch.setattr(sk, "TILES", ((64, 1 << 62, sk.Tile(1024, 512)),))
-        monkeypatch.setattr(pr, "NORM_TILE", None)  # NOTE: the norm kernel takes the rule above too
+        # NOTE: the norm kernel takes the rule too (no norm tile)
+        patch_tuning(
+            monkeypatch, skinny_rules=(SkinnyRule(64, 1 << 62, sk.Tile(1024, 512)),), prologue_norm_tile=None
+        )
     monkeypatch.setenv(sk.ENV, on)
     monkeypatch.setenv(pr.ENV, on)
     return on

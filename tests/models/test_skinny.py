@@ -14,6 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from graphrt.kernels import skinny as sk
+from graphrt.kernels.tuning import ShapeTile
 from graphrt.models import ops
 from tests.support.triton_util import (
     INTERPRET,
@@ -24,6 +25,7 @@ from tests.support.triton_util import (
     sm90_ptx,
     triton_devices,
 )
+from tests.support.tuning_util import patch_tuning
 
 #: One unit in the last place, relative: bf16 keeps 8 significant bits, fp16 11.
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
@@ -171,7 +173,7 @@ def test_tiles_of_the_model_shapes(n: int, k: int, m: int) -> None:
 
 def test_overrides_replace_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     mine = sk.Tile(block_n=32, block_k=256, warps=8)
-    monkeypatch.setitem(sk.OVERRIDES, (16, 2048, 8192), mine)
+    patch_tuning(monkeypatch, skinny_overrides=(ShapeTile(16, 2048, 8192, mine),))
     assert sk.tile_for(3, 2048, 8192) == mine and sk.tile_for(1, 2048, 8192) != mine
     assert sk.tile_for(3, 2048, 4096) != mine
     assert sk.Tile(64, 4096).fit(2, 20, 10) == sk.Tile(32, 16)  # shrunk to N, K; 16 for tl.dot

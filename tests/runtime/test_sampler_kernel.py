@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from graphrt import SamplingParams
+from graphrt.kernels.tuning import SamplerRule
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
 from graphrt.runtime.sampler import launch
 from graphrt.runtime.sampler.draw import ENV, fused_sampler, sample, sample_torch
@@ -26,6 +27,7 @@ from tests.support.triton_util import (
     sm90_ptx,
     triton_devices,
 )
+from tests.support.tuning_util import patch_tuning
 
 #: One row per case: greedy, plain, each filter alone and together, hot and cold.
 PARAMS = (
@@ -51,7 +53,7 @@ def _small_chunks_when_interpreted(request: pytest.FixtureRequest, monkeypatch: 
     if device is not None and device.type == "cpu":
         monkeypatch.setenv(ENV, "interpret")
         monkeypatch.setattr(launch, "CHUNK", 128)
-        monkeypatch.setattr(launch, "LAYOUTS", ())
+        patch_tuning(monkeypatch, sampler_layouts=())
 
 
 def _vocab(device: torch.device) -> int:
@@ -137,8 +139,9 @@ def test_layouts_are_checked(monkeypatch) -> None:
         launch.Layout(1024, 4, 8, 3)
     with pytest.raises(ValueError, match=r"scan_warps 6 is not 0 or a power of two up to 32"):
         launch.Layout(1024, 4, 8, 2, 6)
-    rules = ((50000, launch.Layout(1024, 4, 16)), (140000, launch.Layout(2048, 8, 16)))
-    monkeypatch.setattr(launch, "LAYOUTS", rules)
+    patch_tuning(
+        monkeypatch, sampler_layouts=(SamplerRule(50000, 1024, 4, 16), SamplerRule(140000, 2048, 8, 16))
+    )
     assert launch.layout_for(49152) == launch.Layout(1024, 4, 16)
     assert launch.layout_for(128256) == launch.Layout(2048, 8, 16)
     assert launch.layout_for(150000) == launch.Layout(launch.CHUNK, launch.WARPS, launch.RECORDS)

@@ -10,7 +10,8 @@ GEMM finds its weight in L2) multiplied back to back by one ``x [M, K]`` in one 
 bytes at the bandwidth of a 1 GiB D2D copy measured in the same run (``model_steps.weight_floor``).
 Every path's 20 outputs are checked against cuBLAS's before the row is kept (``ParityError``
 otherwise). ``--sweep`` also times :data:`SWEEP`'s tiles with PDL (rows' ``sweep``, ``best_tile``):
-what ``skinny.TILES`` / ``skinny.OVERRIDES`` should hold on this GPU.
+what the GPU's tuning table should hold (``graphrt tune`` picks and writes it; the run uses the
+table chosen for this GPU, :mod:`graphrt.kernels.tuning`, and records its name).
 
 On the CPU nothing is timed: shapes shrink :data:`CPU_SHRINK` times, two weights, each path runs
 once and is checked (the kernel only under ``TRITON_INTERPRET=1 GRAPHRT_SKINNY_GEMM=interpret``).
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from rich.table import Table
 
-from graphrt.kernels import skinny
+from graphrt.kernels import skinny, tuning
 from graphrt.models.presets import LlamaConfig, preset
 from graphrt.tools.bench.gemm_prologue import sweep_prologue
 from graphrt.tools.bench.model_steps import weight_floor
@@ -44,7 +45,7 @@ CPU_SHRINK = 32
 #: rounds each output once after fp32 sums in another order (~2e-3); a wrong tile is ~1.
 AGREE = 1e-2
 FLOOR_COPY_BYTES = 1 << 30
-#: Tiles ``--sweep`` times per M class, around :data:`graphrt.kernels.skinny.TILES`.
+#: Tiles ``--sweep`` (and ``graphrt tune``) times per M class, around the H100's rule rows.
 SWEEP: dict[int, tuple[skinny.Tile, ...]] = {
     1: tuple(skinny.Tile(n, k, w) for n, k, w in [(2, 2048, 4), (4, 2048, 4), (8, 2048, 8), (8, 1024, 4),
                                                   (16, 512, 4), (16, 256, 4), (32, 256, 4)]),
@@ -170,7 +171,7 @@ def run_bench_gemm(args: argparse.Namespace) -> int:
     """``graphrt bench gemm``: writes a new result file under ``args.out`` and prints its table."""
     start = time.perf_counter()
     device = resolve_device(args.device)
-    cuda = device.type == "cuda"
+    cuda, table = device.type == "cuda", tuning.install_for(device)
     run = {
         "device": device, "iters": args.iters, "sweep": args.sweep, "paths": paths(device),
         "floor": weight_floor(FLOOR_COPY_BYTES, device, args.iters) if cuda else None,
@@ -200,6 +201,7 @@ def run_bench_gemm(args: argparse.Namespace) -> int:
         "kernel": {"enabled": run["paths"]["skinny"] is not None, "pdl": run["paths"]["skinny_pdl"] is not None},
         "floor": run["floor"],
         "agree_rel_l2": AGREE,
+        "tuning": table.brief(),
         "seconds": time.perf_counter() - start,
         "rows": rows,
     }  # fmt: skip

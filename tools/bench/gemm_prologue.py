@@ -7,7 +7,7 @@ through ``prologue_silu_gemm``. Every program recomputes that input from ``x`` (
 so the best tile trades programs (wave fill) against the input work each one repeats; this
 times :data:`SWEEP`'s tiles, with PDL, 20 weights per graph as the plain sweep does. Each
 candidate's outputs are checked against the unfused torch path (norm or SiLU-and-mul in torch,
-then cuBLAS). The winner per shape is what :data:`graphrt.kernels.prologue.TILES` holds.
+then cuBLAS). The winner per shape is what the tuning table's ``prologue_tiles`` hold (``graphrt tune``).
 """
 
 from __future__ import annotations

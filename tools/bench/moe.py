@@ -211,7 +211,7 @@ def run_bench_moe(args: argparse.Namespace) -> int:
         "layers_per_graph": LAYERS[device.type], "shrink": run["shrink"], "block_m": BLOCK_M,
         "timer": "cuda events, graph replay" if cuda else None,
         "speeds": "measured" if cuda else "not measured on the CPU (shapes shrunk, one eager call)",
-        "kernel": {"enabled": triton_experts.enabled(device), "skinny_max_slots": triton_experts.SKINNY_SLOTS},
+        "kernel": {"enabled": triton_experts.enabled(device), "skinny_max_slots": triton_experts.max_skinny_slots()},
         "floor": run["floor"], "agree_rel_l2": AGREE, "seconds": time.perf_counter() - start, "rows": rows,
     }  # fmt: skip
     out = write_result(result, args.out, f"moe_{device.type}")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from graphrt import __version__
+from graphrt.kernels import tuning
 from graphrt.tools.cli.env import environment
 
 #: Untimed steps before each measurement (allocator, caches, lazy kernel loading).
@@ -114,6 +115,8 @@ def header(bench: str, args: argparse.Namespace, device: torch.device) -> dict[s
         "git_commit": git_commit(),
         "args": plain,
         "env": environment(device),
+        # NOTE: the table a runtime built on this device installs (graphrt.kernels.tuning)
+        "tuning": tuning.choose(tuning.device_name(device)).brief(),
     }
 
 

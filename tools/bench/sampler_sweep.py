@@ -7,7 +7,7 @@ each; smaller ones fill the GPU but give the merge more records to walk. This ti
 :data:`SWEEP`'s layouts for each vocabulary and kind of rows, each captured in a graph as the
 plain bench does, and checks every layout's tokens against the torch sampler. The best layout
 per vocabulary (the smallest worst case over the kinds) is what
-:data:`graphrt.runtime.sampler.launch.LAYOUTS` holds.
+the tuning table's ``sampler_layouts`` hold (:mod:`graphrt.kernels.tuning`).
 """
 
 from __future__ import annotations

@@ -254,6 +254,7 @@ def header_rows(snap: Snapshot) -> list[Row]:
         ("engine / backend", f"{snap.engine} / {snap.backend}"),
         ("config", ", ".join(f"{k}={v}" for k, v in cfg.items())),
         ("switches", switches_line(snap.switches)),
+        ("tuning table", tuning_line(snap.tuning)),
         ("static buffers", f"{snap.memory.total_bytes} B declared, arena {snap.memory.arena_bytes} B"),
         *([("KV cache", kv_line(snap.kv))] if snap.kv is not None else []),
     ]
@@ -266,6 +267,13 @@ def switches_line(values: dict[str, str]) -> str:
     default = switches.read({}).as_dict()
     changed = [f"{k}={v}" for k, v in values.items() if default.get(k) != v]
     return ", ".join(changed) if changed else f"all {len(values)} at their defaults"
+
+
+def tuning_line(table: dict[str, str]) -> str:
+    """The kernels' tuning table: its name and the file it was read from."""
+    if not table:
+        return "not recorded (a snapshot from before the tuning tables)"
+    return f"{table['name']} ({table['path']})"
 
 
 def kv_line(kv: KVFacts) -> str:

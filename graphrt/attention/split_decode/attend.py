@@ -31,6 +31,7 @@ import torch
 
 from graphrt.attention.fa3_plan import sm_count
 from graphrt.attention.split_decode import launch as decode_launch
+from graphrt.kernels import tuning
 from graphrt.kernels.switches import (  # noqa: F401
     KERNELS_PDL_ENV,
     batch_invariant_on,
@@ -82,9 +83,10 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bo
 
 
 def num_splits(batch: int, heads_k: int, keys: int, sms: int) -> int:
-    """Splits per (request, KV head): two waves of ``sms`` programs, at most one per key block
-    of the ``keys``-wide page table, at least 1."""
-    want = -(-2 * sms // (batch * heads_k))
+    """Splits per (request, KV head): the active tuning table's ``decode_waves`` (two on the
+    H100) waves of ``sms`` programs, at most one per key block of the ``keys``-wide page table,
+    at least 1."""
+    want = -(-tuning.active().decode_waves * sms // (batch * heads_k))
     return max(1, min(want, -(-keys // BLOCK_N)))
 
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 import torch
 
 from graphrt.attention.split_decode import triton_kernels as kernels
-from graphrt.kernels import scratch
+from graphrt.kernels import scratch, tuning
 from graphrt.kernels.switches import triton
 
 BLOCK_N = 64
-#: Warps of a split program by head dim. NOTE: at 128 on 4 warps ptxas (sm_90) spills; on 8 none.
-SPLIT_WARPS = {64: 4, 128: 8, 256: 8}
-#: fp32 values of ``acc`` the last program merges a step (``G`` heads x ``CHUNK`` splits x ``D``).
-MERGE_TILE = 4096
+# NOTE: warps by head dim (``decode_warps``: at 128 on 4 warps ptxas spills on sm_90) and the fp32
+# values of ``acc`` the last program merges a step (``decode_merge_tile``: ``G`` heads x ``CHUNK``
+# splits x ``D``) come from the active tuning table (graphrt.kernels.tuning), chosen per GPU.
 
 
 def decode_attention(
@@ -43,14 +42,15 @@ def decode_attention(
     arrivals = scratch.counters(b * heads_k, q.device)
     block_s = max(2, triton.next_power_of_2(splits))
     merge_g = max(2, triton.next_power_of_2(group))
+    table = tuning.active()
     kernels._decode_split[(b, heads_k, splits)](
         q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, arrivals, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
         scale * 1.4426950408889634, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, SPLITS=splits, PDL=pdl, F32_DOT=not q.is_cuda,
-        MERGE_G=merge_g, CHUNK=min(block_s, max(1, MERGE_TILE // (merge_g * d))),
-        num_warps=SPLIT_WARPS[d], launch_pdl=pdl,
+        MERGE_G=merge_g, CHUNK=min(block_s, max(1, table.decode_merge_tile // (merge_g * d))),
+        num_warps=table.split_warps(d), launch_pdl=pdl,
     )  # fmt: skip
     return out
 

@@ -119,7 +119,7 @@ def fused_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> torch.
     :func:`experts_reference`. Without the Triton path, ``routing``'s alignment buffers are
     left as they were (the reference reads ``topk_ids`` / ``topk_weights`` only); the grouped
     Triton path writes them (:func:`graphrt.kernels.moe.align.moe_align`), the skinny one (``T * k``
-    up to ``triton_experts.SKINNY_SLOTS``) does not need them.
+    up to ``triton_experts.max_skinny_slots()``) does not need them.
     """
     from graphrt.kernels.moe import triton_experts  # NOTE: it imports this module's types
 

@@ -1,6 +1,6 @@
 """The fused Triton path of :func:`graphrt.kernels.moe.fused_experts`: which kernels, which tiles.
 
-``T * k <=`` :data:`SKINNY_SLOTS` (decode at bs 1-4 with k = 8): the skinny kernels
+``T * k <=`` :func:`max_skinny_slots` (decode at bs 1-4 with k = 8): the skinny kernels
 (:mod:`graphrt.kernels.moe.skinny_experts`, two launches, no alignment). Else the alignment
 (:func:`graphrt.kernels.moe.align.moe_align`, written into ``routing``), the two grouped GEMMs
 (:mod:`graphrt.kernels.moe.grouped`) and a reduction over ``k`` in a fixed order. Intermediates
@@ -10,10 +10,9 @@ replay for any routing; nothing is read on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from graphrt.kernels import tuning
 from graphrt.kernels.moe import ExpertWeights, Routing
 from graphrt.kernels.moe.align import BLOCK_M, PDL_ENV, block_bound, moe_align
 from graphrt.kernels.moe.align import ENV as ALIGN_ENV
@@ -23,28 +22,13 @@ from graphrt.kernels.switches import pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the MoE kernels (:data:`graphrt.kernels.moe.align.ENV`).
 ENV = ALIGN_ENV
-#: Largest ``T * k`` the skinny path takes (``fused_experts_triton``'s ``skinny_slots``; 0: never).
-SKINNY_SLOTS = 32
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@dataclass(frozen=True, slots=True)
-class Tiles:
-    """``block_n x block_k`` of the grouped GEMMs (``tl.dot``, ``BLOCK_M`` rows) and of the skinny
-    GEMVs (``skinny_n`` rows by up to ``skinny_k`` columns per loop step)."""
-
-    block_n: int = 64
-    block_k: int = 64
-    warps: int = 8
-    stages: int = 3
-    skinny_n: int = 8
-    skinny_k: int = 1024
-    skinny_warps: int = 8
-
-
-#: The tiles the dispatch uses. NOTE: 8 warps: on 4, sm_90's 64-bit tile pointers take 228-255
-#: registers and the up GEMM spills (``tests/kernels/test_moe_ptx.py`` checks none spills).
-TILES = Tiles()
+#: The tiles of the grouped and skinny expert kernels (the tuning table's ``moe`` field).
+#: NOTE: 8 warps: on 4, sm_90's 64-bit tile pointers take 228-255 registers and the up GEMM
+#: spills (``tests/kernels/test_moe_ptx.py`` checks none spills).
+Tiles = tuning.MoeTiles
 
 
 def enabled(device: torch.device) -> bool:
@@ -82,12 +66,19 @@ def check_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> None:
         raise ValueError(f"topk_ids must be contiguous int32 (got {ids.dtype}), topk_weights contiguous")
 
 
+def max_skinny_slots() -> int:
+    """Largest ``T * k`` the skinny path takes: the active tuning table's ``moe_skinny_slots``."""
+    return tuning.active().moe_skinny_slots
+
+
 def fused_experts_triton(
-    x: torch.Tensor, w: ExpertWeights, routing: Routing, skinny_slots: int = SKINNY_SLOTS
+    x: torch.Tensor, w: ExpertWeights, routing: Routing, skinny_slots: int | None = None
 ) -> torch.Tensor:
     """:func:`graphrt.kernels.moe.fused_experts` in Triton kernels (see the module docstring);
-    the skinny kernels up to ``skinny_slots`` token slots (0: always the grouped GEMMs)."""
+    the skinny kernels up to ``skinny_slots`` token slots (0: always the grouped GEMMs; None: the
+    tuning table's, :func:`max_skinny_slots`)."""
     check_experts(x, w, routing)
+    skinny_slots = max_skinny_slots() if skinny_slots is None else skinny_slots
     tokens, topk = routing.topk_ids.shape
     if tokens == 0:
         return torch.zeros_like(x)
@@ -100,7 +91,7 @@ def fused_experts_triton(
 
 def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> torch.Tensor:
     (tokens, hidden), (num_experts, two_i, _), topk = x.shape, w.w13.shape, routing.topk_ids.shape[1]
-    inter_dim, t = two_i // 2, TILES
+    inter_dim, t = two_i // 2, tuning.active().moe
     inter = torch.empty((tokens * topk, inter_dim), dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     bk_up, bk_down = min(t.skinny_k, _pow2(hidden)), min(t.skinny_k, _pow2(inter_dim))
@@ -119,7 +110,7 @@ def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> t
 
 def _grouped(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> torch.Tensor:
     (tokens, hidden), (num_experts, two_i, _), topk = x.shape, w.w13.shape, routing.topk_ids.shape[1]
-    inter_dim, t, slots = two_i // 2, TILES, tokens * topk
+    inter_dim, t, slots = two_i // 2, tuning.active().moe, tokens * topk
     blocks = block_bound(tokens, topk, num_experts)
     inter = torch.empty((slots, inter_dim), dtype=x.dtype, device=x.device)
     buf = torch.empty((slots, hidden), dtype=torch.float32, device=x.device)

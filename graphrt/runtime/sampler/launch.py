@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from graphrt.kernels import scratch
+from graphrt.kernels import scratch, tuning
 from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, triton
 from graphrt.metadata.sampling import SamplingBuffers
 from graphrt.runtime.sampler import count as sampler_count
@@ -68,21 +68,14 @@ class Layout:
             )
 
 
-#: ``(largest vocabulary, layout)`` rules, smallest first; a vocabulary above them all takes
-#: :class:`Layout`'s defaults. Chosen by ``graphrt bench sampler --sweep`` on the H100: chunks of
-#: 2048 on 8 warps beat 4096 (the old default), 1024 and 16 warps; at 128k two records a tally
-#: pass beat four (docs/gpu.md has the figures).
-LAYOUTS: tuple[tuple[int, Layout], ...] = (
-    (65536, Layout(2048, 8, 16)),
-    (MAX_VOCAB, Layout(2048, 8, 8, 2)),
-)
-
-
 def layout_for(vocab: int) -> Layout:
-    """The layout :data:`LAYOUTS` gives ``vocab`` (the defaults above them all)."""
-    for limit, layout in LAYOUTS:
-        if vocab <= limit:
-            return layout
+    """The layout the active tuning table's ``sampler_layouts`` give ``vocab`` (the first rule
+    whose ``max_vocab >= vocab``; :class:`Layout`'s defaults above them all). NOTE: on the H100
+    chunks of 2048 on 8 warps beat 4096, 1024 and 16 warps, and at 128k two records a tally pass
+    beat four (``graphrt bench sampler --sweep``; docs/gpu.md has the figures)."""
+    for rule in tuning.active().sampler_layouts:
+        if vocab <= rule.max_vocab:
+            return Layout(rule.chunk, rule.warps, rule.records, rule.tally, rule.scan_warps)
     return Layout()
 
 
