@@ -78,8 +78,7 @@ def load(
     progress: Callable[[int, int], None] | None = None,
     quantization: str | None = None,
 ) -> Model:
-    """Build a :class:`CausalLM` (or, for DeepSeek-V2/V3, an :class:`MLACausalLM`) from a
-    checkpoint; ``forward(input_ids, positions, ctx)``.
+    """Build a :class:`CausalLM` (or, for DeepSeek, an :class:`MLACausalLM`) from a checkpoint.
 
     Parameters
     ----------
@@ -108,13 +107,10 @@ def load(
     ------
     ValueError
         Before anything is allocated on ``device``: a damaged or inconsistent checkpoint
-        (:class:`CheckpointError`, naming the file and the fault: a GGUF or safetensors file cut
-        short or with an absurd header, a ``config.json`` that does not parse or holds impossible
-        sizes); an unsupported architecture, rope type or
-        quantisation type; MoE features named in ``docs/moe.md`` (expert parallelism, say); a missing, unexpected or wrongly shaped tensor (``CheckpointError``);
-        a TP size that does not divide ``num_heads`` or ``intermediate_size`` (naming both
-        numbers), or ``num_kv_heads`` when the KV heads cannot be replicated either; any TP size > 1
-        for an MLA model.
+        (:class:`CheckpointError` naming the file and the fault); an unsupported architecture,
+        rope type, quantisation or MoE feature (``docs/moe.md``); a missing, unexpected or
+        wrongly shaped tensor; a TP size the heads, KV heads or MLP columns cannot be split by
+        (naming both numbers), or any TP size > 1 for an MLA model.
 
     ``progress(done, total)``: called after each tensor is read. ``quantization="fp8"``: the
     projections quantized once loaded (:mod:`graphrt.models.quantize`; unknown names refused first);

@@ -136,12 +136,7 @@ def take_snapshot(
         eager=runtime.stats().eager,
         memory=_memory(runtime.buffers),
         contents=contents,
-        telemetry=TelemetryFacts(
-            runtime.telemetry.capacity,
-            runtime.telemetry.sync,
-            dict(runtime.telemetry.steps),
-            tuple(runtime.telemetry.records),
-        ),
+        telemetry=_telemetry(runtime.telemetry),
         parity=tuple(parity),
         families=tuple(_memory(f) for f in _families(runtime)),
         kv=_kv(runtime.kv),
@@ -154,6 +149,10 @@ def take_snapshot(
     save_snapshot(snapshot, path)
     log.info("snapshot of %d graphs written to %s (+ %s)", len(snapshot.graphs), path, npz_path(path).name)
     return snapshot
+
+
+def _telemetry(telemetry: Any) -> TelemetryFacts:
+    return TelemetryFacts(telemetry.capacity, telemetry.sync, dict(telemetry.steps), tuple(telemetry.records))
 
 
 def _kv(kv: Any) -> KVFacts | None:

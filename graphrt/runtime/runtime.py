@@ -280,10 +280,9 @@ class GraphRuntime:
     def recapture(self, buckets: Sequence[int], show_progress: bool = False) -> CaptureReport:
         """Swap in a new ladder: drop every graph and capture ``buckets`` for every mode (lazy: pending).
 
-        ``buckets`` must be sorted unique ints in 1..``max_batch_size`` (checked before
-        anything is dropped); the static buffers are reused. Holds the lock ``run()`` takes,
-        so a concurrent step waits and then sees the new ladder whole. If a capture fails,
-        every graph is dropped (steps run eagerly, counted) and the error propagates.
+        ``buckets``: sorted unique ints in 1..``max_batch_size``, checked before anything is
+        dropped; the static buffers are reused. Holds ``run()``'s lock, so a concurrent step
+        sees the new ladder whole. A failed capture drops every graph and propagates.
         """
         policy = BucketPolicy.exact(buckets, self.allocation)
         with self._lock:
