@@ -163,6 +163,13 @@ class _Trapped:
 
 
 class _LostContext:
+    """A runtime whose device context is gone: every step raises CUDA's error."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.capturer = SimpleNamespace(agree=None)  # NOTE: TPRuntime sets its ranks' agreement
+
     def run(self, batch: object, eager: bool, feed: object) -> None:
         raise RuntimeError("CUDA error: unspecified launch failure")
 
