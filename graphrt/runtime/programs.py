@@ -3,7 +3,7 @@
 A program takes the step's inputs (bucket views on the graph path, exact-size buffers on
 the eager path) and returns the step's output. Every program first runs the device half of
 the update (slots into ``req_to_token``, page table, cascade prefix), then the model. With a
-sampling family (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
+sampling group (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
 samples one token per request (TARGET_VERIFY: one per verify node) inside the same graph and
 returns :class:`Sampled`; DECODE's
 program also runs the token feed (:func:`fed`) around all of that.
@@ -24,9 +24,9 @@ from graphrt.kernels.switches import batch_invariant
 from graphrt.kv import EncoderKV, ReqToToken
 from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
+from graphrt.metadata.buffer_groups import StepInputs
 from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.encoder import derive_encoder
-from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
 from graphrt.metadata.window import derive_window
@@ -142,7 +142,7 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     Returns the draft tokens ``[T, steps]`` int64.
     """
     b, draft = inputs.step, inputs.draft
-    assert draft is not None, "DRAFT_DECODE needs the draft buffer family"
+    assert draft is not None, "DRAFT_DECODE needs the draft buffer group"
     loc = draft.draft_loc
     steps = [
         dataclasses.replace(
@@ -179,7 +179,7 @@ Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
 
 
 def sampled(program: Program) -> Program:
-    """``program``, then (when the step has a sampling family) the sampler, in the same graph."""
+    """``program``, then (when the step has a sampling group) the sampler, in the same graph."""
 
     def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
         logits = program(env, mode, inputs, max_q)
@@ -203,7 +203,7 @@ def sampled(program: Program) -> Program:
 
 
 def sampled_nodes(program: Program) -> Program:
-    """TARGET_VERIFY's ``program``, then (with a sampling family) the target's token after every
+    """TARGET_VERIFY's ``program``, then (with a sampling group) the target's token after every
     node, ``[R, nodes]``, drawn in the same graph (:mod:`graphrt.runtime.verify_sampler`)."""
 
     def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
@@ -223,7 +223,7 @@ Record = Callable[[TokenFeed, torch.Tensor, torch.Tensor, torch.Tensor], None]
 def _in_feed(gather: Gather, record: Record) -> Callable[[Program], Program]:
     """A sampling ``program`` inside the token feed: the model reads the ids ``gather`` makes
     of the host-written ones (which keep the flags, for ``record``); without a feed or a
-    sampling family, ``program`` as it is. Both ops see the whole bucket: a bucket's graph
+    sampling group, ``program`` as it is. Both ops see the whole bucket: a bucket's graph
     serves fed and unfed steps alike (the ids are the flag)."""
 
     def wrap(program: Program) -> Program:
