@@ -1,4 +1,4 @@
-"""One arena per buffer family: every static tensor is a typed slice of it."""
+"""One arena per buffer group: every static tensor is a typed slice of it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 #: Every buffer starts on this byte boundary (kernels use vector loads on metadata rows).
 ALIGN = 256
-#: Pinned host mirrors per family on CUDA: step N+1 is written while step N's copy runs.
+#: Pinned host mirrors per group on CUDA: step N+1 is written while step N's copy runs.
 MIRRORS = 2
 
 
@@ -35,7 +35,7 @@ class MemoryRow:
 class MemoryReport:
     """Bytes per declared buffer; ``total_bytes`` is exactly the declared sum."""
 
-    family: str
+    group: str
     rows: tuple[MemoryRow, ...]
     arena_bytes: int
     host_arena_bytes: int
@@ -55,7 +55,7 @@ def _align(n: int) -> int:
 
 
 class StaticBuffers(Generic[T]):
-    """Allocates a family of :class:`BufferSpec` once, at the maximum dims.
+    """Allocates a group of :class:`BufferSpec` once, at the maximum dims.
 
     Host-written buffers are laid out first so that one copy moves all of them from the
     pinned host mirror to the device. Bucket views are cached, so the tensors a graph
@@ -63,7 +63,7 @@ class StaticBuffers(Generic[T]):
 
     Parameters
     ----------
-    family : str
+    group : str
         Name used in reports.
     specs : sequence of BufferSpec
     view_type : type
@@ -77,7 +77,7 @@ class StaticBuffers(Generic[T]):
 
     def __init__(
         self,
-        family: str,
+        group: str,
         specs: Sequence[BufferSpec],
         view_type: type[T],
         dims: Dims,
@@ -88,7 +88,7 @@ class StaticBuffers(Generic[T]):
         names = [s.name for s in specs]
         if fields != set(names) or len(names) != len(set(names)):
             raise TypeError(f"{view_type.__name__} fields {sorted(fields)} != specs {names}")
-        self.family, self.dims, self.device, self.view_type = family, dims, device, view_type
+        self.group, self.dims, self.device, self.view_type = group, dims, device, view_type
         self.specs = tuple(sorted(specs, key=lambda s: not s.host))  # host-written first
         offsets, end, host_end = {}, 0, 0
         for spec in self.specs:
@@ -223,7 +223,7 @@ class StaticBuffers(Generic[T]):
         rows = tuple(
             MemoryRow(s.name, s.size(self.dims), s.dtype, s.nbytes(self.dims), s.host) for s in self.specs
         )
-        return MemoryReport(self.family, rows, self.arena.numel(), self.host_arena.numel())
+        return MemoryReport(self.group, rows, self.arena.numel(), self.host_arena.numel())
 
 
 def _pad_ok(t: torch.Tensor, spec: BufferSpec, start: int, pad_values: Mapping[str, int]) -> bool:

@@ -1,7 +1,7 @@
 """graphrt: LLM decoding as a replay of pre-captured CUDA graphs.
 
 Subpackages follow the data path of one step: ``step`` (modes, batch, config) → ``kv``
-(caches, request table) → ``metadata`` (buffer families) → ``attention`` (kinds, contexts,
+(caches, request table) → ``metadata`` (buffer groups) → ``attention`` (kinds, contexts,
 backends) → ``runtime`` (capture, update, replay) → ``engine`` (requests and scheduling);
 ``models`` defines models, ``debug`` holds snapshots and parity sweeps (never imported by the
 runtime). ``graphrt.buffers`` and ``graphrt.capture`` know nothing of models or attention.

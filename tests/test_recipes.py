@@ -67,10 +67,10 @@ TOY_GROUP = GroupRow(
 #: ``(file, anchor, text put after it)``: the recipes' edits to existing files.
 EDITS = (
     # "Add a buffer group", step 2: the row in GROUPS and a StepInputs field
-    ("graphrt/metadata/families.py", "GROUPS: tuple[GroupRow, ...] = (\n", "    TOY_GROUP,\n"),
-    ("graphrt/metadata/families.py", "from graphrt.step.batch import Batch\n",
+    ("graphrt/metadata/buffer_groups.py", "GROUPS: tuple[GroupRow, ...] = (\n", "    TOY_GROUP,\n"),
+    ("graphrt/metadata/buffer_groups.py", "from graphrt.step.batch import Batch\n",
      "from graphrt.metadata.toy import TOY_GROUP, ToyBuffers\n"),
-    ("graphrt/metadata/families.py", "    step: StepBuffers\n", "    toy: ToyBuffers | None = None\n"),
+    ("graphrt/metadata/buffer_groups.py", "    step: StepBuffers\n", "    toy: ToyBuffers | None = None\n"),
     # "Add a forward mode", steps 1 and 2: the member, its MODES row, its PROGRAMS row
     ("graphrt/step/modes.py", '    EXTEND = "extend"\n', '    TOY = "toy"\n'),
     ("graphrt/step/modes.py", "MODES: dict[ForwardMode, ModeSpec] = {\n",
@@ -99,7 +99,7 @@ batch = Batch.create(
     q_lens=[2] * len(reqs),
 )
 graph = setup.runtime.run(batch)
-toy = setup.runtime.families.group("toy").full["req_len"][:4].tolist()
+toy = setup.runtime.groups.group("toy").full["req_len"][:4].tolist()
 eager = setup.runtime.run(batch, eager=True)
 torch.testing.assert_close(graph, eager, atol=1e-5, rtol=1e-5)
 stats = setup.runtime.stats()

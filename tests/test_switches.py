@@ -17,11 +17,10 @@ import torch
 from graphrt.kernels import switches
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Process-level settings the library may read itself (torchrun's, XDG's), by module.
+#: Process-level settings the library may read itself (torchrun's), by module; XDG's cache home
+#: is read by the switch table's ``cache_root``.
 PROCESS_LEVEL = {
     "graphrt/parallel/world.py": {"RANK", "LOCAL_RANK", "WORLD_SIZE"},
-    "graphrt/checkpoints/cache_dir.py": {"XDG_CACHE_HOME"},
-    "graphrt/kernels/tuning/device.py": {"XDG_CACHE_HOME"},  # NOTE: read once, when a runtime is built
     "graphrt/serve/guard.py": {"GRAPHRT_API_KEY"},  # NOTE: a secret, not a switch (switches.SETTINGS)
 }
 

@@ -35,17 +35,7 @@ FORMAT = 1
 WEIGHTS_SUFFIX = ".safetensors"
 
 
-def cache_root() -> Path | None:
-    """``$XDG_CACHE_HOME/graphrt`` (or ``~/.cache/graphrt``); None when ``GRAPHRT_CACHE=0``."""
-    if not switches.active()["GRAPHRT_CACHE"]:
-        return None
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".cache")
-        except (RuntimeError, KeyError):  # NOTE: no HOME and no passwd entry: no cache
-            return None
-    return Path(base) / "graphrt"
+cache_root = switches.cache_root
 
 
 def max_bytes() -> int:

@@ -113,7 +113,7 @@ class BufferFacts:
 
 @dataclass(frozen=True, slots=True)
 class MemoryFacts:
-    family: str
+    group: str
     arena_bytes: int
     host_arena_bytes: int
     total_bytes: int
@@ -177,8 +177,8 @@ class Snapshot:
     contents: ContentsFacts
     telemetry: TelemetryFacts
     parity: tuple[ParityResult, ...]
-    #: Every buffer family (step, cascade, draft, local, the attention kind's); ``memory`` is step.
-    families: tuple[MemoryFacts, ...] = ()
+    #: Every buffer group (step, cascade, draft, local, the attention kind's); ``memory`` is step.
+    groups: tuple[MemoryFacts, ...] = ()
     #: The KV cache (MHA/GQA caches; None for an MLA cache, and in files written before it).
     kv: KVFacts | None = None
     #: The ``GRAPHRT_*`` switches the runtime was built with, name -> value (empty in older files).

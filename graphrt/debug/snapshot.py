@@ -138,7 +138,7 @@ def take_snapshot(
         contents=contents,
         telemetry=_telemetry(runtime.telemetry),
         parity=tuple(parity),
-        families=tuple(_memory(f) for f in _families(runtime)),
+        groups=tuple(_memory(f) for f in _groups(runtime)),
         kv=_kv(runtime.kv),
         switches=runtime.switches.as_dict(),
         speculation=dict(speculation or {}),
@@ -179,10 +179,10 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
     rows_per_req = runtime.rows_per_req(mode)
     shape = runtime.capturer.shape(mode, bucket)  # NOTE: a MIXED bucket counts tokens, not rows
     reads = tuple(
-        BufferRead(_key(family, s.name), tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
-        for family in _families(runtime, mode)
-        for view in [family.view(shape.rows, rows_per_req, shape.tokens)]
-        for s in family.specs
+        BufferRead(_key(group, s.name), tuple(t.shape), str(t.dtype).removeprefix("torch."), t.data_ptr())
+        for group in _groups(runtime, mode)
+        for view in [group.view(shape.rows, rows_per_req, shape.tokens)]
+        for s in group.specs
         for t in [getattr(view, s.name)]
     )
     kernels = tuple(
@@ -208,18 +208,18 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
     )
 
 
-def _families(runtime: GraphRuntime, mode: ForwardMode | None = None) -> list[StaticBuffers]:
+def _groups(runtime: GraphRuntime, mode: ForwardMode | None = None) -> list[StaticBuffers]:
     """Every buffer group of ``runtime`` (step first, sampling left out), or those a graph of
     ``mode`` reads."""
-    fam = runtime.families
+    groups = runtime.groups
     if mode is not None:
-        return list(fam.used_by(mode))
-    return [g for name, g in fam.groups.items() if name != "sampling"]
+        return list(groups.used_by(mode))
+    return [g for name, g in groups.groups.items() if name != "sampling"]
 
 
-def _key(family: StaticBuffers, name: str) -> str:
-    """A buffer's name in reads and arrays: bare for ``step``, ``family.name`` otherwise."""
-    return name if family.family == "step" else f"{family.family}.{name}"
+def _key(group: StaticBuffers, name: str) -> str:
+    """A buffer's name in reads and arrays: bare for ``step``, ``group.name`` otherwise."""
+    return name if group.group == "step" else f"{group.group}.{name}"
 
 
 def _memory(buffers: StaticBuffers) -> MemoryFacts:
@@ -239,7 +239,7 @@ def _memory(buffers: StaticBuffers) -> MemoryFacts:
         )
         for s in buffers.specs
     )
-    return MemoryFacts(report.family, report.arena_bytes, report.host_arena_bytes, report.total_bytes, rows)
+    return MemoryFacts(report.group, report.arena_bytes, report.host_arena_bytes, report.total_bytes, rows)
 
 
 def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: str) -> ContentsFacts:
@@ -259,7 +259,7 @@ def _contents(runtime: GraphRuntime, bucket: int | None, bs: int | None, file: s
 def _arrays(runtime: GraphRuntime, contents: ContentsFacts) -> dict[str, np.ndarray]:
     # NOTE: full-size copies: a bucket's view is a prefix of each, so any bucket can be shown.
     arrays = {
-        _key(family, name): _host_copy(t) for family in _families(runtime) for name, t in family.full.items()
+        _key(group, name): _host_copy(t) for group in _groups(runtime) for name, t in group.full.items()
     }
     arrays["_bucket"] = np.array(contents.bucket if contents.bucket is not None else -1)
     arrays["_bs"] = np.array(contents.bs)

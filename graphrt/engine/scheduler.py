@@ -28,7 +28,7 @@ from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
 from graphrt.engine.spec_ahead import SpecAhead
 from graphrt.engine.speculative import SpecRunner
-from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.engine.step_run import count_step, host_sample, run_and_sample, run_mixed, spec_round
 from graphrt.step.modes import ForwardMode
 
 
@@ -189,11 +189,7 @@ class Scheduler:
                 self._release(rows.reqs[i])
         produced, done = self._take(overlap.swap(launched))
         self._retire(done)
-        if admitted:
-            self.prefill_steps += 1
-        elif rows is not None:
-            self.decode_seconds += time.perf_counter() - start
-            self.decode_steps += 1
+        count_step(self, bool(admitted), rows is not None, start)
         return produced
 
     def _take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:

@@ -46,6 +46,7 @@ from graphrt.engine.overlap import DEPTH, Launched, Overlap
 from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
+from graphrt.engine.step_run import count_step
 from graphrt.step.batch import FED, PAD_DRAFT, Batch
 from graphrt.step.modes import ForwardMode
 
@@ -123,11 +124,7 @@ class SpecAhead:
         previous = overlap.swap(launched)  # type: ignore[arg-type]
         produced, done = self._read(sched, previous)
         sched._retire(done)
-        if admitted:
-            sched.prefill_steps += 1
-        elif launched is not None:
-            sched.decode_seconds += time.perf_counter() - start
-            sched.decode_steps += 1
+        count_step(sched, bool(admitted), launched is not None, start)
         return produced
 
     def _prefill(self, sched: Scheduler, admitted: list[Request]) -> Launched:

@@ -92,3 +92,13 @@ def host_sample(
         for r, row in zip(reqs, logits.float().cpu(), strict=True):
             sched.logits.setdefault(r.rid, []).append(row)
     return tokens
+
+
+def count_step(sched: Scheduler, prefilled: bool, decoded: bool, start: float) -> None:
+    """One engine step's counters: a prefill step, else (``decoded``) a decode step and the
+    seconds since ``start``."""
+    if prefilled:
+        sched.prefill_steps += 1
+    elif decoded:
+        sched.decode_seconds += time.perf_counter() - start
+        sched.decode_steps += 1

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -264,3 +265,17 @@ def batch_invariant(on: bool) -> Iterator[None]:
         yield
     finally:
         _BATCH_INVARIANT.reset(token)
+
+
+def cache_root() -> Path | None:
+    """``$XDG_CACHE_HOME/graphrt`` (or ``~/.cache/graphrt``): where converted weights and tuning
+    tables are kept; None when ``GRAPHRT_CACHE=0`` or no home is known."""
+    if not active()["GRAPHRT_CACHE"]:
+        return None
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):  # NOTE: no HOME and no passwd entry: no cache
+            return None
+    return Path(base) / "graphrt"

@@ -1,8 +1,8 @@
-"""The typed views every buffer family, program and backend share: what a step's kernels read.
+"""The typed views every buffer group, program and backend share: what a step's kernels read.
 
-Each family module (``step``, ``cascade``, ``draft``, ``local``, ``sparse``) declares its specs
+Each group module (``step``, ``cascade``, ``draft``, ``local``, ``sparse``) declares its specs
 and writes or derives its buffers; the dataclasses that name the fields of the step and
-cascade families live here, so a family never imports another family.
+cascade groups live here, so a group never imports another group.
 """
 
 from __future__ import annotations

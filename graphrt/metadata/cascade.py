@@ -21,7 +21,7 @@ from graphrt.step.modes import MODES, TreeInput
 
 
 def cascade_specs(width: int) -> tuple[BufferSpec, ...]:
-    """The cascade family for expand lists of up to ``width`` slots per query token."""
+    """The cascade group for expand lists of up to ``width`` slots per query token."""
     return (
         BufferSpec(
             "expand_table", ("max_tokens", width), torch.int32, PadRule("const", "dummy_slot"), host=True
@@ -94,7 +94,7 @@ def draft_step_cascade(cascade: CascadeBuffers, draft_loc: torch.Tensor, step: i
 
 
 def write_cascade_host(batch: Batch, host: dict[str, np.ndarray], tokens: int, dummy_slot: int) -> None:
-    """The host half of the cascade family for ``batch``'s mode (see :class:`TreeInput`)."""
+    """The host half of the cascade group for ``batch``'s mode (see :class:`TreeInput`)."""
     if MODES[batch.mode].tree is TreeInput.MASK:
         write_tree_host(batch, host, tokens, dummy_slot)
         return

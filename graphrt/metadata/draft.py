@@ -1,4 +1,4 @@
-"""The draft buffer family: the KV slot of every branch token at every DRAFT_DECODE step.
+"""The draft buffer group: the KV slot of every branch token at every DRAFT_DECODE step.
 
 Host-written once per step; the draft program reads column ``i`` as step ``i``'s
 ``out_cache_loc`` (chains) or as the expand list of each branch (trees).

@@ -3,7 +3,7 @@
 A group is a set of static buffers allocated together (one arena, one host mirror ring, one
 upload). Each group's module exports one :class:`GroupRow`: its specs from the runtime's
 :class:`Geometry`, whether it exists for that geometry, which modes use it, and its host
-writer (None for groups derived on the device only). :class:`~graphrt.metadata.families.Families`
+writer (None for groups derived on the device only). :class:`~graphrt.metadata.buffer_groups.BufferGroups`
 loops over the table; nothing names a group by hand elsewhere.
 
 A writer owns its own state (what a mirror's pad region holds, which page-table columns may

@@ -1,4 +1,4 @@
-"""The fused step update: one Triton kernel per step family update, inside the graph.
+"""The fused step update: one Triton kernel per step group update, inside the graph.
 
 One program per (page-table row, column split). Program ``(r, 0)`` records row ``r``'s new KV
 slots in ``req_to_token``; every program of row ``r`` then fills its share of page-table

@@ -1,4 +1,4 @@
-"""Chunked-local attention (Llama-4): its buffer family and its device-side update.
+"""Chunked-local attention (Llama-4): its buffer group and its device-side update.
 
 A local layer lets a query at KV position ``p`` see keys ``chunk_start(p) … p`` only, where
 ``chunk_start(p) = p - p % attention_chunk_size``. The scheme is a *virtual batch of one query
@@ -40,7 +40,7 @@ from graphrt.step.config import check_chunk
 
 
 def local_specs(chunk_pages: int) -> tuple[BufferSpec, ...]:
-    """The local family: one virtual request per token row; ``chunk_pages`` table columns."""
+    """The local group: one virtual request per token row; ``chunk_pages`` table columns."""
     return (
         # NOTE: pad tokens hold 1..pad_q_len (their positions in the dummy request), so no
         # single constant; they read only the dummy page, which the page-table rule checks.
@@ -63,7 +63,7 @@ class LocalBuffers:
 
 @dataclass(frozen=True, slots=True)
 class LocalGeometry:
-    """Chunk and page size of the local family (from :class:`RuntimeConfig`)."""
+    """Chunk and page size of the local group (from :class:`RuntimeConfig`)."""
 
     chunk_size: int
     page_size: int

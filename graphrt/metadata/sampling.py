@@ -1,6 +1,6 @@
-"""The sampling buffer family: each request row's sampling parameters and its draw counter.
+"""The sampling buffer group: each request row's sampling parameters and its draw counter.
 
-Host-written, one row per request (``max_bs`` rows), like the step family: the sampler in the
+Host-written, one row per request (``max_bs`` rows), like the step group: the sampler in the
 program (:func:`graphrt.runtime.sampler.draw.sample`) reads them inside the captured graph, so a
 replay samples with this step's parameters without a host sync or a re-capture. Pad rows (and
 the rows of a batch without ``Batch.sampling``) are greedy: temperature 0, no filter.

@@ -1,4 +1,4 @@
-"""The sparse-MLA buffer family: top-k indices, their KV slots, FlashMLA scratch and schedule.
+"""The sparse-MLA buffer group: top-k indices, their KV slots, FlashMLA scratch and schedule.
 
 Every buffer here is derived on the device inside the forward (hence inside the graph): the
 indexer writes ``topk_indices`` and ``topk_slots`` per layer, the FlashMLA backend copies the
@@ -105,7 +105,7 @@ def tree_candidates(
 
     ``prefix [T]``: committed keys of each token's request (positions ``0..prefix-1`` of its
     ``req_to_token`` row); ``expand [T, E]`` int: the KV slots of the token's ancestors and
-    itself in depth order, the first ``expand_lens[t]`` valid (the cascade family's expand
+    itself in depth order, the first ``expand_lens[t]`` valid (the cascade group's expand
     lists). Siblings and cousins, although at nearby positions of the row, are never keys.
     """
     chain = chain_candidates(table, rows, prefix - 1)

@@ -1,4 +1,4 @@
-"""The step-metadata buffer family and the two halves of every update.
+"""The step-metadata buffer group and the two halves of every update.
 
 ``write_host`` fills the host-written buffers (real rows, then pad rows per rule 3 of docs/architecture.md);
 ``derive`` runs on the device — inside the captured graph on the graph path — and records

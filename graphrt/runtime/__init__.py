@@ -1,7 +1,7 @@
 """The runtime: capture one graph per (mode, bucket), then run each step as update + replay.
 
 :class:`GraphRuntime` validates a :class:`~graphrt.step.Batch` on the host, writes it into the
-metadata families and replays the graph whose program (:mod:`graphrt.runtime.programs`, one
+metadata groups and replays the graph whose program (:mod:`graphrt.runtime.programs`, one
 per mode) runs the device half of the update and the model. Telemetry keeps per-step times.
 """
 

@@ -34,7 +34,7 @@ import torch
 from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine
 from graphrt.kernels import tuning
 from graphrt.kernels.switches import Switches
-from graphrt.metadata.families import Families
+from graphrt.metadata.buffer_groups import BufferGroups
 from graphrt.runtime.fastpath import Routes
 from graphrt.runtime.programs import PROGRAMS, StepEnv
 from graphrt.runtime.progress import capture_progress
@@ -94,15 +94,15 @@ class Capturer:
         self,
         config: RuntimeConfig,
         device: torch.device,
-        families: Families,
+        groups: BufferGroups,
         env: StepEnv,
         backend: Any,
         switches: Switches,
     ) -> None:
-        self.config, self.device, self.families, self.env, self.backend = (
+        self.config, self.device, self.groups, self.env, self.backend = (
             config,
             device,
-            families,
+            groups,
             env,
             backend,
         )
@@ -178,7 +178,7 @@ class Capturer:
                     advance(f"{mode.name} bs={bucket}")
         finally:
             # NOTE: capture recorded updates it never ran; the next replay rewrites everything.
-            self.families.forget()
+            self.groups.forget()
             self.seconds += time.perf_counter() - start
 
     def on_first_use(self, mode: ForwardMode, bucket: int) -> None:
@@ -196,7 +196,7 @@ class Capturer:
         except Exception as err:  # NOTE: agreed on below, so that every rank takes one path
             error = err
         finally:
-            self.families.forget()  # NOTE: the step's own write must upload every buffer again
+            self.groups.forget()  # NOTE: the step's own write must upload every buffer again
         ok = self.agree(error is None, f"lazy capture of {mode.name} bs={bucket}")
         self.seconds += time.perf_counter() - start
         if ok and made is not None:
@@ -212,10 +212,10 @@ class Capturer:
     def _record(self, mode: ForwardMode, bucket: int) -> tuple[Any, Any]:
         """Capture ``(mode, bucket)`` on an all-padding batch; the graph and its static output."""
         shape = self.shape(mode, bucket)
-        inputs = self.families.view(mode, shape.rows, self.rows_per_req(mode), shape.tokens)
+        inputs = self.groups.view(mode, shape.rows, self.rows_per_req(mode), shape.tokens)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
-        self.families.write(empty_batch(mode), shape.rows, shape.tokens, poison=self.config.debug)
+        self.groups.write(empty_batch(mode), shape.rows, shape.tokens, poison=self.config.debug)
         program, env, max_q = PROGRAMS[mode], self.env, shape.max_q
 
         def step() -> torch.Tensor:
@@ -240,7 +240,7 @@ class Capturer:
             self.backend.name,
             tuple(g.info for g in self.dispatcher.graphs.values()),
             self.seconds if seconds is None else seconds,
-            self.families.step.memory_report(),
+            self.groups.step.memory_report(),
             self.switches.as_dict(),
             self.config.capture,
             pending,

@@ -1,4 +1,4 @@
-"""The eager path of a step: families built at the batch's exact size, the program run directly.
+"""The eager path of a step: groups built at the batch's exact size, the program run directly.
 
 ``run()`` takes it when no graph fits the batch (counted, with the reason), when asked
 (``eager=True``) and for modes that are never graphed. Graph and eager paths share every
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from graphrt.metadata.families import Families
+from graphrt.metadata.buffer_groups import BufferGroups
 from graphrt.runtime.fastpath import ModePlan, select
 from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.programs import PROGRAMS, StepEnv
@@ -19,14 +19,14 @@ from graphrt.step.batch import Batch
 
 
 def run_eager(
-    batch: Batch, plan: ModePlan, families: Families, env: StepEnv, feed: StepFeed | None = None
+    batch: Batch, plan: ModePlan, groups: BufferGroups, env: StepEnv, feed: StepFeed | None = None
 ) -> tuple[torch.Tensor, Any]:
     """Run ``batch`` eagerly; returns what the graph path returns (a fresh tensor), and the
     program's whole output."""
     pad = plan.pad
     # NOTE: an IDLE step still runs one all-padding row (as its graph does), so a model
     # with collectives or side effects sees the same call shape either way.
-    inputs = families.exact(batch, max(batch.bs, 1))
+    inputs = groups.exact(batch, max(batch.bs, 1))
     max_q = int(batch.q_lens.max()) if batch.bs else pad["pad_q_len"]
     with torch.no_grad():
         # NOTE: a gathering feed runs inside the program (FED ids), as on the graph path.

@@ -9,7 +9,7 @@ from typing import Any
 from graphrt.buffers import Dims
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.window import WindowPool, window_step
-from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.buffer_groups import BufferGroups, Dummies
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.local import LocalGeometry, local_geometry
 from graphrt.metadata.routing import RoutingShape
@@ -19,9 +19,9 @@ from graphrt.step.config import RuntimeConfig
 
 @dataclass(frozen=True)
 class Layout:
-    """The allocated groups (``families``) and what decided them."""
+    """The allocated groups (``groups``) and what decided them."""
 
-    families: Families
+    groups: BufferGroups
     geometry: Geometry
     local: LocalGeometry | None
     window: WindowPool | None
@@ -55,7 +55,7 @@ def build_layout(
     )
     enc_page = None if encoder is None else encoder.kv.dummy_page
     dummies = Dummies(kv.dummy_slot, kv.dummy_page, req_to_token.dummy_req, enc_page)
-    return Layout(Families(dims, kv.device, geometry, dummies), geometry, local, window)
+    return Layout(BufferGroups(dims, kv.device, geometry, dummies), geometry, local, window)
 
 
 def window_pool(kv: PagedKVCache, req_to_token: ReqToToken, config: RuntimeConfig) -> WindowPool | None:

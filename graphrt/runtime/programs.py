@@ -3,7 +3,7 @@
 A program takes the step's inputs (bucket views on the graph path, exact-size buffers on
 the eager path) and returns the step's output. Every program first runs the device half of
 the update (slots into ``req_to_token``, page table, cascade prefix), then the model. With a
-sampling family (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
+sampling group (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
 samples one token per request (TARGET_VERIFY: one per verify node) inside the same graph and
 returns :class:`Sampled`; DECODE's
 program also runs the token feed (:func:`fed`) around all of that.
@@ -24,9 +24,9 @@ from graphrt.kernels.switches import batch_invariant
 from graphrt.kv import EncoderKV, ReqToToken
 from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
+from graphrt.metadata.buffer_groups import StepInputs
 from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.encoder import derive_encoder
-from graphrt.metadata.families import StepInputs
 from graphrt.metadata.local import LocalGeometry, derive_local
 from graphrt.metadata.step import derive, derive_draft
 from graphrt.metadata.window import derive_window
@@ -142,7 +142,7 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     Returns the draft tokens ``[T, steps]`` int64.
     """
     b, draft = inputs.step, inputs.draft
-    assert draft is not None, "DRAFT_DECODE needs the draft buffer family"
+    assert draft is not None, "DRAFT_DECODE needs the draft buffer group"
     loc = draft.draft_loc
     steps = [
         dataclasses.replace(
@@ -179,7 +179,7 @@ Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
 
 
 def sampled(program: Program) -> Program:
-    """``program``, then (when the step has a sampling family) the sampler, in the same graph."""
+    """``program``, then (when the step has a sampling group) the sampler, in the same graph."""
 
     def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
         logits = program(env, mode, inputs, max_q)
@@ -203,7 +203,7 @@ def sampled(program: Program) -> Program:
 
 
 def sampled_nodes(program: Program) -> Program:
-    """TARGET_VERIFY's ``program``, then (with a sampling family) the target's token after every
+    """TARGET_VERIFY's ``program``, then (with a sampling group) the target's token after every
     node, ``[R, nodes]``, drawn in the same graph (:mod:`graphrt.runtime.verify_sampler`)."""
 
     def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
@@ -215,50 +215,42 @@ def sampled_nodes(program: Program) -> Program:
     return run
 
 
-def fed(program: Program) -> Program:
-    """``program`` (one token per request, sampled) inside the token feed (:mod:`.feed`).
-
-    Rows whose host-written input id is ``FED`` take their id from ``env.tokens`` and record
-    the token they sampled there; every other row (given ids, pad rows) is left alone, so an
-    unfed step runs exactly as ``program``. Both ops see the whole bucket: the graph of a
-    bucket serves fed and unfed steps alike (the ids are the flag). Without a feed or a
-    sampling family, ``program`` as it is.
-    """
-
-    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
-        tokens, step = env.tokens, inputs.step
-        if tokens is None or inputs.sampling is None:
-            return program(env, mode, inputs, max_q)
-        ids = tokens.gather(step.input_ids, step.req_pool_indices)
-        # NOTE: the model reads the gathered ids; ``step.input_ids`` keeps the flags for record.
-        gathered = dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
-        out = program(env, mode, gathered, max_q)
-        tokens.record(step.input_ids, step.req_pool_indices, out.tokens)
-        return out
-
-    return run
+#: ``(feed, input_ids, req_pool_indices) -> ids`` and ``(feed, input_ids, req_pool_indices, tokens)``.
+Gather = Callable[[TokenFeed, torch.Tensor, torch.Tensor], torch.Tensor]
+Record = Callable[[TokenFeed, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
-def fed_nodes(program: Program) -> Program:
-    """TARGET_VERIFY's ``program`` inside the token feed: an overlapped round's pending tokens.
+def _in_feed(gather: Gather, record: Record) -> Callable[[Program], Program]:
+    """A sampling ``program`` inside the token feed: the model reads the ids ``gather`` makes
+    of the host-written ones (which keep the flags, for ``record``); without a feed or a
+    sampling group, ``program`` as it is. Both ops see the whole bucket: a bucket's graph
+    serves fed and unfed steps alike (the ids are the flag)."""
 
-    Negative ids (``FED`` node 0, ``PAD_DRAFT`` drafts) take their request row's last token
-    from ``env.tokens``; after the draws, each row whose node 0 was ``FED`` records the token
-    after its accepted chain there, the next round's pending token. A round the host built
-    (no negative id) runs as ``program`` and records nothing but the dummy entry.
-    """
+    def wrap(program: Program) -> Program:
+        def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+            tokens, step = env.tokens, inputs.step
+            if tokens is None or inputs.sampling is None:
+                return program(env, mode, inputs, max_q)
+            ids = gather(tokens, step.input_ids, step.req_pool_indices)
+            gathered = dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
+            out = program(env, mode, gathered, max_q)
+            record(tokens, step.input_ids, step.req_pool_indices, out.tokens)
+            return out
 
-    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
-        tokens, step = env.tokens, inputs.step
-        if tokens is None or inputs.sampling is None:
-            return program(env, mode, inputs, max_q)
-        ids = tokens.gather_nodes(step.input_ids, step.req_pool_indices)
-        gathered = dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
-        out = program(env, mode, gathered, max_q)
-        tokens.record_bonus(step.input_ids, step.req_pool_indices, out.tokens)
-        return out
+        return run
 
-    return run
+    return wrap
+
+
+#: ``program`` (one token per request, sampled) inside the token feed (:mod:`.feed`): rows whose
+#: input id is ``FED`` take their id from the feed and record the token they sampled there; every
+#: other row (given ids, pad rows) is left alone, so an unfed step runs exactly as ``program``.
+fed = _in_feed(TokenFeed.gather, TokenFeed.record)
+#: TARGET_VERIFY's ``program`` inside the feed, an overlapped round's pending tokens: negative ids
+#: (``FED`` node 0, ``PAD_DRAFT`` drafts) take their row's last token from the feed; each row whose
+#: node 0 was ``FED`` records the token after its accepted chain there, the next round's pending
+#: token. A round the host built (no negative id) runs as ``program``.
+fed_nodes = _in_feed(TokenFeed.gather_nodes, TokenFeed.record_bonus)
 
 
 PROGRAMS: dict[ForwardMode, Program] = {

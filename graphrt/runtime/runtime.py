@@ -82,8 +82,8 @@ class GraphRuntime:
         #: Each request row's last sampled token (:mod:`graphrt.runtime.feed`); with sampling.
         rows = req_to_token.max_reqs + 1
         self.tokens = TokenFeed(rows, req_to_token.dummy_req, self.device) if config.sample else None
-        self.encoder, self.window, self.families = encoder, layout.window, layout.families
-        self.buffers = self.families.step
+        self.encoder, self.window, self.groups = encoder, layout.window, layout.groups
+        self.buffers = self.groups.step
         vocab = vocab_size or model_vocab_size(forward)
         self.env = StepEnv(
             forward,
@@ -102,7 +102,7 @@ class GraphRuntime:
             masks=TokenMasks.of(config.token_masks, rows, vocab, self.device),
         )
         self.logprobs: torch.Tensor | None = None  # NOTE: the last step's [bs, 1 + 2K] (.logprobs)
-        self.capturer = Capturer(config, self.device, self.families, self.env, self.backend, self.switches)
+        self.capturer = Capturer(config, self.device, self.groups, self.env, self.backend, self.switches)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -173,7 +173,7 @@ class GraphRuntime:
         """The facts of ``mode`` that every step reads (made once per mode; see ``fastpath``)."""
         plan = self._plans.get(mode)
         if plan is None:
-            scratch = MODES[mode].draft_steps and self.families.geometry.tree
+            scratch = MODES[mode].draft_steps and self.groups.geometry.tree
             plan = ModePlan.of(mode, bool(scratch), self.rows_per_req(mode), self.pad_values(mode))
             self._plans[mode] = plan
         return plan
@@ -186,7 +186,7 @@ class GraphRuntime:
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
     ) -> torch.Tensor:
         start = time.perf_counter()
-        self.families.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
+        self.groups.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
@@ -205,12 +205,12 @@ class GraphRuntime:
 
     def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
         self._eager_steps[batch.mode] += 1
-        out, raw = run_eager(batch, plan, self.families, self.env, feed)
+        out, raw = run_eager(batch, plan, self.groups, self.env, feed)
         self.logprobs = step_logprobs_of(raw, batch)
         return out
 
     def _check_poison(self, mode: ForwardMode, route: Route, rows_per_req: int) -> None:
-        left = self.families.poisoned(mode, route.rows, rows_per_req, route.tokens)
+        left = self.groups.poisoned(mode, route.rows, rows_per_req, route.tokens)
         if left:
             raise PoisonLeft(f"buffers not written by the update for {mode.name} {route.bucket}: {left}")
 
@@ -232,7 +232,7 @@ class GraphRuntime:
     @property
     def allocation(self) -> int:
         """Requests the static buffers hold: the largest bucket any ladder may have."""
-        return self.families.step.dims.max_bs
+        return self.groups.step.dims.max_bs
 
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
@@ -240,7 +240,7 @@ class GraphRuntime:
 
     def pad_values(self, mode: ForwardMode) -> dict[str, int]:
         """Values padded rows of ``mode`` hold (rule 3 of docs/architecture.md)."""
-        return self.families.pad_values(mode)
+        return self.groups.pad_values(mode)
 
     def capture(self, show_progress: bool = False) -> CaptureReport:
         """Capture every (mode, bucket) in ``config``, largest bucket first (lazy: mark them pending)."""

@@ -43,7 +43,7 @@ def sample_nodes(
     logits : [R * nodes, V] float
         The verify's logits, request-major (``nodes`` per request row, pad rows included).
     params : SamplingBuffers
-        ``[R]`` request rows (the sampling family).
+        ``[R]`` request rows (the sampling group).
     positions : [R * nodes] int64
         Each node's RoPE position (a tree node's: its prefix length + its depth).
     nodes : int

@@ -49,10 +49,10 @@ class RuntimeConfig:
     speculative : SpecGeometry, optional
         Draft/verify geometry; required to capture TARGET_VERIFY, DRAFT_DECODE, DRAFT_EXTEND.
     attention_chunk_size : int, optional
-        Chunked-local attention (Llama-4): allocate the local buffer family for chunks of this
+        Chunked-local attention (Llama-4): allocate the local buffer group for chunks of this
         many positions (a multiple of ``page_size``). ``build_stack`` takes it from the model.
     sample : bool
-        Allocate the sampling family: DECODE graphs (and eager EXTEND steps) then also sample
+        Allocate the sampling group: DECODE graphs (and eager EXTEND steps) then also sample
         one token per request inside the program, returned when the batch carries
         ``Batch.sampling``. Off: programs and outputs are exactly the logits path.
     deterministic : bool

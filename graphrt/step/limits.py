@@ -21,9 +21,9 @@ class Limits:
     num_live_slots: int
     vocab_size: int | None = None
     speculative: SpecGeometry | None = None
-    #: The runtime has a cascade family: TARGET_VERIFY batches are token trees.
+    #: The runtime has a cascade group: TARGET_VERIFY batches are token trees.
     tree: bool = False
-    #: The runtime has a sampling family (``RuntimeConfig(sample=True)``).
+    #: The runtime has a sampling group (``RuntimeConfig(sample=True)``).
     sample: bool = False
     #: Reusable arrays of the fast check (not part of the limits' value).
     scratch: Scratch = field(init=False, repr=False, compare=False)

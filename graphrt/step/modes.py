@@ -75,7 +75,7 @@ def _spec(field: str) -> Tokens:
 
 
 class TreeInput(Enum):
-    """How a ``topk > 1`` token tree reaches a mode's cascade family."""
+    """How a ``topk > 1`` token tree reaches a mode's cascade group."""
 
     NONE = "none"  # the mode never runs a tree
     MASK = "mask"  # host ``Batch.tree_mask`` (TARGET_VERIFY)
@@ -93,7 +93,7 @@ class ModeSpec:
     token per step, all branches of a request sit at position ``seq_len - 1`` and a pad row
     keeps a one-token prefix. ``tree``: where a ``topk > 1`` tree's expand lists come from.
     ``idle``: a step of this mode has no requests. ``samples``: with ``RuntimeConfig(sample=True)``
-    the program samples one token per request from its last token's logits (the sampling family);
+    the program samples one token per request from its last token's logits (the sampling group);
     TARGET_VERIFY one per verify node (speculative sampling). ``starts``: the step holds whole
     prompts from position 0, so per-request state kept on the device (penalty counts) starts over
     for its requests. ``token_bucket``: the graph key's bucket counts query tokens, not requests

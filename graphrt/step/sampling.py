@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from graphrt.step.ints import is_int, token_ids
 
-#: Seeds are non-negative int64 (the sampling family stores them as int64).
+#: Seeds are non-negative int64 (the sampling group stores them as int64).
 MAX_SEED = 2**63 - 1
 #: The largest ``top_k`` (int32's largest value; any ``top_k >= vocab`` keeps every token).
 MAX_TOP_K = 2**31 - 1

@@ -25,9 +25,9 @@ def test_toy_backend_plans_once_per_step_in_the_graph_and_eagerly(toy: None) -> 
     device = torch.device("cpu")
     setup = build_runtime(device, backend="toy", max_batch_size=4)
     rt, rng = setup.runtime, np.random.default_rng(0)
-    assert rt.backend.name == "toy" and rt.families.group("attention") is not None
+    assert rt.backend.name == "toy" and rt.groups.group("attention") is not None
     prefill(setup, ROWS, [5, 9, 3], rng)
-    group = rt.families.groups["attention"].view(4)
+    group = rt.groups.groups["attention"].view(4)
     for step in range(3):
         batch = decode_batch(setup, ROWS, next_lens(setup, ROWS), rng)
         before, python_before = int(group.plans), ToyBackend.host_plans

@@ -30,12 +30,12 @@ MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND
 
 
 def local_for(case: PagedCase, page_size: int) -> LocalStep:
-    """The local family at the case's exact size, derived, and bound to the case's metadata."""
+    """The local group at the case's exact size, derived, and bound to the case's metadata."""
     dims = Dims(len(case.seq_lens), sum(case.q_lens), -(-CONTEXT // page_size), CONTEXT)
     geometry = LocalGeometry(C, page_size)
     specs = LOCAL_GROUP.specs(Geometry(local=geometry, page_size=page_size), dims)
-    family = StaticBuffers("local", specs, LocalBuffers, dims, case.q.device)
-    local = family.view_type(**family.full)
+    group = StaticBuffers("local", specs, LocalBuffers, dims, case.q.device)
+    local = group.view_type(**group.full)
     derive_local(case.buffers, local, case.req_to_token, geometry, case.dummy_page)
     return LocalStep.bind(case.meta, local, C)
 
@@ -104,7 +104,7 @@ def test_local_replay_matches_eager_across_chunk_edges(device: torch.device, pag
         runtime = setup.runtime
         rng = np.random.default_rng(page_size)
         prefill(setup, list(range(6)), [CONTEXT] * 6, rng)
-        view = runtime.families.groups["local"].view(4, 1)
+        view = runtime.groups.groups["local"].view(4, 1)
         ptrs = [view.page_table.data_ptr(), view.cache_seqlens.data_ptr(), view.cu_seqlens_q.data_ptr()]
         reqs = [4, 0, 2]
         for step in range(4):  # lengths 31..34 / 63..66 / 30..33
@@ -132,7 +132,7 @@ def test_local_replay_matches_eager_across_chunk_edges(device: torch.device, pag
 
 
 def test_shrinking_batch_leaves_no_stale_local_row(device: torch.device) -> None:
-    """Debug mode poisons both families before each update; bs 4 → 1 inside one bucket, then
+    """Debug mode poisons both groups before each update; bs 4 → 1 inside one bucket, then
     an IDLE step, leave no poison, and every pad row reads the dummy page only."""
     setup = _local_runtime(device, "reference", 16, debug=True, modes=(ForwardMode.DECODE, ForwardMode.IDLE))
     runtime = setup.runtime
@@ -147,8 +147,8 @@ def test_shrinking_batch_leaves_no_stale_local_row(device: torch.device) -> None
             parity_step(setup, decode_batch(setup, reqs, lens, rng), device)
         except PoisonLeft as exc:
             pytest.fail(f"bs {bs}: {exc}")
-        assert runtime.families.groups["local"].pad_violations(4, 1, bs, pad) == []
-        view = runtime.families.groups["local"].view(4, 1)
+        assert runtime.groups.groups["local"].pad_violations(4, 1, bs, pad) == []
+        view = runtime.groups.groups["local"].view(4, 1)
         assert view.cache_seqlens[bs:].tolist() == [1] * (4 - bs)
     # NOTE: an IDLE step (bs 0) replays its all-padding graph: every row reads the dummy page.
     empty = np.zeros(0, dtype=np.int64)
@@ -157,7 +157,7 @@ def test_shrinking_batch_leaves_no_stale_local_row(device: torch.device) -> None
     )
     assert runtime.run(idle).shape == (0, setup.model.vocab_size)
     assert runtime.stats().replays["IDLE"] == 1
-    assert (runtime.families.groups["local"].view(4, 1).page_table == setup.kv.dummy_page).all()
+    assert (runtime.groups.groups["local"].view(4, 1).page_table == setup.kv.dummy_page).all()
 
 
 def test_chunk_must_be_a_multiple_of_page_size() -> None:
@@ -184,7 +184,7 @@ def test_local_model_without_local_buffers_is_refused() -> None:
     kv = PagedKVCache(shape, torch.float32, cpu)
     r2t = ReqToToken(2, CONTEXT, 16, kv.dummy_slot, cpu)
     runtime = GraphRuntime(model, kv, r2t, config)
-    assert runtime.families.group("local") is None
+    assert runtime.groups.group("local") is None
     with pytest.raises(ValueError, match=r"set RuntimeConfig.attention_chunk_size=32"):
         runtime.capture()
 

@@ -108,7 +108,7 @@ def test_memory_report_is_exact() -> None:
         "logits": 24 * 5 * 4,
         "flags": 2 * 64 * 8,
     }
-    assert report.family == "toy"
+    assert report.group == "toy"
     assert report.total_bytes == sum(sizes.values()) == 1940
     assert {r.name: r.nbytes for r in report.rows} == sizes
     assert {r.name: r.shape for r in report.rows} == {

@@ -54,10 +54,10 @@ def test_ring_depth() -> None:
     from graphrt.buffers import StaticBuffers  # noqa: F401 - the ring lives there
 
     cpu = build_runtime(torch.device("cpu"), max_batch_size=2, buckets=(1, 2), capture=False)
-    assert len(cpu.runtime.families.step.mirrors) == 1  # the CPU copy is synchronous
+    assert len(cpu.runtime.groups.step.mirrors) == 1  # the CPU copy is synchronous
     if torch.cuda.is_available():
         gpu = build_runtime(torch.device("cuda"), max_batch_size=2, buckets=(1, 2), capture=False)
-        step = gpu.runtime.families.step
+        step = gpu.runtime.groups.step
         assert (
             len(step.mirrors) == 2
             and step.mirrors[0]["input_ids"].ctypes.data != step.mirrors[1]["input_ids"].ctypes.data

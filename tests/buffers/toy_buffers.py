@@ -1,4 +1,4 @@
-"""A toy buffer family shared by the buffer tests: every pad rule and dim symbol once."""
+"""A toy buffer group shared by the buffer tests: every pad rule and dim symbol once."""
 
 from __future__ import annotations
 

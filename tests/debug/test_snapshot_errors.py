@@ -56,7 +56,7 @@ def _set(value: Any, *keys: str | int) -> Callable[[dict[str, Any]], None]:
 #: name -> (edit of the JSON data, message)
 FIELD_CASES = {
     "missing_top_level": (_drop("graphs"), r"snapshot\.graphs: missing field"),
-    "missing_nested": (_drop("memory", "family"), r"snapshot\.memory\.family: missing field"),
+    "missing_nested": (_drop("memory", "group"), r"snapshot\.memory\.group: missing field"),
     "missing_in_list": (_drop("graphs", 0, "kernels"), r"snapshot\.graphs\[0\]\.kernels: missing field"),
     "int_as_string": (
         _set("four", "graphs", 0, "bucket"),

@@ -209,12 +209,12 @@ def test_greedy_steps_skip_the_sampling_upload_until_something_changes() -> None
     from graphrt.metadata.sampling import SAMPLING_SPECS, SamplingBuffers, SamplingWriter
 
     dims = Dims(max_bs=8, max_tokens=8, max_pages=1, max_context_len=8)
-    family = StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, torch.device("cpu"))
+    group = StaticBuffers("sampling", SAMPLING_SPECS, SamplingBuffers, dims, torch.device("cpu"))
     writer, positions = SamplingWriter(), np.arange(8, dtype=np.int64)
 
     def write(params: tuple[SamplingParams, ...], rows: int) -> bool:
         batch = SimpleNamespace(sampling=params, seq_lens=positions)
-        return writer.write(family, batch, rows, rows, {})
+        return writer.write(group, batch, rows, rows, {})
 
     greedy, hot = SamplingParams(), SamplingParams(temperature=0.7, seed=3)
     assert write((greedy,) * 2, 4)  # fresh: written
@@ -222,10 +222,10 @@ def test_greedy_steps_skip_the_sampling_upload_until_something_changes() -> None
     assert not write((), 2)  # fewer rows: still held
     assert write((greedy,) * 5, 8)  # rows 4..8 not known yet
     assert write((hot, greedy), 2)  # a sampled row: written
-    assert family.host("temperature")[0] == pytest.approx(0.7)
+    assert group.host("temperature")[0] == pytest.approx(0.7)
     assert write((greedy,), 2)  # and greedy again: rewritten
     seeded = SamplingParams(seed=5, stop_token_ids=(2,))  # greedy too: seed and stops unread
     assert not write((seeded, greedy), 2)
-    family.poison()
+    group.poison()
     writer.forget()
     assert write((greedy,), 2)  # poisoned: rewritten

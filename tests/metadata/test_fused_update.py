@@ -15,7 +15,7 @@ import torch
 from graphrt.buffers import Dims
 from graphrt.kv import ReqToToken
 from graphrt.metadata import kernels
-from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.buffer_groups import BufferGroups, Dummies
 from graphrt.metadata.groups import Geometry
 from graphrt.metadata.step import derive, derive_draft, gather_page_table, record_slots
 from graphrt.step import Batch, ForwardMode, SpecGeometry
@@ -59,10 +59,10 @@ def _batch(
     )
 
 
-def _families(batch: Batch, rows: int, tokens: int, ps: int, device, spec=None, track=True):
+def _groups(batch: Batch, rows: int, tokens: int, ps: int, device, spec=None, track=True):
     dims = Dims(rows, tokens, -(-128 // ps), 128)
-    fam = Families(dims, device, Geometry(spec, page_size=ps), Dummies(0, 0, 6))
-    fam.writers["step"].pages.track = track
+    groups = BufferGroups(dims, device, Geometry(spec, page_size=ps), Dummies(0, 0, 6))
+    groups.writers["step"].pages.track = track
     pad_q = 1 if batch.mode is not ForwardMode.TARGET_VERIFY else batch.num_tokens // max(batch.bs, 1)
     dummy_req = 6
     pad = {
@@ -72,19 +72,19 @@ def _families(batch: Batch, rows: int, tokens: int, ps: int, device, spec=None, 
         "pad_seq_len": pad_q + 1,
         "pad_prefix_len": 1,
     }
-    return fam, pad
+    return groups, pad
 
 
 def _run(batch, rows, tokens, ps, device, fused: bool, history: list[Batch] = (), spec=None, tree=False):
     r2t, _num_pages = _setup(ps, device)
-    fam, pad = _families(batch, rows, tokens, ps, device, spec, track=fused)
+    groups, pad = _groups(batch, rows, tokens, ps, device, spec, track=fused)
     pad["dummy_slot"] = r2t.dummy_slot
     r2t.table[-1] = r2t.dummy_slot
-    step = fam.step.view(rows, tokens // rows)
+    step = groups.step.view(rows, tokens // rows)
     for b in [*history, batch]:  # earlier, longer batches leave pages the update must erase
-        fam.write(b, rows, tokens, pad)
+        groups.write(b, rows, tokens, pad)
         if b.mode is ForwardMode.DRAFT_DECODE:
-            draft = fam.groups["draft"].view(rows, tokens // rows).draft_loc
+            draft = groups.groups["draft"].view(rows, tokens // rows).draft_loc
             if fused or tree:
                 derive_draft(step, draft, r2t, ps, tree=tree)
             else:

@@ -13,9 +13,9 @@ from graphrt import ForwardMode
 from graphrt.cli import main
 from graphrt.debug.snapshot import take_snapshot
 from graphrt.kernels.moe import BLOCK_M, Routing, align_bound, block_bound
+from graphrt.kernels.moe.align import align_reference
 from graphrt.metadata.routing import RoutingShape
 from graphrt.models.moe_config import MoESpec
-from graphrt.kernels.moe.align import align_reference
 from graphrt.models.router import route
 from tests.support.util import build_runtime, decode_batch, prefill
 
@@ -167,12 +167,12 @@ def test_pad_rows_route_to_no_expert(tmp_path: Path, capsys: pytest.CaptureFixtu
     prefill(setup, range(3), [5, 9, 3], rng)
     rt.run(decode_batch(setup, [0, 1, 2], [6, 10, 4], rng))
     assert rt.stats().replays["DECODE"] == 1
-    group = rt.families.group("routing")
+    group = rt.groups.group("routing")
     view = group.view(4)
     assert view.topk_ids[3].tolist() == [8, 8] and view.topk_weights[3].tolist() == [0.0, 0.0]
     assert (view.topk_ids[:3] < 8).all() and int(view.num_tokens) == 3
     assert group.pad_violations(4, 1, 3, rt.pad_values(ForwardMode.DECODE)) == []
-    names = {r.family: [row.name for row in r.rows] for r in rt.families.memory_reports()}
+    names = {r.group: [row.name for row in r.rows] for r in rt.groups.memory_reports()}
     assert names["routing"][:3] == ["num_tokens", "topk_ids", "topk_weights"]
     path = tmp_path / "snap.json"
     take_snapshot(rt, str(path), environment={"device": "cpu"})

@@ -161,7 +161,7 @@ def test_tp2_cuda_bf16_within_bounds(checkpoint: tuple[Path, Any]) -> None:
 def test_torchrun_generate_tp2_equals_transformers(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node 2 -m graphrt generate --tp 2`` (the engine: rank 0 feeds
     the steps, graphed DECODE) prints transformers' greedy tokens once: Qwen2-MoE (shared
-    expert), one family (a torchrun costs two cold starts)."""
+    expert), one group (a torchrun costs two cold starts)."""
     path = tmp_path / "qwen2-moe"
     reference = saved_reference(path, *MOE_CASES["qwen2-moe-shared-gate"])
     save_word_tokenizer(path, reference.config.vocab_size)

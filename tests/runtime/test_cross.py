@@ -75,7 +75,7 @@ def test_encoder_group_holds_each_row_then_pads(device: torch.device) -> None:
     rows the dummy page and length 1."""
     seqs = started(device, "reference", True)
     stack = seqs.stack
-    enc, group = stack.encoder, stack.runtime.families.group("encoder")
+    enc, group = stack.encoder, stack.runtime.groups.group("encoder")
     assert group is not None
     pads = stack.runtime.pad_values(ForwardMode.DECODE)
     assert pads["encoder_dummy_page"] == enc.kv.dummy_page

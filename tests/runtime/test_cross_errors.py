@@ -28,7 +28,7 @@ def snapshot(stack: ModelStack) -> list[torch.Tensor]:
     """Every tensor bad input must leave alone."""
     enc = stack.encoder
     assert enc is not None
-    arenas = [g.arena.clone() for g in stack.runtime.families.groups.values()]
+    arenas = [g.arena.clone() for g in stack.runtime.groups.groups.values()]
     return [*arenas, *(t.clone() for t in (*enc.kv.k, *enc.kv.v, enc.pages, enc.lens))]
 
 

@@ -79,7 +79,7 @@ def test_short_capture_long_replay(device: torch.device, layout: str) -> None:
     batch = spec_batch(setup, VERIFY, [0, 1], [n + 3 for n in lens], [3, 3], rng)
     eager = setup.runtime.run(batch, eager=True)
     torch.testing.assert_close(setup.runtime.run(batch), eager, **tol(device))
-    view = setup.runtime.families.groups["attention"].view(4, 3)
+    view = setup.runtime.groups.groups["attention"].view(4, 3)
     idx = view.topk_indices[:6].cpu()
     assert (idx >= 0).all(), "long sequences must fill all index_topk entries"
     assert int(idx.max()) >= 3 * TOPK, "indices must reach far past index_topk positions"
@@ -93,7 +93,7 @@ def test_short_sequences_give_minus_one_tails(device: torch.device) -> None:
     rng = np.random.default_rng(2)
     prefill(setup, [0, 1], [9, 30], rng)
     setup.runtime.run(decode_batch(setup, [0, 1], [10, 31], rng))
-    view = setup.runtime.families.groups["attention"].view(4, 1)
+    view = setup.runtime.groups.groups["attention"].view(4, 1)
     idx, slots = view.topk_indices.cpu(), view.topk_slots.cpu()
     for row, n, req in ((0, 10, 0), (1, 31, 1)):
         assert sorted(idx[row, :n].tolist()) == list(range(n))  # every past key, then −1
@@ -109,7 +109,7 @@ def test_padded_rows_with_stale_indices(device: torch.device, layout: str) -> No
     lens = [120, 70, 40, 100]
     prefill(setup, [0, 1, 2, 3], lens, rng)
     setup.runtime.run(decode_batch(setup, [0, 1, 2, 3], [n + 1 for n in lens], rng))
-    view = setup.runtime.families.groups["attention"].view(4, 1)
+    view = setup.runtime.groups.groups["attention"].view(4, 1)
     live = slot_of(setup, 3, 5)
     view.topk_indices.fill_(5)  # stale, valid-looking rows everywhere
     view.topk_slots.fill_(live)
@@ -123,7 +123,7 @@ def test_padded_rows_with_stale_indices(device: torch.device, layout: str) -> No
 
 def test_sparse_buffers_keep_addresses(device: torch.device) -> None:
     setup = dsa(device, "fp8")
-    extra = setup.runtime.families.groups["attention"]
+    extra = setup.runtime.groups.groups["attention"]
     rng = np.random.default_rng(4)
     prefill(setup, [0, 1, 2], [30, 81, 132], rng)  # row i first decodes at step i
     keys = [(b, t) for b in (1, 4) for t in (1, 3)]

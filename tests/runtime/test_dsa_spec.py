@@ -133,8 +133,8 @@ def test_tree_tokens_select_only_prefix_and_ancestors(device: torch.device, layo
     prefill(setup, [0, 1, 2, 3], lens, rng)
     reqs, n = [0, 1, 2, 3], TREE.num_draft_tokens
     setup.runtime.run(verify_batch(setup, TREE, reqs, lens, rng))
-    slots = setup.runtime.families.groups["attention"].view(4, n).topk_slots[:, :TOPK].cpu()
-    positions = setup.runtime.families.groups["attention"].view(4, n).topk_indices.cpu()
+    slots = setup.runtime.groups.groups["attention"].view(4, n).topk_slots[:, :TOPK].cpu()
+    positions = setup.runtime.groups.groups["attention"].view(4, n).topk_indices.cpu()
     for b, r in enumerate(reqs):
         prefix = {slot_of(setup, r, p) for p in range(lens[r])}
         for t, path in enumerate(tree_paths(chain_tree_mask(TREE.num_steps, TREE.topk, n))):

@@ -202,7 +202,7 @@ def test_mixed_graphs_serve_the_features(
         window_pool=window_pool,
         debug=True,
     )
-    routing = setup.runtime.families.group("routing")
+    routing = setup.runtime.groups.group("routing")
     assert (routing is not None) == (model == "tiny-qwen3-moe")
     if routing is not None:
         assert routing.view(MAX_BS, 1, 16).topk_ids.shape[0] == 16 == routing.dims.max_tokens

@@ -37,7 +37,7 @@ def test_every_mode_poison_and_pads(spec: SpecGeometry, model: str) -> None:
     rng = np.random.default_rng(2)
     lens = filled(setup, rng)
     rt = setup.runtime
-    routing = rt.families.group("routing")
+    routing = rt.groups.group("routing")
     experts = routing.full["expert_counts"].shape[0]
     reqs = [2, 0, 1]
     accept = [int(a) for a in rng.integers(1, 4, len(reqs))]

@@ -2,7 +2,7 @@
 
 Every good step's graphed output equals an independent eager twin's (same weights, same
 batches, ``eager=True``); every bad batch is refused by both with the expected error and
-leaves the KV cache, ``req_to_token`` (table and ledger) and every buffer family bit-identical;
+leaves the KV cache, ``req_to_token`` (table and ledger) and every buffer group bit-identical;
 at the end every captured buffer has the address it was captured at, and neither host memory
 (tracemalloc, on graphrt's own lines) nor torch memory (live tensor storages; on CUDA ``memory_allocated``) grew after
 warm-up. The short run is in the fast lane; the long one is marked ``slow``.
@@ -76,13 +76,13 @@ def addresses(runtime: GraphRuntime) -> dict[str, int]:
     """data_ptr of every tensor a graph captured or an update writes: arenas, host mirrors,
     cached bucket views, KV cache, req_to_token, graph outputs."""
     found: dict[str, int] = {}
-    fam = runtime.families
-    for family in fam.groups.values():
-        name = family.family
-        found[f"{name}.arena"] = family.arena.data_ptr()
-        for i, host in enumerate(family.host_arenas):
+    groups = runtime.groups
+    for group in groups.groups.values():
+        name = group.group
+        found[f"{name}.arena"] = group.arena.data_ptr()
+        for i, host in enumerate(group.host_arenas):
             found[f"{name}.host[{i}]"] = host.data_ptr()
-        for key, view in family._views.items():
+        for key, view in group._views.items():
             for field, t in tensors_of(view).items():
                 found[f"{name}.view{key}.{field}"] = t.data_ptr()
     for attr, value in vars(runtime.kv).items():
@@ -172,7 +172,7 @@ def _soak(device: torch.device, steps: int, warm: int, seed: int) -> Counter[str
     rt, twin = graphed.runtime, eager.runtime
     work = Workload(np.random.default_rng(seed), ROWS, CONTEXT, PAGE, graphed.model.vocab_size, SPEC)
     start_addresses = addresses(rt)
-    views = sum(len(f._views) for f in rt.families.used_by(M.DRAFT_DECODE))
+    views = sum(len(f._views) for f in rt.groups.used_by(M.DRAFT_DECODE))
     assert views >= len(BUCKETS) and len(start_addresses) > 50, start_addresses
     checkpoints = {warm + (steps - warm) * k // 3 for k in range(3)}
     host: list[tracemalloc.Snapshot] = []

@@ -182,7 +182,7 @@ def test_tree_draft_branch_equals_its_own_chain(device: torch.device) -> None:
 
 def test_shrink_inside_bucket_leaves_nothing_stale(device: torch.device) -> None:
     """Every mode: a full bucket, then a smaller batch in it; debug poison proves each buffer
-    of each family the mode reads was rewritten, and pad rows hold exactly the pad values."""
+    of each group the mode reads was rewritten, and pad rows hold exactly the pad values."""
     spec = SpecGeometry(num_steps=3, topk=2, num_draft_tokens=5)
     setup = setup_for(device, spec, debug=True)
     rng = np.random.default_rng(2)

@@ -131,7 +131,7 @@ def test_mapping_and_window_page_table_contents(device: torch.device) -> None:
     lens = [70, 9, 41]
     prefill(s, [0, 1, 2], lens, rng)
     s.runtime.run(decode_batch(s, [0, 1, 2], [n + 1 for n in lens], rng))
-    pool, view = s.runtime.window, s.runtime.families.view(M.DECODE, 4, 1).window
+    pool, view = s.runtime.window, s.runtime.groups.view(M.DECODE, 4, 1).window
     assert pool is not None and view is not None
     table, dummy = view.page_table.cpu(), pool.dummy_page
     for i, (r, n) in enumerate(zip([0, 1, 2], [n + 1 for n in lens], strict=True)):
@@ -153,7 +153,7 @@ def test_draft_chain_slots_per_step(device: torch.device) -> None:
     rng = np.random.default_rng(3)
     prefill(s, [0, 1], [30, 50], rng)
     s.runtime.run(draft_batch(s, CHAIN, [1, 0], [30, 50], rng))
-    pool, view = s.runtime.window, s.runtime.families.view(M.DRAFT_DECODE, 4, 1).window
+    pool, view = s.runtime.window, s.runtime.groups.view(M.DRAFT_DECODE, 4, 1).window
     assert pool is not None and view is not None
     for i, (r, n) in enumerate([(1, 50), (0, 30)]):
         want = [

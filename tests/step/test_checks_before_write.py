@@ -1,7 +1,7 @@
 """Every check runs before the first write, on a runtime built as in docs/runtime-api.md (no vocab_size).
 
 Each refused batch leaves the KV cache, ``req_to_token`` (device table and host ledger) and
-every buffer family (device arena and host mirror) bit-identical.
+every buffer group (device arena and host mirror) bit-identical.
 """
 
 from __future__ import annotations

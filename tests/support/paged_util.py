@@ -13,7 +13,7 @@ from graphrt import Batch, ForwardMode
 from graphrt.buffers import Dims
 from graphrt.kv import ReqToToken
 from graphrt.metadata import StepBuffers, StepMetadata, derive
-from graphrt.metadata.families import Dummies, Families
+from graphrt.metadata.buffer_groups import BufferGroups, Dummies
 from graphrt.metadata.groups import Geometry
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
@@ -65,8 +65,8 @@ def paged_case(
         q_lens=q_lens,
     )
     dummies = Dummies(dummy_slot, dummy_slot // page_size, len(seq_lens))
-    families = Families(Dims(1, 1, max_pages, context), device, Geometry(page_size=page_size), dummies)
-    buffers = families.exact(batch, batch.bs).step
+    groups = BufferGroups(Dims(1, 1, max_pages, context), device, Geometry(page_size=page_size), dummies)
+    buffers = groups.exact(batch, batch.bs).step
     derive(buffers, r2t, page_size)
     meta = StepMetadata(mode, buffers, max_seqlen_q=max(q_lens), page_size=page_size)
     q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen).to(device, dtype)

@@ -23,17 +23,17 @@ def _kv_tensors(kv: Any) -> dict[str, torch.Tensor]:
 
 def state_of(runtime: GraphRuntime) -> dict[str, Any]:
     """Copies of the KV cache, ``req_to_token`` (device table and host ledger) and every
-    buffer family's device arena and host mirror."""
+    buffer group's device arena and host mirror."""
     r2t = runtime.req_to_token
     state: dict[str, Any] = {name: t.clone() for name, t in _kv_tensors(runtime.kv).items()}
     state["req_to_token"] = r2t.table.clone()
     for name in ("valid_lens", "table", "owner", "refs", "slot_pos", "pinned"):
         state[f"ledger.{name}"] = getattr(r2t.ledger, name).copy()
-    fam = runtime.families
-    for family in fam.groups.values():
-        if family.family != "sampling":
-            state[f"{family.family}.arena"] = family.arena.clone()
-            state[f"{family.family}.host_arena"] = family.host_arena.clone()
+    groups = runtime.groups
+    for group in groups.groups.values():
+        if group.group != "sampling":
+            state[f"{group.group}.arena"] = group.arena.clone()
+            state[f"{group.group}.host_arena"] = group.host_arena.clone()
     return state
 
 

@@ -61,7 +61,7 @@ def _family(name: str) -> str:
 
 def kernel_breakdown(ops: Sequence[Op], steps: int, top: int = 12) -> dict[str, Any]:
     """Per step: busy µs (union of intervals), span µs (first start to last end), the idle
-    share of the span, and the ``top`` kernel families by device time (µs and launches per step)."""
+    share of the span, and the ``top`` kernel groups by device time (µs and launches per step)."""
     if not ops or steps < 1:
         return {"steps": steps, "busy_us": None, "span_us": None, "idle_share": None, "kernels": []}
     span = (max(o.end for o in ops) - min(o.start for o in ops)) / steps

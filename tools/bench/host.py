@@ -137,7 +137,7 @@ def measure(rt: GraphRuntime, peer: Peer, batch: Batch, args: argparse.Namespace
     peer.assert_same_pages(rt, batch)
     fields = {k: getattr(batch, k) for k in ("input_ids", "seq_lens", "req_pool_indices", "out_cache_loc")}
     q = None if batch.mode is ForwardMode.DECODE else batch.q_lens
-    step = rt.families.step
+    step = rt.groups.step
     ledger, scratch = rt.req_to_token.ledger, rt.plan(batch.mode).scratch
     row = {
         "create": _stats(
@@ -150,7 +150,7 @@ def measure(rt: GraphRuntime, peer: Peer, batch: Batch, args: argparse.Namespace
         "validate": _stats(sample_us(lambda: batch.check(rt.limits), iters, dev)),
         "isolate": _stats(sample_us(lambda: ledger.check(KVWrites.of(batch, scratch=scratch)), iters, dev)),
         "write_upload": _stats(
-            sample_us(lambda: rt.families.write(batch, bucket, bucket * rows, pad), iters, dev)
+            sample_us(lambda: rt.groups.write(batch, bucket, bucket * rows, pad), iters, dev)
         ),
         "launch": _stats(sample_us(graph.replay, iters, dev)),
         "peer_prepare": _stats(sample_us(lambda: peer.prepare(batch), iters, dev)),

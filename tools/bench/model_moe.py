@@ -105,7 +105,7 @@ def pad_rows_route_nowhere(stack: Any, next_ids: np.ndarray, context: int, bucke
     bs = bucket // 2 + 1
     batch = steps.graphrt_decode(stack, next_ids[:bs], context)
     stack.runtime.run(batch)
-    group = stack.runtime.families.group("routing")
+    group = stack.runtime.groups.group("routing")
     experts = group.full["expert_counts"].shape[0]
     pads = group.view(bucket).topk_ids[bs:]
     counts, _ = routed_reads(stack, stack.model, batch)

@@ -89,7 +89,7 @@ class Peer:
 
     def __init__(self, rt: GraphRuntime, spec: SpecGeometry | None) -> None:
         dev, cfg = rt.device, rt.config
-        max_bs, tokens = rt.dispatcher.policy.largest, rt.families.step.dims.max_tokens
+        max_bs, tokens = rt.dispatcher.policy.largest, rt.groups.step.dims.max_tokens
         self.rt, self.spec, self.ps, self.dev = rt, spec, cfg.page_size, dev
         self.table = rt.req_to_token.table
 
@@ -189,9 +189,9 @@ class Peer:
 
     def assert_same_pages(self, rt: GraphRuntime, batch: Batch) -> None:
         """The peer's page table equals graphrt's over each real row's pages (raises if not)."""
-        ps, mine = self.ps, rt.families.step.full["page_table"].cpu()
+        ps, mine = self.ps, rt.groups.step.full["page_table"].cpu()
         theirs = self.page_table[-1 if batch.mode is M.DRAFT_DECODE else 0].cpu()
-        keys = batch.seq_lens + rt.families.draft_keys(batch.mode)
+        keys = batch.seq_lens + rt.groups.draft_keys(batch.mode)
         if self.spec is not None and self.spec.topk > 1 and batch.mode is M.TARGET_VERIFY:
             keys = batch.seq_lens - self.spec.num_draft_tokens  # the prefix half of the cascade
         for r, k in enumerate(keys.tolist()):

@@ -137,9 +137,7 @@ def phases(rt: GraphRuntime, batch: Batch, iters: int) -> dict[str, np.ndarray]:
         "kv_writes": timed_us(lambda: KVWrites.of(batch, scratch=plan.scratch), iters),
         "kv_check": timed_us(lambda: ledger.check(writes), iters),
         "route": timed_us(lambda: rt._route(batch, plan), iters),
-        "write_upload": timed_us(
-            lambda: rt.families.write(batch, route.bucket, route.tokens, plan.pad), iters
-        ),
+        "write_upload": timed_us(lambda: rt.groups.write(batch, route.bucket, route.tokens, plan.pad), iters),
         "telemetry": timed_us(telemetry, iters),
         "output": timed_us(lambda: route.result(sampled, batch.input_ids.size).clone(), iters),
         "kv_commit": timed_us(

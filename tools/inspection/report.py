@@ -120,12 +120,12 @@ def read_rows(graph: GraphFacts) -> list[Row]:
 
 
 def buffer_rows(snap: Snapshot) -> list[Row]:
-    """Every declared static buffer of the step family: shape, size, dtype, pad rule, where written, bytes, address."""
+    """Every declared static buffer of the step group: shape, size, dtype, pad rule, where written, bytes, address."""
     return memory_rows(snap.memory)
 
 
 def memory_rows(memory: MemoryFacts) -> list[Row]:
-    """One row per declared buffer of a family."""
+    """One row per declared buffer of a group."""
     return [
         (
             b.name,

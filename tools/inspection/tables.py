@@ -85,9 +85,9 @@ def render(
             title = f"static buffers read by {largest.mode} bucket {largest.bucket}"
             console.print(_table(title, report.READ_COLUMNS, report.read_rows(largest)))
     console.print(_table("static buffers", report.BUFFER_COLUMNS, report.buffer_rows(snap)))
-    for memory in snap.families:
-        if memory.family != snap.memory.family:
-            title = f"static buffers: {memory.family} family ({memory.total_bytes} B declared)"
+    for memory in snap.groups:
+        if memory.group != snap.memory.group:
+            title = f"static buffers: {memory.group} group ({memory.total_bytes} B declared)"
             console.print(_table(title, report.BUFFER_COLUMNS, report.memory_rows(memory)))
     _contents(snap, console)
     console.print(_table("replays", ("", "value"), report.replay_summary(snap)))

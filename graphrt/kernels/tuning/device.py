@@ -19,7 +19,6 @@ be read is refused (naming the file and the field), never skipped.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,17 +47,10 @@ def device_name(device: torch.device) -> str | None:
 
 
 def cache_dir() -> Path | None:
-    """``$XDG_CACHE_HOME/graphrt/tuning`` (or ``~/.cache/graphrt/tuning``); None when
-    ``GRAPHRT_CACHE=0`` or no home is known."""
-    if not switches.active()["GRAPHRT_CACHE"]:
-        return None
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".cache")
-        except (RuntimeError, KeyError):  # NOTE: no HOME and no passwd entry: no cache
-            return None
-    return Path(base) / "graphrt" / "tuning"
+    """``graphrt/tuning`` under the cache root (:func:`graphrt.kernels.switches.cache_root`);
+    None when ``GRAPHRT_CACHE=0`` or no home is known."""
+    root = switches.cache_root()
+    return None if root is None else root / "tuning"
 
 
 def cache_path(name: str) -> Path | None:

@@ -49,7 +49,7 @@ class BuffersView(View):
         """Redraw the buffer table (search applied) and the selected buffer's rows."""
         m = self.snap.memory
         self.query_one("#buffers-title", Static).update(
-            f"[b]Buffers[/b] │ family {m.family!r}: {len(m.buffers)} buffers, {m.total_bytes} B declared, "
+            f"[b]Buffers[/b] │ group {m.group!r}: {len(m.buffers)} buffers, {m.total_bytes} B declared, "
             f"arena {m.arena_bytes} B (device), {m.host_arena_bytes} B (pinned host mirror)"
         )
         self._rows = [r for r in report.buffer_rows(self.snap) if self.matches(r[0])]

@@ -82,7 +82,7 @@ class ModeGroups:
     written: tuple[tuple[StaticBuffers, Writer], ...]
 
 
-class Families:
+class BufferGroups:
     """The runtime's buffer groups, allocated once at ``dims`` (or exactly, for eager).
 
     Holds each group's writer and the pad values of each mode, and writes a step (host half,
@@ -123,7 +123,7 @@ class Families:
         found = self._modes.get(mode)
         if found is None:
             used = tuple(g for name, g in self.groups.items() if self.rows[name].used_by(mode, self.geometry))
-            written = tuple((g, self.writers[g.family]) for g in used if g.family in self.writers)
+            written = tuple((g, self.writers[g.group]) for g in used if g.group in self.writers)
             found = self._modes[mode] = ModeGroups(used, written)
         return found
 
@@ -168,9 +168,9 @@ class Families:
         pad = self.pad_values(batch.mode)
         tokens = batch.num_tokens + (rows - batch.bs) * pad["pad_q_len"]
         exact = dataclasses.replace(self.step.dims, max_bs=rows, max_tokens=tokens)
-        families = Families(exact, self.step.device, self.geometry, self.dummies)
-        families.write(batch, rows, tokens)
-        return families.full(batch.mode)
+        groups = BufferGroups(exact, self.step.device, self.geometry, self.dummies)
+        groups.write(batch, rows, tokens)
+        return groups.full(batch.mode)
 
     def view(
         self, mode: ForwardMode, bucket: int, rows_per_req: int, tokens: int | None = None
@@ -184,7 +184,7 @@ class Families:
         return self._inputs(mode, lambda f: f.view_type(**f.full))
 
     def _inputs(self, mode: ForwardMode, view: Callable[[StaticBuffers], Any]) -> StepInputs:
-        return StepInputs(**{f.family: view(f) for f in self.used_by(mode)})
+        return StepInputs(**{f.group: view(f) for f in self.used_by(mode)})
 
     def write(
         self, batch: Batch, rows: int, tokens: int, pad: dict[str, int] | None = None, poison: bool = False
@@ -207,7 +207,7 @@ class Families:
         """Poison every group ``mode`` uses; their writers forget what the device held."""
         for group in self.used_by(mode):
             group.poison()
-            writer = self.writers.get(group.family)
+            writer = self.writers.get(group.group)
             if writer is not None:
                 writer.forget()
 
