@@ -178,13 +178,10 @@ class TuningTable:
         return {"name": self.name, "path": self.path}
 
 
-#: Where :data:`DEFAULT`'s values came from (the committed H100 table says the same).
-H100_SOURCE: tuple[tuple[str, str], ...] = (
-    ("skinny", "H100 graphrt bench gemm --sweep (bench/results/h100/session-1127b; docs/gpu.md)"),
-    ("prologue", "H100 graphrt bench gemm --sweep, fused rows (bench/results/h100/session-1127b)"),
-    ("decode", "H100: 8 warps at head dim 128 (4 spill on sm_90); split count two waves of SMs"),
-    ("sampler", "H100 graphrt bench sampler --sweep (bench/results/h100/session-1127c, 1127f)"),
-    ("moe", "H100 defaults: 8 warps (4 spill on sm_90, tests/kernels/test_moe_ptx.py)"),
+#: Where :data:`DEFAULT`'s values came from: the H100 sweeps that docs/gpu.md ("Per-GPU tuning
+#: tables") lists with their commands and results (the committed H100 table says the same).
+H100_SOURCE: tuple[tuple[str, str], ...] = tuple(
+    (group, "H100 sweeps, docs/gpu.md") for group in ("skinny", "prologue", "decode", "sampler", "moe")
 )
 
 #: Today's constants: the H100's sweeps. Unknown GPUs and the CPU run with these.
