@@ -14,7 +14,6 @@ on an FP8 checkpoint changes nothing; unsupported schemes refused by name before
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from tests.support.hf_util import (  # noqa: E402
     PROMPT_LENS,
     assert_parity,
     check_checkpoint,
+    edited_copy,
     reference_logits,
     run_graphrt,
     sequences,
@@ -185,17 +185,7 @@ def test_quantization_fp8_on_an_fp8_checkpoint_changes_nothing(checkpoint: tuple
 
 
 def _edited(path: Path, tmp: Path, config: Callable[[dict], None] | None, tensors: Callable | None) -> Path:
-    out = tmp / "edited"
-    shutil.copytree(path, out)
-    if config is not None:
-        raw = json.loads((out / "config.json").read_text())
-        config(raw)
-        (out / "config.json").write_text(json.dumps(raw))
-    if tensors is not None:
-        state = safetensors_torch.load_file(out / "model.safetensors")
-        tensors(state)
-        safetensors_torch.save_file(state, out / "model.safetensors")
-    return out
+    return edited_copy(path, tmp / "edited", config, tensors)
 
 
 def _weights(**changes: Any) -> Callable[[dict], None]:

@@ -11,8 +11,6 @@ other quantization methods are refused by name before anything is allocated.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from graphrt.checkpoints.mxfp4 import dequantize  # noqa: E402
 from graphrt.checkpoints.safetensors_dir import SafetensorsDir  # noqa: E402
 from graphrt.models import CausalLM  # noqa: E402
 from graphrt.models.parallel import whole  # noqa: E402
-from tests.support.hf_util import check_checkpoint, check_greedy_generate  # noqa: E402
+from tests.support.hf_util import check_checkpoint, check_greedy_generate, edited_copy  # noqa: E402
 from tests.support.mxfp4_checkpoint import EXPERTS, mxfp4_reference, save_mxfp4_checkpoint  # noqa: E402
 
 WEIGHTS = "model.safetensors"
@@ -130,17 +128,7 @@ def test_greedy_tokens_equal_transformers_generate(checkpoint: tuple[Path, Any])
 
 
 def _edited(path: Path, tmp: Path, config: Callable[[dict], None] | None, tensors: Callable | None) -> Path:
-    out = tmp / "ckpt"
-    shutil.copytree(path, out)
-    if config is not None:
-        raw = json.loads((out / "config.json").read_text())
-        config(raw)
-        (out / "config.json").write_text(json.dumps(raw))
-    if tensors is not None:
-        state = _packed(out)
-        tensors(state)
-        safetensors_torch.save_file(state, out / WEIGHTS)
-    return out
+    return edited_copy(path, tmp / "ckpt", config, tensors)
 
 
 L0 = "model.layers.0"

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.torch as safetensors_torch
 import torch
 
 from graphrt import Batch, ForwardMode, RuntimeConfig
@@ -215,3 +218,20 @@ def save_word_tokenizer(path: Path, vocab: int) -> None:
     tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{vocab - 1}").save_pretrained(path)
+
+
+def edited_copy(
+    path: Path, out: Path, config: Callable[[dict], None] | None, tensors: Callable[[dict], None] | None
+) -> Path:
+    """A copy of the checkpoint directory ``path`` at ``out``, its ``config.json`` and its
+    ``model.safetensors`` tensors passed through ``config`` / ``tensors`` (in place) when given."""
+    shutil.copytree(path, out)
+    if config is not None:
+        raw = json.loads((out / "config.json").read_text())
+        config(raw)
+        (out / "config.json").write_text(json.dumps(raw))
+    if tensors is not None:
+        state = safetensors_torch.load_file(out / "model.safetensors")
+        tensors(state)
+        safetensors_torch.save_file(state, out / "model.safetensors")
+    return out
