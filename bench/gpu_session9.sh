@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# GPU runs of the 2026-12-06 session (issues 37, 38, 39, 42, 43), after .gpu/install.sh (and
+# .gpu/install-model.sh for `spec` and `engine`):
+#   bash bench/gpu_session9.sh moe|dense|spec|engine
+# moe:    bench model for the MoE shapes at bs 1 / 16 / 64 with the fused router (floor = dense +
+#         routed experts; the device profile per batch size is in each JSON), then `graphrt tune`
+#         (this GPU's table into $XDG_CACHE_HOME, copied to $OUT).
+# dense:  bench model for 1B and 8B at bs 1 / 16 / 64, the committed table (GRAPHRT_CACHE=0) and
+#         then the tuned one, in one call; FP8 weights against bf16 for 8B.
+# spec:   bench-spec, ngram / suffix chains with overlap on and off against the overlapped
+#         plain loop: copy and chat at bs 1, back-off at bs 32 / 64, the 8B always-match ceiling.
+# engine: first answer (lazy vs eager capture), chunked prefill ITL, prefix caching (64 requests
+#         sharing 1000 tokens), graphrt serve plain / logprobs / JSON schema at 1 / 8 / 32 clients.
+set -uo pipefail
+export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
+what=${1:?moe|dense|spec|engine}
+log="$OUT/s9_$what.log"
+gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+source bench/gpu_prelude.sh
+mkdir -p "$OUT/json"
+run() { echo "== $*" | tee -a "$log"; timeout "${LIMIT:-200}" "$@" 2>&1 | grep -vE "━|^\s*$" | tail -"${TAIL:-12}" | tee -a "$log"; }
+table=/tmp/xdg/graphrt/tuning/NVIDIA_H200.json
+
+moe() {
+  for shape in qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite; do
+    LIMIT=140 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 --iters 30 \
+      --no-compile --out "$OUT/json"
+  done
+  LIMIT=170 TAIL=30 run graphrt tune --iters 50
+  cp -r /tmp/xdg/graphrt/tuning "$OUT/" 2>/dev/null
+}
+
+dense() {
+  for shape in llama-3.2-1b llama-3-8b; do
+    GRAPHRT_CACHE=0 LIMIT=90 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 \
+      --iters 30 --no-compile --out "$OUT/json"
+    [ -f "$table" ] && LIMIT=90 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 \
+      --iters 30 --no-compile --out "$OUT/json"
+  done
+  LIMIT=100 run graphrt bench model --shape llama-3-8b --quantization fp8 --batch-sizes 1 --context 512 --iters 30 \
+    --out "$OUT/json"
+}
+
+spec() {
+  local common=(--device cuda --num-steps 4 --max-new-tokens 256 --context 1024 --spec-overlap both --out "$OUT/json")
+  for workload in copy chat; do
+    LIMIT=100 run graphrt bench-spec --target "$gguf" --workload "$workload" --method ngram,suffix --topk 1 \
+      --batch-sizes 1 "${common[@]}"
+  done
+  LIMIT=100 run graphrt bench-spec --target "$gguf" --workload chat --method ngram --batch-sizes 32,64 \
+    --disable-batch-size 16 "${common[@]}"
+  LIMIT=100 run graphrt bench-spec --target llama-3-8b --workload always-match --method ngram --batch-sizes 1 \
+    --num-steps 4 --max-new-tokens 128 --context 512 --spec-overlap both --device cuda --out "$OUT/json"
+}
+
+engine() {
+  LIMIT=120 TAIL=20 run graphrt bench first-answer --model "$gguf" --runs 3 --out "$OUT/json"
+  LIMIT=90 run python3 -m graphrt.tools.bench.chunked --model "$gguf" --device cuda --out "$OUT/json"
+  LIMIT=90 run graphrt bench prefix --model "$gguf" --requests 64 --system-tokens 1000 --user-tokens 24 \
+    --new-tokens 32 --device cuda --out "$OUT/json"
+  local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
+  for body in '{}' '{"logprobs":true,"top_logprobs":5}' "$schema"; do
+    LIMIT=80 run graphrt bench serve --model "$gguf" --device cuda --peer none --body "$body" --out "$OUT/json"
+  done
+}
+
+case "$what" in
+moe) moe ;;
+dense) dense ;;
+spec) spec ;;
+engine) engine ;;
+*) echo "moe|dense|spec|engine, got $what" >&2; exit 2 ;;
+esac
+tar -C "$OUT" -czf "$OUT/s9_${what}_json.tgz" json && rm -rf "$OUT/json"
