@@ -88,12 +88,35 @@ def _deepseek(raw: Raw, arch: str, field: Field, tensors: Mapping[str, Any]) -> 
     }
     for name in ("head_dim", "num_key_value_heads"):  # NOTE: MLA's "MQA" view, not the model's heads
         raw.pop(name, None)
+    if (raw.get("rope_scaling") or {}).get("rope_type") == "yarn":
+        _deepseek_yarn(raw["rope_scaling"], arch, field)
     if GATING.get(field(f"{arch}.expert_gating_func") or 1) == "sigmoid":
         raw["scoring_func"] = "sigmoid"
         raw["architectures"] = ["DeepseekV3ForCausalLM"]
         return
     grouped = (raw.get("n_group") or 1) > 1
     raw["topk_method"] = "group_limited_greedy" if grouped else "greedy"
+
+
+#: YaRN keys whose llama.cpp meaning for ``deepseek2`` has no transformers counterpart here.
+DEEPSEEK_YARN_REFUSED = ("attn_factor", "yarn_attn_factor", "yarn_ext_factor")
+
+
+def _deepseek_yarn(rope: Raw, arch: str, field: Field) -> None:
+    """DeepSeek's YaRN as llama.cpp runs ``deepseek2``: the converter writes
+    ``yarn_log_multiplier = 0.1 * mscale_all_dim`` (the softmax scale's ``mscale``), and llama.cpp
+    takes ``mscale == mscale_all_dim``, so cos/sin are not rescaled (``attention_factor`` 1)."""
+    for key in DEEPSEEK_YARN_REFUSED:
+        if field(f"{arch}.rope.scaling.{key}") is not None:
+            raise ValueError(f"GGUF {arch} with metadata {arch}.rope.scaling.{key} is not supported (YaRN)")
+    log_mul = field(f"{arch}.rope.scaling.yarn_log_multiplier")
+    rope["attention_factor"] = 1.0
+    if log_mul:
+        rope["mscale_all_dim"] = float(log_mul) / 0.1
+    for key in ("beta_fast", "beta_slow"):
+        value = field(f"{arch}.rope.scaling.yarn_{key}")
+        if value is not None:
+            rope[key] = value
 
 
 def _none(raw: Raw, arch: str, field: Field, tensors: Mapping[str, Any]) -> None:

@@ -91,10 +91,34 @@ def _rope(raw: Raw) -> tuple[float, str, dict[str, Any]]:
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     check_rope_type(rope_type)
     params.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
+    if rope_type in SCALED:
+        _check_scaling(params, rope_type)
     params["rope_theta"] = theta
     if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not supported")
     return theta, rope_type, params
+
+
+#: Rope types whose ``factor`` stretches the context.
+SCALED = ("linear", "llama3", "yarn")
+#: Their numbers that must be > 0 (``factor`` required), and those where 0 means off or default.
+ROPE_POSITIVE = ("factor", "original_max_position_embeddings")
+ROPE_NONNEGATIVE = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
+
+
+def _check_scaling(params: Raw, rope_type: str) -> None:
+    """:class:`CheckpointError` for a scaled rope's number that is missing (``factor``), not a
+    finite number, or out of range."""
+    for name in (*ROPE_POSITIVE, *ROPE_NONNEGATIVE):
+        value, strict = params.get(name), name in ROPE_POSITIVE
+        if value is None and name != "factor":
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or value < 0 or (strict and value == 0):
+            raise CheckpointError(
+                f"config rope_type {rope_type!r} {name} = {value!r}: must be a finite number "
+                + ("> 0" if strict else ">= 0")
+            )
 
 
 def _windows(raw: Raw, arch: Arch, num_layers: int) -> tuple[int | None, ...]:
@@ -202,14 +226,9 @@ def check_sizes(raw: Raw, mla: bool, dsa: bool = False) -> None:
 def parse_mla_config(raw: Raw, arch_name: str) -> MLAConfig:
     """A DeepSeek-V2/V3/V3.2 ``config.json`` (dense and MoE layers; V3.2's indexer); ``ValueError``
     names what is not supported."""
+    # NOTE: YaRN (and mscale_all_dim on any scaled type) reaches the model through rope_params:
+    # the softmax scale (MLAConfig.softmax_scale) and the attention factor on cos/sin.
     theta, rope_type, rope_params = _rope(raw)
-    if rope_type == "yarn" or (rope_type != "default" and rope_params.get("mscale_all_dim")):
-        # NOTE: transformers then rescales the softmax (yarn_apply_mscale); YaRN is not supported.
-        raise ValueError(
-            f"rope_type {rope_type!r} with mscale_all_dim is not supported (YaRN attention scaling)"
-            if rope_type != "yarn"
-            else "rope_type 'yarn' is not supported for MLA models (YaRN attention scaling)"
-        )
     q_lora = raw.get("q_lora_rank")
     return MLAConfig(
         vocab_size=int(raw["vocab_size"]),

@@ -22,7 +22,7 @@ from graphrt.models.llama import Decoder, RMSNorm
 from graphrt.models.moe import layer_mlp
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import MLAConfig
-from graphrt.models.rope import rope_inv_freq
+from graphrt.models.rope import rope_attention_factor, rope_inv_freq
 from graphrt.parallel import TPGroup
 
 #: NOTE: transformers builds ``q_a_layernorm`` / ``kv_a_layernorm`` with RMSNorm's default eps
@@ -108,6 +108,8 @@ class MLACausalLM(Decoder):
             cfg, cfg.qk_rope_head_dim, lambda i: attention(cfg, i), mlp=lambda i: layer_mlp(cfg, i)
         )
         self.tie()
+        #: YaRN's attention factor on cos/sin (q and k's rotary dims; the V3.2 indexer's too).
+        self.rope_scale = rope_attention_factor(cfg.rope_type, cfg.rope_params)
 
     def tie(self) -> None:
         """Share the embedding with the LM head when the checkpoint ties them."""
@@ -120,3 +122,9 @@ class MLACausalLM(Decoder):
         self.inv_freq = rope_inv_freq(
             cfg.rope_theta, cfg.qk_rope_head_dim, cfg.rope_type, cfg.rope_params
         ).to(device)
+
+    def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``[T, qk_rope_head_dim]`` cos/sin in ``dtype``, times YaRN's attention factor (transformers
+        scales its cos/sin the same way, so the indexer's q and k get it too)."""
+        cos_sin = super().rope_inputs(positions, dtype)
+        return cos_sin if self.rope_scale == 1.0 else cos_sin * self.rope_scale

@@ -8,6 +8,7 @@ from typing import Any
 
 from graphrt.models.indexer import IndexerSpec
 from graphrt.models.moe_config import MoESpec
+from graphrt.models.rope import mla_softmax_mscale
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +117,10 @@ class MLAConfig:
 
     @property
     def softmax_scale(self) -> float:
-        """``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` (no YaRN ``mscale``)."""
-        return (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        """``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``, times YaRN's
+        ``mscale(factor, mscale_all_dim) ** 2`` when the rope is scaled (:func:`mla_softmax_mscale`)."""
+        base = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        return base * mla_softmax_mscale(self.rope_type, self.rope_params)
 
 
 @dataclass(frozen=True, slots=True)

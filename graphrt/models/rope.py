@@ -64,17 +64,33 @@ def _yarn(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
     return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's ``0.1 * mscale * ln(factor) + 1`` (1 for ``factor <= 1``), transformers' ``yarn_get_mscale``."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def rope_attention_factor(rope_type: str, params: Mapping[str, Any]) -> float:
-    """What cos/sin are multiplied by: YaRN's ``attention_factor`` (default ``0.1 ln(factor) + 1``),
-    else 1."""
+    """What cos/sin are multiplied by (transformers' ``_compute_yarn_parameters``): YaRN's
+    ``attention_factor`` if given, else ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``
+    when both are set (DeepSeek's form), else ``mscale(factor)``; 1 for other rope types."""
     if rope_type != "yarn":
         return 1.0
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
-    factor = float(params["factor"])
-    if params.get("mscale") and params.get("mscale_all_dim"):
-        raise ValueError("YaRN with mscale and mscale_all_dim is not supported")
-    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    factor, mscale, all_dim = float(params["factor"]), params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and all_dim:
+        return yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(all_dim))
+    return yarn_mscale(factor)
+
+
+def mla_softmax_mscale(rope_type: str, params: Mapping[str, Any]) -> float:
+    """What an MLA model's softmax scale is multiplied by: ``mscale(factor, mscale_all_dim) ** 2``
+    for a scaled rope type with ``mscale_all_dim`` (transformers' ``yarn_apply_mscale``: DeepSeek
+    scales every q.k dim, not only the rotary ones), else 1."""
+    all_dim = params.get("mscale_all_dim")
+    if rope_type == "default" or not all_dim:
+        return 1.0
+    return yarn_mscale(float(params["factor"]), float(all_dim)) ** 2
 
 
 ROPE_TYPES: dict[str, Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]] = {

@@ -5,7 +5,8 @@ MLA + MoE (V3's sigmoid router with the correction bias, grouped top-k, a shared
 every prompt length, so keys are really dropped: prefill, DECODE (graphed and eager) and
 TARGET_VERIFY (graphed and eager) logits equal transformers' forward, whose indexer folds the
 same top-k into its attention mask; the same weights keeping every key do not. Greedy tokens
-equal ``generate``; a batch gives each prompt its tokens alone. Tolerances as
+equal ``generate``; a batch gives each prompt its tokens alone; with DeepSeek's YaRN the logits
+still equal transformers'. Tolerances as
 tests/models/test_models_hf.py: fp32 CPU 1e-4; bf16 CUDA three times transformers' own bf16 error.
 """
 
@@ -36,6 +37,7 @@ from tests.support.hf_util import (  # noqa: E402
     saved_reference,
     sequences,
 )
+from tests.support.moe_checkpoints import DEEPSEEK_YARN  # noqa: E402
 from tests.support.util import Setup, build_runtime, slot_of  # noqa: E402
 
 TOPK = 4
@@ -86,6 +88,19 @@ def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple
     assert isinstance(model, DSACausalLM)
     assert [isinstance(layer.mlp, SparseMoE) for layer in model.layers] == [False, True]
     check_checkpoint(device, *checkpoint)
+
+
+def test_yarn_checkpoint_matches_transformers(
+    device: torch.device, checkpoint: tuple[Path, Any], tmp_path: Path
+) -> None:
+    """The same weights under DeepSeek's YaRN (``mscale`` 1, ``mscale_all_dim`` 0.707: the MLA's
+    softmax scale and both RoPEs' cos/sin rescaled, the indexer's softmax scale not) ==
+    transformers' forward of that checkpoint."""
+    rope = DEEPSEEK_YARN | {"mscale_all_dim": 0.707}
+    path = with_config(checkpoint[0], tmp_path, rope_parameters=rope)
+    reference = transformers.DeepseekV32ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert reference.model.rotary_emb.attention_scaling != 1.0
+    check_checkpoint(device, path, reference)
 
 
 @torch.no_grad()

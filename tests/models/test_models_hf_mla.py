@@ -3,7 +3,9 @@
 Prefill and decode logits (eager and graphed) and greedy tokens against transformers' own
 ``generate`` (with its MLA KV cache). Cases cover q_lora (``q_a_proj`` → norm → ``q_b_proj``)
 and a single ``q_proj``, DeepSeek's interleaved RoPE (V2's complex form, V3's
-``rope_interleave``) and NeoX RoPE (with linear scaling), attention biases and tied embeddings; one case has
+``rope_interleave``) and NeoX RoPE (with linear scaling), YaRN (the softmax scale times
+``mscale(factor, mscale_all_dim) ** 2``, cos/sin times the attention factor, the ramp's ends
+rounded or not), attention biases and tied embeddings; one case has
 DeepSeek's 512 + 64 latent (FA3's shape on an H100). MoE fields are read (their checkpoints:
 tests/models/test_moe_checkpoints.py; V3.2's: tests/models/test_dsv32_checkpoints.py); expert
 parallelism is refused.
@@ -28,6 +30,7 @@ from graphrt.checkpoints import CheckpointError, load  # noqa: E402
 from graphrt.checkpoints.hf_config import parse_config  # noqa: E402
 from graphrt.models.mla import MLACausalLM  # noqa: E402
 from tests.support.hf_util import PROMPT_LENS, SMALL, check_checkpoint, saved_reference, sequences  # noqa: E402
+from tests.support.moe_checkpoints import DEEPSEEK_YARN  # noqa: E402
 
 MLA = dict(qk_nope_head_dim=16, v_head_dim=24, first_k_dense_replace=SMALL["num_hidden_layers"])
 #: id → (model class, config class, config kwargs)
@@ -56,6 +59,32 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "DeepseekV2ForCausalLM",
         "DeepseekV2Config",
         dict(num_attention_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16, **MLA),
+    ),
+    # NOTE: mscale != mscale_all_dim: cos/sin scaled by their ratio, the softmax by mscale_all_dim's.
+    "v3-yarn-mscale-interleaved": (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        dict(
+            num_attention_heads=2,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            rope_parameters=DEEPSEEK_YARN | {"mscale_all_dim": 0.707},
+            **MLA,
+        ),
+    ),
+    # NOTE: no mscale: cos/sin scaled by mscale(factor); the ramp's ends not rounded.
+    "v2-yarn-no-truncate": (
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2Config",
+        dict(
+            num_attention_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            rope_parameters={k: v for k, v in DEEPSEEK_YARN.items() if k != "mscale"} | {"truncate": False},
+            **MLA,
+        ),
     ),
 }
 
@@ -120,12 +149,43 @@ def test_moe_fields_are_read_and_unsupported_ones_refused(tmp_path: Path) -> Non
 def test_unsupported_mla_features_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"hidden_act 'gelu' is not supported; supported: silu"):
         load(raw_config(tmp_path, hidden_act="gelu"), device="cpu")
-    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
-    with pytest.raises(ValueError, match=r"rope_type 'yarn' is not supported"):
-        load(raw_config(tmp_path, rope_parameters=yarn), device="cpu")
-    scaled = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0, "mscale_all_dim": 1.0}
-    with pytest.raises(ValueError, match=r"rope_type 'linear' with mscale_all_dim is not supported"):
-        load(raw_config(tmp_path, rope_parameters=scaled), device="cpu")
+    no_factor = {k: v for k, v in DEEPSEEK_YARN.items() if k != "factor"}
+    with pytest.raises(
+        CheckpointError, match=r"config rope_type 'yarn' factor = None: must be a finite number > 0"
+    ):
+        load(raw_config(tmp_path, rope_parameters=no_factor), device="cpu")
+    negative = DEEPSEEK_YARN | {"mscale_all_dim": -1.0}
+    with pytest.raises(CheckpointError, match=r"mscale_all_dim = -1.0: must be a finite number >= 0"):
+        load(raw_config(tmp_path, rope_parameters=negative), device="cpu")
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        DEEPSEEK_YARN,
+        DEEPSEEK_YARN | {"mscale": 0.707, "mscale_all_dim": 0.707},  # NOTE: DeepSeek-V2's
+        DEEPSEEK_YARN | {"mscale_all_dim": 0.707},
+        {k: v for k, v in DEEPSEEK_YARN.items() if k != "mscale_all_dim"},
+        DEEPSEEK_YARN | {"attention_factor": 1.25},
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0, "mscale_all_dim": 1.0},
+        {"rope_type": "default", "rope_theta": 10000.0, "mscale_all_dim": 1.0},
+    ],
+)
+def test_yarn_scales_equal_transformers(rope: dict[str, Any]) -> None:
+    """The softmax scale and the cos/sin factor graphrt reads from a config == those transformers'
+    DeepSeek-V3 attention and rotary embedding compute from it."""
+    from graphrt.models.rope import rope_attention_factor
+
+    config = transformers.DeepseekV3Config(
+        **SMALL, num_attention_heads=2, kv_lora_rank=32, rope_parameters=dict(rope), **MLA
+    )
+    attn = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention(config, 0)
+    rotary = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding(config)
+    cfg = parse_config(config.to_dict() | {"architectures": ["DeepseekV3ForCausalLM"]})
+    assert cfg.softmax_scale == pytest.approx(attn.scaling, rel=1e-12)
+    assert rope_attention_factor(cfg.rope_type, cfg.rope_params) == pytest.approx(
+        rotary.attention_scaling, rel=1e-12
+    )
 
 
 def test_wrong_latent_tensor_is_named(checkpoint: tuple[Path, Any], tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ Prefill and decode logits (eager and graphed with the emulated engine) against t
 forward, greedy tokens against its ``generate``, and a batch of prompts against each prompt
 alone. Families: Mixtral, Qwen2-MoE (gated shared expert, a dense layer), Qwen3-MoE, OLMoE (q/k
 norms over the whole projection), DeepSeek-V2 (group-limited greedy, shared experts, a dense
-layer) and V3 (sigmoid scores with the correction bias, grouped top-k), gpt-oss (sinks, sliding
-layers, YaRN, interleaved fused experts with biases, clamped SwiGLU). Tolerances as
+layer) and V3 (sigmoid scores with the correction bias, grouped top-k; and with DeepSeek's YaRN:
+the softmax scale times ``mscale ** 2``), gpt-oss (sinks, sliding layers, YaRN, interleaved fused
+experts with biases, clamped SwiGLU). Tolerances as
 tests/models/test_models_hf.py: fp32 CPU 1e-4; bf16 CUDA three times transformers' own bf16 error.
 """
 

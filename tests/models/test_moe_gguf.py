@@ -9,7 +9,8 @@ gpt-oss's MXFP4 experts) is compared with transformers holding the same rounded 
 (``roundtrip``). GGUF architectures:
 ``qwen3moe``, ``qwen2moe`` (gated shared expert), ``llama`` with experts (Mixtral), ``olmoe``,
 ``deepseek2`` (MLA; V2's group-limited softmax and V3's sigmoid with ``exp_probs_b``; ``kv_b``
-split as newer converters write it and whole as older ones) and ``gpt-oss``.
+split as newer converters write it and whole as older ones; YaRN with ``yarn_log_multiplier``)
+and ``gpt-oss``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from graphrt.checkpoints import CheckpointError, load  # noqa: E402
 from graphrt.models.moe import SparseMoE  # noqa: E402
 from tests.support.gguf_moe_util import roundtrip, write_moe_gguf  # noqa: E402
 from tests.support.hf_util import PROMPT_LENS, check_checkpoint, saved_reference, sequences  # noqa: E402
-from tests.support.moe_checkpoints import MOE_CASES  # noqa: E402
+from tests.support.moe_checkpoints import DEEPSEEK_YARN, MOE_CASES  # noqa: E402
 
 #: id → (MOE_CASES entry, config overrides, GGUF type, kv_b split). llama.cpp's qwen2moe has no
 #: dense-layer tensors, so that file's layers are all MoE.
@@ -42,6 +43,14 @@ CASES: dict[str, tuple[str, dict[str, Any], str, bool]] = {
     "deepseek2-v2": ("deepseek-v2-group-limited", {}, "F32", True),
     "deepseek2-v3": ("deepseek-v3-sigmoid-grouped", {}, "F32", True),
     "deepseek2-v3-kv_b": ("deepseek-v3-sigmoid-grouped", {}, "F32", False),
+    "deepseek2-v3-yarn": ("deepseek-v3-yarn", {}, "F32", True),
+    # NOTE: mscale_all_dim 0.707 (DeepSeek-V2's): llama.cpp takes mscale to be the same.
+    "deepseek2-v2-yarn": (
+        "deepseek-v2-group-limited",
+        {"rope_parameters": DEEPSEEK_YARN | {"mscale": 0.707, "mscale_all_dim": 0.707}},
+        "F32",
+        True,
+    ),
     "gpt-oss": ("gpt-oss", {}, "F32", True),
     "gpt-oss-MXFP4": ("gpt-oss", {}, "MXFP4", True),
 }
@@ -108,6 +117,30 @@ def test_unsupported_moe_architecture_is_refused_by_name(tmp_path: Path, arch: s
         ValueError, match=rf"GGUF architecture '{arch}' with mixture-of-experts layers.*qwen3moe"
     ):
         load(path, device="cpu")
+
+
+def test_deepseek2_yarn_keys_without_a_meaning_here_are_refused() -> None:
+    """``deepseek2`` YaRN metadata other than the factor, lengths, betas and log multiplier is
+    refused by key (llama.cpp's attention factors have no DeepSeek counterpart in transformers)."""
+    from graphrt.checkpoints.gguf_moe import moe_config
+
+    meta = {
+        "deepseek2.rope.dimension_count": 16,
+        "deepseek2.attention.key_length_mla": 32,
+        "deepseek2.attention.value_length_mla": 24,
+        "deepseek2.attention.kv_lora_rank": 32,
+        "deepseek2.rope.scaling.yarn_log_multiplier": 0.1,
+    }
+    raw = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    moe_config("deepseek2", meta.get, {}, raw)
+    # NOTE: the converter writes 0.1 * mscale_all_dim; llama.cpp keeps cos/sin unscaled.
+    assert raw["rope_scaling"]["mscale_all_dim"] == pytest.approx(1.0)
+    assert raw["rope_scaling"]["attention_factor"] == 1.0
+    extra = meta | {"deepseek2.rope.scaling.yarn_ext_factor": 1.0}
+    with pytest.raises(
+        ValueError, match=r"metadata deepseek2\.rope\.scaling\.yarn_ext_factor is not supported"
+    ):
+        moe_config("deepseek2", extra.get, {}, {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
 @pytest.fixture(scope="module")

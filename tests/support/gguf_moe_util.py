@@ -89,6 +89,8 @@ def _metadata(writer: Any, cfg: dict[str, Any], model_type: str) -> None:
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     elif mla:
         _deepseek(writer, cfg, gguf.ExpertGatingFuncType)
+        if rope.get("rope_type") == "yarn":
+            _yarn(writer, rope)
     elif model_type == "gpt_oss":
         writer.add_expert_feed_forward_length(cfg["intermediate_size"])
         writer.add_sliding_window(cfg["sliding_window"])
@@ -116,6 +118,20 @@ def _deepseek(writer: Any, cfg: dict[str, Any], gating: Any) -> None:
     writer.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", False)))
     sigmoid = cfg.get("scoring_func", "softmax") == "sigmoid" or cfg["model_type"] == "deepseek_v3"
     writer.add_expert_gating_func(gating.SIGMOID if sigmoid else gating.SOFTMAX)
+
+
+def _yarn(writer: Any, rope: dict[str, Any]) -> None:
+    """The converter's YaRN keys for DeepSeek: the base model's, and ``yarn_log_multiplier`` as
+    ``0.1 * mscale_all_dim`` (``DeepseekV2Model``'s legacy form)."""
+    import gguf
+
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    if rope.get("mscale_all_dim") is not None:
+        writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
 def _gpt_oss(name: str, t: torch.Tensor, bid: int) -> Iterator[tuple[str, torch.Tensor]]:

@@ -13,6 +13,31 @@ MLA = dict(
     qk_nope_head_dim=16,
     v_head_dim=24,
 )
+#: DeepSeek's YaRN, as its released configs write it (V3: ``mscale`` = ``mscale_all_dim`` = 1, so
+#: cos/sin keep their size and the softmax scale grows by ``mscale(factor, 1) ** 2``), with a
+#: pretraining length (32 = ``SMALL``'s 128 / ``factor``) short enough that the ramp covers rotary dims.
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+#: DeepSeek-V3's MoE: sigmoid scores with the correction bias, grouped top-k, a shared expert.
+DEEPSEEK_V3: dict[str, Any] = dict(
+    **MLA,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+)
 #: id → (model class, config class, config kwargs on top of ``hf_util.SMALL``); layer 0 dense
 #: where the family can say so, so both kinds of MLP run in one decoder.
 MOE_CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -59,20 +84,11 @@ MOE_CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
             routed_scaling_factor=1.5,
         ),
     ),
-    "deepseek-v3-sigmoid-grouped": (
+    "deepseek-v3-sigmoid-grouped": ("DeepseekV3ForCausalLM", "DeepseekV3Config", DEEPSEEK_V3),
+    "deepseek-v3-yarn": (
         "DeepseekV3ForCausalLM",
         "DeepseekV3Config",
-        dict(
-            **MLA,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_shared_experts=1,
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=2.5,
-        ),
+        DEEPSEEK_V3 | {"rope_parameters": DEEPSEEK_YARN},
     ),
     "gpt-oss": (
         "GptOssForCausalLM",
