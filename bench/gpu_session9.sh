@@ -4,7 +4,7 @@
 #   bash bench/gpu_session9.sh moe|dense|spec|engine
 # moe:    bench model for the MoE shapes at bs 1 / 16 / 64 with the fused router (floor = dense +
 #         routed experts; the device profile per batch size is in each JSON), then `graphrt tune`
-#         (this GPU's table into $XDG_CACHE_HOME, copied to $OUT).
+#         (this GPU's table into $XDG_CACHE_HOME, copied to $OUT; TUNE=0 skips it).
 # dense:  bench model for 1B and 8B at bs 1 / 16 / 64, the committed table (GRAPHRT_CACHE=0) and
 #         then the tuned one, in one call; FP8 weights against bf16 for 8B.
 # spec:   bench-spec, ngram / suffix chains with overlap on and off against the overlapped
@@ -19,14 +19,14 @@ gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
 mkdir -p "$OUT/json"
 run() { echo "== $*" | tee -a "$log"; timeout "${LIMIT:-200}" "$@" 2>&1 | grep -vE "━|^\s*$" | tail -"${TAIL:-12}" | tee -a "$log"; }
-table=/tmp/xdg/graphrt/tuning/NVIDIA_H200.json
+table=/tmp/xdg/graphrt/tuning/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " _).json
 
 moe() {
-  for shape in qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite; do
+  for shape in gpt-oss-20b deepseek-v2-lite qwen3-30b-a3b; do
     LIMIT=140 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 --iters 30 \
       --no-compile --out "$OUT/json"
   done
-  LIMIT=170 TAIL=30 run graphrt tune --iters 50
+  [ "${TUNE:-1}" = 1 ] && LIMIT=170 TAIL=30 run graphrt tune --iters 50
   cp -r /tmp/xdg/graphrt/tuning "$OUT/" 2>/dev/null
 }
 
