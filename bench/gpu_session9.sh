@@ -4,7 +4,8 @@
 #   bash bench/gpu_session9.sh moe|dense|spec|engine
 # moe:    bench model for the MoE shapes at bs 1 / 16 / 64 with the fused router (floor = dense +
 #         routed experts; the device profile per batch size is in each JSON), then `graphrt tune`
-#         (this GPU's table into $XDG_CACHE_HOME, copied to $OUT; TUNE=0 skips it).
+#         (this GPU's table into $XDG_CACHE_HOME, copied to $OUT; TUNE=0 skips it;
+#         SHAPES="a b" bench only those).
 # dense:  bench model for 1B and 8B at bs 1 / 16 / 64, the committed table (GRAPHRT_CACHE=0) and
 #         then the tuned one, in one call; FP8 weights against bf16 for 8B.
 # spec:   bench-spec, ngram / suffix chains with overlap on and off against the overlapped
@@ -22,7 +23,7 @@ run() { echo "== $*" | tee -a "$log"; timeout "${LIMIT:-200}" "$@" 2>&1 | grep -
 table=/tmp/xdg/graphrt/tuning/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " _).json
 
 moe() {
-  for shape in gpt-oss-20b deepseek-v2-lite qwen3-30b-a3b; do
+  for shape in ${SHAPES:-gpt-oss-20b deepseek-v2-lite qwen3-30b-a3b}; do
     LIMIT=140 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 --iters 30 \
       --no-compile --out "$OUT/json"
   done

@@ -23,7 +23,7 @@ from torch import nn
 from graphrt.checkpoints.loader import default_dtype
 from graphrt.models.indexed_mla import mla_decoder
 from graphrt.models.llama import TinyLlama
-from graphrt.models.moe import SparseMoE
+from graphrt.models.moe import Gate, SparseMoE
 from graphrt.models.presets import MLAConfig, preset
 from graphrt.tools.bench import model_steps as steps
 from graphrt.tools.bench.device_ops import profile_steps
@@ -60,6 +60,9 @@ def random_moe(cfg: Any, device: torch.device, dtype: torch.dtype, seed: int = 0
             else:
                 data.normal_(0.0, 1.0 if "embed" in name else p.shape[-1] ** -0.5, generator=gen)
             p.data = data
+    for module in model.modules():  # NOTE: DeepSeek's router stays float32 (Gate._apply keeps it)
+        if isinstance(module, Gate):
+            module.to(dtype)
     model.inv_freq = model.inv_freq.to(device)
     return model.eval()
 
