@@ -13,6 +13,17 @@ MLA = dict(
     qk_nope_head_dim=16,
     v_head_dim=24,
 )
+#: DeepSeek-V3's MoE (sigmoid router, grouped top-k, a shared expert, layer 0 dense); V3.2's too.
+V3_MOE = dict(
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+)
 #: id → (model class, config class, config kwargs on top of ``hf_util.SMALL``); layer 0 dense
 #: where the family can say so, so both kinds of MLP run in one decoder.
 MOE_CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -62,17 +73,7 @@ MOE_CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "deepseek-v3-sigmoid-grouped": (
         "DeepseekV3ForCausalLM",
         "DeepseekV3Config",
-        dict(
-            **MLA,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_shared_experts=1,
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=2.5,
-        ),
+        dict(**MLA, **V3_MOE),
     ),
     "gpt-oss": (
         "GptOssForCausalLM",
