@@ -17,7 +17,14 @@ from graphrt.engine.draft import build_draft
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Overlap, unsupported
 from graphrt.engine.pool import Pool
-from graphrt.engine.request import Request, budgets, check_encoder_ids, check_prompt, check_prompts
+from graphrt.engine.request import (
+    GenerateCall,
+    Request,
+    budgets,
+    check_encoder_ids,
+    check_prompt,
+    check_prompts,
+)
 from graphrt.engine.sampling import admit_params
 from graphrt.engine.scheduler import Scheduler
 from graphrt.engine.speculative import SpecOptions, SpecRunner
@@ -246,25 +253,20 @@ class Engine:
         With TP, call it on every rank: rank 0's prompts, budgets and sampling are generated,
         every rank returns them.
         """
+        call = GenerateCall(prompts, max_new_tokens, sampling, encoder_ids)
         with self.lock:
-            if self.channel is not None:
-                if encoder_ids is not None:
-                    raise ValueError("encoder_ids: encoder-decoder models run on one rank (tp 1)")
-                runtimes = tp_runtimes(self)
-                return tp_generate(self.channel, runtimes, self._generate, prompts, max_new_tokens, sampling)
-            return self._generate(prompts, max_new_tokens, sampling, encoder_ids)
+            if self.channel is None:
+                return self._generate(call)
+            if encoder_ids is not None:
+                raise ValueError("encoder_ids: encoder-decoder models run on one rank (tp 1)")
+            return tp_generate(self.channel, tp_runtimes(self), self._generate, call)
 
-    def _generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int | Sequence[int],
-        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-        encoder_ids: Sequence[Sequence[int]] | None = None,
-    ) -> list[list[int]]:
-        prompts = check_prompts(prompts)
-        limits = budgets(max_new_tokens, len(prompts))
-        params = per_request(sampling, len(prompts))
-        encoded = [None] * len(prompts) if encoder_ids is None else list(encoder_ids)
+    def _generate(self, call: GenerateCall) -> list[list[int]]:
+        """:meth:`generate` on this rank's engine: add the call's requests, step until done."""
+        prompts = check_prompts(call.prompts)
+        limits = budgets(call.max_new_tokens, len(prompts))
+        params = per_request(call.sampling, len(prompts))
+        encoded = [None] * len(prompts) if call.encoder_ids is None else list(call.encoder_ids)
         if len(encoded) != len(prompts):
             raise ValueError(f"{len(encoded)} encoder_ids for {len(prompts)} prompts")
         ids: list[int] = []

@@ -27,6 +27,17 @@ class SpecState:
     ahead: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class GenerateCall:
+    """One :meth:`~graphrt.Engine.generate` call's arguments as given (checked when it runs;
+    its docstring says what each may be). Under TP rank 0's call is shared with every rank."""
+
+    prompts: Sequence[Sequence[int]]
+    max_new_tokens: int | Sequence[int]
+    sampling: SamplingParams | Sequence[SamplingParams] | None = None
+    encoder_ids: Sequence[Sequence[int]] | None = None
+
+
 @dataclass(slots=True)
 class Request:
     rid: int

@@ -28,7 +28,8 @@ from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
 from graphrt.engine.spec_ahead import SpecAhead
 from graphrt.engine.speculative import SpecRunner
-from graphrt.engine.step_run import count_step, host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.engine.step_state import StepCounts
 from graphrt.step.modes import ForwardMode
 
 
@@ -61,13 +62,13 @@ class Scheduler:
         self.finished: dict[int, Request] = {}
         self.logits: dict[int, list[torch.Tensor]] = {}
         self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
-        self._ended = False  # the last overlapped read ended a request (see _take)
+        self._ended = False  # the last overlapped read ended a request (see take)
         self._rows_logprobs = False  # NOTE: whether a request of _rows asked for logprobs
         self._rows_constrained = False  # NOTE: whether a request of _rows follows a grammar
         self.extras = StepExtras(runtime)
-        self.decode_steps, self.decode_seconds, self.prefill_steps = 0, 0.0, 0
+        self.counts = StepCounts()
         #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
-        self.chunk, self.mixed_steps = chunk, 0
+        self.chunk = chunk
         #: Overlapped proposer rounds (:mod:`.spec_ahead`), when the engine overlaps and speculates.
         self.ahead = None
         if overlap is not None and isinstance(spec, LookupRunner):
@@ -89,7 +90,7 @@ class Scheduler:
         """
         if self.overlap is not None:
             return self._step_ahead(self.overlap)
-        admitted = self._admit()
+        admitted = self.admit()
         sampled = self.runtime.config.sample and not self.record_logits
         plan = (
             plan_step(self.running, self.chunk, self.page_size, sampled, self.mixed_mode)
@@ -108,26 +109,26 @@ class Scheduler:
             return self._speculate(self.spec)
         else:
             return []
-        self._retire([r for r in self.running if r.done])
+        self.retire([r for r in self.running if r.done])
         return produced
 
     def _decode_step(self) -> list[tuple[int, int]]:
         rows = self._decode_rows()
         produced, done = self._decode(rows) if rows is not None else ([], [])
-        self._retire(done)
+        self.retire(done)
         return produced
 
     def _speculate(self, spec: SpecRunner | LookupRunner) -> list[tuple[int, int]]:
         """A speculative engine's step: a verify round, or a DECODE when no row drafts."""
         reqs = list(self.running)
         proposal = spec.propose(reqs)
-        produced = self._decode_step() if proposal is None else spec_round(self, reqs, proposal)
+        produced = self._decode_step() if proposal is None else spec_round(self, spec, reqs, proposal)
         spec.backoff.request_steps += len(reqs)
         spec.backoff.committed += len(produced)
-        self._retire([r for r in self.running if r.done])
+        self.retire([r for r in self.running if r.done])
         return produced
 
-    def _admit(self) -> list[Request]:
+    def admit(self) -> list[Request]:
         admitted = self.pool.admit(self.waiting, self.lookahead)
         if admitted and self.encode is not None:
             for r in admitted:
@@ -159,13 +160,13 @@ class Scheduler:
         if self.ahead is not None:
             return self.ahead.step(self)
         start = time.perf_counter()
-        admitted = self._admit()
+        admitted = self.admit()
         eager = not self.use_graphs
         rows = None if admitted else self._decode_rows()
         if rows is not None and self._rows_constrained and overlap.inflight is not None:
             # NOTE: a grammar's next mask needs the token in flight: read it before launching
-            produced, done = self._take(overlap.swap(None))
-            self._retire(done)
+            produced, done = self.take(overlap.swap(None))
+            self.retire(done)
             return produced
         launched = None
         if admitted:
@@ -175,9 +176,9 @@ class Scheduler:
                 self.runtime, batch, admitted, eager=eager, fed=False, logprobs=wants(admitted)
             )
             for r in admitted:
-                self._prefilled(r)  # NOTE: before a release: the cache's pin needs its live KV
+                self.mark_prefilled(r)  # NOTE: before a release: the cache's pin needs its live KV
                 if r.launched_all:
-                    self._release(r)
+                    self.release(r)
         elif rows is not None:
             if self._rows_constrained:
                 self.extras.before(rows.reqs)
@@ -186,13 +187,13 @@ class Scheduler:
             launched.rows, launched.finishing = rows, rows.advance()
             launched.constrained = self._rows_constrained
             for i in np.flatnonzero(launched.finishing):
-                self._release(rows.reqs[i])
-        produced, done = self._take(overlap.swap(launched))
-        self._retire(done)
-        count_step(self, bool(admitted), rows is not None, start)
+                self.release(rows.reqs[i])
+        produced, done = self.take(overlap.swap(launched))
+        self.retire(done)
+        self.counts.step(bool(admitted), rows is not None, start)
         return produced
 
-    def _take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:
+    def take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:
         """Append a read step's tokens; returns them and the requests they ended.
 
         A request already done drops its one extra token. Only a request that the read before
@@ -220,11 +221,11 @@ class Scheduler:
         self.extras.before(reqs, fresh=True)
         produced = run_and_sample(self, reqs, batch, np.cumsum(batch.q_lens) - 1)
         for r in reqs:
-            self._prefilled(r)
-        self.prefill_steps += 1
+            self.mark_prefilled(r)
+        self.counts.prefill_steps += 1
         return produced
 
-    def _prefilled(self, r: Request) -> None:
+    def mark_prefilled(self, r: Request) -> None:
         """``r``'s whole prompt is in its KV now: its full pages go to the prefix cache."""
         r.prefilled = len(r.prompt)
         self.pool.cache_prompt(r)
@@ -247,11 +248,10 @@ class Scheduler:
         if self._rows_logprobs or self._rows_constrained:
             flags = {"logprobs": self._rows_logprobs, "constrained": self._rows_constrained}
             self.extras.after(rows.reqs, tokens, logits=logits, **flags)
-        self.decode_seconds += time.perf_counter() - start
-        self.decode_steps += 1
+        self.counts.decoded(start)
         return produced, rows.finished(finishing, tokens)
 
-    def _retire(self, done: list[Request]) -> None:
+    def retire(self, done: list[Request]) -> None:
         """Move ``done`` (in running order) from ``running`` to ``finished``."""
         if not done:
             return
@@ -259,7 +259,7 @@ class Scheduler:
         self.running[:] = [r for r in self.running if id(r) not in ended]
         for r in done:
             if r.req_idx >= 0:  # NOTE: an overlapped request may have given its row back already
-                self._release(r)
+                self.release(r)
             self.finished[r.rid] = r
         self._rows = None
 
@@ -278,7 +278,7 @@ class Scheduler:
         for r in gone:
             r.max_new_tokens = len(r.output)  # NOTE: done, so an in-flight read drops its token
             if r.req_idx >= 0:
-                self._release(r)
+                self.release(r)
         if gone:
             # NOTE: a step in flight holding them is read on the path that drops done requests
             # (the rows' fast path would append its token to them)
@@ -288,7 +288,12 @@ class Scheduler:
             self.logits.pop(rid, None)
         self._rows = None
 
-    def _release(self, r: Request) -> None:
+    def release(self, r: Request) -> None:
         """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
         self.pool.release(r)
+        self._rows = None
+
+    def forget_rows(self) -> None:
+        """The running requests' positions moved outside :class:`DecodeRows` (a mixed step, a
+        round): the next decode step lays them out anew."""
         self._rows = None

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,12 +46,9 @@ from graphrt.engine.overlap import DEPTH, Launched, Overlap
 from graphrt.engine.pages import page_table, slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
-from graphrt.engine.step_run import count_step
+from graphrt.engine.step_state import StepState
 from graphrt.step.batch import FED, PAD_DRAFT, Batch
 from graphrt.step.modes import ForwardMode
-
-if TYPE_CHECKING:
-    from graphrt.engine.scheduler import Scheduler
 
 
 @dataclass(slots=True)
@@ -111,10 +108,10 @@ class SpecAhead:
         self._slot = 0
 
     # ---- one engine step ---------------------------------------------------------------
-    def step(self, sched: Scheduler) -> list[tuple[int, int]]:
+    def step(self, sched: StepState) -> list[tuple[int, int]]:
         """Launch the next step (a prefill, a round), then read the one launched before it."""
         start, overlap = time.perf_counter(), self.overlap
-        admitted = sched._admit()
+        admitted = sched.admit()
         launched: Launched | Round | None = None
         if admitted:
             launched = self._prefill(sched, admitted)
@@ -123,11 +120,11 @@ class SpecAhead:
             launched = self._launch(sched, plan) if plan is not None else None
         previous = overlap.swap(launched)  # type: ignore[arg-type]
         produced, done = self._read(sched, previous)
-        sched._retire(done)
-        count_step(sched, bool(admitted), launched is not None, start)
+        sched.retire(done)
+        sched.counts.step(bool(admitted), launched is not None, start)
         return produced
 
-    def _prefill(self, sched: Scheduler, admitted: list[Request]) -> Launched:
+    def _prefill(self, sched: StepState, admitted: list[Request]) -> Launched:
         sched.extras.before(admitted, fresh=True)
         batch = prefill_batch(admitted, sched.page_size, row_params([r.sampling for r in admitted]))
         eager = not sched.use_graphs
@@ -136,10 +133,10 @@ class SpecAhead:
         )
         self.spec.start(admitted, eager=eager)
         for r in admitted:
-            sched._prefilled(r)
+            sched.mark_prefilled(r)
             r.spec.ahead = Flight(launched, len(r.prompt), ())
             if r.launched_all:
-                sched._release(r)
+                sched.release(r)
         return launched
 
     # ---- building a round ----------------------------------------------------------------
@@ -180,7 +177,7 @@ class SpecAhead:
             return branches[0] if branches else []
         return proposer.peek(r.prompt, r.output, tail, self.steps + 1)[1:]
 
-    def _launch(self, sched: Scheduler, plan: Plan) -> Round:
+    def _launch(self, sched: StepState, plan: Plan) -> Round:
         """Fix the exact rows' pending tokens in the feed, then launch the round, no wait."""
         reqs, bs = plan.reqs, len(plan.reqs)
         rows = np.array([r.req_idx for r in reqs], dtype=np.int64)
@@ -231,12 +228,12 @@ class SpecAhead:
 
     # ---- reading a step ------------------------------------------------------------------
     def _read(
-        self, sched: Scheduler, step: Launched | Round | None
+        self, sched: StepState, step: Launched | Round | None
     ) -> tuple[list[tuple[int, int]], list[Request]]:
         if step is None:
             return [], []
         if isinstance(step, Launched):  # a prefill: its token, as the plain loop reads it
-            produced, done = sched._take(step)
+            produced, done = sched.take(step)
             for r in step.reqs:
                 if r.spec.ahead is not None and r.spec.ahead.step is step:
                     r.spec.ahead = None

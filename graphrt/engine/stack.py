@@ -186,9 +186,12 @@ def latent_cache(
     kv_cache_dtype: str | None = None,
 ) -> LatentKVCache | MLAKVCache:
     """The MLA cache of ``cfg`` over ``num_pages``: for dense MLA each layer's latents and RoPE
-    keys in ``dtype``; with a DSA indexer (DeepSeek-V3.2) the sparse-MLA cache (:func:`dsa_cache`)."""
+    keys in ``dtype``; with a DSA indexer (DeepSeek-V3.2) the sparse-MLA cache, its latent rows
+    in :func:`dsa_layout` and the indexer's keys in ``dtype``."""
     if cfg.indexer is not None:
-        return dsa_cache(cfg, page_size, num_pages, dtype, device, kv_cache_dtype)
+        idx = cfg.indexer
+        shape = MLAShape(cfg.num_layers, page_size, num_pages, idx.head_dim, idx.topk, cfg.num_heads)
+        return MLAKVCache(shape, dsa_layout(kv_cache_dtype, dtype), dtype, device)
     if kv_cache_dtype not in (None, "auto"):
         raise ValueError(
             f"kv_cache_dtype {kv_cache_dtype!r}: a dense-MLA cache keeps the model's dtype ('auto')"
@@ -197,29 +200,18 @@ def latent_cache(
     return LatentKVCache(shape, dtype, device)
 
 
-def dsa_cache(
-    cfg: MLAConfig,
-    page_size: int,
-    num_pages: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    kv_cache_dtype: str | None = None,
-) -> MLAKVCache:
-    """The sparse-MLA cache of a DeepSeek-V3.2 ``cfg``: latent rows in ``kv_cache_dtype`` (one of
-    :data:`~graphrt.kv.mla.LAYOUTS`; ``None`` / ``"auto"``: the model's ``dtype``, bf16 or
-    fp32) and the indexer's keys in ``dtype``."""
-    assert cfg.indexer is not None
-    layout = kv_cache_dtype or "auto"
+def dsa_layout(name: str | None, model_dtype: torch.dtype) -> str:
+    """The layout of a sparse-MLA (DSA) cache named ``name``: one of
+    :data:`~graphrt.kv.mla.LAYOUTS`; ``None`` / ``"auto"``: ``model_dtype``'s, bf16 or fp32."""
+    layout = name or "auto"
     if layout == "auto":
-        layout = next((name for name, d in PLAIN_LAYOUTS.items() if d == dtype), str(dtype))
+        layout = next((n for n, d in PLAIN_LAYOUTS.items() if d == model_dtype), str(model_dtype))
     if layout not in LAYOUTS:
         raise ValueError(
             f"kv_cache_dtype {layout!r}: a sparse-MLA (DSA) cache holds one of {', '.join(LAYOUTS)} "
             "(auto: the model's dtype when it is bf16 or fp32)"
         )
-    idx = cfg.indexer
-    shape = MLAShape(cfg.num_layers, page_size, num_pages, idx.head_dim, idx.topk, cfg.num_heads)
-    return MLAKVCache(shape, layout, dtype, device)
+    return layout
 
 
 def stack_for(

@@ -71,8 +71,6 @@ class EngineStats:
         n = self.verify_steps
         return tuple(c / n if n else 0.0 for c in self.accepted_per_position)
 
-    accepted_per_position: tuple[int, ...] = ()
-
 
 def engine_stats(
     rt: RuntimeStats, sched: Any, generated: int, spec: SpecRunner | LookupRunner | None
@@ -80,16 +78,17 @@ def engine_stats(
     """An engine's counters: its runtime's, its scheduler's (``sched``: steps, decode time,
     the prefix cache's), ``generated`` tokens and the speculative runner's."""
     cache = sched.pool.cache
+    counts = sched.counts
     stats = EngineStats(
         rt.replays,
         rt.eager,
         rt.fallbacks,
-        sched.decode_steps,
-        sched.decode_seconds,
-        sched.prefill_steps,
+        counts.decode_steps,
+        counts.decode_seconds,
+        counts.prefill_steps,
         generated,
         prefix=cache.stats() if cache is not None else None,
-        mixed_steps=sched.mixed_steps,
+        mixed_steps=counts.mixed_steps,
         captures=rt.captures,
     )
     if spec is None:

@@ -1,12 +1,12 @@
 """A step's run and draw: prefill and mixed (chunked) steps, proposer rounds, and the host
-sampler for engines that record logits; functions of the :class:`~graphrt.engine.scheduler.
-Scheduler` that runs them."""
+sampler for engines that record logits; functions of the scheduler that runs them, seen as its
+:class:`~graphrt.engine.step_state.StepState`."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,15 +14,15 @@ import torch
 from graphrt.engine.batches import append_tokens
 from graphrt.engine.chunked import MixedStep, prefilling
 from graphrt.engine.logprobs import wants
+from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import host_tokens, row_params, until_stop
+from graphrt.engine.speculative import SpecRunner
+from graphrt.engine.step_state import StepState
 from graphrt.step.batch import Batch
 
-if TYPE_CHECKING:
-    from graphrt.engine.scheduler import Scheduler
 
-
-def run_mixed(sched: Scheduler, plan: MixedStep) -> list[tuple[int, int]]:
+def run_mixed(sched: StepState, plan: MixedStep) -> list[tuple[int, int]]:
     """Run a chunked step (decode rows and prompt chunks in one EXTEND); append the tokens
     of its decode rows and finished prompts, retire the requests done."""
     start, eager = time.perf_counter(), not sched.use_graphs
@@ -35,25 +35,27 @@ def run_mixed(sched: Scheduler, plan: MixedStep) -> list[tuple[int, int]]:
     for r, q in zip(plan.reqs, plan.chunks.tolist(), strict=True):
         r.prefilled += q
         if q and not prefilling(r):
-            sched._prefilled(r)
-    sched._rows = None  # NOTE: the decode rows moved on outside DecodeRows
+            sched.mark_prefilled(r)
+    sched.forget_rows()  # NOTE: the decode rows moved on outside DecodeRows
+    counts = sched.counts
     if plan.decodes:  # NOTE: a mixed step counts as one of the decode rows' steps
-        sched.mixed_steps += 1
-        sched.decode_seconds += time.perf_counter() - start
+        counts.mixed_steps += 1
+        counts.decode_seconds += time.perf_counter() - start
     else:
-        sched.prefill_steps += 1
+        counts.prefill_steps += 1
     produced = append_tokens(emitting, tokens)
-    sched._retire([r for r in sched.running if r.done])
+    sched.retire([r for r in sched.running if r.done])
     return produced
 
 
-def spec_round(sched: Scheduler, reqs: list[Request], proposal: Any) -> list[tuple[int, int]]:
-    assert sched.spec is not None
+def spec_round(
+    sched: StepState, spec: SpecRunner | LookupRunner, reqs: list[Request], proposal: Any
+) -> list[tuple[int, int]]:
+    """Run ``spec``'s round for ``reqs`` on ``proposal`` and append what each committed."""
     start = time.perf_counter()
-    new = sched.spec.round(reqs, proposal, eager=not sched.use_graphs)
-    sched._rows = None  # NOTE: the rows' positions moved by a round's own count each
-    sched.decode_seconds += time.perf_counter() - start
-    sched.decode_steps += 1
+    new = spec.round(reqs, proposal, eager=not sched.use_graphs)
+    sched.forget_rows()  # NOTE: the rows' positions moved by a round's own count each
+    sched.counts.decoded(start)
     new = [until_stop(tokens, r.sampling) for r, tokens in zip(reqs, new, strict=True)]
     for r, tokens in zip(reqs, new, strict=True):
         r.output.extend(tokens)
@@ -61,7 +63,7 @@ def spec_round(sched: Scheduler, reqs: list[Request], proposal: Any) -> list[tup
 
 
 def run_and_sample(
-    sched: Scheduler, reqs: list[Request], batch: Batch, last: np.ndarray
+    sched: StepState, reqs: list[Request], batch: Batch, last: np.ndarray
 ) -> list[tuple[int, int]]:
     """Run ``batch`` and append each request's next token (``last``: its last token row).
 
@@ -83,7 +85,7 @@ def run_and_sample(
 
 
 def host_sample(
-    sched: Scheduler, reqs: list[Request], logits: torch.Tensor, seq_lens: np.ndarray
+    sched: StepState, reqs: list[Request], logits: torch.Tensor, seq_lens: np.ndarray
 ) -> list[int]:
     """Each request's token from its row of ``logits`` (recorded when asked); ``seq_lens``:
     their KV lengths (the sampler's positions)."""
@@ -92,13 +94,3 @@ def host_sample(
         for r, row in zip(reqs, logits.float().cpu(), strict=True):
             sched.logits.setdefault(r.rid, []).append(row)
     return tokens
-
-
-def count_step(sched: Scheduler, prefilled: bool, decoded: bool, start: float) -> None:
-    """One engine step's counters: a prefill step, else (``decoded``) a decode step and the
-    seconds since ``start``."""
-    if prefilled:
-        sched.prefill_steps += 1
-    elif decoded:
-        sched.decode_seconds += time.perf_counter() - start
-        sched.decode_steps += 1

@@ -13,14 +13,14 @@ within the group's timeout while no request comes, and :func:`tp_end` lets them 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from graphrt.engine.request import GenerateCall
 from graphrt.parallel import CollectiveError, Message, Op, StepChannel
 from graphrt.runtime import TPRuntime, serve
-
-Generate = Callable[[Sequence[Sequence[int]], Any, Any], list[list[int]]]
 
 
 def _same_error(shared: tuple[type, str], rank: int, size: int) -> BaseException:
@@ -35,26 +35,25 @@ def _same_error(shared: tuple[type, str], rank: int, size: int) -> BaseException
 def tp_generate(
     channel: StepChannel,
     runtimes: Mapping[int, TPRuntime],
-    generate: Generate,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: Any,
-    sampling: Any = None,
+    generate: Callable[[GenerateCall], list[list[int]]],
+    call: GenerateCall,
 ) -> list[list[int]]:
-    """``generate`` on rank 0, :func:`serve` on the others; rank 0's result on every rank.
+    """``generate`` of rank 0's ``call`` on rank 0, :func:`serve` on the others; rank 0's
+    result on every rank.
 
     Each step carries its rows' sampling parameters (:func:`~graphrt.parallel.pack`), so every
     rank samples the token rank 0 samples.
     """
     group = channel.group
-    mine = ([list(map(int, p)) for p in prompts], max_new_tokens, sampling)
-    args = channel.share(mine if group.is_driver else None)
+    mine = dataclasses.replace(call, prompts=[list(map(int, p)) for p in call.prompts])
+    shared = channel.share(mine if group.is_driver else None)
     if not group.is_driver:
         end, _ = serve(channel, runtimes)
         if end.op is Op.ABORT:
             raise _same_error(channel.share(None), group.rank, group.size)
         return channel.share(None)
     try:
-        out = generate(*args)
+        out = generate(shared)
     except CollectiveError:
         raise  # NOTE: the group is broken; the other ranks hit their own timeout
     except Exception as err:

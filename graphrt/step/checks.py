@@ -18,8 +18,12 @@ from graphrt.step.hostops import any_true, arange, umax, umin
 from graphrt.step.modes import MODES, ForwardMode
 
 
-class Batch(Protocol):
-    """What the fast check reads of a :class:`graphrt.step.batch.Batch` (host int64 arrays)."""
+class BatchView(Protocol):
+    """What the fast check reads of a :class:`graphrt.step.batch.Batch` (host int64 arrays).
+
+    A view, not the class: ``batch.py`` and ``limits.py`` import this module (the fast check
+    sits below both), so it names what it reads instead of importing them.
+    """
 
     mode: ForwardMode
     input_ids: np.ndarray
@@ -29,16 +33,10 @@ class Batch(Protocol):
     q_lens: np.ndarray
 
     @property
-    def bs(self) -> int: ...
-
-    @property
-    def num_tokens(self) -> int: ...
-
-    @property
     def kv_positions(self) -> np.ndarray: ...
 
 
-class Limits(Protocol):
+class LimitsView(Protocol):
     """What the fast check reads of :class:`graphrt.step.limits.Limits`."""
 
     max_reqs: int
@@ -49,7 +47,7 @@ class Limits(Protocol):
 
 
 class Scratch:
-    """Reusable host arrays of the fast check (one per :class:`Limits`).
+    """Reusable host arrays of the fast check (one per :class:`~graphrt.step.limits.Limits`).
 
     ``rows`` is the request-row stamp table; KV slots are checked by sorting a fresh copy
     (:func:`distinct_below`: measured faster than a stamp table over millions of slots, whose
@@ -105,7 +103,7 @@ def distinct_below(values: np.ndarray, hi: int) -> bool:
     return int(ordered[0]) >= 0 and int(ordered[-1]) < hi and not any_true(ordered[1:] == ordered[:-1])
 
 
-def fast_ok(batch: Batch, limits: Limits, scratch: Scratch, fed: bool = False) -> bool:
+def fast_ok(batch: BatchView, limits: LimitsView, scratch: Scratch, fed: bool = False) -> bool:
     """True when ``batch`` passes every check of :meth:`Batch.check` after the geometry check.
 
     False means "run the full check" (which then raises or, rarely, passes). ``fed``: the
@@ -140,7 +138,7 @@ def fast_ok(batch: Batch, limits: Limits, scratch: Scratch, fed: bool = False) -
 INT64_MAX = int(np.iinfo(np.int64).max)
 
 
-def aligned(batch: Batch, page: np.ndarray) -> bool:
+def aligned(batch: BatchView, page: np.ndarray) -> bool:
     """``out_cache_loc % ps == kv_positions % ps`` for every entry (``page``: 0-d ``ps``).
 
     NOTE: ``page`` is a 0-d array, not an int: numpy 2 converts a Python scalar operand on

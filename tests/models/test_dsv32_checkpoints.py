@@ -37,7 +37,7 @@ from tests.support.hf_util import (  # noqa: E402
     saved_reference,
     sequences,
 )
-from tests.support.moe_checkpoints import DEEPSEEK_YARN  # noqa: E402
+from tests.support.moe_checkpoints import DEEPSEEK_YARN, V3_MOE  # noqa: E402
 from tests.support.util import Setup, build_runtime, slot_of  # noqa: E402
 
 TOPK = 4
@@ -49,14 +49,7 @@ V32: dict[str, Any] = dict(
     qk_rope_head_dim=64,
     qk_nope_head_dim=16,
     v_head_dim=24,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    first_k_dense_replace=1,
-    n_shared_experts=1,
-    n_group=4,
-    topk_group=2,
-    routed_scaling_factor=2.5,
+    **V3_MOE,
     # NOTE: 16 indexer heads: a key scores exactly 0 (a tie the two top-k's may break apart)
     # only when all 16 relu'd products are 0; 80 = RoPE's 64 plus 16 that pass unrotated.
     index_n_heads=16,

@@ -244,26 +244,17 @@ def test_speculative_bad_input_is_rejected(device: torch.device) -> None:
     long = spec_batch(setup, M.DRAFT_EXTEND, [0], [lens[0] + 5], [5], rng)
     with pytest.raises(ValueError, match=r"q_len 5 > num_draft_tokens 4"):
         setup.runtime.run(long)
-    with pytest.raises(ValueError, match=r"must be \[bs, q_len, q_len\]"):
-        Batch.create(
-            M.TARGET_VERIFY,
-            input_ids=[1, 2],
-            seq_lens=[5],
-            req_pool_indices=[0],
-            out_cache_loc=[3, 4],
-            q_lens=[2],
-            tree_mask=np.ones((1, 3, 3), dtype=bool),
-        )
-    with pytest.raises(ValueError, match=r"only earlier tokens"):
-        Batch.create(
-            M.TARGET_VERIFY,
-            input_ids=[1, 2],
-            seq_lens=[5],
-            req_pool_indices=[0],
-            out_cache_loc=[3, 4],
-            q_lens=[2],
-            tree_mask=np.ones((1, 2, 2), dtype=bool),
-        )
+    for nodes, why in ((3, r"must be \[bs, q_len, q_len\]"), (2, r"only earlier tokens")):
+        with pytest.raises(ValueError, match=why):  # a mask of the wrong shape; one that sees ahead
+            Batch.create(
+                M.TARGET_VERIFY,
+                input_ids=[1, 2],
+                seq_lens=[5],
+                req_pool_indices=[0],
+                out_cache_loc=[3, 4],
+                q_lens=[2],
+                tree_mask=np.ones((1, nodes, nodes), dtype=bool),
+            )
     twice = spec_batch(setup, M.DRAFT_EXTEND, [0, 1], [lens[0] + 1, lens[1] + 1], [1, 1], rng)
     twice = remade(twice, out_cache_loc=[twice.out_cache_loc[0]] * 2)
     with pytest.raises(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,18 +38,12 @@ class PlainContext:
         self.encoder_kv = encoder_kv
 
     def attention(
-        self,
-        layer_id: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        window: int | None = None,
-        chunk: int | None = None,
-        rope: torch.Tensor | None = None,
-        sinks: torch.Tensor | None = None,
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any
     ) -> torch.Tensor:
-        assert window is None and chunk is None and sinks is None
+        """Dense causal attention (``ForwardContext.attention``'s arguments); ``options``: its
+        keywords, of which only ``rope`` may be set (tiny-cross has no window, chunk or sinks)."""
+        rope = options.pop("rope", None)
+        assert all(o is None for o in options.values()), f"the plain forward attends fully: {options}"
         if rope is not None:
             q, k = rotate_ref(q, rope), rotate_ref(k, rope)
         return dense(q, k, v, causal=True)

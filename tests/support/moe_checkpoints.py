@@ -26,9 +26,8 @@ DEEPSEEK_YARN = {
     "mscale": 1.0,
     "mscale_all_dim": 1.0,
 }
-#: DeepSeek-V3's MoE: sigmoid scores with the correction bias, grouped top-k, a shared expert.
-DEEPSEEK_V3: dict[str, Any] = dict(
-    **MLA,
+#: DeepSeek-V3's MoE (sigmoid router, grouped top-k, a shared expert, layer 0 dense); V3.2's too.
+V3_MOE = dict(
     n_routed_experts=8,
     num_experts_per_tok=2,
     moe_intermediate_size=32,
@@ -38,6 +37,7 @@ DEEPSEEK_V3: dict[str, Any] = dict(
     topk_group=2,
     routed_scaling_factor=2.5,
 )
+DEEPSEEK_V3: dict[str, Any] = dict(**MLA, **V3_MOE)
 #: id → (model class, config class, config kwargs on top of ``hf_util.SMALL``); layer 0 dense
 #: where the family can say so, so both kinds of MLP run in one decoder.
 MOE_CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
