@@ -1,9 +1,9 @@
 """Mixed steps with the sampling extras an LLM's engine keeps: penalties, log-probabilities and
 token masks on, chunked prefill replays MIXED graphs and gives what whole-prompt prefills give.
 
-Both engines keep all three extras (as ``graphrt.LLM`` builds them) in float32; the reference
-prefills whole prompts (eager EXTEND, overlapped). Tokens are equal, log-probabilities within
-1e-5 (the steps' matmuls differ in shape). A request's counts and mask start right before the
+Both engines keep all three extras (as ``graphrt.LLM`` builds them) in float32, on the CPU and
+(where there is one) CUDA; the reference prefills whole prompts (eager EXTEND, overlapped).
+Tokens are equal, log-probabilities within 1e-5 (the steps' matmuls differ in shape). A request's counts and mask start right before the
 step of its prompt's last chunk, so what its earlier chunks drew (and dropped) counts nowhere:
 a presence bonus on seen tokens would pick one of those draws otherwise.
 """
@@ -20,6 +20,7 @@ import torch
 from graphrt import Engine, SamplingParams
 from graphrt.engine.config import token_ladder
 from graphrt.text.grammar import Constraint
+from tests.conftest import DEVICES
 from tests.engine.test_constraints import Stepwise
 from tests.engine.test_logprobs import K
 from tests.engine.test_mixed_engine import BUDGETS, KW, PROMPTS
@@ -44,12 +45,13 @@ PENALISED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engines() -> tuple[Engine, Engine]:
+@pytest.fixture(scope="module", params=DEVICES)
+def engines(request: pytest.FixtureRequest) -> tuple[Engine, Engine]:
     """(chunked on graphs, whole-prompt reference), both with every extra."""
-    chunked = Engine("tiny-llama", **KW, **EXTRAS, prefill_chunk=CHUNK)
+    kw = KW | EXTRAS | {"device": request.param}
+    chunked = Engine("tiny-llama", **kw, prefill_chunk=CHUNK)
     assert chunked.runtime.config.token_buckets == token_ladder(CHUNK)
-    return chunked, Engine("tiny-llama", **KW, **EXTRAS)
+    return chunked, Engine("tiny-llama", **kw)
 
 
 def _run(
