@@ -6,12 +6,12 @@ step holds ``B`` tokens (a prefilling request gets at least one token per step, 
 advances). Such a *mixed* step is one MIXED batch (a graph per token bucket; EXTEND, eager,
 in an engine without graphs): a decode row is a query of one token at the end of its KV
 (``q_lens = 1``), a chunk a query of ``q`` tokens after the ``p`` positions its row already
-holds (``seq_lens = p + q``), so one varlen paged attention serves both. A
-decode row and a prompt's last chunk give their request its next token; an earlier chunk's
-draw is dropped. Tokens equal an unchunked prefill's: a chunk attends to the KV its earlier
-chunks wrote, as the whole prompt would, and a request's penalty counts and grammar mask start
-right before the step of its last chunk (``StepExtras.before``), as before a whole-prompt
-prefill, so its penalties, mask and log-probabilities are those of an unchunked prefill too.
+holds (``seq_lens = p + q``), so one varlen paged attention serves both. A decode row and a
+prompt's last chunk give their request its next token; an earlier chunk's draw is dropped.
+Tokens equal an unchunked prefill's: a chunk attends to the KV its earlier chunks wrote, as the
+whole prompt would, and a request's penalty counts and grammar mask start right before the step
+of its last chunk (``StepExtras.before``), as before a whole-prompt prefill, so its penalties,
+mask and log-probabilities are those of an unchunked prefill too.
 """
 
 from __future__ import annotations
