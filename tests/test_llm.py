@@ -136,3 +136,31 @@ def test_sampling_keywords_logprobs_and_a_json_schema(llm: LLM) -> None:
     )
     assert reply.finish_reason == "stop" and isinstance(json.loads(reply.text or "")["n"], int), reply
     free(llm)
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_chunked_prefill_keeps_the_defaults_extras_on_graphs(llm: LLM) -> None:
+    """An LLM's engine keeps penalties, logprobs and token masks: with ``prefill_chunk`` its
+    mixed steps replay MIXED graphs and reply what whole-prompt prefills reply."""
+    chunked = LLM("smollm2", **KW, prefill_chunk=16)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
+    ask = [{"role": "user", "content": "Pick a number and answer in JSON. " * 3}]
+    kw = {"max_new_tokens": 12, "temperature": 0.7, "seed": 3, "logprobs": 2, "presence_penalty": 0.5}
+    # NOTE: the short prompts decode while the long one prefills: mixed steps
+    prompts = [*PROMPTS, " ".join(PROMPTS) * 3]
+    whole = llm.chat(ask, response_format=fmt, **kw) + llm.generate(prompts, repetition_penalty=1.3, **kw)
+    got = chunked.chat(ask, response_format=fmt, **kw) + chunked.generate(
+        prompts, repetition_penalty=1.3, **kw
+    )
+    assert [c.token_ids for c in got] == [c.token_ids for c in whole]
+    for a, b in zip(got, whole, strict=True):
+        # NOTE: float32; the chunks' matmuls differ in shape from a whole prompt's (30 layers)
+        assert [t.logprob for t in a.logprobs or []] == pytest.approx(
+            [t.logprob for t in b.logprobs or []], abs=1e-4
+        )
+    stats = chunked.engine.stats()
+    assert stats.mixed_steps > 0 and stats.eager == {}
+    assert stats.replays["MIXED"] == stats.mixed_steps + stats.prefill_steps
+    free(llm)

@@ -4,11 +4,14 @@ With ``EngineConfig.prefill_chunk = B`` a step holds every running request that 
 token each) and then chunks of the prompts still prefilling, in admission order, until the
 step holds ``B`` tokens (a prefilling request gets at least one token per step, so it always
 advances). Such a *mixed* step is one MIXED batch (a graph per token bucket; EXTEND, eager,
-where the runtime captured no MIXED graphs): a decode row is a query of one token at
-the end of its KV (``q_lens = 1``), a chunk a query of ``q`` tokens after the ``p`` positions
-its row already holds (``seq_lens = p + q``), so one varlen paged attention serves both. A decode row and a prompt's last chunk give their request its next token; an earlier
-chunk's logits are dropped. Tokens equal an unchunked prefill's: a chunk attends to the KV its
-earlier chunks wrote, as the whole prompt would.
+in an engine without graphs): a decode row is a query of one token at the end of its KV
+(``q_lens = 1``), a chunk a query of ``q`` tokens after the ``p`` positions its row already
+holds (``seq_lens = p + q``), so one varlen paged attention serves both. A decode row and a
+prompt's last chunk give their request its next token; an earlier chunk's draw is dropped.
+Tokens equal an unchunked prefill's: a chunk attends to the KV its earlier chunks wrote, as the
+whole prompt would, and a request's penalty counts and grammar mask start right before the step
+of its last chunk (``StepExtras.before``), as before a whole-prompt prefill, so its penalties,
+mask and log-probabilities are those of an unchunked prefill too.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ class MixedStep:
     emits: np.ndarray
     last: np.ndarray
     decodes: int
+
+    @property
+    def starting(self) -> list[Any]:
+        """The requests whose prompt's last chunk the step holds: it samples their first token."""
+        return [r for r, q, e in zip(self.reqs, self.chunks, self.emits, strict=True) if q and e]
 
 
 def prefilling(r: Any) -> bool:

@@ -95,8 +95,10 @@ class EngineConfig:
         the running requests. None (default): whole prompts, each prefill a step of its own.
         Not with ``speculative``; turns ``overlap`` off (``overlap=True`` raises). With
         ``use_graphs`` such steps (and prefill-only chunks) replay MIXED graphs, captured per
-        token bucket of :func:`token_ladder` ``(max(prefill_chunk, max_batch_size))``; with
-        ``penalties`` they run eagerly (a mixed step cannot tell whose token counts start over).
+        token bucket of :func:`token_ladder` ``(max(prefill_chunk, max_batch_size))``, with
+        ``penalties``, ``max_logprobs`` and ``token_masks`` alike: a decode row and a prompt's
+        last chunk get their penalised, masked token and its log-probabilities as on DECODE
+        and whole-prompt steps (same tokens), an earlier chunk's draw is dropped.
     """
 
     device: str | torch.device | None = None
@@ -165,7 +167,7 @@ class EngineConfig:
         or only those with a draft model (its rounds never decode)."""
         decode = spec is None or not spec.uses_draft_model
         modes = (ForwardMode.TARGET_VERIFY,) * (spec is not None) + (ForwardMode.DECODE,) * decode
-        mixed = self.prefill_chunk is not None and not self.penalties
+        mixed = self.prefill_chunk is not None
         tokens = token_ladder(max(self.prefill_chunk or 0, self.max_batch_size)) if mixed else ()
         modes = (modes + (ForwardMode.MIXED,) * mixed) if self.use_graphs else ()
         return RuntimeConfig(

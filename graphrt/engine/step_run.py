@@ -23,10 +23,16 @@ from graphrt.step.batch import Batch
 
 
 def run_mixed(sched: StepState, plan: MixedStep) -> list[tuple[int, int]]:
-    """Run a chunked step (decode rows and prompt chunks in one EXTEND); append the tokens
-    of its decode rows and finished prompts, retire the requests done."""
+    """Run a chunked step (decode rows and prompt chunks in one MIXED or EXTEND batch); append
+    the tokens of its decode rows and finished prompts (their log-probabilities and grammar
+    states as on DECODE and EXTEND steps), retire the requests done."""
     start, eager = time.perf_counter(), not sched.use_graphs
     emitting = [r for r, e in zip(plan.reqs, plan.emits, strict=True) if e]
+    # NOTE: a prompt's last chunk samples its first token: its mask and counts start now
+    # (an earlier chunk's dropped draw counted in its row is wiped)
+    sched.extras.before(plan.starting, fresh=True)
+    sched.extras.before(plan.reqs[: plan.decodes])  # NOTE: the constrained decode rows' masks
+    logits = None
     if plan.batch.sampling is not None:
         tokens = sched.runtime.run(plan.batch, eager=eager).cpu().numpy()[plan.emits].tolist()
     else:
@@ -44,6 +50,9 @@ def run_mixed(sched: StepState, plan: MixedStep) -> list[tuple[int, int]]:
     else:
         counts.prefill_steps += 1
     produced = append_tokens(emitting, tokens)
+    ids = np.asarray(tokens, dtype=np.int64)
+    flags = {"logprobs": wants(emitting), "constrained": True}
+    sched.extras.after(emitting, ids, rows=plan.emits, logits=logits, **flags)
     sched.retire([r for r in sched.running if r.done])
     return produced
 

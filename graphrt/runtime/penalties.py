@@ -12,13 +12,21 @@ the Triton kernel) then draws from the penalised logits, so greedy and sampled r
 penalised; log-probabilities stay those of the raw logits.
 
 :class:`TokenCounts` keeps ``c`` and the prompt's tokens as device data, one row per
-``req_to_token`` row (the dummy row included, where pad rows count): an EXTEND step resets its
-requests' rows and marks their prompts, and every sampling step adds its tokens, in place and
-inside the same graph as the draw (no host sync, fixed shapes).
+``req_to_token`` row (the dummy row included, where pad rows count). Every sampling step adds
+each row's token, in place and inside the same graph as the draw (no host sync, fixed shapes),
+whatever its mode. A request's row starts over in :meth:`TokenCounts.start`, which the engine
+runs (stream-ordered, outside any graph) right before the step that samples the request's
+first token, whether that step is a whole-prompt EXTEND or a MIXED step holding its last chunk:
+``c`` is zeroed and the whole prompt marked (a prefix-cache hit's cached positions too, which
+no step computes). What a prompt's earlier chunks drew and counted there (tokens that are
+dropped) is wiped then, before any draw reads the row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
@@ -41,16 +49,28 @@ class TokenCounts:
             raise ValueError("penalties=True needs the model's vocab_size (pass vocab_size=)")
         return cls(rows, vocab_size, device)
 
-    def start(self, input_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, rows: torch.Tensor) -> None:
-        """A prefill: request rows ``rows [R]`` start over, their prompts ``input_ids [T]``
-        (request ``r`` holds tokens ``cu_seqlens_q[r]:cu_seqlens_q[r + 1]``) marked."""
-        rows = rows.long()
-        self.counts.index_fill_(0, rows, 0)
-        self.prompt.index_fill_(0, rows, False)
-        t = torch.arange(input_ids.shape[0], device=input_ids.device)
-        owner = torch.searchsorted(cu_seqlens_q[1:].long(), t, right=True).clamp_(max=rows.shape[0] - 1)
-        flat = rows[owner] * self.vocab + input_ids.long()
-        self.prompt.view(-1).index_fill_(0, flat, True)
+    def start(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        """Request rows ``rows [R]`` start over: no token counted, only ``prompts[r]`` (its
+        whole prompt, token ids) marked. Host inputs; one pinned upload, stream-ordered after
+        the steps launched and before the next (the host does not wait)."""
+        if len(rows) == 0:
+            return
+        row = np.asarray(rows, dtype=np.int64)
+        lens = np.fromiter((len(p) for p in prompts), dtype=np.int64, count=len(row))
+        tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts])
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab):
+            raise ValueError(
+                f"prompt token ids must lie in [0, {self.vocab}), got {tokens.min()}..{tokens.max()}"
+            )
+        flat = np.repeat(row, lens) * self.vocab + tokens
+        both = torch.from_numpy(np.concatenate([row, flat]))
+        if self.counts.device.type == "cuda":
+            both = both.pin_memory()  # NOTE: pinned: the copy does not wait for the steps in flight
+        both = both.to(self.counts.device, non_blocking=True)
+        index, marks = both[: row.size], both[row.size :]
+        self.counts.index_fill_(0, index, 0)
+        self.prompt.index_fill_(0, index, False)
+        self.prompt.view(-1).index_fill_(0, marks, True)
 
     def apply(self, logits: torch.Tensor, rows: torch.Tensor, params: SamplingBuffers) -> torch.Tensor:
         """``logits [R, V]`` penalised for request rows ``rows [R]`` (a new float32 tensor)."""

@@ -36,7 +36,7 @@ from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import sample
 from graphrt.runtime.token_mask import TokenMasks
 from graphrt.runtime.verify_sampler import sample_nodes
-from graphrt.step.modes import MODES, ForwardMode
+from graphrt.step.modes import ForwardMode
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -190,8 +190,8 @@ def sampled(program: Program) -> Program:
         rows = logits[last]
         z = rows if env.masks is None else env.masks.apply(rows, step.req_pool_indices)
         if counts is not None:
-            if MODES[mode].starts:
-                counts.start(step.input_ids, step.cu_seqlens_q, step.req_pool_indices)
+            # NOTE: a row's counts start over outside the graph (TokenCounts.start), whatever
+            # the mode of the step that samples its request's first token
             tokens = sample(counts.apply(z, step.req_pool_indices, inputs.sampling), inputs.sampling)
             counts.count(step.req_pool_indices, tokens)
         else:

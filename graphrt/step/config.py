@@ -147,7 +147,7 @@ class RuntimeConfig:
 
 def check_token_buckets(config: RuntimeConfig) -> None:
     """Raise ``ValueError`` unless ``config.token_buckets`` are sorted unique positive ints, given
-    whenever MIXED is captured, and the MIXED mode meets nothing it does not combine with yet."""
+    whenever MIXED is captured."""
     buckets = config.token_buckets
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
         raise ValueError(f"token_buckets must be positive ints, got {buckets}")
@@ -157,10 +157,6 @@ def check_token_buckets(config: RuntimeConfig) -> None:
         return
     if not buckets:
         raise ValueError("capture_modes holds MIXED but token_buckets is empty: name its token buckets")
-    if config.penalties:
-        # NOTE: a mixed row may be a prompt's first chunk, a later one or a decode row; the
-        # step cannot tell which rows' token counts start over (EXTEND starts them all).
-        raise ValueError("the MIXED mode does not combine with penalties=True yet")
 
 
 def check_chunk(chunk_size: int | None, page_size: int) -> None:

@@ -94,9 +94,7 @@ class ModeSpec:
     keeps a one-token prefix. ``tree``: where a ``topk > 1`` tree's expand lists come from.
     ``idle``: a step of this mode has no requests. ``samples``: with ``RuntimeConfig(sample=True)``
     the program samples one token per request from its last token's logits (the sampling group);
-    TARGET_VERIFY one per verify node (speculative sampling). ``starts``: the step holds whole
-    prompts from position 0, so per-request state kept on the device (penalty counts) starts over
-    for its requests. ``token_bucket``: the graph key's bucket counts query tokens, not requests
+    TARGET_VERIFY one per verify node (speculative sampling). ``token_bucket``: the graph key's bucket counts query tokens, not requests
     (a mixed step: decode rows and prompt chunks); a bucket of ``T`` tokens holds up to
     ``min(T, max_batch_size)`` requests, pad requests have no query token and pad tokens belong
     to no request (docs/prefix-caching.md, "How a mixed step is laid out").
@@ -110,7 +108,6 @@ class ModeSpec:
     tree: TreeInput = TreeInput.NONE
     idle: bool = False
     samples: bool = False
-    starts: bool = False
     token_bucket: bool = False
 
 
@@ -128,8 +125,9 @@ MODES: dict[ForwardMode, ModeSpec] = {
     ForwardMode.IDLE: ModeSpec(
         graphed=True, ragged=False, tokens=lambda _: 0, implicit_q_len=True, idle=True
     ),
-    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None, samples=True, starts=True),
-    # NOTE: a mixed step's rows may continue a prompt or decode: none of them starts over.
+    ForwardMode.EXTEND: ModeSpec(graphed=False, ragged=True, tokens=None, samples=True),
+    # NOTE: a mixed step's rows decode or prefill a chunk; only decode rows and a prompt's
+    # last chunk keep their token (the engine drops the others').
     ForwardMode.MIXED: ModeSpec(graphed=True, ragged=True, tokens=None, samples=True, token_bucket=True),
 }
 

@@ -1,6 +1,8 @@
 """Chunked prefill on graphs: an engine with ``prefill_chunk`` runs its mixed steps (decode rows
 plus prompt chunks) and its prefill-only chunks as MIXED batches that replay token-bucketed
-graphs, counted in ``stats()``, with the tokens of whole-prompt prefills."""
+graphs, counted in ``stats()``, with the tokens of whole-prompt prefills. With the sampling
+extras an LLM's engine keeps (penalties, log-probabilities, token masks) the mixed steps still
+replay graphs (``tests/engine/test_mixed_extras.py``)."""
 
 from __future__ import annotations
 
@@ -38,12 +40,3 @@ def test_prefill_only_chunks_replay_graphs() -> None:
     stats = engine.stats()
     assert (stats.replays["MIXED"], stats.prefill_steps, stats.mixed_steps) == (4, 4, 0)
     assert stats.replays["DECODE"] == 2 and stats.eager == {}
-
-
-def test_penalties_keep_chunked_steps_eager() -> None:
-    """A mixed step cannot tell whose token counts start over: with penalties the engine
-    captures no MIXED graphs and runs its chunked steps as eager EXTEND batches."""
-    engine = Engine("tiny-llama", **KW, prefill_chunk=16, penalties=True)
-    assert engine.runtime.config.token_buckets == ()
-    engine.generate([PROMPTS[1]], 2)
-    assert "MIXED" not in engine.stats().replays and engine.stats().eager == {"EXTEND": 4}

@@ -67,3 +67,16 @@ def test_penalties_need_an_engine_that_counts() -> None:
         SamplingParams(repetition_penalty=0.0)
     with pytest.raises(ValueError, match="frequency_penalty"):
         SamplingParams(frequency_penalty=2.5)
+
+
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_a_prefix_cache_hit_marks_the_whole_prompt(chunk: int | None) -> None:
+    """The repetition penalty reads the whole prompt, the cached pages too (which no step
+    computes): a request served from the prefix cache gets the tokens it got without."""
+    prompt = np.random.default_rng(3).integers(0, 512, 40).tolist()
+    params = SamplingParams(repetition_penalty=0.1)
+    engine = Engine(device="cpu", penalties=True, prefill_chunk=chunk, **KW)
+    first = engine.generate([prompt], 4, params)
+    again = engine.generate([prompt], 4, params)
+    assert engine.stats().prefix.hit_tokens == 32  # NOTE: two full pages of 16
+    assert again == first != engine.generate([prompt], 4)

@@ -159,10 +159,6 @@ def test_steps_no_graph_holds_run_eagerly_and_are_counted() -> None:
         ({}, r"capture_modes holds MIXED but token_buckets is empty"),
         ({"token_buckets": (8, 4)}, r"token_buckets must be sorted and unique, got \(8, 4\)"),
         ({"token_buckets": (0, 4)}, r"token_buckets must be positive ints, got \(0, 4\)"),
-        (
-            {"token_buckets": (4,), "sample": True, "penalties": True},
-            r"MIXED mode does not combine with penalties",
-        ),
     ],
 )
 def test_bad_mixed_configs_are_refused(kw: dict[str, object], message: str) -> None:
