@@ -72,6 +72,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
     requests, system, user, new = args.requests, args.system_tokens, args.user_tokens, args.new_tokens
     context = -(-(system + user + new) // 16) * 16
     kw = {"device": device, "max_batch_size": args.rows or requests, "max_context_len": context}
+    kw["prefill_chunk"] = getattr(args, "prefill_chunk", None)
     runs: dict[str, dict[str, Any]] = {}
     prompts: list[list[int]] = []
     warm: list[int] = []
@@ -90,6 +91,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
         "system_tokens": system,
         "user_tokens": user,
         "new_tokens": new,
+        "prefill_chunk": kw["prefill_chunk"],
         "off": off,
         "on": on,
         "ttft_p50_speedup": off["ttft_ms"]["p50"] / on["ttft_ms"]["p50"],

@@ -215,6 +215,12 @@ def _prefix_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user-tokens", type=positive_int, default=32, help="prefix only: each request's own")
     p.add_argument("--new-tokens", type=positive_int, default=32, help="prefix only: tokens generated each")
     p.add_argument("--rows", type=positive_int, default=None, help="prefix only: max_batch_size (--requests)")
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=None,
+        help="prefix only: both engines' prefill_chunk (None: whole prompts)",
+    )
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
