@@ -16,6 +16,7 @@ from tests.support.triton_util import INTERPRET, NO_SPILLS, ptxas_report, sm90_p
 
 pytestmark = pytest.mark.skipif(triton is None, reason="needs Triton")
 T = tuning.DEFAULT.moe
+UP, DOWN = T.skinny_up(), T.skinny_down()
 BF16 = {"x", "w13", "b13", "inter", "w2", "b2", "out"}
 F32 = {"topk_weights", "buf"}
 INTS = {"S", "H", "INTER", "TOPK", "x_stride", "E", "NK", "BOUND", "NBLOCKS"}
@@ -23,8 +24,8 @@ INTS = {"S", "H", "INTER", "TOPK", "x_stride", "E", "NK", "BOUND", "NBLOCKS"}
 KERNELS = {
     "grouped_up": (gr._grouped_up, dict(BM=BLOCK_M, BN=T.block_n, BK=T.block_k, ACT=1, HAS_BIAS=True, F32_DOT=False), T.warps, T.stages),
     "grouped_down": (gr._grouped_down, dict(BM=BLOCK_M, BN=T.block_n, BK=T.block_k, HAS_BIAS=True, F32_DOT=False), T.warps, T.stages),
-    "skinny_up": (sx._skinny_up, dict(BN=T.skinny_n // 2, BK=T.skinny_k, ACT=0, HAS_BIAS=True), T.skinny_warps, 1),
-    "skinny_down": (sx._skinny_down, dict(BN=T.skinny_n, BK=T.skinny_k, HAS_BIAS=True), T.skinny_warps, 1),
+    "skinny_up": (sx._skinny_up, dict(BN=UP[0] // 2, BK=UP[1], ACT=0, HAS_BIAS=True), UP[2], 1),
+    "skinny_down": (sx._skinny_down, dict(BN=DOWN[0], BK=DOWN[1], HAS_BIAS=True), DOWN[2], 1),
     "align": (at._align, dict(BLOCK_E=128, CHUNK=at.CHUNK_CELLS // 128, FILL=at.FILL, BM=BLOCK_M), 4, 1),
     "sum_topk": (te._sum_topk, dict(BH=1024), 4, 1),
 }  # fmt: skip

@@ -227,6 +227,41 @@ def test_tune_writes_a_table_the_next_runtime_reads(cache: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_tune_moe_writes_expert_tiles_the_next_runtime_reads(cache: Path) -> None:
+    """The MoE part alone (Qwen3-30B-A3B's and gpt-oss-20b's experts shrunk 16 times, 3 replays):
+    every candidate checked against the reference, the swept tiles written to the user cache and
+    read back by the next choice of this GPU's table; the other groups carried over."""
+    from graphrt.tools.bench import tune_moe
+
+    args = [
+        "tune",
+        "--models",
+        "qwen3-30b-a3b,gpt-oss-20b",
+        "--shrink",
+        "16",
+        "--iters",
+        "3",
+        "--only",
+        "moe",
+    ]
+    name = torch.cuda.get_device_name(0)
+    base = tuning.choose(name)
+    assert main(args) == 0
+    path = tuning.cache_path(name)
+    table = tuning.choose(name)
+    assert table.path == str(path) and "graphrt tune on" in dict(table.source)["moe"]
+    assert table.moe.skinny_up() in (*tune_moe.UP, base.moe.skinny_up())
+    assert table.moe.skinny_down() in (*tune_moe.DOWN, base.moe.skinny_down())
+    assert replace(table, moe=base.moe, name="", path="", source=()) == replace(
+        base, name="", path="", source=()
+    )
+    timings = json.loads(path.with_suffix(".sweep.json").read_text())["moe"]
+    assert {r["model"] for r in timings} == {"qwen3-30b-a3b", "gpt-oss-20b"}
+    assert all(r["us"] > 0 and r["rel_l2_vs_reference"] <= 1e-2 for r in timings)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 def test_tune_decode_sweep_checks_and_picks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The split decode part on one case: every candidate matches torch's attention, the pick is
     one of the candidates and other head dims keep the base table's warps."""

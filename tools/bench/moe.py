@@ -45,8 +45,10 @@ from graphrt.tools.bench.record import header, percentiles, time_us, write_resul
 from graphrt.tools.cli.args import resolve_device
 from graphrt.tools.cli.console import bench_progress, wide_console
 
+#: ``(E, k, H, I, activation, biases)`` of one layer's experts.
+Shape = tuple[int, int, int, int, str, bool]
 #: ``name: (E, k, H, I, activation, biases)``.
-SHAPES = {
+SHAPES: dict[str, Shape] = {
     "qwen3-30b-a3b": (128, 8, 2048, 768, "silu", False),
     "gpt-oss-20b": (32, 4, 2880, 2880, "swiglu_clamp", True),
     "deepseek-v2-lite": (64, 6, 2048, 1408, "silu", False),
@@ -62,7 +64,14 @@ Layer = tuple[torch.Tensor, ExpertWeights, Routing]
 
 
 def _layer(name: str, rows: int, real: int, device: torch.device, seed: int, shrink: int) -> Layer:
-    experts, topk, hidden, inter, act, bias = SHAPES[name]
+    return layer(SHAPES[name], rows, real, device, seed, shrink)
+
+
+def layer(shape: Shape, rows: int, real: int, device: torch.device, seed: int, shrink: int) -> Layer:
+    """One MoE layer's experts of ``shape`` (``H`` and ``I`` divided by ``shrink``; bf16 random
+    weights from ``seed``), ``rows`` token rows of which the first ``real`` route to ``k``
+    distinct random experts and the rest are pad rows (id ``E``): ``(x, weights, routing)``."""
+    experts, topk, hidden, inter, act, bias = shape
     hidden, inter = hidden // shrink, inter // shrink
     gen = torch.Generator(device).manual_seed(seed)
 

@@ -94,16 +94,17 @@ def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> t
     inter_dim, t = two_i // 2, tuning.active().moe
     inter = torch.empty((tokens * topk, inter_dim), dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
-    bk_up, bk_down = min(t.skinny_k, _pow2(hidden)), min(t.skinny_k, _pow2(inter_dim))
-    _skinny_up[(tokens * topk, triton.cdiv(inter_dim, t.skinny_n // 2))](
+    (up_n, up_k, up_warps), (down_n, down_k, down_warps) = t.skinny_up(), t.skinny_down()
+    bk_up, bk_down = min(up_k, _pow2(hidden)), min(down_k, _pow2(inter_dim))
+    _skinny_up[(tokens * topk, triton.cdiv(inter_dim, up_n // 2))](
         x, w.w13, _or(w.b13, w.w13), inter, routing.topk_ids, num_experts, hidden, inter_dim, topk,
-        x.stride(0), BN=t.skinny_n // 2, BK=bk_up, ACT=ACT_CODES[w.activation],
-        HAS_BIAS=w.b13 is not None, PDL=pdl, num_warps=t.skinny_warps, launch_pdl=pdl,
+        x.stride(0), BN=up_n // 2, BK=bk_up, ACT=ACT_CODES[w.activation],
+        HAS_BIAS=w.b13 is not None, PDL=pdl, num_warps=up_warps, launch_pdl=pdl,
     )  # fmt: skip
-    _skinny_down[(tokens, triton.cdiv(hidden, t.skinny_n))](
+    _skinny_down[(tokens, triton.cdiv(hidden, down_n))](
         inter, w.w2, _or(w.b2, w.w2), routing.topk_ids, routing.topk_weights, out, num_experts,
-        hidden, inter_dim, topk, triton.cdiv(inter_dim, bk_down), BN=t.skinny_n, BK=bk_down,
-        HAS_BIAS=w.b2 is not None, PDL=pdl, num_warps=t.skinny_warps, launch_pdl=pdl,
+        hidden, inter_dim, topk, triton.cdiv(inter_dim, bk_down), BN=down_n, BK=bk_down,
+        HAS_BIAS=w.b2 is not None, PDL=pdl, num_warps=down_warps, launch_pdl=pdl,
     )  # fmt: skip
     return out
 

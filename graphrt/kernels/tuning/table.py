@@ -101,7 +101,10 @@ class SamplerRule:
 @dataclass(frozen=True, slots=True)
 class MoeTiles:
     """``block_n x block_k`` of the grouped expert GEMMs (``tl.dot``, ``BLOCK_M`` rows) and of the
-    skinny expert GEMVs (``skinny_n`` rows by up to ``skinny_k`` columns per loop step)."""
+    skinny expert GEMVs: the up kernel reads ``skinny_n`` rows of ``w13`` (gate and up halves) by
+    up to ``skinny_k`` columns per loop step on ``skinny_warps`` warps; the down kernel reads
+    ``skinny_down_n`` rows of ``w2`` by ``skinny_down_k`` on ``skinny_down_warps`` (0: the up
+    kernel's value, as tables written before the down fields existed mean)."""
 
     block_n: int = 64
     block_k: int = 64
@@ -110,9 +113,25 @@ class MoeTiles:
     skinny_n: int = 8
     skinny_k: int = 1024
     skinny_warps: int = 8
+    skinny_down_n: int = 0
+    skinny_down_k: int = 0
+    skinny_down_warps: int = 0
 
     def __post_init__(self) -> None:
         _powers_of_two(self, ("block_n", "block_k", "warps", "skinny_n", "skinny_k", "skinny_warps"))
+        if self.skinny_n < 2:
+            raise ValueError(f"MoeTiles.skinny_n must be >= 2 (gate and up halves), got {self.skinny_n}")
+        down = ("skinny_down_n", "skinny_down_k", "skinny_down_warps")
+        _powers_of_two(self, tuple(name for name in down if getattr(self, name) != 0))
+
+    def skinny_up(self) -> tuple[int, int, int]:
+        """``(rows of w13, columns per step, warps)`` of the skinny up kernel."""
+        return self.skinny_n, self.skinny_k, self.skinny_warps
+
+    def skinny_down(self) -> tuple[int, int, int]:
+        """``(rows of w2, columns per step, warps)`` of the skinny down kernel (0s read as up's)."""
+        own = (self.skinny_down_n, self.skinny_down_k, self.skinny_down_warps)
+        return tuple(d or u for d, u in zip(own, self.skinny_up(), strict=True))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
