@@ -12,9 +12,11 @@
 #         plain loop: copy and chat at bs 1, back-off at bs 32 / 64, the 8B always-match ceiling.
 # engine: first answer (lazy vs eager capture), chunked prefill ITL, prefix caching (64 requests
 #         sharing 1000 tokens), graphrt serve plain / logprobs / JSON schema at 1 / 8 / 32 clients.
+# moetune: the new GPU tests, `graphrt tune` over the dense and MoE presets (experts too), then
+#         bench model bs 1 of each MoE shape with the committed table and with the tuned one.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?moe|dense|spec|engine}
+what=${1:?moe|dense|spec|engine|moetune}
 log="$OUT/s9_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -65,11 +67,26 @@ engine() {
   done
 }
 
+moetune() {
+  local models=llama-3.2-1b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,deepseek-v2-lite
+  LIMIT=150 TAIL=25 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/kernels/test_tuning.py \
+    tests/engine/test_prefix_gpu.py tests/engine/test_mixed_extras.py
+  LIMIT=260 TAIL=40 run graphrt tune --models "$models" --iters 50
+  cp -r /tmp/xdg/graphrt/tuning "$OUT/" 2>/dev/null
+  for shape in qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite; do
+    for cache in 0 1; do
+      GRAPHRT_CACHE=$cache LIMIT=70 run graphrt bench model --shape "$shape" --batch-sizes 1 --context 512 \
+        --iters 30 --no-compile --out "$OUT/json"
+    done
+  done
+}
+
 case "$what" in
 moe) moe ;;
+moetune) moetune ;;
 dense) dense ;;
 spec) spec ;;
 engine) engine ;;
-*) echo "moe|dense|spec|engine, got $what" >&2; exit 2 ;;
+*) echo "moe|dense|spec|engine|moetune, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s9_${what}_json.tgz" json && rm -rf "$OUT/json"
