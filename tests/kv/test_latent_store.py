@@ -15,7 +15,15 @@ from graphrt.kv.rope_store import rotate_ref
 from graphrt.models.mla import LATENT_NORM_EPS, rotate_interleaved
 from graphrt.models.ops import rms_norm_ref, rope_cos_sin
 from graphrt.models.rope import default_inv_freq
-from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import (
+    INTERPRET,
+    NO_SPILLS,
+    ptxas_report,
+    rerun_marks,
+    rerun_under_interpreter,
+    sm90_ptx,
+    triton_devices,
+)
 
 PAGES, PAGE_SIZE = 12, 4
 
@@ -107,6 +115,34 @@ def test_refuses_what_it_does_not_take() -> None:
     assert not ls.fits(q, kv, cos_sin[:, :6], weight, rope_cache, latent_cache)
     with pytest.raises(ValueError, match=r"caches torch.float32 \(12, 4, 1, 8\)"):
         ls.rope_norm_store(q, kv, cos_sin, weight, 1e-6, *fp32, loc, True)
+
+
+@pytest.mark.skipif(INTERPRET or ls.triton is None, reason="needs Triton's compiler, not its interpreter")
+@pytest.mark.parametrize("heads", [16, 128], ids=["v2-lite", "v3"])
+@pytest.mark.parametrize("interleave", [True, False])
+def test_compiles_for_sm90_with_pdl_and_no_spills(heads: int, interleave: bool) -> None:
+    """DeepSeek's shapes (nope 128, rope 64, latent 512) build for sm_90, wait on the
+    projections with PDL and spill no register (no GPU needed)."""
+    fn = ls._mla_store
+    constexprs = dict(
+        H=heads,
+        NOPE=128,
+        HALF=32,
+        C=512,
+        BLOCK_H=heads,
+        BLOCK_D=32,
+        BLOCK_C=512,
+        INTERLEAVE=interleave,
+        PDL=True,
+    )
+    ints = {"q_stride", "q_head_stride", "kv_stride", "cs_stride", "loc_stride"}
+    signature = {
+        a: "constexpr" if a in constexprs else "i32" if a in ints else "fp32" if a == "eps" else "*bf16"
+        for a in fn.arg_names
+    }
+    ptx = sm90_ptx(fn, signature | {"loc": "*i64"}, constexprs, {"num_warps": 4})
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert NO_SPILLS in ptxas_report(ptx)
 
 
 @rerun_marks
