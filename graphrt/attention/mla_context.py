@@ -58,14 +58,29 @@ class MLAContext:
         scale: float,
     ) -> torch.Tensor:
         """Store ``k_rope [T, rope_dim]`` and ``latent [T, kv_lora_rank]`` at ``out_cache_loc``,
-        then attend causally.
+        then attend causally (:meth:`store`, then :meth:`attend`)."""
+        self.store(layer_id, k_rope, latent)
+        return self.attend(layer_id, q_rope, qv, scale)
+
+    def store(self, layer_id: int, k_rope: torch.Tensor, latent: torch.Tensor) -> None:
+        """Write ``k_rope [T, rope_dim]`` (rotated) and ``latent [T, kv_lora_rank]`` (normed) at
+        the step's ``out_cache_loc``."""
+        self.kv.store(layer_id, self.meta.buffers.out_cache_loc, k_rope, latent)
+
+    def cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(rope [pages, page_size, 1, rope_dim], latent [pages, page_size, 1, kv_lora_rank],
+        out_cache_loc [T] int64)``: where a fused kernel stores the layer's new tokens itself
+        (:mod:`graphrt.kv.latent_store`) instead of :meth:`store`."""
+        return self.kv.rope[layer_id], self.kv.latent[layer_id], self.meta.buffers.out_cache_loc
+
+    def attend(self, layer_id: int, q_rope: torch.Tensor, qv: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attend causally over the layer's caches, this step's tokens already stored.
 
         ``q_rope [T, H, rope_dim]`` (rotated) and ``qv [T, H, kv_lora_rank]`` (``q_nope`` times
         each head's ``W_UK``); key ``j`` scores ``(q_rope . k_rope_j + qv . latent_j) * scale``.
         Returns ``[T, H, kv_lora_rank]`` in ``q_rope``'s dtype: the probabilities times the
         latents (apply each head's ``W_UV`` after).
         """
-        self.kv.store(layer_id, self.meta.buffers.out_cache_loc, k_rope, latent)
         call = AttendCall(q_rope, self.kv.rope[layer_id], self.kv.latent[layer_id], self.meta, scale, qv=qv)
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.

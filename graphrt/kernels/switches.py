@@ -113,7 +113,9 @@ _K = "kernel"
 TABLE: tuple[Switch, ...] = (
     Switch("GRAPHRT_FUSED_UPDATE", "1", _K, "the step's metadata update as one Triton kernel"),
     Switch("GRAPHRT_FUSED_FEED", "1", _K, "the fed step's token feed as Triton kernels"),
-    Switch("GRAPHRT_FUSED_ROPE_STORE", "1", _K, "RoPE and the KV store as one Triton kernel"),
+    Switch(
+        "GRAPHRT_FUSED_ROPE_STORE", "1", _K, "RoPE and the KV store (MLA: + latent norm) as one Triton kernel"
+    ),
     Switch("GRAPHRT_COS_SIN", "1", _K, "the step's RoPE cos/sin rows as one Triton kernel"),
     Switch("GRAPHRT_SKINNY_GEMM", "1", _K, "the skinny Triton GEMM for steps of few rows"),
     Switch("GRAPHRT_FUSED_PROLOGUE", "1", _K, "RMSNorm and SiLU-and-mul inside the skinny GEMMs"),

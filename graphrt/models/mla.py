@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from graphrt.attention.mla_context import MLAContext
+from graphrt.kv import latent_store
 from graphrt.kv.rope_store import rotate_ref
 from graphrt.models.llama import Decoder, RMSNorm
 from graphrt.models.moe import layer_mlp
@@ -71,23 +72,49 @@ class LatentAttention(nn.Module):
         w = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
         return w[:, : cfg.qk_nope_head_dim], w[:, cfg.qk_nope_head_dim :]
 
+    def absorb(self, q: torch.Tensor) -> torch.Tensor:
+        """``qv [T, H, kv_lora_rank]``: each head's ``q_nope`` times its ``W_UK``, from ``q [T, H,
+        nope + rope]``. One batched GEMM over views of ``q`` and the weight (no copy); a
+        ``[T, H, c]`` view of its ``[H, T, c]`` output, which FA3 reads with its strides."""
+        w_uk, _ = self.up_projections()
+        return torch.bmm(q[..., : self.cfg.qk_nope_head_dim].transpose(0, 1), w_uk).transpose(0, 1)
+
+    def expand(self, out: torch.Tensor) -> torch.Tensor:
+        """``[T, H * v_head_dim]``: each head's attention output ``out [T, H, kv_lora_rank]``
+        times its ``W_UV``. The GEMM writes through a transposed view of a ``[T, H, v]`` tensor,
+        so flattening the heads needs no copy."""
+        _, w_uv = self.up_projections()
+        tokens = out.shape[0]
+        if torch.is_grad_enabled():  # NOTE: autograd refuses out=; steps run under no_grad
+            return torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1).reshape(tokens, -1)
+        flat = out.new_empty(tokens, self.cfg.num_heads, self.cfg.v_head_dim)
+        torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2), out=flat.transpose(0, 1))
+        return flat.view(tokens, -1)
+
+    def rope_store(
+        self, q: torch.Tensor, kv: torch.Tensor, cos_sin: torch.Tensor, ctx: MLAContext
+    ) -> torch.Tensor:
+        """Rotate ``q``'s RoPE part and ``kv``'s RoPE key, norm ``kv``'s latent and store both in
+        the layer's cache; returns the rotated ``q_rope [T, H, qk_rope_head_dim]``. One Triton
+        kernel where :mod:`graphrt.kv.latent_store` takes the tensors, else the torch ops."""
+        cfg, norm = self.cfg, self.kv_a_layernorm
+        rope_cache, latent_cache, loc = ctx.cache(self.layer_id)
+        if latent_store.enabled(q.device) and latent_store.fits(
+            q, kv, cos_sin, norm.weight, rope_cache, latent_cache
+        ):
+            return latent_store.rope_norm_store(
+                q, kv, cos_sin, norm.weight, norm.eps, rope_cache, latent_cache, loc, cfg.rope_interleave
+            )
+        latent, k_rope = kv.split((cfg.kv_lora_rank, cfg.qk_rope_head_dim), dim=-1)
+        ctx.store(self.layer_id, self.rotate(k_rope[:, None], cos_sin)[:, 0], norm(latent))
+        return self.rotate(q[..., cfg.qk_nope_head_dim :], cos_sin)
+
     def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: MLAContext) -> torch.Tensor:
-        cfg = self.cfg
-        q_nope, q_rope = self.query(x).split((cfg.qk_nope_head_dim, cfg.qk_rope_head_dim), dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split((cfg.kv_lora_rank, cfg.qk_rope_head_dim), dim=-1)
-        w_uk, w_uv = self.up_projections()
+        q = self.query(x)
+        q_rope = self.rope_store(q, self.kv_a_proj_with_mqa(x), cos_sin, ctx)
         # NOTE: absorbed form — q_nope . (W_UK c) == (q_nope W_UK) . c: the cache holds only c.
-        qv = torch.einsum("thn,hnc->thc", q_nope, w_uk)
-        out = ctx.mla(
-            self.layer_id,
-            self.rotate(q_rope, cos_sin),
-            qv,
-            self.rotate(k_rope[:, None], cos_sin)[:, 0],
-            self.kv_a_layernorm(latent),
-            cfg.softmax_scale,
-        )
-        out = torch.einsum("thc,hvc->thv", out, w_uv)
-        return self.o_proj(out.reshape(x.shape[0], cfg.num_heads * cfg.v_head_dim))
+        out = ctx.attend(self.layer_id, q_rope, self.absorb(q), self.cfg.softmax_scale)
+        return self.o_proj(self.expand(out))
 
 
 class MLACausalLM(Decoder):
