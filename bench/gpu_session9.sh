@@ -68,20 +68,20 @@ engine() {
 }
 
 moetune() {
-  local models=qwen3-30b-a3b,gpt-oss-20b,deepseek-v2-lite
+  local models=${MODELS:-qwen3-30b-a3b,gpt-oss-20b,deepseek-v2-lite}
   LIMIT=150 TAIL=25 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/kernels/test_tuning.py \
     tests/engine/test_prefix_gpu.py tests/engine/test_mixed_extras.py tests/kv/test_latent_store.py \
     tests/models/test_mla_prologue_model.py tests/runtime/test_mla_runtime.py
   LIMIT=200 TAIL=40 run graphrt tune --models "$models" --iters 50
   cp -r /tmp/xdg/graphrt/tuning "$OUT/" 2>/dev/null
-  for shape in qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite; do
+  GRAPHRT_FUSED_ROPE_STORE=0 LIMIT=70 run graphrt bench model --shape deepseek-v2-lite --batch-sizes 1 \
+    --context 512 --iters 30 --no-compile --out "$OUT/json"
+  for shape in ${SHAPES:-qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite}; do
     for cache in 0 1; do
       GRAPHRT_CACHE=$cache LIMIT=70 run graphrt bench model --shape "$shape" --batch-sizes 1 --context 512 \
         --iters 30 --no-compile --out "$OUT/json"
     done
   done
-  GRAPHRT_FUSED_ROPE_STORE=0 LIMIT=70 run graphrt bench model --shape deepseek-v2-lite --batch-sizes 1 \
-    --context 512 --iters 30 --no-compile --out "$OUT/json"
 }
 
 case "$what" in
