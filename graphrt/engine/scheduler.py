@@ -185,8 +185,9 @@ class Scheduler:
             launched = overlap.launch(self.runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=lp)
             launched.rows, launched.finishing = rows, rows.advance()
             launched.constrained = self._rows_constrained
-            for i in np.flatnonzero(launched.finishing):
-                self._release(rows.reqs[i])
+            if launched.finishing is not rows.unfinished:
+                for i in np.flatnonzero(launched.finishing):
+                    self._release(rows.reqs[i])
         produced, done = self._take(overlap.swap(launched))
         self._retire(done)
         count_step(self, bool(admitted), rows is not None, start)
@@ -209,9 +210,10 @@ class Scheduler:
         else:
             produced = step.rows.append(tokens.tolist())
             done = step.rows.finished(step.finishing, tokens)
-        packed = step.packed.numpy() if step.packed is not None else None
-        flags = {"logprobs": packed is not None, "constrained": step.constrained}
-        self.extras.after(step.reqs, tokens, packed=packed, **flags)
+        if step.packed is not None or step.constrained:  # NOTE: else nothing to attach
+            packed = step.packed.numpy() if step.packed is not None else None
+            flags = {"logprobs": packed is not None, "constrained": step.constrained}
+            self.extras.after(step.reqs, tokens, packed=packed, **flags)
         self._ended = bool(done)
         return produced, done
 
