@@ -38,7 +38,7 @@ class Launched:
     """A launched step: its requests (in batch order) and where its tokens arrive."""
 
     reqs: list[Request]
-    host: torch.Tensor  # [bs] int64, pinned on CUDA
+    host: np.ndarray  # [bs] int64: a view of the ring's buffer (pinned on CUDA)
     copied: Any  # torch.cuda.Event recorded after the copy, or None (CPU: already there)
     #: A DECODE step: the rows it was built from (their stop tokens), and the mask of requests
     #: whose budget it used up. None: a prefill.
@@ -56,7 +56,7 @@ class Launched:
             self.copied.synchronize()
         for r in self.reqs:
             r.inflight -= 1
-        return self.host.numpy().copy()  # NOTE: a copy: the ring's buffer is filled again
+        return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
 
 
 class Overlap:
@@ -73,6 +73,16 @@ class Overlap:
         self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
         self._slot = 0
         self.inflight: Launched | None = None
+        #: ``(slot, bs)``: the ring buffer's first ``bs`` entries, as the copy's tensor and its
+        #: numpy view (made once each: a tensor slice costs about a microsecond per step).
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
+
+    def _view(self, slot: int, bs: int) -> tuple[torch.Tensor, np.ndarray]:
+        view = self._views.get((slot, bs))
+        if view is None:
+            tensor = self._host[slot][:bs]
+            view = self._views[(slot, bs)] = (tensor, tensor.numpy())
+        return view
 
     def launch(
         self,
@@ -93,7 +103,7 @@ class Overlap:
         feed = self.feed.decode if fed else self.feed.prefill
         tokens = runtime.run(batch, eager=eager, feed=feed)
         slot, self._slot = self._slot, (self._slot + 1) % DEPTH
-        host = self._host[slot][: batch.bs]
+        host, host_np = self._view(slot, batch.bs)
         host.copy_(tokens, non_blocking=True)
         packed = None
         if logprobs and runtime.logprobs is not None:
@@ -107,7 +117,7 @@ class Overlap:
             event.record(current_stream(tokens.device))
         for r in reqs:
             r.inflight += 1
-        return Launched(reqs, host, event, packed=packed)
+        return Launched(reqs, host_np, event, packed=packed)
 
     def swap(self, launched: Launched | None) -> Launched | None:
         """Make ``launched`` the step in flight; returns the one before it (to read now)."""

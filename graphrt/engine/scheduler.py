@@ -128,6 +128,8 @@ class Scheduler:
         return produced
 
     def _admit(self) -> list[Request]:
+        if not self.waiting:  # NOTE: the decode steady state: nothing to admit
+            return []
         admitted = self.pool.admit(self.waiting, self.lookahead)
         if admitted and self.encode is not None:
             for r in admitted:
