@@ -74,12 +74,21 @@ class DecodeRows:
     requests: :meth:`batch`, then :meth:`advance` once the step is launched.
 
     ``sampled``: the batches carry ``Batch.sampling`` (the runtime samples in its program).
+    ``pending``: ids (``id(request)``) of requests with one more token in flight than their
+    ``Request.inflight`` counts (the overlapped engine's fed step in flight).
 
     NOTE: the arrays a batch holds are never written afterwards (read-only or replaced by new
     ones), so a batch cannot change under the runtime once it was checked.
     """
 
-    def __init__(self, reqs: list[Any], page_size: int, *, sampled: bool) -> None:
+    def __init__(
+        self,
+        reqs: list[Any],
+        page_size: int,
+        *,
+        sampled: bool,
+        pending: frozenset[int] | set[int] = frozenset(),
+    ) -> None:
         bs = len(reqs)
         self.reqs, self.page_size = reqs, page_size
         self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
@@ -87,7 +96,10 @@ class DecodeRows:
         self.index = np.arange(bs)
         #: The next step's KV length per request: its tokens read or in flight, plus the new one.
         self.seq_lens = _frozen(
-            np.array([len(r.prompt) + len(r.output) + r.inflight for r in reqs], dtype=np.int64)
+            np.array(
+                [len(r.prompt) + len(r.output) + r.inflight + (id(r) in pending) for r in reqs],
+                dtype=np.int64,
+            )
         )
         #: ``seq_lens`` at which a request's budget is used up (no step needs to run).
         self.limit = np.array([len(r.prompt) + r.max_new_tokens for r in reqs], dtype=np.int64)

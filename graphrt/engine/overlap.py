@@ -49,13 +49,17 @@ class Launched:
     packed: torch.Tensor | None = None
     #: Whether a request of the step follows a grammar (its state advances when read).
     constrained: bool = True
+    #: Whether the step counts in its requests' ``Request.inflight`` (a prefill); a DECODE
+    #: step of rows does not: the rows rebuilt while it is in flight count it (``pending``).
+    counted: bool = True
 
     def read(self) -> np.ndarray:
         """The step's tokens ``[bs]`` int64: waits for its copy only (later steps keep running)."""
         if self.copied is not None:
             self.copied.synchronize()
-        for r in self.reqs:
-            r.inflight -= 1
+        if self.counted:
+            for r in self.reqs:
+                r.inflight -= 1
         return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
 
 
@@ -98,7 +102,9 @@ class Overlap:
 
         ``fed``: a DECODE batch whose input ids are gathered from the feed inside its graph
         (its host ``input_ids`` are ``FED``); else (a prefill) they are the prompts. Either
-        records its tokens in the feed.
+        records its tokens in the feed. A prefill counts in its requests' ``Request.inflight``
+        until read; a fed step (:class:`DecodeRows`' batch) does not (a per-request loop
+        less, twice a step): :meth:`pending` names its requests while it is in flight.
         """
         feed = self.feed.decode if fed else self.feed.prefill
         tokens = runtime.run(batch, eager=eager, feed=feed)
@@ -115,9 +121,16 @@ class Overlap:
         event = self._events[slot]
         if event is not None:
             event.record(current_stream(tokens.device))
-        for r in reqs:
-            r.inflight += 1
-        return Launched(reqs, host_np, event, packed=packed)
+        if not fed:
+            for r in reqs:
+                r.inflight += 1
+        return Launched(reqs, host_np, event, packed=packed, counted=not fed)
+
+    def pending(self) -> set[int]:
+        """Ids (``id(request)``) of the requests of the fed step in flight, whose token
+        ``Request.inflight`` does not count; empty when none is in flight."""
+        step = self.inflight
+        return {id(r) for r in step.reqs} if step is not None and not step.counted else set()
 
     def swap(self, launched: Launched | None) -> Launched | None:
         """Make ``launched`` the step in flight; returns the one before it (to read now)."""

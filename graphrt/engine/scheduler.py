@@ -145,7 +145,8 @@ class Scheduler:
         if self._rows is None:
             reqs = [r for r in self.running if r.req_idx >= 0 and not r.done and not prefilling(r)]
             sampled = self.runtime.config.sample and not self.record_logits
-            self._rows = DecodeRows(reqs, self.page_size, sampled=sampled) if reqs else None
+            pending = self.overlap.pending() if self.overlap is not None else frozenset()
+            self._rows = DecodeRows(reqs, self.page_size, sampled=sampled, pending=pending) if reqs else None
             self._rows_logprobs = wants(reqs)
             self._rows_constrained = any(r.constraint is not None for r in reqs)
         return self._rows
