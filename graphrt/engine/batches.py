@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphrt.engine.pages import page_table, slots_at
+from graphrt.engine.pages import page_table
 from graphrt.engine.sampling import row_params
 from graphrt.step.batch import FED, Batch
 from graphrt.step.modes import ForwardMode
@@ -59,6 +59,11 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+#: Decode steps whose KV slots :class:`DecodeRows` lays out at once (a ``[SLOT_STEPS, bs]``
+#: block, one row per step): a step then takes a row instead of five numpy operations.
+SLOT_STEPS = 32
+
+
 class DecodeRows:
     """DECODE batches for one list of running requests, laid out once and advanced each step.
 
@@ -69,12 +74,21 @@ class DecodeRows:
     requests: :meth:`batch`, then :meth:`advance` once the step is launched.
 
     ``sampled``: the batches carry ``Batch.sampling`` (the runtime samples in its program).
+    ``pending``: ids (``id(request)``) of requests with one more token in flight than their
+    ``Request.inflight`` counts (the overlapped engine's fed step in flight).
 
     NOTE: the arrays a batch holds are never written afterwards (read-only or replaced by new
     ones), so a batch cannot change under the runtime once it was checked.
     """
 
-    def __init__(self, reqs: list[Any], page_size: int, *, sampled: bool) -> None:
+    def __init__(
+        self,
+        reqs: list[Any],
+        page_size: int,
+        *,
+        sampled: bool,
+        pending: frozenset[int] | set[int] = frozenset(),
+    ) -> None:
         bs = len(reqs)
         self.reqs, self.page_size = reqs, page_size
         self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
@@ -82,15 +96,26 @@ class DecodeRows:
         self.index = np.arange(bs)
         #: The next step's KV length per request: its tokens read or in flight, plus the new one.
         self.seq_lens = _frozen(
-            np.array([len(r.prompt) + len(r.output) + r.inflight for r in reqs], dtype=np.int64)
+            np.array(
+                [len(r.prompt) + len(r.output) + r.inflight + (id(r) in pending) for r in reqs],
+                dtype=np.int64,
+            )
         )
         #: ``seq_lens`` at which a request's budget is used up (no step needs to run).
         self.limit = np.array([len(r.prompt) + r.max_new_tokens for r in reqs], dtype=np.int64)
+        #: Steps :meth:`advance` takes before a budget can run out (none ends before: no mask).
+        self._runway = int((self.limit - self.seq_lens).min()) if bs else 0
+        #: What :meth:`advance` returns while no budget runs out (read-only, all False).
+        self.unfinished = _frozen(np.zeros(bs, dtype=bool))
         #: The next step's input ids when the host gives them: each request's last read token.
         self.last = _frozen(np.array([r.output[-1] if r.output else 0 for r in reqs], dtype=np.int64))
         #: A fed step's input ids: ``FED`` (the device gathers each row's token in the graph).
         self.fed = _frozen(np.full(bs, FED, dtype=np.int64))
         self.sampling = row_params([r.sampling for r in reqs]) if sampled else None
+        # NOTE: a step's tokens are appended through bound methods: no attribute lookups per
+        # request (``Request.output`` is never replaced while the request runs).
+        self._appends = [r.output.append for r in reqs]
+        self._rids = [r.rid for r in reqs]
         stops = [r.sampling.stop_token_ids if r.sampling is not None else () for r in reqs]
         most = max((len(s) for s in stops), default=0)
         #: ``[bs, most]`` stop token ids, -1 padded (never a token); None: no request has any.
@@ -99,10 +124,24 @@ class DecodeRows:
             self.stops = np.full((bs, most), -1, dtype=np.int64)
             for i, s in enumerate(stops):
                 self.stops[i, : len(s)] = s
+        self._slots = self._slots_ahead()
+        self._step = 0  # NOTE: the row of ``_slots`` the next batch takes
 
     @property
     def bs(self) -> int:
         return len(self.reqs)
+
+    def _slots_ahead(self) -> np.ndarray:
+        """``[SLOT_STEPS, bs]`` read-only: row ``k`` holds the KV slots of positions
+        ``seq_lens - 1 + k``; a position past a request's pages gets -1 (never a slot: the
+        runtime's checks refuse it; no step reaches one within the request's budget)."""
+        pos = (self.seq_lens - 1)[None, :] + np.arange(SLOT_STEPS)[:, None]
+        page = pos // self.page_size
+        width = self.pages.shape[1]
+        slots = self.pages[self.index[None, :], np.minimum(page, width - 1)] * self.page_size
+        slots += pos % self.page_size
+        slots[page >= width] = -1
+        return _frozen(slots)
 
     def batch(self, *, fed: bool = False) -> Batch:
         """The next DECODE step: one token per request at position ``seq_lens - 1``.
@@ -110,13 +149,14 @@ class DecodeRows:
         ``fed``: the input ids come from the device (:mod:`graphrt.runtime.feed`); the host
         gives ``FED`` placeholders (``Batch.check(fed=True)`` wants exactly those).
         """
-        locs = slots_at(self.pages, self.index, self.seq_lens - 1, self.page_size)
+        if self._step == SLOT_STEPS:
+            self._slots, self._step = self._slots_ahead(), 0
         return Batch.create(
             ForwardMode.DECODE,
             input_ids=self.fed if fed else self.last,
             seq_lens=self.seq_lens,
             req_pool_indices=self.rows,
-            out_cache_loc=locs,
+            out_cache_loc=self._slots[self._step],
             sampling=self.sampling,
         )
 
@@ -124,22 +164,31 @@ class DecodeRows:
         """After the step of :meth:`batch` is launched: move every request one position on.
 
         ``tokens``: the step's tokens when read (the next step's host input ids). Returns the
-        mask of requests whose budget that step used up (its token is their last).
+        mask of requests whose budget that step used up (its token is their last); while
+        none does, :attr:`unfinished` itself.
         """
         self.seq_lens = _frozen(self.seq_lens + 1)
+        self._step += 1
+        self._runway -= 1
         if tokens is not None:
             self.last = _frozen(tokens.astype(np.int64, copy=True))
+        if self._runway > 0:
+            return self.unfinished
         return self.seq_lens >= self.limit
 
     def append(self, tokens: list[int]) -> list[tuple[int, int]]:
         """Append a step's ``tokens`` (one per request, in order); the ``(rid, token)`` pairs."""
-        return append_tokens(self.reqs, tokens)
+        for add, t in zip(self._appends, tokens, strict=True):
+            add(t)
+        return list(zip(self._rids, tokens, strict=True))
 
     def finished(self, finishing: np.ndarray, tokens: np.ndarray) -> list[Any]:
         """The requests a step ended: ``finishing`` (from :meth:`advance`), or whose token in
         ``tokens [bs]`` is one of their stop tokens (``Request.done``, without a loop)."""
         if self.stops is not None:
             finishing = finishing | (self.stops == tokens[:, None]).any(axis=1)
-        if not finishing.any():  # NOTE: the usual step: nothing ends, no index list to build
+        elif finishing is self.unfinished:  # NOTE: the usual step: nothing ends, no reduction
+            return []
+        if not finishing.any():
             return []
         return [self.reqs[i] for i in np.flatnonzero(finishing)]

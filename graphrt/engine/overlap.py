@@ -38,7 +38,7 @@ class Launched:
     """A launched step: its requests (in batch order) and where its tokens arrive."""
 
     reqs: list[Request]
-    host: torch.Tensor  # [bs] int64, pinned on CUDA
+    host: np.ndarray  # [bs] int64: a view of the ring's buffer (pinned on CUDA)
     copied: Any  # torch.cuda.Event recorded after the copy, or None (CPU: already there)
     #: A DECODE step: the rows it was built from (their stop tokens), and the mask of requests
     #: whose budget it used up. None: a prefill.
@@ -49,14 +49,18 @@ class Launched:
     packed: torch.Tensor | None = None
     #: Whether a request of the step follows a grammar (its state advances when read).
     constrained: bool = True
+    #: Whether the step counts in its requests' ``Request.inflight`` (a prefill); a DECODE
+    #: step of rows does not: the rows rebuilt while it is in flight count it (``pending``).
+    counted: bool = True
 
     def read(self) -> np.ndarray:
         """The step's tokens ``[bs]`` int64: waits for its copy only (later steps keep running)."""
         if self.copied is not None:
             self.copied.synchronize()
-        for r in self.reqs:
-            r.inflight -= 1
-        return self.host.numpy().copy()  # NOTE: a copy: the ring's buffer is filled again
+        if self.counted:
+            for r in self.reqs:
+                r.inflight -= 1
+        return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
 
 
 class Overlap:
@@ -73,6 +77,16 @@ class Overlap:
         self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
         self._slot = 0
         self.inflight: Launched | None = None
+        #: ``(slot, bs)``: the ring buffer's first ``bs`` entries, as the copy's tensor and its
+        #: numpy view (made once each: a tensor slice costs about a microsecond per step).
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
+
+    def _view(self, slot: int, bs: int) -> tuple[torch.Tensor, np.ndarray]:
+        view = self._views.get((slot, bs))
+        if view is None:
+            tensor = self._host[slot][:bs]
+            view = self._views[(slot, bs)] = (tensor, tensor.numpy())
+        return view
 
     def launch(
         self,
@@ -88,12 +102,14 @@ class Overlap:
 
         ``fed``: a DECODE batch whose input ids are gathered from the feed inside its graph
         (its host ``input_ids`` are ``FED``); else (a prefill) they are the prompts. Either
-        records its tokens in the feed.
+        records its tokens in the feed. A prefill counts in its requests' ``Request.inflight``
+        until read; a fed step (:class:`DecodeRows`' batch) does not (a per-request loop
+        less, twice a step): :meth:`pending` names its requests while it is in flight.
         """
         feed = self.feed.decode if fed else self.feed.prefill
         tokens = runtime.run(batch, eager=eager, feed=feed)
         slot, self._slot = self._slot, (self._slot + 1) % DEPTH
-        host = self._host[slot][: batch.bs]
+        host, host_np = self._view(slot, batch.bs)
         host.copy_(tokens, non_blocking=True)
         packed = None
         if logprobs and runtime.logprobs is not None:
@@ -105,9 +121,16 @@ class Overlap:
         event = self._events[slot]
         if event is not None:
             event.record(current_stream(tokens.device))
-        for r in reqs:
-            r.inflight += 1
-        return Launched(reqs, host, event, packed=packed)
+        if not fed:
+            for r in reqs:
+                r.inflight += 1
+        return Launched(reqs, host_np, event, packed=packed, counted=not fed)
+
+    def pending(self) -> set[int]:
+        """Ids (``id(request)``) of the requests of the fed step in flight, whose token
+        ``Request.inflight`` does not count; empty when none is in flight."""
+        step = self.inflight
+        return {id(r) for r in step.reqs} if step is not None and not step.counted else set()
 
     def swap(self, launched: Launched | None) -> Launched | None:
         """Make ``launched`` the step in flight; returns the one before it (to read now)."""

@@ -48,7 +48,8 @@ class Request:
     pages: list[int] = field(default_factory=list)
     spec: SpecState = field(default_factory=SpecState)
     sampling: SamplingParams | None = None  # None: greedy
-    #: Tokens launched but not read yet (an overlapped engine reads each step one step late).
+    #: Prefill tokens launched but not read yet (an overlapped engine reads each step one step
+    #: late); its fed DECODE step in flight is not counted here (``Overlap.pending``).
     inflight: int = 0
     #: An encoder-decoder model's encoder input, encoded into its row when it is admitted.
     encoder_ids: list[int] | None = None
@@ -63,7 +64,8 @@ class Request:
 
     @property
     def launched_all(self) -> bool:
-        """Every token up to ``max_new_tokens`` is read or in flight: no step needs to run."""
+        """Every token up to ``max_new_tokens`` is read or in flight: no step needs to run
+        (read right after a prefill is launched, when ``inflight`` counts every token in flight)."""
         return len(self.output) + self.inflight >= self.max_new_tokens
 
     @property

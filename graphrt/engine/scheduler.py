@@ -129,6 +129,8 @@ class Scheduler:
         return produced
 
     def admit(self) -> list[Request]:
+        if not self.waiting:  # NOTE: the decode steady state: nothing to admit
+            return []
         admitted = self.pool.admit(self.waiting, self.lookahead)
         if admitted and self.encode is not None:
             for r in admitted:
@@ -144,7 +146,8 @@ class Scheduler:
         if self._rows is None:
             reqs = [r for r in self.running if r.req_idx >= 0 and not r.done and not prefilling(r)]
             sampled = self.runtime.config.sample and not self.record_logits
-            self._rows = DecodeRows(reqs, self.page_size, sampled=sampled) if reqs else None
+            pending = self.overlap.pending() if self.overlap is not None else frozenset()
+            self._rows = DecodeRows(reqs, self.page_size, sampled=sampled, pending=pending) if reqs else None
             self._rows_logprobs = wants(reqs)
             self._rows_constrained = any(r.constraint is not None for r in reqs)
         return self._rows
@@ -186,8 +189,9 @@ class Scheduler:
             launched = overlap.launch(self.runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=lp)
             launched.rows, launched.finishing = rows, rows.advance()
             launched.constrained = self._rows_constrained
-            for i in np.flatnonzero(launched.finishing):
-                self.release(rows.reqs[i])
+            if launched.finishing is not rows.unfinished:
+                for i in np.flatnonzero(launched.finishing):
+                    self.release(rows.reqs[i])
         produced, done = self.take(overlap.swap(launched))
         self.retire(done)
         self.counts.step(bool(admitted), rows is not None, start)
@@ -210,9 +214,10 @@ class Scheduler:
         else:
             produced = step.rows.append(tokens.tolist())
             done = step.rows.finished(step.finishing, tokens)
-        packed = step.packed.numpy() if step.packed is not None else None
-        flags = {"logprobs": packed is not None, "constrained": step.constrained}
-        self.extras.after(step.reqs, tokens, packed=packed, **flags)
+        if step.packed is not None or step.constrained:  # NOTE: else nothing to attach
+            packed = step.packed.numpy() if step.packed is not None else None
+            flags = {"logprobs": packed is not None, "constrained": step.constrained}
+            self.extras.after(step.reqs, tokens, packed=packed, **flags)
         self._ended = bool(done)
         return produced, done
 

@@ -23,6 +23,8 @@ from graphrt.step.values import tree_mask as _tree_mask
 _ONES = np.ones(4096, dtype=np.int64)
 _ONES.flags.writeable = False
 __all__ = ["FED", "PAD_DRAFT", "Batch"]
+#: The last ``Batch.sampling`` tuple found to hold only SamplingParams.
+_CHECKED: list[tuple[SamplingParams, ...] | None] = [None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,22 +87,22 @@ class Batch:
         """
         if not isinstance(mode, ForwardMode):
             raise TypeError(f"mode must be a ForwardMode, got {mode!r}")
-        arrays = {
-            "input_ids": _host_ints("input_ids", input_ids),
-            "seq_lens": _host_ints("seq_lens", seq_lens),
-            "req_pool_indices": _host_ints("req_pool_indices", req_pool_indices),
-            "out_cache_loc": _host_ints("out_cache_loc", out_cache_loc),
-        }
-        bs = arrays["seq_lens"].size
+        # NOTE: locals and a positional constructor, not a dict of fields: built every step.
+        ids = _host_ints("input_ids", input_ids)
+        seq = _host_ints("seq_lens", seq_lens)
+        rows = _host_ints("req_pool_indices", req_pool_indices)
+        locs = _host_ints("out_cache_loc", out_cache_loc)
+        bs = seq.size
         implicit = q_lens is None
         if implicit:
             if not MODES[mode].implicit_q_len:
                 raise ValueError(f"mode {mode.name} needs q_lens (query tokens per request)")
-            q_lens = _ONES[:bs] if bs <= _ONES.size else np.ones(bs, dtype=np.int64)
-        arrays["q_lens"] = _host_ints("q_lens", q_lens)
-        mask = None if tree_mask is None else _tree_mask(tree_mask, arrays["q_lens"])
+            q = _ONES[:bs] if bs <= _ONES.size else np.ones(bs, dtype=np.int64)
+        else:
+            q = _host_ints("q_lens", q_lens)
+        mask = None if tree_mask is None else _tree_mask(tree_mask, q)
         params = None if sampling is None else tuple(sampling)
-        batch = cls(mode=mode, tree_mask=mask, sampling=params, **arrays)
+        batch = cls(mode, ids, seq, rows, locs, q, mask, params)
         batch._check_shapes(implicit)
         return batch
 
@@ -172,8 +174,12 @@ class Batch:
             return
         if len(self.sampling) != self.bs:
             raise ValueError(f"Batch.sampling has {len(self.sampling)} entries, seq_lens has {self.bs}")
-        if not all(isinstance(p, SamplingParams) for p in self.sampling):
-            raise TypeError("Batch.sampling must hold SamplingParams")
+        if self.sampling is not _CHECKED[0]:
+            if not all(isinstance(p, SamplingParams) for p in self.sampling):
+                raise TypeError("Batch.sampling must hold SamplingParams")
+            # NOTE: a tuple never changes: an engine passes the same one every decode step of
+            # a running set, checked once (held here, so its id cannot be reused meanwhile).
+            _CHECKED[0] = self.sampling
         if not MODES[self.mode].samples:
             raise ValueError(
                 f"{self.mode.name} does not sample: Batch.sampling is for DECODE, EXTEND and TARGET_VERIFY"

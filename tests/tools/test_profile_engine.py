@@ -17,3 +17,8 @@ def test_profile_engine_runs(extra: list[str], capsys: pytest.CaptureFixture[str
     for r in rows:
         step_us, engine_us = float(r[2]), float(r[3])
         assert 0 < engine_us <= step_us  # the engine's share is the step minus run()
+    if not extra:
+        # NOTE: an overlapped graphed decode step makes two torch calls outside its replay: the
+        # metadata upload and the tokens' copy to the host (each a driver call on a GPU host)
+        assert {float(r[4]) for r in rows if r[1] == "on"} == {2.0}
+        assert all(float(r[4]) > 2 for r in rows if r[1] == "off")  # + clone, .cpu(), .numpy()

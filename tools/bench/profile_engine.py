@@ -5,7 +5,9 @@ overlap setting, times ``Engine.step()`` over a decode window with ``time.perf_c
 and the time spent inside ``GraphRuntime.run()`` (wrapped on the engine's runtime). The
 engine's bookkeeping is ``step - run``: building batches, per-request loops, slot
 allocation, stop checks, token appends, the overlap's device ops. ``--profile`` adds a
-``cProfile`` of the window (top functions by own time, ``run()``'s callees included).
+``cProfile`` of the window (top functions by own time, ``run()``'s callees included). A
+second, untimed window counts the torch calls a step makes outside graph replays (each one a
+driver call on a GPU host; the stub's own token tensor is not counted).
 
 Prints µs p50 per step and writes nothing: a diagnostic, not a result.
 """
@@ -13,18 +15,23 @@ Prints µs p50 per step and writes nothing: a diagnostic, not a result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from graphrt import Engine, ForwardMode
 
 WARMUP = 8
+#: Steps of the untimed window that counts torch calls.
+COUNTED = 10
 TIMERS: dict[int, RunTimer] = {}  # NOTE: one per engine: its runtimes are wrapped once
 
 
@@ -39,21 +46,60 @@ class RunTimer:
 
     def __init__(self, engine: Engine, stub: bool = False) -> None:
         self.ns, self.stub = 0, stub
-        for runtime in (engine.runtime, getattr(engine, "draft_runtime", None)):
-            if runtime is not None:
-                runtime.run = self._timed(runtime.run)
+        self.calls = TorchCalls()
+        self.runtimes = [r for r in (engine.runtime, getattr(engine, "draft_runtime", None)) if r is not None]
+        for runtime in self.runtimes:
+            runtime.run = self._timed(runtime.run)
+        self._wrapped: set[int] = set()
 
     def _timed(self, run: Any) -> Any:
         def timed(batch: Any, **kwargs: Any) -> Any:
             start = time.perf_counter_ns()
             try:
                 if self.stub and batch.mode is ForwardMode.DECODE:
-                    return torch.ones(batch.bs, dtype=torch.int64)
+                    with self.calls.paused():
+                        return torch.ones(batch.bs, dtype=torch.int64)
                 return run(batch, **kwargs)
             finally:
                 self.ns += time.perf_counter_ns() - start
 
         return timed
+
+    def pause_replays(self) -> None:
+        """Make every graph captured so far replay with the torch-call count paused."""
+        for runtime in self.runtimes:
+            for graph in runtime.dispatcher.graphs.values():
+                if id(graph) not in self._wrapped:
+                    self._wrapped.add(id(graph))
+                    graph.replay = self.calls.pausing(graph.replay)
+
+
+class TorchCalls(TorchFunctionMode):
+    """Counts torch function calls (tensor methods included) while active and not paused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n, self._paused = 0, 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not self._paused:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def pausing(self, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.paused():
+                return fn(*args, **kwargs)
+
+        return call
 
 
 def measure(
@@ -62,7 +108,7 @@ def measure(
     """Prefill ``bs`` prompts, warm up, time ``steps`` decode steps, finish every request."""
     prompts = [rng.integers(0, 512, 16).tolist() for _ in range(bs)]
     for p in prompts:
-        engine.add_request(p, 1 + WARMUP + steps + 2)
+        engine.add_request(p, 1 + WARMUP + steps + COUNTED + 2)
     for _ in range(1 + WARMUP):
         engine.step()
     timer = TIMERS.get(id(engine))
@@ -82,6 +128,11 @@ def measure(
             prof.disable()
         step_ns.append(took)
         host_ns.append(took - timer.ns)
+    timer.pause_replays()
+    timer.calls.n = 0
+    with timer.calls:
+        for _ in range(COUNTED):
+            engine.step()
     while engine.waiting or engine.running:
         engine.step()
     engine.step()
@@ -89,7 +140,11 @@ def measure(
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(profile)
         print(out.getvalue())
-    return {"step_us": np.median(step_ns) / 1e3, "engine_us": np.median(host_ns) / 1e3}
+    return {
+        "step_us": np.median(step_ns) / 1e3,
+        "engine_us": np.median(host_ns) / 1e3,
+        "torch_calls": timer.calls.n / COUNTED,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
-    context = 16 + 1 + WARMUP + args.steps * 4 + 32
+    context = 16 + 1 + WARMUP + (args.steps + COUNTED) * 4 + 32
     kw: dict[str, Any] = {
         "device": "cpu",
         "buckets": sizes,
@@ -116,12 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         else [("off", {"overlap": False}), ("on", {"overlap": True})]
     )
     rng = np.random.default_rng(0)
-    print(f"{'bs':>4} {'overlap':>8} {'step µs p50':>12} {'engine µs p50 (step - run)':>28}")
+    head = f"{'bs':>4} {'overlap':>8} {'step µs p50':>12} {'engine µs p50 (step - run)':>28}"
+    print(f"{head} {'torch calls/step':>17}")
     for name, extra in settings:
         engine = Engine("tiny-llama", **kw, **extra)
         for bs in sizes:
             r = measure(engine, bs, args.steps, rng, args.profile, args.stub)
-            print(f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}")
+            row = f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}"
+            print(f"{row} {r['torch_calls']:>17.1f}")
         engine.close()
     return 0
 
