@@ -3,8 +3,7 @@
 :class:`Scheduler` holds an :class:`graphrt.Engine`'s requests and steps them (the engine
 builds the stack and takes requests). Without overlap a step runs and reads at once; with it
 (:mod:`.overlap`) a step launches the next batch and reads the one launched before. DECODE
-batches come from :class:`.batches.DecodeRows`, laid out once per running set, so a steady
-decode step loops over its requests only to append their tokens.
+batches come from :class:`.batches.DecodeRows`, laid out once per running set.
 """
 
 from __future__ import annotations
@@ -55,16 +54,15 @@ class Scheduler:
     ) -> None:
         self.runtime, self.pool, self.spec, self.overlap = runtime, pool, spec, overlap
         self.encode = encode  # NOTE: an encoder-decoder model's: a request's encoder, at admission
-        self.use_graphs, self.record_logits = use_graphs, record_logits
-        self.page_size = pool.page_size
+        self.use_graphs, self.record_logits, self.page_size = use_graphs, record_logits, pool.page_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: dict[int, Request] = {}
         self.logits: dict[int, list[torch.Tensor]] = {}
         self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
         self._ended = False  # the last overlapped read ended a request (see take)
-        self._rows_logprobs = False  # NOTE: whether a request of _rows asked for logprobs
-        self._rows_constrained = False  # NOTE: whether a request of _rows follows a grammar
+        # NOTE: whether a request of _rows asked for logprobs / follows a grammar
+        self._rows_logprobs = self._rows_constrained = False
         self.extras = StepExtras(runtime)
         self.counts = StepCounts()
         #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
@@ -284,10 +282,8 @@ class Scheduler:
             r.max_new_tokens = len(r.output)  # NOTE: done, so an in-flight read drops its token
             if r.req_idx >= 0:
                 self.release(r)
-        if gone:
-            # NOTE: a step in flight holding them is read on the path that drops done requests
-            # (the rows' fast path would append its token to them)
-            self._ended = True
+        # NOTE: a step in flight holding them is read on the path that drops done requests
+        self._ended = self._ended or bool(gone)
         for rid in rids:
             self.finished.pop(rid, None)
             self.logits.pop(rid, None)
