@@ -20,7 +20,7 @@ from graphrt.engine.stack import stack_for
 from graphrt.kv import latent_store as ls
 from graphrt.models import PRESETS, MLACausalLM
 from tests.support.triton_util import triton_devices
-from tests.support.util import Setup, slot_of
+from tests.support.util import Setup, perturb_norms, slot_of
 
 #: Largest relative L2 / max difference of the GPU's fused and unfused bf16 logits (as
 #: tests/models/test_prologue_model.py: one bf16 ulp here and there, carried by later layers).
@@ -33,11 +33,7 @@ def build(device: torch.device, interleave: bool) -> Setup:
     cfg = replace(PRESETS["tiny-mla"], num_heads=3, rope_interleave=interleave)
     dtype = torch.float16 if device.type == "cpu" else torch.bfloat16
     model = MLACausalLM.from_seed(cfg, 0, device, dtype)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+    perturb_norms(model)
     config = RuntimeConfig(
         max_batch_size=2,
         max_context_len=64,

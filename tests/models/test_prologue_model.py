@@ -40,7 +40,7 @@ from graphrt.parallel import TPGroup
 from graphrt.tools.inspection import report
 from tests.support.triton_util import triton_devices
 from tests.support.tuning_util import patch_tuning
-from tests.support.util import Setup, backends, prefill, slot_of
+from tests.support.util import Setup, backends, perturb_norms, prefill, slot_of
 
 #: Largest relative difference between the fused and unfused bf16 logits of a step, in L2 norm
 #: and in max |difference| / max |logit|. Measured on the CPU (interpreter): at most 1.3 % and
@@ -97,11 +97,7 @@ def build(
     unfused EXTEND)."""
     cls, cfg, kv_dtype = {**CASES, **GPU_CASES}[case]
     model = cls.from_seed(cfg, 0, device, dtype)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+    perturb_norms(model)
     config = RuntimeConfig(
         max_batch_size=max(buckets), max_context_len=64, page_size=16, buckets=buckets,
         capture_modes=(ForwardMode.DECODE,), backend=backend, warmup=1,

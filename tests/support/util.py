@@ -95,6 +95,16 @@ def build_runtime(
     return Setup(runtime, stack.model, stack.kv, stack.req_to_token, config.max_pages)
 
 
+def perturb_norms(model: torch.nn.Module, seed: int = 1) -> None:
+    """Set every norm weight of ``model`` to ``1 + N(0, 0.1)`` (seeded), so a kernel that skips
+    or misplaces a norm's weight shows in the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+
+
 def slot_of(setup: Setup, req: int, pos: int) -> int:
     """KV slot of position ``pos`` of request row ``req`` (contiguous pages per request)."""
     ps = setup.kv.page_size
