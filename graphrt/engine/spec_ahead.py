@@ -43,9 +43,10 @@ from graphrt.engine.batches import prefill_batch
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import DEPTH, Launched, Overlap
-from graphrt.engine.pages import page_table, slots_at
+from graphrt.engine.pages import slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
+from graphrt.engine.spec_layout import Layouts, RoundLayout
 from graphrt.engine.step_state import StepState
 from graphrt.step.batch import FED, PAD_DRAFT, Batch
 from graphrt.step.modes import ForwardMode
@@ -81,11 +82,12 @@ class Round:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One round's rows as the host builds it: requests, bases ``[bs]`` and drafts
-    ``[bs, steps]`` (``PAD_DRAFT`` where none); ``exact``: rows whose pending token the host
+    """One round's rows as the host builds it: their layout (requests, rows, pages), bases
+    ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none; ``layout.pads`` itself when
+    no row drafts: a fed DECODE); ``exact``: rows whose pending token the host
     writes into the feed first (their step in flight is stale, or none is)."""
 
-    reqs: list[Request]
+    layout: RoundLayout
     base: np.ndarray
     drafts: np.ndarray
     exact: np.ndarray
@@ -106,6 +108,8 @@ class SpecAhead:
         self._host = [torch.empty(size, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
         self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
         self._slot = 0
+        self._views: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.layouts = Layouts(self.steps)
 
     # ---- one engine step ---------------------------------------------------------------
     def step(self, sched: StepState) -> list[tuple[int, int]]:
@@ -144,29 +148,34 @@ class SpecAhead:
         """Each request's base and drafts, assuming its step in flight accepts all it offered."""
         counts, policy = self.spec.backoff, self.spec.options.backoff
         off = bool(policy.disable_batch_size) and len(reqs) > policy.disable_batch_size
-        rows, bases, drafts, exact = [], [], [], []
+        rows, bases, chains, exact = [], [], [], []
+        steps, propose = self.steps, self._propose
         for r in reqs:
             f = r.spec.ahead
             fresh = f is None or not f.valid
             base = len(r.prompt) + len(r.output) if fresh else f.base + len(f.drafts) + 1
-            used = base - len(r.prompt)
-            if used >= r.max_new_tokens:
+            left = r.max_new_tokens - (base - len(r.prompt))
+            if left <= 0:
                 continue  # NOTE: the step in flight ends it if it accepts all; else a later round
-            depth = 0 if off else min(self.steps, r.max_new_tokens - used - 1)
+            depth = 0 if off else min(steps, left - 1)
             chain: list[int] = []
             if depth > 0 and r.spec.backoff.sits_out():
                 counts.paused_rows += 1
             elif depth > 0:
-                chain = self._propose(r, None if fresh else f.drafts)[:depth]
+                chain = propose(r, None if fresh else f.drafts)[:depth]
                 counts.no_match_rows += not chain
             rows.append(r)
             bases.append(base)
-            drafts.append(chain + [PAD_DRAFT] * (self.steps - len(chain)))
+            chains.append(chain)
             exact.append(fresh)
         if not rows:
             return None
         counts.batch_steps += off
-        return Plan(rows, np.array(bases, dtype=np.int64), np.array(drafts, dtype=np.int64), np.array(exact))
+        layout = self.layouts.get(rows)
+        drafts = layout.pads  # NOTE: a backed-off step (no row drafts) builds no drafts array
+        if any(chains):
+            drafts = np.array([c + [PAD_DRAFT] * (steps - len(c)) for c in chains], dtype=np.int64)
+        return Plan(layout, np.array(bases, dtype=np.int64), drafts, np.array(exact))
 
     def _propose(self, r: Request, tail: tuple[int, ...] | None) -> list[int]:
         """Drafts after ``r``'s read tokens (``tail`` None), or past its step in flight: the
@@ -179,43 +188,58 @@ class SpecAhead:
 
     def _launch(self, sched: StepState, plan: Plan) -> Round:
         """Fix the exact rows' pending tokens in the feed, then launch the round, no wait."""
-        reqs, bs = plan.reqs, len(plan.reqs)
-        rows = np.array([r.req_idx for r in reqs], dtype=np.int64)
+        layout = plan.layout
+        reqs, bs, rows = layout.reqs, len(layout.reqs), layout.rows
         if plan.exact.any():
             self._fix_feed(
                 rows[plan.exact], [r.output[-1] for r, e in zip(reqs, plan.exact, strict=True) if e]
             )
-        table = page_table(reqs)
-        sampling = row_params([r.sampling for r in reqs])
-        verify = bool((plan.drafts != PAD_DRAFT).any())
+        verify = plan.drafts is not layout.pads
         nodes = self.steps + 1 if verify else 1
-        pos = plan.base[:, None] - 1 + np.arange(nodes)
-        ids = np.concatenate([np.full((bs, 1), FED), plan.drafts], axis=1) if verify else np.full(bs, FED)
+        if verify:
+            pos = plan.base[:, None] - 1 + np.arange(nodes)
+            ids = np.concatenate([np.full((bs, 1), FED), plan.drafts], axis=1).reshape(-1)
+            slots = slots_at(layout.table, layout.index[:, None], pos, sched.page_size).reshape(-1)
+        else:  # NOTE: a backed-off step: a fed DECODE on the layout's arrays
+            ids, slots = layout.fed, slots_at(layout.table, layout.index, plan.base - 1, sched.page_size)
         batch = Batch.create(
             ForwardMode.TARGET_VERIFY if verify else ForwardMode.DECODE,
-            input_ids=ids.reshape(-1),
+            input_ids=ids,
             seq_lens=plan.base - 1 + nodes,
             req_pool_indices=rows,
-            out_cache_loc=slots_at(table, np.arange(bs)[:, None], pos, sched.page_size).reshape(-1),
-            q_lens=np.full(bs, nodes),
-            sampling=sampling,
+            out_cache_loc=slots,
+            q_lens=np.full(bs, nodes) if verify else None,
+            sampling=layout.sampling,
         )
         counts = self.spec.backoff
         counts.decode_steps += not verify
         counts.pad_rows += int((plan.offered == 0).sum()) if verify else 0
         out = sched.runtime.run(batch, eager=not sched.use_graphs, feed=self.overlap.feed.decode)
         slot, self._slot = self._slot, (self._slot + 1) % DEPTH
-        host = self._host[slot][: bs * nodes].view(bs, nodes)
+        host = self._view(slot, bs, nodes)
         host.copy_(out.view(bs, nodes), non_blocking=True)
         event = self._events[slot]
         if event is not None:
             event.record(current_stream(out.device))
         launched = Round(reqs, [], host, event)
-        for r, base, d in zip(reqs, plan.base.tolist(), plan.drafts.tolist(), strict=True):
-            flight = Flight(launched, base, tuple(t for t in d if t != PAD_DRAFT) if verify else ())
-            launched.flights.append(flight)
+        if verify:
+            drafts = [tuple(t for t in d if t != PAD_DRAFT) for d in plan.drafts.tolist()]
+        else:
+            drafts = [()] * bs
+        launched.flights = flights = [
+            Flight(launched, base, d) for base, d in zip(plan.base.tolist(), drafts, strict=True)
+        ]
+        for r, flight in zip(reqs, flights, strict=True):
             r.spec.ahead = flight
         return launched
+
+    def _view(self, slot: int, bs: int, nodes: int) -> torch.Tensor:
+        """The ring buffer ``slot``'s first ``bs * nodes`` entries as ``[bs, nodes]`` (made
+        once each: a tensor slice and view cost microseconds per step)."""
+        view = self._views.get((slot, bs, nodes))
+        if view is None:
+            view = self._views[(slot, bs, nodes)] = self._host[slot][: bs * nodes].view(bs, nodes)
+        return view
 
     def _fix_feed(self, rows: np.ndarray, pending: list[int]) -> None:
         """``feed.last[rows] = pending``: one upload of both, then one scatter (stream order: after
@@ -238,7 +262,33 @@ class SpecAhead:
                 if r.spec.ahead is not None and r.spec.ahead.step is step:
                     r.spec.ahead = None
             return produced, done
-        return self._commit(step, step.read())
+        predicted = step.read()
+        if predicted.shape[1] == 1:
+            return self._commit_decode(step, predicted[:, 0].tolist())
+        return self._commit(step, predicted)
+
+    def _commit_decode(self, step: Round, tokens: list[int]) -> tuple[list[tuple[int, int]], list[Request]]:
+        """:meth:`_commit` for a fed DECODE (a backed-off step): one token per request, none
+        offered, so a valid row commits its token and the round after it stays valid (a valid
+        row's budget is not spent: :meth:`_plan` left out those whose budget was)."""
+        counts = self.spec.backoff
+        produced, done, stale = [], [], 0
+        for r, f, t in zip(step.reqs, step.flights, tokens, strict=True):
+            if r.spec.ahead is f:
+                r.spec.ahead = None
+            if r.done:
+                continue
+            if not f.valid:
+                stale += 1
+                continue
+            r.output.append(t)
+            produced.append((r.rid, t))
+            if r.done:
+                done.append(r)
+        counts.request_steps += len(produced) + stale
+        counts.stale_rows += stale
+        counts.committed += len(produced)
+        return produced, done
 
     def _commit(self, step: Round, predicted: np.ndarray) -> tuple[list[tuple[int, int]], list[Request]]:
         """Append what each request of ``step`` accepted; mark its round in flight stale when it

@@ -30,6 +30,9 @@ from torch.overrides import TorchFunctionMode
 from graphrt import Engine, ForwardMode
 
 WARMUP = 8
+#: Prompts' token ids lie in ``[0, PROMPT_IDS)`` (half of tiny-llama's vocabulary: the stub's
+#: fresh tokens take the other half).
+PROMPT_IDS = 256
 #: Steps of the untimed window that counts torch calls.
 COUNTED = 10
 TIMERS: dict[int, RunTimer] = {}  # NOTE: one per engine: its runtimes are wrapped once
@@ -39,13 +42,16 @@ class RunTimer:
     """Wraps ``runtime.run`` (the target's, and the draft's when speculative): accumulates the
     ns spent inside them.
 
-    ``stub``: decode steps do not run at all; each returns token 1 per request (no model, no
-    graph, no checks): the step's time is then the engine's alone, without the noise of the
-    CPU model's compute around it.
+    ``stub``: decode steps do not run at all; each returns one token for every request (no
+    model, no graph, no checks): the step's time is then the engine's alone, without the noise
+    of the CPU model's compute around it. The token is 1, or with ``fresh`` a new one each
+    step, counting down from ``vocab - 1`` (above the prompts' ids, a cycle longer than a request): no n-gram or suffix seen
+    before, so a proposer never matches and every speculative step backs off.
     """
 
-    def __init__(self, engine: Engine, stub: bool = False) -> None:
-        self.ns, self.stub = 0, stub
+    def __init__(self, engine: Engine, stub: bool = False, fresh: bool = False) -> None:
+        self.ns, self.stub, self.fresh = 0, stub, fresh
+        self.vocab, self._next = engine.model.cfg.vocab_size, 0
         self.calls = TorchCalls()
         self.runtimes = [r for r in (engine.runtime, getattr(engine, "draft_runtime", None)) if r is not None]
         for runtime in self.runtimes:
@@ -58,12 +64,18 @@ class RunTimer:
             try:
                 if self.stub and batch.mode is ForwardMode.DECODE:
                     with self.calls.paused():
-                        return torch.ones(batch.bs, dtype=torch.int64)
+                        return torch.full((batch.bs,), self._token(), dtype=torch.int64)
                 return run(batch, **kwargs)
             finally:
                 self.ns += time.perf_counter_ns() - start
 
         return timed
+
+    def _token(self) -> int:
+        if not self.fresh:
+            return 1
+        self._next += 1
+        return self.vocab - 1 - (self._next % (self.vocab - PROMPT_IDS))
 
     def pause_replays(self) -> None:
         """Make every graph captured so far replay with the torch-call count paused."""
@@ -103,10 +115,16 @@ class TorchCalls(TorchFunctionMode):
 
 
 def measure(
-    engine: Engine, bs: int, steps: int, rng: np.random.Generator, profile: int, stub: bool = False
+    engine: Engine,
+    bs: int,
+    steps: int,
+    rng: np.random.Generator,
+    profile: int,
+    stub: bool = False,
+    fresh: bool = False,
 ) -> dict[str, float]:
     """Prefill ``bs`` prompts, warm up, time ``steps`` decode steps, finish every request."""
-    prompts = [rng.integers(0, 512, 16).tolist() for _ in range(bs)]
+    prompts = [rng.integers(0, PROMPT_IDS, 16).tolist() for _ in range(bs)]
     for p in prompts:
         engine.add_request(p, 1 + WARMUP + steps + COUNTED + 2)
     for _ in range(1 + WARMUP):
@@ -114,7 +132,7 @@ def measure(
     timer = TIMERS.get(id(engine))
     if timer is None:
         timer = TIMERS[id(engine)] = RunTimer(engine)
-    timer.stub = stub
+    timer.stub, timer.fresh = stub, fresh
     step_ns, host_ns = [], []
     prof = cProfile.Profile() if profile else None
     for _ in range(steps):
@@ -147,13 +165,29 @@ def measure(
     }
 
 
+def settings(speculative: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, engine keywords)`` per engine the run compares."""
+    if speculative == "draft_model":
+        return [("spec", {"speculative": {"num_steps": 3}})]
+    if speculative:  # NOTE: a proposer beside the plain overlapped loop it must match
+        return [("on", {"overlap": True}), (speculative, {"speculative": {"method": speculative}})]
+    return [("off", {"overlap": False}), ("on", {"overlap": True})]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eager", action="store_true", help="no graphs (eager steps)")
-    parser.add_argument("--speculative", action="store_true", help="a chain draft, 3 steps")
-    parser.add_argument("--stub", action="store_true", help="decode steps return token 1, run nothing")
+    parser.add_argument(
+        "--speculative",
+        nargs="?",
+        const="draft_model",
+        choices=["draft_model", "ngram", "suffix"],
+        help="draft_model (alone: a chain draft, 3 steps), or a proposer beside overlap on",
+    )
+    parser.add_argument("--stub", action="store_true", help="decode steps return a token, run nothing")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the engines' rows, interleaved")
     parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
@@ -165,20 +199,23 @@ def main(argv: list[str] | None = None) -> int:
         "max_context_len": context,
         "use_graphs": not args.eager,
     }
-    settings: list[tuple[str, dict[str, Any]]] = (
-        [("spec", {"speculative": {"num_steps": 3}})]
-        if args.speculative
-        else [("off", {"overlap": False}), ("on", {"overlap": True})]
-    )
+    # NOTE: a proposer's stub steps take fresh tokens: it never matches, every step backs off
+    fresh = args.speculative in ("ngram", "suffix")
+    engines = [(name, Engine("tiny-llama", **kw, **extra)) for name, extra in settings(args.speculative)]
     rng = np.random.default_rng(0)
     head = f"{'bs':>4} {'overlap':>8} {'step µs p50':>12} {'engine µs p50 (step - run)':>28}"
     print(f"{head} {'torch calls/step':>17}")
-    for name, extra in settings:
-        engine = Engine("tiny-llama", **kw, **extra)
+    for _ in range(args.rounds):
         for bs in sizes:
-            r = measure(engine, bs, args.steps, rng, args.profile, args.stub)
-            row = f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}"
-            print(f"{row} {r['torch_calls']:>17.1f}")
+            for name, engine in engines:
+                r = measure(engine, bs, args.steps, rng, args.profile, args.stub, fresh)
+                row = f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}"
+                print(f"{row} {r['torch_calls']:>17.1f}")
+    for name, engine in engines:
+        spec = engine.stats().speculation()
+        if spec:
+            keys = ("verify_steps", "decode_steps", "no_match_rows", "paused_rows")
+            print(f"{name}: " + ", ".join(f"{k} {spec.get(k, 0)}" for k in keys))
         engine.close()
     return 0
 
