@@ -23,7 +23,7 @@ class SpecState:
     proposer: Any = None  # NOTE: graphrt.engine.proposers.Proposer, made at the first round
     backoff: RowBackoff = field(default_factory=RowBackoff)
     #: Overlapped rounds: its part in the step launched last and not read yet
-    #: (``graphrt.engine.spec_ahead.Flight``), or None.
+    #: (``graphrt.engine.spec_layout.Flight``), or None.
     ahead: Any = None
 
 

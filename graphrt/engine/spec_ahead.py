@@ -32,8 +32,6 @@ a draft model's next drafts need its DRAFT_EXTEND on the accepted tokens).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -46,55 +44,10 @@ from graphrt.engine.overlap import DEPTH, Launched, Overlap
 from graphrt.engine.pages import slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
-from graphrt.engine.spec_layout import Layouts, RoundLayout
+from graphrt.engine.spec_layout import Flight, Layouts, Plan, Round
 from graphrt.engine.step_state import StepState
 from graphrt.step.batch import FED, PAD_DRAFT, Batch
 from graphrt.step.modes import ForwardMode
-
-
-@dataclass(slots=True)
-class Flight:
-    """A request's part in a launched step not read yet: it starts with ``base`` tokens
-    committed (its pending token at position ``base - 1``) and offers ``drafts``. ``valid``
-    turns False when the step before it is read and committed other than assumed."""
-
-    step: object
-    base: int
-    drafts: tuple[int, ...]
-    valid: bool = True
-
-
-@dataclass(slots=True)
-class Round:
-    """A launched round: its requests' flights and where its tokens arrive (``[bs, nodes]``:
-    the target's token after every node; one node for a fed DECODE)."""
-
-    reqs: list[Request]
-    flights: list[Flight]
-    host: torch.Tensor  # [bs, nodes] int64, pinned on CUDA
-    copied: Any  # torch.cuda.Event, or None (CPU: already there)
-
-    def read(self) -> np.ndarray:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return self.host.numpy().copy()  # NOTE: a copy: the ring's buffer is filled again
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """One round's rows as the host builds it: their layout (requests, rows, pages), bases
-    ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none; ``layout.pads`` itself when
-    no row drafts: a fed DECODE); ``exact``: rows whose pending token the host
-    writes into the feed first (their step in flight is stale, or none is)."""
-
-    layout: RoundLayout
-    base: np.ndarray
-    drafts: np.ndarray
-    exact: np.ndarray
-
-    @property
-    def offered(self) -> np.ndarray:
-        return (self.drafts != PAD_DRAFT).sum(axis=1)
 
 
 class SpecAhead:

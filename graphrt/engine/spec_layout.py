@@ -1,10 +1,12 @@
-"""One running set's round arrays, made once: what every overlapped round of it shares.
+"""An overlapped round's data: its running set's arrays (made once), its plan, its flights.
 
 An overlapped speculative engine (:mod:`.spec_ahead`) builds a batch every step, and most steps
 of a backed-off engine are fed DECODEs of the same requests. Their rows, page table, sampling
 parameters and ``FED`` input ids depend only on which requests run (a request's pages are
 fixed at admission), so, as :class:`~graphrt.engine.batches.DecodeRows` does for the plain
 loop, they become arrays once per running set instead of loops over the requests each step.
+:class:`Plan`, :class:`Round` and :class:`Flight` are what :mod:`.spec_ahead` builds, launches
+and tracks per request.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from graphrt.engine.pages import page_table
 from graphrt.engine.sampling import row_params
@@ -75,3 +78,48 @@ class Layouts:
         if self._last is None or ids != self._ids:
             self._last, self._ids = RoundLayout.of(reqs, self.steps), ids
         return self._last
+
+
+@dataclass(slots=True)
+class Flight:
+    """A request's part in a launched step not read yet: it starts with ``base`` tokens
+    committed (its pending token at position ``base - 1``) and offers ``drafts``. ``valid``
+    turns False when the step before it is read and committed other than assumed."""
+
+    step: object
+    base: int
+    drafts: tuple[int, ...]
+    valid: bool = True
+
+
+@dataclass(slots=True)
+class Round:
+    """A launched round: its requests' flights and where its tokens arrive (``[bs, nodes]``:
+    the target's token after every node; one node for a fed DECODE)."""
+
+    reqs: list[Any]
+    flights: list[Flight]
+    host: torch.Tensor  # [bs, nodes] int64, pinned on CUDA
+    copied: Any  # torch.cuda.Event, or None (CPU: already there)
+
+    def read(self) -> np.ndarray:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.numpy().copy()  # NOTE: a copy: the ring's buffer is filled again
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One round's rows as the host builds it: their layout (requests, rows, pages), bases
+    ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none; ``layout.pads`` itself when
+    no row drafts: a fed DECODE); ``exact``: rows whose pending token the host
+    writes into the feed first (their step in flight is stale, or none is)."""
+
+    layout: RoundLayout
+    base: np.ndarray
+    drafts: np.ndarray
+    exact: np.ndarray
+
+    @property
+    def offered(self) -> np.ndarray:
+        return (self.drafts != PAD_DRAFT).sum(axis=1)

@@ -8,11 +8,19 @@ import pytest
 from graphrt.tools.bench.profile_engine import main
 
 
-@pytest.mark.parametrize("extra", [["--stub"], [], ["--speculative", "--eager"]])
+@pytest.mark.parametrize(
+    "extra", [["--stub"], [], ["--speculative", "--eager"], ["--speculative", "suffix", "--stub"]]
+)
 def test_profile_engine_runs(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--batch-sizes", "1,2", "--steps", "3", *extra]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:] if line.strip()]
-    settings = {"spec"} if "--speculative" in extra else {"off", "on"}
+    lines = capsys.readouterr().out.splitlines()[1:]
+    rows = [line.split() for line in lines if line.strip() and line.split()[0].isdigit()]
+    settings = {"spec"} if extra[:2] == ["--speculative", "--eager"] else {"off", "on"}
+    if "suffix" in extra:
+        settings = {"on", "suffix"}
+        # NOTE: the stub's fresh tokens never repeat: no step drafts, every one backs off
+        (summary,) = [line for line in lines if line.startswith("suffix:")]
+        assert "verify_steps 0," in summary and "no_match_rows 0," not in summary
     assert {(int(r[0]), r[1]) for r in rows} == {(bs, s) for bs in (1, 2) for s in settings}
     for r in rows:
         step_us, engine_us = float(r[2]), float(r[3])
