@@ -82,7 +82,11 @@ class NgramProposer(_Tokens):
         """``count`` tokens after the latest indexed occurrence of the last n-gram of the
         request's tokens followed by ``tail``."""
         seq = (*self.tokens[-self.sizes[0] :], *tail) if tail else self.tokens
-        last = len(seq)
+        last, least = len(seq), self.sizes[-1]
+        # NOTE: every indexed n-gram's last ``min_match`` tokens were indexed with it, so when
+        # those are unseen no size matches: one lookup for a request that backs off, not one a size
+        if last < least or tuple(seq[last - least :]) not in self.index[least]:
+            return []
         for n in self.sizes:
             end = self.index[n].get(tuple(seq[last - n :])) if last >= n else None
             if end is not None:
