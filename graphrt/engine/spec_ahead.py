@@ -61,7 +61,7 @@ class SpecAhead:
         self._host = [torch.empty(size, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
         self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
         self._slot = 0
-        self._views: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._views: dict[tuple[int, int, int], tuple[torch.Tensor, np.ndarray]] = {}
         self.layouts = Layouts(self.steps)
 
     # ---- one engine step ---------------------------------------------------------------
@@ -169,12 +169,12 @@ class SpecAhead:
         counts.pad_rows += int((plan.offered == 0).sum()) if verify else 0
         out = sched.runtime.run(batch, eager=not sched.use_graphs, feed=self.overlap.feed.decode)
         slot, self._slot = self._slot, (self._slot + 1) % DEPTH
-        host = self._view(slot, bs, nodes)
+        host, host_np = self._view(slot, bs, nodes)
         host.copy_(out.view(bs, nodes), non_blocking=True)
         event = self._events[slot]
         if event is not None:
             event.record(current_stream(out.device))
-        launched = Round(reqs, [], host, event)
+        launched = Round(reqs, [], host_np, event)
         if verify:
             drafts = [tuple(t for t in d if t != PAD_DRAFT) for d in plan.drafts.tolist()]
         else:
@@ -186,12 +186,13 @@ class SpecAhead:
             r.spec.ahead = flight
         return launched
 
-    def _view(self, slot: int, bs: int, nodes: int) -> torch.Tensor:
-        """The ring buffer ``slot``'s first ``bs * nodes`` entries as ``[bs, nodes]`` (made
-        once each: a tensor slice and view cost microseconds per step)."""
+    def _view(self, slot: int, bs: int, nodes: int) -> tuple[torch.Tensor, np.ndarray]:
+        """The ring buffer ``slot``'s first ``bs * nodes`` entries as ``[bs, nodes]``, a tensor
+        and its numpy view (made once each: a slice, a view, ``.numpy()`` cost microseconds)."""
         view = self._views.get((slot, bs, nodes))
         if view is None:
-            view = self._views[(slot, bs, nodes)] = self._host[slot][: bs * nodes].view(bs, nodes)
+            tensor = self._host[slot][: bs * nodes].view(bs, nodes)
+            view = self._views[(slot, bs, nodes)] = (tensor, tensor.numpy())
         return view
 
     def _fix_feed(self, rows: np.ndarray, pending: list[int]) -> None:

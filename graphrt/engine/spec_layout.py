@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from graphrt.engine.pages import page_table
 from graphrt.engine.sampling import row_params
@@ -99,13 +98,13 @@ class Round:
 
     reqs: list[Any]
     flights: list[Flight]
-    host: torch.Tensor  # [bs, nodes] int64, pinned on CUDA
+    host: np.ndarray  # [bs, nodes] int64: a view of the ring's buffer (pinned on CUDA)
     copied: Any  # torch.cuda.Event, or None (CPU: already there)
 
     def read(self) -> np.ndarray:
         if self.copied is not None:
             self.copied.synchronize()
-        return self.host.numpy().copy()  # NOTE: a copy: the ring's buffer is filled again
+        return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
 
 
 @dataclass(frozen=True, slots=True)
