@@ -73,10 +73,12 @@ class NgramProposer(_Tokens):
         start = self.sync(prompt, output)
         # NOTE: an n-gram is indexed once the token after it is known, so the request's own
         # last n tokens (nothing after them yet) never match themselves.
+        top = self.sizes[0]
         for end in range(max(start, 1), len(toks)):
+            gram = tuple(toks[max(0, end - top) : end])  # NOTE: one slice; each size a suffix of it
             for n, index in self.index.items():
                 if end >= n:
-                    index[tuple(toks[end - n : end])] = end
+                    index[gram[len(gram) - n :]] = end
 
     def _lookup(self, tail: tuple[int, ...], count: int) -> list[int]:
         """``count`` tokens after the latest indexed occurrence of the last n-gram of the

@@ -174,7 +174,7 @@ class SpecAhead:
         event = self._events[slot]
         if event is not None:
             event.record(current_stream(out.device))
-        launched = Round(reqs, [], host_np, event)
+        launched = Round(reqs, layout, [], host_np, event)
         if verify:
             drafts = [tuple(t for t in d if t != PAD_DRAFT) for d in plan.drafts.tolist()]
         else:
@@ -227,17 +227,18 @@ class SpecAhead:
         row's budget is not spent: :meth:`_plan` left out those whose budget was)."""
         counts = self.spec.backoff
         produced, done, stale = [], [], 0
-        for r, f, t in zip(step.reqs, step.flights, tokens, strict=True):
+        for r, f, t, (budget, stops) in zip(step.reqs, step.flights, tokens, step.layout.ends, strict=True):
             if r.spec.ahead is f:
                 r.spec.ahead = None
-            if r.done:
+            if r.done:  # NOTE: ended by the read before (or aborted): its token is dropped
                 continue
             if not f.valid:
                 stale += 1
                 continue
-            r.output.append(t)
+            out = r.output
+            out.append(t)
             produced.append((r.rid, t))
-            if r.done:
+            if len(out) >= budget or t in stops:
                 done.append(r)
         counts.request_steps += len(produced) + stale
         counts.stale_rows += stale

@@ -35,7 +35,8 @@ class RoundLayout:
     ``rows [bs]`` int64 request rows; ``table [bs, pages]`` their page table; ``sampling``
     their sampling parameters; ``fed [bs]`` a fed DECODE's input ids (all ``FED``); ``pads
     [bs, steps]`` drafts of a round where no row drafts (all ``PAD_DRAFT``); ``index [bs]``
-    ``0 .. bs-1``.
+    ``0 .. bs-1``; ``ends``: per request, its token budget and stop tokens (what
+    ``Request.done`` reads, without the property's lookups, for a token just committed).
     """
 
     reqs: list[Any]
@@ -45,18 +46,23 @@ class RoundLayout:
     fed: np.ndarray
     pads: np.ndarray
     index: np.ndarray
+    ends: list[tuple[int, frozenset[int]]]
 
     @classmethod
     def of(cls, reqs: list[Any], steps: int) -> RoundLayout:
-        bs = len(reqs)
+        bs, params = len(reqs), row_params([r.sampling for r in reqs])
         return cls(
             reqs=list(reqs),
             rows=_frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
             table=_frozen(page_table(reqs)),
-            sampling=row_params([r.sampling for r in reqs]),
+            sampling=params,
             fed=_frozen(np.full(bs, FED, dtype=np.int64)),
             pads=_frozen(np.full((bs, steps), PAD_DRAFT, dtype=np.int64)),
             index=_frozen(np.arange(bs)),
+            ends=[
+                (r.max_new_tokens, frozenset(p.stop_token_ids or ()))
+                for r, p in zip(reqs, params, strict=True)
+            ],
         )
 
 
@@ -97,6 +103,7 @@ class Round:
     the target's token after every node; one node for a fed DECODE)."""
 
     reqs: list[Any]
+    layout: RoundLayout
     flights: list[Flight]
     host: np.ndarray  # [bs, nodes] int64: a view of the ring's buffer (pinned on CUDA)
     copied: Any  # torch.cuda.Event, or None (CPU: already there)
