@@ -1,0 +1,41 @@
+"""The overlapped rounds' per-running-set arrays (:mod:`graphrt.engine.spec_layout`): exact
+contents, reused for the same requests, rebuilt when the set or its order changes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphrt.engine.request import Request
+from graphrt.engine.spec_layout import Layouts
+from graphrt.step.batch import FED, PAD_DRAFT
+from graphrt.step.sampling import SamplingParams
+
+
+def _reqs() -> list[Request]:
+    stop = SamplingParams(stop_token_ids=(7, 9))
+    return [
+        Request(0, [1, 2], 5, req_idx=3, pages=[4, 5], sampling=stop),
+        Request(1, [1], 8, req_idx=0, pages=[6]),
+    ]
+
+
+def test_layout_arrays() -> None:
+    reqs = _reqs()
+    layout = Layouts(steps=3).get(reqs)
+    assert layout.rows.tolist() == [3, 0]
+    assert layout.table.tolist() == [[4, 5], [6, -1]]
+    assert layout.fed.tolist() == [FED, FED]
+    assert layout.pads.tolist() == [[PAD_DRAFT] * 3] * 2
+    assert layout.ends == [(5, frozenset({7, 9})), (8, frozenset())]
+    assert layout.sampling[0].stop_token_ids == (7, 9)
+    assert not layout.rows.flags.writeable  # NOTE: shared by every batch of the set
+
+
+def test_layout_reused_then_rebuilt() -> None:
+    reqs, layouts = _reqs(), Layouts(steps=2)
+    first = layouts.get(reqs)
+    assert layouts.get(list(reqs)) is first  # the same requests, another list
+    swapped = layouts.get(reqs[::-1])
+    assert swapped is not first and swapped.rows.tolist() == [0, 3]
+    fewer = layouts.get(reqs[1:])
+    assert np.array_equal(fewer.rows, [0]) and fewer.pads.shape == (1, 2)
