@@ -9,6 +9,10 @@ allocation, stop checks, token appends, the overlap's device ops. ``--profile`` 
 second, untimed window counts the torch calls a step makes outside graph replays (each one a
 driver call on a GPU host; the stub's own token tensor is not counted).
 
+``--speculative ngram|suffix`` runs that proposer's engine (overlapped rounds) beside the plain
+overlapped one; with ``--stub`` its steps' tokens never repeat, so every step backs off (a fed
+DECODE, no drafts) and the two rows compare a backed-off step's host cost with a plain step's.
+
 Prints µs p50 per step and writes nothing: a diagnostic, not a result.
 """
 
