@@ -31,8 +31,8 @@ from sampler_kernels import graph_of, kernel_us  # NOTE: this folder, on sys.pat
 from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime.sampler import count as sampler_count
 from graphrt.runtime.sampler import kernel as sampler_kernel
-from graphrt.runtime.sampler.draw import sample_torch
 from graphrt.runtime.sampler.count import _decide, _tally
+from graphrt.runtime.sampler.draw import sample_torch
 from graphrt.runtime.sampler.kernel import (
     COUNT,
     MIN64,
