@@ -53,8 +53,8 @@ def append_tokens(reqs: Sequence[Any], tokens: list[int]) -> list[tuple[int, int
     return [(r.rid, t) for r, t in zip(reqs, tokens, strict=True)]
 
 
-def _frozen(arr: np.ndarray) -> np.ndarray:
-    """``arr`` made read-only: it is shared by every batch of the rows until they change."""
+def frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr`` made read-only: every batch of a running set shares it until the set changes."""
     arr.flags.writeable = False
     return arr
 
@@ -91,11 +91,11 @@ class DecodeRows:
     ) -> None:
         bs = len(reqs)
         self.reqs, self.page_size = reqs, page_size
-        self.rows = _frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
+        self.rows = frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
         self.pages = page_table(reqs)
         self.index = np.arange(bs)
         #: The next step's KV length per request: its tokens read or in flight, plus the new one.
-        self.seq_lens = _frozen(
+        self.seq_lens = frozen(
             np.array(
                 [len(r.prompt) + len(r.output) + r.inflight + (id(r) in pending) for r in reqs],
                 dtype=np.int64,
@@ -106,11 +106,11 @@ class DecodeRows:
         #: Steps :meth:`advance` takes before a budget can run out (none ends before: no mask).
         self._runway = int((self.limit - self.seq_lens).min()) if bs else 0
         #: What :meth:`advance` returns while no budget runs out (read-only, all False).
-        self.unfinished = _frozen(np.zeros(bs, dtype=bool))
+        self.unfinished = frozen(np.zeros(bs, dtype=bool))
         #: The next step's input ids when the host gives them: each request's last read token.
-        self.last = _frozen(np.array([r.output[-1] if r.output else 0 for r in reqs], dtype=np.int64))
+        self.last = frozen(np.array([r.output[-1] if r.output else 0 for r in reqs], dtype=np.int64))
         #: A fed step's input ids: ``FED`` (the device gathers each row's token in the graph).
-        self.fed = _frozen(np.full(bs, FED, dtype=np.int64))
+        self.fed = frozen(np.full(bs, FED, dtype=np.int64))
         self.sampling = row_params([r.sampling for r in reqs]) if sampled else None
         # NOTE: a step's tokens are appended through bound methods: no attribute lookups per
         # request (``Request.output`` is never replaced while the request runs).
@@ -141,7 +141,7 @@ class DecodeRows:
         slots = self.pages[self.index[None, :], np.minimum(page, width - 1)] * self.page_size
         slots += pos % self.page_size
         slots[page >= width] = -1
-        return _frozen(slots)
+        return frozen(slots)
 
     def batch(self, *, fed: bool = False) -> Batch:
         """The next DECODE step: one token per request at position ``seq_lens - 1``.
@@ -167,11 +167,11 @@ class DecodeRows:
         mask of requests whose budget that step used up (its token is their last); while
         none does, :attr:`unfinished` itself.
         """
-        self.seq_lens = _frozen(self.seq_lens + 1)
+        self.seq_lens = frozen(self.seq_lens + 1)
         self._step += 1
         self._runway -= 1
         if tokens is not None:
-            self.last = _frozen(tokens.astype(np.int64, copy=True))
+            self.last = frozen(tokens.astype(np.int64, copy=True))
         if self._runway > 0:
             return self.unfinished
         return self.seq_lens >= self.limit

@@ -63,6 +63,32 @@ class Launched:
         return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
 
 
+class HostRing:
+    """:data:`DEPTH` pinned host buffers (int64, ``size`` each) that launched steps copy their
+    tokens into in turn, each with the CUDA event recorded after its copy (None on the CPU).
+
+    A buffer is filled again :data:`DEPTH` launches later, after its step was read. Its views
+    are made once per shape (a tensor slice and ``.numpy()`` cost microseconds a step).
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self._host = [torch.empty(size, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
+        self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
+        self._slot = 0
+        self._views: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, np.ndarray]] = {}
+
+    def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray, Any]:
+        """The next buffer's first entries as ``shape``: the tensor a step copies into, its
+        numpy view (what the read returns) and the buffer's event."""
+        slot, self._slot = self._slot, (self._slot + 1) % DEPTH
+        view = self._views.get((slot, shape))
+        if view is None:
+            tensor = self._host[slot][: int(np.prod(shape))].view(shape)
+            view = self._views[(slot, shape)] = (tensor, tensor.numpy())
+        return (*view, self._events[slot])
+
+
 class Overlap:
     """The token feed, the pinned ring and the step in flight of one engine.
 
@@ -72,21 +98,8 @@ class Overlap:
 
     def __init__(self, feed: TokenFeed, max_bs: int, device: torch.device) -> None:
         self.feed = feed
-        cuda = device.type == "cuda"
-        self._host = [torch.empty(max_bs, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
-        self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
-        self._slot = 0
+        self.ring = HostRing(max_bs, device)
         self.inflight: Launched | None = None
-        #: ``(slot, bs)``: the ring buffer's first ``bs`` entries, as the copy's tensor and its
-        #: numpy view (made once each: a tensor slice costs about a microsecond per step).
-        self._views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
-
-    def _view(self, slot: int, bs: int) -> tuple[torch.Tensor, np.ndarray]:
-        view = self._views.get((slot, bs))
-        if view is None:
-            tensor = self._host[slot][:bs]
-            view = self._views[(slot, bs)] = (tensor, tensor.numpy())
-        return view
 
     def launch(
         self,
@@ -108,8 +121,7 @@ class Overlap:
         """
         feed = self.feed.decode if fed else self.feed.prefill
         tokens = runtime.run(batch, eager=eager, feed=feed)
-        slot, self._slot = self._slot, (self._slot + 1) % DEPTH
-        host, host_np = self._view(slot, batch.bs)
+        host, host_np, event = self.ring.take((batch.bs,))
         host.copy_(tokens, non_blocking=True)
         packed = None
         if logprobs and runtime.logprobs is not None:
@@ -118,7 +130,6 @@ class Overlap:
             src = runtime.logprobs
             packed = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.device.type == "cuda")
             packed.copy_(src, non_blocking=True)
-        event = self._events[slot]
         if event is not None:
             event.record(current_stream(tokens.device))
         if not fed:

@@ -40,7 +40,7 @@ from graphrt.buffers.stream import current_stream
 from graphrt.engine.batches import prefill_batch
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
-from graphrt.engine.overlap import DEPTH, Launched, Overlap
+from graphrt.engine.overlap import HostRing, Launched, Overlap
 from graphrt.engine.pages import slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
@@ -56,12 +56,7 @@ class SpecAhead:
     def __init__(self, spec: LookupRunner, overlap: Overlap, max_bs: int, device: torch.device) -> None:
         self.spec, self.overlap, self.device = spec, overlap, device
         self.steps = spec.geometry.num_steps
-        cuda = device.type == "cuda"
-        size = max_bs * (self.steps + 1)
-        self._host = [torch.empty(size, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
-        self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
-        self._slot = 0
-        self._views: dict[tuple[int, int, int], tuple[torch.Tensor, np.ndarray]] = {}
+        self.ring = HostRing(max_bs * (self.steps + 1), device)
         self.layouts = Layouts(self.steps)
 
     # ---- one engine step ---------------------------------------------------------------
@@ -168,10 +163,8 @@ class SpecAhead:
         counts.decode_steps += not verify
         counts.pad_rows += int((plan.offered == 0).sum()) if verify else 0
         out = sched.runtime.run(batch, eager=not sched.use_graphs, feed=self.overlap.feed.decode)
-        slot, self._slot = self._slot, (self._slot + 1) % DEPTH
-        host, host_np = self._view(slot, bs, nodes)
+        host, host_np, event = self.ring.take((bs, nodes))
         host.copy_(out.view(bs, nodes), non_blocking=True)
-        event = self._events[slot]
         if event is not None:
             event.record(current_stream(out.device))
         launched = Round(reqs, layout, [], host_np, event)
@@ -185,15 +178,6 @@ class SpecAhead:
         for r, flight in zip(reqs, flights, strict=True):
             r.spec.ahead = flight
         return launched
-
-    def _view(self, slot: int, bs: int, nodes: int) -> tuple[torch.Tensor, np.ndarray]:
-        """The ring buffer ``slot``'s first ``bs * nodes`` entries as ``[bs, nodes]``, a tensor
-        and its numpy view (made once each: a slice, a view, ``.numpy()`` cost microseconds)."""
-        view = self._views.get((slot, bs, nodes))
-        if view is None:
-            tensor = self._host[slot][: bs * nodes].view(bs, nodes)
-            view = self._views[(slot, bs, nodes)] = (tensor, tensor.numpy())
-        return view
 
     def _fix_feed(self, rows: np.ndarray, pending: list[int]) -> None:
         """``feed.last[rows] = pending``: one upload of both, then one scatter (stream order: after

@@ -16,16 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from graphrt.engine.batches import frozen
 from graphrt.engine.pages import page_table
 from graphrt.engine.sampling import row_params
 from graphrt.step.batch import FED, PAD_DRAFT
 from graphrt.step.sampling import SamplingParams
-
-
-def _frozen(arr: np.ndarray) -> np.ndarray:
-    """``arr`` made read-only: every batch of the running set shares it."""
-    arr.flags.writeable = False
-    return arr
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +48,12 @@ class RoundLayout:
         bs, params = len(reqs), row_params([r.sampling for r in reqs])
         return cls(
             reqs=list(reqs),
-            rows=_frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
-            table=_frozen(page_table(reqs)),
+            rows=frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
+            table=frozen(page_table(reqs)),
             sampling=params,
-            fed=_frozen(np.full(bs, FED, dtype=np.int64)),
-            pads=_frozen(np.full((bs, steps), PAD_DRAFT, dtype=np.int64)),
-            index=_frozen(np.arange(bs)),
+            fed=frozen(np.full(bs, FED, dtype=np.int64)),
+            pads=frozen(np.full((bs, steps), PAD_DRAFT, dtype=np.int64)),
+            index=frozen(np.arange(bs)),
             ends=[
                 (r.max_new_tokens, frozenset(p.stop_token_ids or ()))
                 for r, p in zip(reqs, params, strict=True)
