@@ -96,8 +96,6 @@ class CausalLM(Decoder):
     def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeInputs:
         """The cos/sin table, plus int32 positions and theta for the fused kernel when it may run."""
         cos_sin = super().rope_inputs(positions, dtype)
-        if self.rope_scale != 1.0:  # NOTE: YaRN: q and k rotated by scaled cos/sin
-            cos_sin = cos_sin * self.rope_scale
         theta = self.fused_rope_theta()
         if theta is not None and positions.is_cuda:
             positions = positions.to(torch.int32)  # NOTE: once per step; the kernel reads int32

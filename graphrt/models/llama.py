@@ -223,6 +223,9 @@ class Decoder(nn.Module):
         exponent = torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu") / rope_dim
         inv_freq = (cfg.rope_theta**-exponent).float().to(self.norm.weight.device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        #: What cos/sin are multiplied by (YaRN's attention factor; 1: none): a model whose rope
+        #: has one sets it (``rope.rope_attention_factor``), q and k are both rotated by it.
+        self.rope_scale = 1.0
         self.tie()
 
     def tie(self) -> None:
@@ -255,8 +258,10 @@ class Decoder(nn.Module):
         return None
 
     def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> Any:
-        """What every layer's attention gets for RoPE, made once per step: ``[T, rope_dim]`` cos/sin."""
-        return ops.rope_cos_sin(positions, self.inv_freq, dtype)
+        """What every layer's attention gets for RoPE, made once per step: ``[T, rope_dim]`` cos/sin
+        (times :attr:`rope_scale`)."""
+        cos_sin = ops.rope_cos_sin(positions, self.inv_freq, dtype)
+        return cos_sin if self.rope_scale == 1.0 else cos_sin * self.rope_scale
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor:
         x = self.embed(input_ids)

@@ -149,9 +149,3 @@ class MLACausalLM(Decoder):
         self.inv_freq = rope_inv_freq(
             cfg.rope_theta, cfg.qk_rope_head_dim, cfg.rope_type, cfg.rope_params
         ).to(device)
-
-    def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``[T, qk_rope_head_dim]`` cos/sin in ``dtype``, times YaRN's attention factor (transformers
-        scales its cos/sin the same way, so the indexer's q and k get it too)."""
-        cos_sin = super().rope_inputs(positions, dtype)
-        return cos_sin if self.rope_scale == 1.0 else cos_sin * self.rope_scale
