@@ -23,8 +23,6 @@ from graphrt.step.values import tree_mask as _tree_mask
 _ONES = np.ones(4096, dtype=np.int64)
 _ONES.flags.writeable = False
 __all__ = ["FED", "PAD_DRAFT", "Batch"]
-#: The last ``Batch.sampling`` tuple found to hold only SamplingParams.
-_CHECKED: list[tuple[SamplingParams, ...] | None] = [None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +172,8 @@ class Batch:
             return
         if len(self.sampling) != self.bs:
             raise ValueError(f"Batch.sampling has {len(self.sampling)} entries, seq_lens has {self.bs}")
-        if self.sampling is not _CHECKED[0]:
-            if not all(isinstance(p, SamplingParams) for p in self.sampling):
-                raise TypeError("Batch.sampling must hold SamplingParams")
-            # NOTE: a tuple never changes: an engine passes the same one every decode step of
-            # a running set, checked once (held here, so its id cannot be reused meanwhile).
-            _CHECKED[0] = self.sampling
+        if not all(isinstance(p, SamplingParams) for p in self.sampling):
+            raise TypeError("Batch.sampling must hold SamplingParams")
         if not MODES[self.mode].samples:
             raise ValueError(
                 f"{self.mode.name} does not sample: Batch.sampling is for DECODE, EXTEND and TARGET_VERIFY"
