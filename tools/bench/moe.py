@@ -107,14 +107,14 @@ def paths() -> dict[str, Callable[[Layer], torch.Tensor] | None]:
     return {
         "reference": (lambda lay: experts_reference(lay[0], lay[1], lay[2].topk_ids, lay[2].topk_weights)),
         "triton": (lambda lay: fused_experts(*lay)),
-        "triton_skinny": _forced(1 << 30),
-        "triton_grouped": _forced(0),
+        "triton_skinny": forced_path(1 << 30),
+        "triton_grouped": forced_path(0),
         "align": (lambda lay: moe_align.moe_align(lay[2].topk_ids, lay[1].num_experts, lay[2])),
         "sgl_align": _sgl_align(sgl_kernel) if sgl_kernel is not None else None,
     }
 
 
-def _forced(slots: int) -> Callable[[Layer], torch.Tensor]:
+def forced_path(slots: int) -> Callable[[Layer], torch.Tensor]:
     """The Triton path with the skinny kernels up to ``slots`` token slots (0: always grouped)."""
 
     def run(layer: Layer) -> torch.Tensor:
@@ -141,7 +141,7 @@ def _sgl_align(sgl: Any) -> Callable[[Layer], None]:
     return run
 
 
-def _time(fn: Callable[[Layer], Any], layers: list[Layer], iters: int) -> tuple[Any, list]:
+def time_layers(fn: Callable[[Layer], Any], layers: list[Layer], iters: int) -> tuple[Any, list]:
     """µs per layer (p10/p50/p90) of ``fn`` over every layer in one graph, and the outputs
     (the CPU: one eager call each, not timed)."""
     if layers[0][0].device.type != "cuda":
@@ -170,14 +170,14 @@ def measure(run: dict[str, Any], name: str, rows: int, real: int) -> dict[str, A
         if fn is None:
             row["paths"][path] = None
             continue
-        us, outs = _time(fn, layers, run["iters"])
+        us, outs = time_layers(fn, layers, run["iters"])
         cell: dict[str, Any] = {
             "us": us,
             "gb_s": nbytes / us["p50"] / 1e3 if us and "align" not in path else None,
         }
         if not path.endswith("align"):  # NOTE: the reference runs first
             ref = ref or outs
-            cell |= _agreement(outs, ref, f"{name} T={rows} {path}")
+            cell |= agreement(outs, ref, f"{name} T={rows} {path}")
         row["paths"][path] = cell
     floor = run["floor"]
     row["floor_us"] = nbytes / (floor["bandwidth_gb_s"] * 1e3) if floor else None
@@ -186,7 +186,7 @@ def measure(run: dict[str, Any], name: str, rows: int, real: int) -> dict[str, A
     return row
 
 
-def _agreement(outs: list[torch.Tensor], ref: list[torch.Tensor], what: str) -> dict[str, float]:
+def agreement(outs: list[torch.Tensor], ref: list[torch.Tensor], what: str) -> dict[str, float]:
     a, b = torch.stack(outs).float(), torch.stack(ref).float()
     rel = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
     if not rel <= AGREE:

@@ -3,7 +3,7 @@
 Per MoE preset of ``--models``, one layer's routed experts as ``graphrt bench moe`` builds them
 (:func:`graphrt.tools.bench.moe.layer`: bf16 random weights, ``k`` distinct random experts per
 token, :data:`~graphrt.tools.bench.moe.LAYERS` layers per CUDA graph so no replay finds its
-experts in L2) and timed by its :func:`~graphrt.tools.bench.moe._time`; every candidate's output
+experts in L2) and timed by its :func:`~graphrt.tools.bench.moe.time_layers`; every candidate's output
 is checked against :func:`graphrt.kernels.moe.experts_reference` (a mismatch raises).
 
 - The skinny path at :data:`SKINNY_T` token (its kernels forced): the up kernel's tiles
@@ -140,10 +140,10 @@ class Bench:
         if (case, tiles) in self._us:
             return self._us[(case, tiles)]
         layers, ref = self._layers(case)
-        fn = moe._forced(1 << 30 if case.skinny else 0)
+        fn = moe.forced_path(1 << 30 if case.skinny else 0)
         with tuning.using(replace(self.table, moe=tiles)):
-            us, outs = moe._time(fn, layers, self.iters)
-        check = moe._agreement(outs, ref, f"graphrt tune moe: {case.model} T={case.tokens} {tiles}")
+            us, outs = moe.time_layers(fn, layers, self.iters)
+        check = moe.agreement(outs, ref, f"graphrt tune moe: {case.model} T={case.tokens} {tiles}")
         p50 = us["p50"] if us else 0.0
         self._us[(case, tiles)] = p50
         self.rows.append({"model": case.model, "tokens": case.tokens, "tile": str(tiles), "us": p50} | check)
