@@ -12,11 +12,14 @@
 #         plain loop: copy and chat at bs 1, back-off at bs 32 / 64, the 8B always-match ceiling.
 # engine: first answer (lazy vs eager capture), chunked prefill ITL, prefix caching (64 requests
 #         sharing 1000 tokens), graphrt serve plain / logprobs / JSON schema at 1 / 8 / 32 clients.
+# suite:  the whole GPU-marked suite (the fused MLA prologue's tests first).
+# tuneall: `graphrt tune` over the dense and MoE presets (this GPU's table, copied to $OUT), then
+#         bench model of every preset at bs 1 / 16 / 64, committed table (GRAPHRT_CACHE=0) then tuned.
 # moetune: the new GPU tests, `graphrt tune` over the dense and MoE presets (experts too), then
 #         bench model bs 1 of each MoE shape with the committed table and with the tuned one.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?moe|dense|spec|engine|moetune}
+what=${1:?moe|dense|spec|engine|moetune|suite|tuneall}
 log="$OUT/s9_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -58,7 +61,7 @@ spec() {
 
 engine() {
   LIMIT=120 TAIL=20 run graphrt bench first-answer --model "$gguf" --runs 3 --out "$OUT/json"
-  LIMIT=90 run python3 -m graphrt.tools.bench.chunked --model "$gguf" --device cuda --out "$OUT/json"
+  LIMIT=90 run python3 -m graphrt.tools.bench.chunked --model "$gguf" --device cuda --chunk "${CHUNK:-512}" --out "$OUT/json"
   LIMIT=90 run graphrt bench prefix --model "$gguf" --requests 64 --system-tokens 1000 --user-tokens 24 \
     --new-tokens 32 --device cuda --out "$OUT/json"
   local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
@@ -84,12 +87,31 @@ moetune() {
   done
 }
 
+suite() {
+  LIMIT=${LIMIT_SUITE:-560} TAIL=40 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/kv/test_latent_store.py \
+    tests/models/test_mla_prologue_model.py tests/runtime/test_mla_runtime.py tests
+}
+
+tuneall() {
+  LIMIT=260 TAIL=40 run graphrt tune --models llama-3.2-1b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,deepseek-v2-lite \
+    --iters 50
+  cp -r /tmp/xdg/graphrt/tuning "$OUT/" 2>/dev/null
+  for shape in ${SHAPES:-llama-3.2-1b llama-3-8b qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite}; do
+    for cache in 0 1; do
+      GRAPHRT_CACHE=$cache LIMIT=90 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 \
+        --iters 30 --no-compile --out "$OUT/json"
+    done
+  done
+}
+
 case "$what" in
 moe) moe ;;
 moetune) moetune ;;
+suite) suite ;;
+tuneall) tuneall ;;
 dense) dense ;;
 spec) spec ;;
 engine) engine ;;
-*) echo "moe|dense|spec|engine|moetune, got $what" >&2; exit 2 ;;
+*) echo "moe|dense|spec|engine|moetune|suite|tuneall, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s9_${what}_json.tgz" json && rm -rf "$OUT/json"
