@@ -37,6 +37,22 @@ class ParityError(AssertionError):
     different computations, so the bench stops before timing anything."""
 
 
+def relative_l2(
+    outs: list[torch.Tensor],
+    ref: list[torch.Tensor],
+    limit: float,
+    what: str,
+    against: str = "the reference's",
+) -> float:
+    """``||a - b|| / ||b||`` of the stacked outputs against ``ref`` (``against`` names it), in
+    fp32; :class:`ParityError` naming ``what`` above ``limit``."""
+    a, b = torch.stack(outs).float(), torch.stack(ref).float()
+    rel = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    if not rel <= limit:
+        raise ParityError(f"{what}: outputs differ from {against} (relative L2 {rel:.3g} > {limit:g})")
+    return rel
+
+
 def random_llama(cfg: LlamaConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> TinyLlama:
     """graphrt's Llama with random weights drawn directly on ``device`` in ``dtype``.
 

@@ -40,7 +40,7 @@ from graphrt.kernels.moe import (
 )
 from graphrt.kernels.moe import align as moe_align
 from graphrt.tools.bench.model_steps import weight_floor
-from graphrt.tools.bench.model_twin import ParityError
+from graphrt.tools.bench.model_twin import relative_l2
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
 from graphrt.tools.cli.args import resolve_device
 from graphrt.tools.cli.console import bench_progress, wide_console
@@ -187,11 +187,7 @@ def measure(run: dict[str, Any], name: str, rows: int, real: int) -> dict[str, A
 
 
 def agreement(outs: list[torch.Tensor], ref: list[torch.Tensor], what: str) -> dict[str, float]:
-    a, b = torch.stack(outs).float(), torch.stack(ref).float()
-    rel = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-    if not rel <= AGREE:
-        raise ParityError(f"{what}: outputs differ from the reference's (relative L2 {rel:.3g} > {AGREE:g})")
-    return {"rel_l2_vs_reference": rel}
+    return {"rel_l2_vs_reference": relative_l2(outs, ref, AGREE, what)}
 
 
 def run_bench_moe(args: argparse.Namespace) -> int:
