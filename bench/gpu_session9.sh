@@ -61,7 +61,10 @@ spec() {
 
 engine() {
   LIMIT=120 TAIL=20 run graphrt bench first-answer --model "$gguf" --runs 3 --out "$OUT/json"
-  LIMIT=90 run python3 -m graphrt.tools.bench.chunked --model "$gguf" --device cuda --chunk "${CHUNK:-512}" --out "$OUT/json"
+  for chunk in ${CHUNKS:-512 256}; do
+    LIMIT=90 TAIL=40 run python3 -m graphrt.tools.bench.chunked --model "$gguf" --device cuda --chunk "$chunk" \
+      --profile 14 --out "$OUT/json"
+  done
   LIMIT=90 run graphrt bench prefix --model "$gguf" --requests 64 --system-tokens 1000 --user-tokens 24 \
     --new-tokens 32 --device cuda --out "$OUT/json"
   local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'

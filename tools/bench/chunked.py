@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from graphrt import Engine
+from graphrt.tools.bench.device_ops import device_ops, kernel_breakdown
 from graphrt.tools.bench.record import header, write_result
 from graphrt.tools.cli.args import resolve_device
 
@@ -70,6 +71,23 @@ def measure(
     }
 
 
+def profile_prefill(
+    engine: Engine, clients: list[list[int]], long: list[int], args: argparse.Namespace
+) -> Any:
+    """The device's kernels per step (:func:`kernel_breakdown`) from the long prompt's arrival
+    to its first token, the clients decoding: where a prefilling step's time goes."""
+    ids = [engine.add_request(p, args.steady + len(long) // args.chunk + 16) for p in clients]
+    for _ in range(4):
+        engine.step()
+    long_id, steps = engine.add_request(long, 2), 0
+    with device_ops(engine.device) as ops:
+        while steps < len(long) and not any(rid == long_id for rid, _ in engine.step()):
+            steps += 1
+    for rid in ids:
+        engine.abort(rid)
+    return kernel_breakdown(ops, steps + 1, top=args.profile)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = resolve_device(args.device)
     context = -(-(args.long + args.after + 16) // 16) * 16
@@ -82,6 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         clients = [rng.integers(0, vocab, args.client_tokens).tolist() for _ in range(args.clients)]
         long = np.random.default_rng(1).integers(0, vocab, args.long).tolist()
         runs[key] = measure(engine, clients, long, args)
+        if args.profile:
+            runs[key]["profile"] = profile_prefill(engine, clients, long[::-1], args)
         engine.close()
         del engine
     whole, chunked = runs["whole"], runs["chunked"]
@@ -107,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=512, help="prefill_chunk of the chunked engine")
     p.add_argument("--steady", type=int, default=32, help="decode steps before the long prompt arrives")
     p.add_argument("--after", type=int, default=8, help="tokens the long prompt generates")
+    p.add_argument("--profile", type=int, default=0, help="and the top N kernels of a prefilling step (CUDA)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
     result = run(args)
@@ -118,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['itl_during_prefill_ms']['p99']:.2f} ms; long TTFT {m['long_ttft_ms']:.1f} ms; "
             f"MIXED replays {m['mixed_replays']}"
         )
+        prof = m.get("profile") or {}
+        if prof.get("busy_us") is not None:
+            print(f"  prefilling step: device busy {prof['busy_us']:.0f} us of {prof['span_us']:.0f} us span")
+        for k in prof.get("kernels", []):
+            print(f"  {k['us']:9.1f} us {k['launches']:6.1f}x {k['kernel']}")
     print(
         f"chunked p99 ITL ratio {result['chunked_p99_itl_ratio']:.2f} (target <= 2), TTFT ratio "
         f"{result['ttft_ratio_chunked_vs_whole']:.2f} (target <= 1.2), tokens "
