@@ -8,9 +8,12 @@ Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from graphrt.kernels import tuning
 from graphrt.kernels.moe import align, experts_reference, fused_experts, new_routing
 from graphrt.kernels.moe import triton_experts as te
 from tests.support.moe_util import random_experts, random_routing
@@ -66,6 +69,22 @@ def test_matches_reference(device, monkeypatch, path, tokens, pads, activation, 
     if path == "grouped":  # NOTE: the alignment ran into routing: counts exclude the pad rows
         counts = torch.bincount(routing.topk_ids.reshape(-1).long().cpu(), minlength=E + 1)[:E]
         assert torch.equal(routing.expert_counts.cpu(), counts.int())
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_skinny_down_matches_reference_and_repeats(device, monkeypatch, split) -> None:
+    """The down kernel's slots walked in parts (fp32 partials summed by a second kernel): the
+    reference's values, pad rows still zero, bit-equal calls (``split`` 4 > k runs as k parts)."""
+    base = SMALL_TILES if INTERPRET else tuning.active().moe
+    patch_tuning(monkeypatch, moe=replace(base, skinny_down_split=split))
+    x, w, routing = _layer(device, 3, (1,), "swiglu_clamp", True, seed=3)
+    got = _run("skinny", x, w, routing)
+    want = experts_reference(x, w, routing.topk_ids, routing.topk_weights)
+    torch.testing.assert_close(got[[0, 2]], want[[0, 2]], **TOL)
+    assert torch.equal(got[1], torch.zeros(H, device=device)) and torch.equal(
+        got, _run("skinny", x, w, routing)
+    )
 
 
 @pytest.mark.parametrize("device", triton_devices())

@@ -77,9 +77,16 @@ def test_the_moe_part_runs_by_default_only_with_a_moe_preset() -> None:
 
 
 def test_candidates_start_at_the_base_and_vary_one_kernel_each() -> None:
-    up, down, grouped = (
-        f(BASE) for f in (tune_moe.up_candidates, tune_moe.down_candidates, tune_moe.grouped_candidates)
+    up, down, split, grouped = (
+        f(BASE)
+        for f in (
+            tune_moe.up_candidates,
+            tune_moe.down_candidates,
+            tune_moe.split_candidates,
+            tune_moe.grouped_candidates,
+        )
     )
+    assert [t.skinny_down_split for t in split] == [1, *tune_moe.SPLITS] and split[0] == BASE
     pinned = replace(BASE, skinny_down_n=8, skinny_down_k=1024, skinny_down_warps=8)
     assert up[0] == pinned and down[0] == pinned and grouped[0] == BASE
     assert {t.skinny_up() for t in up} == set(tune_moe.UP) and {t.skinny_down() for t in up} == {
@@ -89,9 +96,9 @@ def test_candidates_start_at_the_base_and_vary_one_kernel_each() -> None:
         (8, 1024, 8)
     }
     assert {(t.block_n, t.block_k, t.warps, t.stages) for t in grouped} == set(tune_moe.GROUPED)
-    assert all(len(c) == len(set(c)) for c in (up, down, grouped))
+    assert all(len(c) == len(set(c)) for c in (up, down, split, grouped))
     # NOTE: the time budget (docs/gpu.md): per MoE preset, one compile and timing per candidate
-    assert len(up) + len(down) + len(grouped) * len(tune_moe.GROUPED_T) <= 20
+    assert len(up) + len(down) + len(split) + len(grouped) * len(tune_moe.GROUPED_T) <= 24
 
 
 def test_search_picks_up_then_down_then_grouped_from_the_timings() -> None:
@@ -110,14 +117,17 @@ def test_search_picks_up_then_down_then_grouped_from_the_timings() -> None:
                 (4, 2048, 4): 8.0 if case.model == "a" else 7.0,
             }
             down = {(16, 256, 4): -2.0, (8, 512, 4): -1.0}.get(t.skinny_down(), 0.0)
+            down += {4: -0.5, 8: -0.25}.get(t.skinny_down_split, 0.0)
             return us.get(t.skinny_up(), 10.0) + down
         return {(128, 64, 8, 3): 1.0, (32, 64, 8, 3): 2.0}.get((t.block_n, t.block_k, t.warps, t.stages), 3.0)
 
     got = tune_moe.search(timer, skinny, grouped, BASE)
-    assert got.skinny_up() == (16, 2048, 8) and got.skinny_down() == (16, 256, 4)
+    assert (
+        got.skinny_up() == (16, 2048, 8) and got.skinny_down() == (16, 256, 4) and got.skinny_down_split == 4
+    )
     assert (got.block_n, got.block_k, got.warps, got.stages) == (128, 64, 8, 3)
-    # NOTE: 2 presets x (5 up + 5 down) skinny timings, then 2 x 2 token counts x 5 grouped
-    assert [c.skinny for c, _ in seen] == [True] * 20 + [False] * 20
+    # NOTE: 2 presets x (5 up + 5 down + 4 splits) skinny timings, then 2 x 2 token counts x 5 grouped
+    assert [c.skinny for c, _ in seen] == [True] * 28 + [False] * 20
     flat = lambda case, t: 1.0  # noqa: E731
     assert (
         tune_moe.search(flat, skinny, grouped, BASE) == tune_moe.up_candidates(BASE)[0]

@@ -152,7 +152,8 @@ def _short(value: object) -> str:
     if isinstance(value, tuning.MoeTiles):
         (un, uk, uw), (dn, dk, dw) = value.skinny_up(), value.skinny_down()
         grouped = f"{value.block_n}x{value.block_k} w{value.warps} s{value.stages}"
-        return f"skinny up {un}x{uk} w{uw}, down {dn}x{dk} w{dw}; grouped {grouped}"
+        down = f"{dn}x{dk} w{dw} in {value.skinny_down_split}"
+        return f"skinny up {un}x{uk} w{uw}, down {down}; grouped {grouped}"
     if isinstance(value, tuning.SkinnyRule):
         return f"M<={value.max_m}: {_short(value.tile)}"
     if isinstance(value, tuning.ShapeTile):

@@ -8,7 +8,8 @@ is checked against :func:`graphrt.kernels.moe.experts_reference` (a mismatch rai
 
 - The skinny path at :data:`SKINNY_T` token (its kernels forced): the up kernel's tiles
   (:data:`UP`) with the down kernel's held at the base table's, then the down kernel's
-  (:data:`DOWN`) with the chosen up tiles: each the candidate of least time summed over the presets.
+  (:data:`DOWN`) with the chosen up tiles, then the down kernel's parts (:data:`SPLITS`): each
+  the candidate of least time summed over the presets.
 - The grouped GEMMs at :data:`GROUPED_T` tokens (forced): :data:`GROUPED`'s tiles, least summed
   time over presets and token counts.
 
@@ -34,6 +35,8 @@ GROUPED_T = (16, 64)
 UP = ((8, 1024, 8), (8, 2048, 8), (16, 1024, 8), (16, 2048, 8), (4, 2048, 4))
 #: Skinny down kernel: ``(rows of w2, columns per step, warps)``.
 DOWN = ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 512, 8), (16, 256, 4))
+#: Skinny down kernel: parts a token's slots are split into (each its own programs).
+SPLITS = (2, 4, 8)
 #: Grouped GEMMs: ``(block_n, block_k, warps, stages)`` (8 warps: the up GEMM spills on 4, sm_90).
 GROUPED = ((64, 64, 8, 3), (32, 64, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3), (64, 64, 8, 4))
 
@@ -82,6 +85,11 @@ def down_candidates(base: MoeTiles) -> list[MoeTiles]:
     return list(dict.fromkeys([pinned, *tiles]))
 
 
+def split_candidates(base: MoeTiles) -> list[MoeTiles]:
+    """``base`` then each of :data:`SPLITS` as its down kernel's parts, no repeats."""
+    return list(dict.fromkeys([base, *(replace(base, skinny_down_split=s) for s in SPLITS)]))
+
+
 def grouped_candidates(base: MoeTiles) -> list[MoeTiles]:
     """``base`` then each of :data:`GROUPED` as its grouped tiles, no repeats."""
     tiles = [replace(base, block_n=n, block_k=k, warps=w, stages=s) for n, k, w, s in GROUPED]
@@ -99,9 +107,10 @@ def least(timer: Timer, cases: list[Case], candidates: list[MoeTiles]) -> MoeTil
 
 
 def search(timer: Timer, skinny: list[Case], grouped: list[Case], base: MoeTiles) -> MoeTiles:
-    """The swept tiles: skinny up, then skinny down (on the chosen up), then the grouped GEMMs'."""
+    """The swept tiles: skinny up, then skinny down (on the chosen up), its split, then the
+    grouped GEMMs'."""
     up = least(timer, skinny, up_candidates(base))
-    down = least(timer, skinny, down_candidates(up))
+    down = least(timer, skinny, split_candidates(least(timer, skinny, down_candidates(up))))
     tiles = least(timer, grouped, grouped_candidates(down)) if grouped else down
     return tiles
 

@@ -8,11 +8,14 @@ weight tile loaded ahead of the one being multiplied.
 - :func:`_skinny_up`: one program per (slot, ``block_n`` columns of ``I``): gate and up rows of
   the slot's expert times ``x[t]``, the activation fused, into ``inter [T * k, I]``. A pad slot
   (id ``E``) returns before loading any weight.
-- :func:`_skinny_down`: one program per (token, ``block_n`` columns of ``H``) walks the token's
-  ``k`` slots in order, ``sum_j weight_j * (inter[t k + j] @ w2[e_j]^T + b2[e_j])`` into
-  ``out [T, H]``: the weighted sum fused, one fixed order (deterministic), no buffer. Its first
-  weight tile is loaded before the PDL wait: ``topk_ids`` was written before the previous kernel
-  (which waited on it) let this one start.
+- :func:`_skinny_down`: one program per (token, ``block_n`` columns of ``H``, part) walks its
+  part of the token's ``k`` slots in order, ``sum_j weight_j * (inter[t k + j] @ w2[e_j]^T +
+  b2[e_j])``: the weighted sum fused, one fixed order (deterministic). With one part it writes
+  ``out [T, H]``; with ``S`` parts (the table's ``skinny_down_split``: at bs 1 one program per
+  column tile leaves too few loads in flight to stream ``w2``) each part writes fp32 partial sums
+  ``[S, T, H]`` that :func:`_sum_parts` adds in part order. Its first weight tile is loaded before
+  the PDL wait: ``topk_ids`` was written before the previous kernel (which waited on it) let this
+  one start.
 """
 
 from __future__ import annotations
@@ -64,12 +67,12 @@ if triton is not None:
             tl.store(inter + slot.to(tl.int64) * INTER + rn, h.to(inter.dtype.element_ty), mask=rn < INTER)
 
     @triton.jit
-    def _down_tile(w2, topk_ids, t, q, NK, TOPK, E, rn, rk, H, INTER, BK: tl.constexpr):
-        """Step ``q`` of the walk (slot ``q // NK``, column tile ``q % NK``): its ``w2`` tile,
-        zeros for a pad slot or past the last step."""
-        j = q // NK
+    def _down_tile(w2, topk_ids, t, j0, q, NK, COUNT, TOPK, E, rn, rk, H, INTER, BK: tl.constexpr):
+        """Step ``q`` of a part's walk over slots ``j0 ..< j0 + COUNT`` (slot ``j0 + q // NK``,
+        column tile ``q % NK``): its ``w2`` tile, zeros for a pad slot or past the last step."""
+        j = j0 + q // NK
         k0 = (q % NK) * BK
-        in_walk = q < NK * TOPK
+        in_walk = q < NK * COUNT
         expert = tl.load(topk_ids + t * TOPK + j, mask=in_walk, other=E)
         ok = expert < E
         rows = w2 + tl.where(ok, expert, 0).to(tl.int64) * H * INTER + rn.to(tl.int64) * INTER
@@ -80,23 +83,29 @@ if triton is not None:
     @triton.jit
     def _skinny_down(
         inter, w2, b2, topk_ids, topk_weights, out, E, H, INTER, TOPK, NK,
-        BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+        BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         t = tl.program_id(0)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
-        tile = _down_tile(w2, topk_ids, t, 0, NK, TOPK, E, rn, rk, H, INTER, BK)  # NOTE: before the wait
+        per = tl.cdiv(TOPK, SPLIT)
+        j0 = tl.program_id(2) * per
+        count = tl.minimum(per, TOPK - j0)
+        tile = _down_tile(
+            w2, topk_ids, t, j0, 0, NK, count, TOPK, E, rn, rk, H, INTER, BK
+        )  # NOTE: before the wait
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: inter is the previous kernel's output
             tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BN,), dtype=tl.float32)
         total = tl.zeros((BN,), dtype=tl.float32)
-        for q in range(0, NK * TOPK):
-            slot = t * TOPK + q // NK
+        for q in range(0, NK * count):
+            slot = t * TOPK + j0 + q // NK
             k0 = (q % NK) * BK
             expert = tl.load(topk_ids + slot)
             ok = expert < E
-            ahead = _down_tile(w2, topk_ids, t, q + 1, NK, TOPK, E, rn, rk, H, INTER, BK)
+            ahead = _down_tile(w2, topk_ids, t, j0, q + 1, NK, count, TOPK, E, rn, rk, H, INTER, BK)
             h = tl.load(inter + slot.to(tl.int64) * INTER + k0 + rk, mask=ok & (k0 + rk < INTER), other=0.0)
             acc += tl.sum(tile.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
             if q % NK == NK - 1:
@@ -107,4 +116,17 @@ if triton is not None:
                 total += tl.where(ok, weight, 0.0) * acc
                 acc = tl.zeros((BN,), dtype=tl.float32)
             tile = ahead
-        tl.store(out + t.to(tl.int64) * H + rn, total.to(out.dtype.element_ty), mask=rn < H)
+        row = (tl.program_id(2) * tl.num_programs(0) + t).to(tl.int64) * H  # NOTE: part-major partials
+        tl.store(out + row + rn, total.to(out.dtype.element_ty), mask=rn < H)
+
+    @triton.jit
+    def _sum_parts(parts, out, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """``out[i] = sum_s parts[s, i]`` over ``N`` entries, parts added in order (deterministic)."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: the parts are the down kernel's output
+            tl.extra.cuda.gdc_launch_dependents()
+        total = tl.load(parts + i, mask=i < N, other=0.0)
+        for s in range(1, SPLIT):
+            total += tl.load(parts + s * N + i, mask=i < N, other=0.0)
+        tl.store(out + i, total.to(out.dtype.element_ty), mask=i < N)

@@ -17,12 +17,14 @@ from graphrt.kernels.moe import ExpertWeights, Routing
 from graphrt.kernels.moe.align import BLOCK_M, PDL_ENV, block_bound, moe_align
 from graphrt.kernels.moe.align import ENV as ALIGN_ENV
 from graphrt.kernels.moe.grouped import ACT_CODES, _grouped_down, _grouped_up
-from graphrt.kernels.moe.skinny_experts import _skinny_down, _skinny_up
+from graphrt.kernels.moe.skinny_experts import _skinny_down, _skinny_up, _sum_parts
 from graphrt.kernels.switches import pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the MoE kernels (:data:`graphrt.kernels.moe.align.ENV`).
 ENV = ALIGN_ENV
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Entries of ``out`` per program of the split skinny down's sum.
+SUM_BLOCK = 1024
 
 
 #: The tiles of the grouped and skinny expert kernels (the tuning table's ``moe`` field).
@@ -101,11 +103,18 @@ def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> t
         x.stride(0), BN=up_n // 2, BK=bk_up, ACT=ACT_CODES[w.activation],
         HAS_BIAS=w.b13 is not None, PDL=pdl, num_warps=up_warps, launch_pdl=pdl,
     )  # fmt: skip
-    _skinny_down[(tokens, triton.cdiv(hidden, down_n))](
-        inter, w.w2, _or(w.b2, w.w2), routing.topk_ids, routing.topk_weights, out, num_experts,
-        hidden, inter_dim, topk, triton.cdiv(inter_dim, bk_down), BN=down_n, BK=bk_down,
+    split = min(t.skinny_down_split, topk)
+    parts = out if split == 1 else torch.empty((split, tokens, hidden), dtype=torch.float32, device=x.device)
+    _skinny_down[(tokens, triton.cdiv(hidden, down_n), split)](
+        inter, w.w2, _or(w.b2, w.w2), routing.topk_ids, routing.topk_weights, parts, num_experts,
+        hidden, inter_dim, topk, triton.cdiv(inter_dim, bk_down), BN=down_n, BK=bk_down, SPLIT=split,
         HAS_BIAS=w.b2 is not None, PDL=pdl, num_warps=down_warps, launch_pdl=pdl,
     )  # fmt: skip
+    if split > 1:
+        n = tokens * hidden
+        _sum_parts[(triton.cdiv(n, SUM_BLOCK),)](
+            parts, out, n, SPLIT=split, BLOCK=SUM_BLOCK, PDL=pdl, num_warps=4, launch_pdl=pdl
+        )
     return out
 
 

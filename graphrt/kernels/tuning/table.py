@@ -104,7 +104,8 @@ class MoeTiles:
     skinny expert GEMVs: the up kernel reads ``skinny_n`` rows of ``w13`` (gate and up halves) by
     up to ``skinny_k`` columns per loop step on ``skinny_warps`` warps; the down kernel reads
     ``skinny_down_n`` rows of ``w2`` by ``skinny_down_k`` on ``skinny_down_warps`` (0: the up
-    kernel's value, as tables written before the down fields existed mean)."""
+    kernel's value, as tables written before the down fields existed mean), a token's slots
+    walked in ``skinny_down_split`` parts (programs) whose fp32 partial sums a second kernel adds."""
 
     block_n: int = 64
     block_k: int = 64
@@ -116,9 +117,11 @@ class MoeTiles:
     skinny_down_n: int = 0
     skinny_down_k: int = 0
     skinny_down_warps: int = 0
+    skinny_down_split: int = 1
 
     def __post_init__(self) -> None:
-        _powers_of_two(self, ("block_n", "block_k", "warps", "skinny_n", "skinny_k", "skinny_warps"))
+        names = ("block_n", "block_k", "warps", "skinny_n", "skinny_k", "skinny_warps", "skinny_down_split")
+        _powers_of_two(self, names)
         if self.skinny_n < 2:
             raise ValueError(f"MoeTiles.skinny_n must be >= 2 (gate and up halves), got {self.skinny_n}")
         down = ("skinny_down_n", "skinny_down_k", "skinny_down_warps")
