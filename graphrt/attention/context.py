@@ -145,16 +145,30 @@ class ContextInputs:
     #: and ``num_tokens [1]`` int32, its real rows (rows past it are pad rows).
     routing: Any = None
     routing_tokens: torch.Tensor | None = None
+    #: ``[R]`` int64, the token rows whose logits the model's head computes (each request's last
+    #: on a sampling step of a ragged mode: ``ModeSpec.last_rows_only``); None: every row.
+    head_rows: torch.Tensor | None = None
 
 
-def attach_routing(ctx: Any, inputs: ContextInputs) -> Any:
-    """``ctx`` with ``routing`` / ``routing_tokens`` (None without MoE layers): what a MoE layer
-    reads to write its expert choice (:mod:`graphrt.metadata.routing`)."""
-    ctx.routing, ctx.routing_tokens = inputs.routing, inputs.routing_tokens
+class ModelInputs:
+    """What a model's forward reads from its ``ctx`` besides attention, set by
+    :func:`attach_model_inputs`: a MoE model's ``routing`` buffers and ``routing_tokens``, the
+    ``head_rows`` its head computes (None: every row)."""
+
+    routing: Any = None
+    routing_tokens: torch.Tensor | None = None
+    head_rows: torch.Tensor | None = None
+
+
+def attach_model_inputs(ctx: Any, inputs: ContextInputs) -> Any:
+    """``ctx`` with what the model reads besides attention: ``routing`` / ``routing_tokens``
+    (None without MoE layers), what a MoE layer writes its expert choice to
+    (:mod:`graphrt.metadata.routing`), and ``head_rows``."""
+    ctx.routing, ctx.routing_tokens, ctx.head_rows = inputs.routing, inputs.routing_tokens, inputs.head_rows
     return ctx
 
 
-class ForwardContext:
+class ForwardContext(ModelInputs):
     """Per-step handle passed as ``ctx`` to ``forward(input_ids, positions, ctx)`` (MHA/GQA).
 
     ``local``: the step's chunked-local virtual batch, when the runtime has one.
@@ -163,11 +177,8 @@ class ForwardContext:
     ``group``: the backend's own buffer group (its view for this step), if any; the backend's
     ``plan`` runs on it at the first :meth:`attention` call, once per forward. ``cross``: the
     encoder cache and buffers :meth:`cross_attention` reads (encoder-decoder models).
-    ``routing`` / ``routing_tokens``: a MoE model's routing buffers (:func:`attach_routing`).
+    The model's own inputs: :class:`ModelInputs`.
     """
-
-    routing: Any = None
-    routing_tokens: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -189,7 +200,9 @@ class ForwardContext:
     def from_inputs(cls, inputs: ContextInputs) -> ForwardContext:
         """The MHA/GQA context of one step's :class:`ContextInputs`."""
         i = inputs
-        return attach_routing(cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross, i.window), i)
+        return attach_model_inputs(
+            cls(i.meta, i.kv, i.backend, i.local, i.scalars, i.group, i.cross, i.window), i
+        )
 
     @property
     def mode(self) -> ForwardMode:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from graphrt.attention.capabilities import Needs
-from graphrt.attention.context import ContextInputs, ForwardContext, attach_routing
+from graphrt.attention.context import ContextInputs, ForwardContext, attach_model_inputs
 from graphrt.attention.mla_context import MLAContext
 from graphrt.attention.registry import select_backend
 from graphrt.attention.sparse_context import SparseMLAContext
@@ -84,7 +84,7 @@ class SparseMLAKind:
         # NOTE: DSA presets have neither sliding windows nor chunked-local layers.
         assert inputs.local is None, "chunked-local attention is an MHA feature"
         ctx = SparseMLAContext(inputs.meta, inputs.kv, inputs.backend, inputs.group, inputs.req_to_token)
-        return attach_routing(ctx, inputs)
+        return attach_model_inputs(ctx, inputs)
 
 
 def attention_kind(kv: Any) -> AttentionKind:

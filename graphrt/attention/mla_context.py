@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from graphrt.attention.call import AttendCall
-from graphrt.attention.context import ContextInputs, attach_routing
+from graphrt.attention.context import ContextInputs, ModelInputs, attach_model_inputs
 from graphrt.kv.latent import LatentKVCache
 from graphrt.metadata.base import StepMetadata
 from graphrt.step.modes import ForwardMode
@@ -23,15 +23,12 @@ from graphrt.step.modes import ForwardMode
 _UNPLANNED = object()
 
 
-class MLAContext:
+class MLAContext(ModelInputs):
     """Per-step handle a dense-MLA model's forward receives as ``ctx``.
 
-    ``group``: the backend's own buffer group (its view for this step), if any; ``routing`` /
-    ``routing_tokens``: a MoE model's routing buffers (:func:`attach_routing`).
+    ``group``: the backend's own buffer group (its view for this step), if any; the model's
+    own inputs: :class:`ModelInputs`.
     """
-
-    routing: Any = None
-    routing_tokens: torch.Tensor | None = None
 
     def __init__(self, meta: StepMetadata, kv: LatentKVCache, backend: Any, group: Any = None) -> None:
         self.meta, self.kv, self.backend, self.group = meta, kv, backend, group
@@ -41,7 +38,7 @@ class MLAContext:
     def from_inputs(cls, inputs: ContextInputs) -> MLAContext:
         # NOTE: dense-MLA models have neither sliding windows nor chunked-local layers.
         assert inputs.local is None, "chunked-local attention is an MHA feature"
-        return attach_routing(cls(inputs.meta, inputs.kv, inputs.backend, inputs.group), inputs)
+        return attach_model_inputs(cls(inputs.meta, inputs.kv, inputs.backend, inputs.group), inputs)
 
     @property
     def mode(self) -> ForwardMode:

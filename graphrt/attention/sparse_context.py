@@ -9,6 +9,7 @@ import torch
 
 from graphrt.attention.base import AttentionBackend
 from graphrt.attention.call import AttendCall
+from graphrt.attention.context import ModelInputs
 from graphrt.kv import ReqToToken
 from graphrt.kv.mla import MLAKVCache
 from graphrt.metadata.base import StepMetadata
@@ -17,17 +18,14 @@ from graphrt.metadata.sparse import Candidates, SparseBuffers, select_topk, step
 _UNPLANNED = object()
 
 
-class SparseMLAContext:
+class SparseMLAContext(ModelInputs):
     """Per-step handle a DSA model's forward receives as ``ctx``.
 
     Per layer the model calls :meth:`index_topk` (indexer keys stored, top-k written into
     the static ``topk_indices`` / ``topk_slots``), then :meth:`sparse_mla`. The backend's
     plan (FlashMLA's FP8 tile schedule) runs once, at the first :meth:`sparse_mla` of the step.
-    ``routing`` / ``routing_tokens``: a MoE model's routing buffers (``attach_routing``).
+    The model's own inputs: :class:`~graphrt.attention.context.ModelInputs`.
     """
-
-    routing: Any = None
-    routing_tokens: torch.Tensor | None = None
 
     def __init__(
         self,

@@ -31,14 +31,12 @@ from graphrt.step.modes import ForwardMode
 class MixedStep:
     """One chunked step: ``reqs`` in batch order (decode rows, then chunks), ``chunks [n]``
     int64 prompt tokens each request's row computes (0: a decode row), ``emits [n]`` bool
-    (the row's last token gives the request's next token), ``last [n]`` int64 (each row's
-    last token in the step's packed tokens), ``decodes``: how many rows decode."""
+    (the row's last token gives the request's next token), ``decodes``: how many rows decode."""
 
     batch: Batch
     reqs: list[Any]
     chunks: np.ndarray
     emits: np.ndarray
-    last: np.ndarray
     decodes: int
 
     @property
@@ -93,6 +91,4 @@ def plan_step(
         sampling=row_params([r.sampling for r in reqs]) if sampled else None,
     )
     done = np.array([r.prefilled + c >= len(r.prompt) for r, c in zip(reqs, chunks, strict=True)])
-    return MixedStep(
-        batch, reqs, np.asarray(chunks, dtype=np.int64), done, np.cumsum(q_lens) - 1, len(decoding)
-    )
+    return MixedStep(batch, reqs, np.asarray(chunks, dtype=np.int64), done, len(decoding))

@@ -222,7 +222,7 @@ class Scheduler:
     def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
         batch = prefill_batch(reqs, self.page_size)
         self.extras.before(reqs, fresh=True)
-        produced = run_and_sample(self, reqs, batch, np.cumsum(batch.q_lens) - 1)
+        produced = run_and_sample(self, reqs, batch)
         for r in reqs:
             self.mark_prefilled(r)
         self.counts.prefill_steps += 1

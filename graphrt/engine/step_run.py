@@ -36,7 +36,7 @@ def run_mixed(sched: StepState, plan: MixedStep) -> list[tuple[int, int]]:
     if plan.batch.sampling is not None:
         tokens = sched.runtime.run(plan.batch, eager=eager).cpu().numpy()[plan.emits].tolist()
     else:
-        logits = sched.runtime.run(plan.batch, eager=eager)[plan.last[plan.emits]]
+        logits = sched.runtime.run(plan.batch, eager=eager)[np.flatnonzero(plan.emits)]  # NOTE: last rows
         tokens = host_sample(sched, emitting, logits, plan.batch.seq_lens[plan.emits])
     for r, q in zip(plan.reqs, plan.chunks.tolist(), strict=True):
         r.prefilled += q
@@ -71,10 +71,8 @@ def spec_round(
     return [(r.rid, t) for r, tokens in zip(reqs, new, strict=True) for t in tokens]
 
 
-def run_and_sample(
-    sched: StepState, reqs: list[Request], batch: Batch, last: np.ndarray
-) -> list[tuple[int, int]]:
-    """Run ``batch`` and append each request's next token (``last``: its last token row).
+def run_and_sample(sched: StepState, reqs: list[Request], batch: Batch) -> list[tuple[int, int]]:
+    """Run ``batch`` (a prefill) and append each request's next token.
 
     The runtime samples inside its program; an engine recording logits takes them and
     applies the same sampler here, so its tokens are the same.
@@ -85,7 +83,7 @@ def run_and_sample(
         batch = dataclasses.replace(batch, sampling=row_params([r.sampling for r in reqs]))
         tokens = sched.runtime.run(batch, eager=eager).tolist()
     else:
-        logits = sched.runtime.run(batch, eager=eager)[last]
+        logits = sched.runtime.run(batch, eager=eager)  # NOTE: [bs, V]: each request's last row
         tokens = host_sample(sched, reqs, logits, batch.seq_lens)
     produced = append_tokens(reqs, tokens)
     ids = np.asarray(tokens, dtype=np.int64)

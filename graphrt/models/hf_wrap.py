@@ -181,6 +181,8 @@ class HFWrapped(nn.Module):
             output_attentions=False,
             output_hidden_states=False,
             return_dict=True,
+            # NOTE: only the rows a sampling step samples from (None: transformers' default 0, all)
+            **({} if ctx.head_rows is None else {"logits_to_keep": ctx.head_rows}),
             **{CTX_KWARG: ctx},
         )
         return out.logits[0].float()

@@ -269,6 +269,9 @@ class Decoder(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos_sin, ctx)
+        rows = ctx.head_rows
+        if rows is not None:  # NOTE: only the rows a sampling step samples from (head_rows)
+            x, residual = x[rows], residual[rows]
         if self.tp.size == 1:  # NOTE: the final norm in the head's prologue (one rank: no all-gather)
             return self.norm.linear(x, residual, self.lm_head)[0].float()
         return self.lm_head(self.norm.add(x, residual)[0]).float()

@@ -96,9 +96,12 @@ class Route:
 
 def select(out: Any, sampled: bool, bs: int, num_tokens: int) -> torch.Tensor:
     """The real rows of a program's output: sampled tokens ``[bs]`` when the batch asked for
-    them, else the forward's output ``[num_tokens, ...]``."""
+    them, else the forward's output ``[num_tokens, ...]`` (a sampling program's ragged step:
+    each request's last row's logits ``[bs, V]``, the only rows its head computed)."""
     if isinstance(out, Sampled):
-        return out.tokens[:bs] if sampled else out.logits[:num_tokens]
+        if sampled:
+            return out.tokens[:bs]
+        return out.logits[: bs if out.last_rows else num_tokens]
     return out[:num_tokens]
 
 

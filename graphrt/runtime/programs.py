@@ -36,7 +36,7 @@ from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import sample
 from graphrt.runtime.token_mask import TokenMasks
 from graphrt.runtime.verify_sampler import sample_nodes
-from graphrt.step.modes import ForwardMode
+from graphrt.step.modes import MODES, ForwardMode
 
 #: ``forward(input_ids [T] int64, positions [T] int64, ctx) -> [T, ...]``.
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -108,6 +108,7 @@ class StepEnv:
             window,
             None if routing is None else routing.routing(input_ids.shape[0]),
             None if routing is None else routing.num_tokens,
+            head_rows(meta.mode, inputs),
         )
         with batch_invariant(self.deterministic):
             return self.forward(input_ids, buffers.positions, self.context(inp))
@@ -165,14 +166,25 @@ def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) 
     return torch.stack(out, dim=1)
 
 
+def head_rows(mode: ForwardMode, inputs: StepInputs) -> torch.Tensor | None:
+    """``[R]`` int64, each request's last token row, where a step's head computes only those (a
+    sampling step of a ragged mode: :attr:`ModeSpec.last_rows_only`, the rows it samples from; a
+    prompt's other rows need no logits); else None (every row)."""
+    if inputs.sampling is None or not MODES[mode].last_rows_only:
+        return None
+    return inputs.step.cu_seqlens_q[1:].long() - 1
+
+
 class Sampled(NamedTuple):
-    """A sampling step's output: ``logits [T, V]`` of every token row and ``tokens [R]`` int64,
-    one sampled token per request row (drawn from its last token's logits); ``logprobs``
-    ``[R, 1 + 2K]`` float32 with ``RuntimeConfig.logprobs = K`` (:mod:`.logprobs`), else None."""
+    """A sampling step's output: ``logits`` of every token row ``[T, V]``, or with ``last_rows``
+    of each request's last ``[R, V]`` (:func:`head_rows`), and ``tokens [R]`` int64, one sampled
+    token per request row (drawn from its last token's logits); ``logprobs`` ``[R, 1 + 2K]``
+    float32 with ``RuntimeConfig.logprobs = K`` (:mod:`.logprobs`), else None."""
 
     logits: torch.Tensor
     tokens: torch.Tensor
     logprobs: torch.Tensor | None = None
+    last_rows: bool = False
 
 
 Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
@@ -186,8 +198,8 @@ def sampled(program: Program) -> Program:
         if inputs.sampling is None:
             return logits
         step, counts = inputs.step, env.counts
-        last = step.cu_seqlens_q[1:].long() - 1  # [R] each request row's last token
-        rows = logits[last]
+        # NOTE: [R] each request row's last token (a ragged mode's head computed only those)
+        rows = logits if MODES[mode].last_rows_only else logits[step.cu_seqlens_q[1:].long() - 1]
         z = rows if env.masks is None else env.masks.apply(rows, step.req_pool_indices)
         if counts is not None:
             # NOTE: a row's counts start over outside the graph (TokenCounts.start), whatever
@@ -197,7 +209,7 @@ def sampled(program: Program) -> Program:
         else:
             tokens = sample(z, inputs.sampling)
         lp = step_logprobs(rows, tokens, env.logprobs) if env.logprobs else None
-        return Sampled(logits, tokens, lp)
+        return Sampled(logits, tokens, lp, MODES[mode].last_rows_only)
 
     return run
 

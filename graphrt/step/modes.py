@@ -110,6 +110,12 @@ class ModeSpec:
     samples: bool = False
     token_bucket: bool = False
 
+    @property
+    def last_rows_only(self) -> bool:
+        """A sampling step's head computes each request's last token row only (the rows it
+        samples from): a ragged mode that samples (a prompt's other rows need no logits)."""
+        return self.ragged and self.samples
+
 
 MODES: dict[ForwardMode, ModeSpec] = {
     ForwardMode.DECODE: ModeSpec(

@@ -9,11 +9,13 @@ no KV slot but the step's own and the dummy page's.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from graphrt import Batch, ForwardMode, PoisonLeft, RuntimeConfig
+from graphrt import Batch, ForwardMode, PoisonLeft, RuntimeConfig, SamplingParams
 from graphrt.attention import REQUEST_MODES, registry
 from tests.runtime.test_decode_parity import tolerance
 from tests.support.util import Setup, backends, build_runtime, refill, slot_of
@@ -102,6 +104,40 @@ def test_mixed_graph_matches_eager(device: torch.device, page_size: int) -> None
             torch.testing.assert_close(out_graph, out_eager, **tol, msg=lambda m, w=where: f"{w}: {m}")
         stats = rt.stats()
         assert stats.replays == {"MIXED": len(CASES)} and stats.fallbacks == {}
+
+
+def test_a_sampling_step_computes_the_head_on_each_requests_last_row_only(device: torch.device) -> None:
+    """A sampling runtime's MIXED step runs its head on one row per request (``head_rows``), not
+    on a prompt's every token: unsampled, it returns those rows' logits ``[bs, V]`` (the full
+    logits' last rows, from a runtime that does not sample); sampled, their greedy picks, eager
+    and graphed alike."""
+    kw = dict(max_batch_size=MAX_BS, max_context_len=CONTEXT, max_reqs=MAX_REQS, modes=(ForwardMode.MIXED,))
+    full, setup = (build_runtime(device, token_buckets=TOKEN_BUCKETS, sample=s, **kw) for s in (False, True))
+    rows, (decode, chunks) = [2, 5, 6], ([9, 30], [(0, 6)])
+    for s in (full, setup):
+        fill(s, rows, decode + [p for p, _ in chunks])
+    batch = mixed_batch(setup, rows, decode, chunks)
+    want = full.runtime.run(batch, eager=True)[torch.as_tensor(np.cumsum(batch.q_lens) - 1, device=device)]
+    seen: list[int] = []
+    norm = setup.model.norm  # NOTE: the final norm runs in the head's prologue (norm.linear)
+    head = norm.linear
+    norm.linear = lambda x, *a: (seen.append(x.shape[0]), head(x, *a))[1]
+    try:
+        last = setup.runtime.run(batch, eager=True)
+    finally:
+        del norm.linear
+    assert (
+        seen == [len(rows)]
+        and batch.num_tokens == 8
+        and last.shape == want.shape == (3, setup.model.vocab_size)
+    )
+    torch.testing.assert_close(last, want, **tolerance(device))
+    torch.testing.assert_close(setup.runtime.run(batch), want, **tolerance(device))
+    sampled = dataclasses.replace(batch, sampling=(SamplingParams(temperature=0.0),) * len(rows))
+    greedy = want.argmax(-1)
+    assert torch.equal(setup.runtime.run(sampled, eager=True), greedy) and torch.equal(
+        setup.runtime.run(sampled), greedy
+    )
 
 
 @pytest.mark.slow
