@@ -33,10 +33,13 @@ class Pool:
         self.rows = deque(range(max_reqs))
         self.pages = deque(range(num_pages))
         self.page_size, self.tables = page_size, tables
+        self._offsets = np.arange(page_size, dtype=np.int64)
+        #: Page key -> the running request computing that page (admitted, not cached yet).
+        self._computing: dict[int, int] = {}
         self.cache = PrefixCache(page_size, self._pin, self._unpin, hash_fn) if prefix_caching else None
 
     def _slots(self, page: int) -> np.ndarray:
-        return page * self.page_size + np.arange(self.page_size, dtype=np.int64)
+        return page * self.page_size + self._offsets
 
     def _pin(self, page: int, depth: int) -> None:
         positions = depth * self.page_size + np.arange(self.page_size, dtype=np.int64)
@@ -62,36 +65,59 @@ class Pool:
 
         With prefix caching a request's first pages are the cached ones its prompt starts
         with (adopted by its row: ``Request.cached`` positions), the rest fresh pages (free
-        ones first, then idle cached ones, least recently used first); a request whose
-        uncached pages another request admitted in this call computes waits for the next.
+        ones first, then idle cached ones, least recently used first); pages are counted on
+        what a request computes, not its prompt. A request whose uncached pages a running
+        request computes (admitted, its prompt not cached yet) is *deferred*: it stays
+        waiting, in its place, the requests behind it are still considered, and it hits those
+        pages once they are cached. So a burst over several shared prefixes prefills one
+        request per prefix, then every other request with only its own tokens.
         """
-        admitted, pending = [], set()
+        admitted, deferred = [], []
         while waiting and self.rows:
-            req = waiting[0]
+            req = waiting.popleft()
+            hit, keys = self._match(req)
+            if not self._computing.keys().isdisjoint(keys):
+                # NOTE: a running request computes pages this one starts with: it hits them
+                # once they are cached, instead of computing them again (a chunked prefill
+                # caches its prompt after its last chunk, an unchunked one as it is launched)
+                deferred.append(req)
+                continue
             need = -(-(len(req.prompt) + req.max_new_tokens + lookahead) // self.page_size)
-            hit = self.cache.match(req.prompt) if self.cache is not None else []
-            keys = self.cache.keys(req.prompt)[len(hit) :] if self.cache is not None else []
-            if pending.intersection(keys):
-                # NOTE: a request admitted now computes pages this one starts with: it waits a
-                # step for them to be cached (requests sharing a prompt arrive together).
-                break
-            pending.update(keys)
             spare = self.cache.evictable(hit) if self.cache is not None else 0
             if need - len(hit) > len(self.pages) + spare:
+                waiting.appendleft(req)  # NOTE: first come first served for pages: no skipping
                 break
-            waiting.popleft()
-            req.req_idx = self.rows.popleft()
-            if self.cache is not None:
-                self.cache.acquire(hit)
-                self.cache.count(len(hit), len(req.prompt))
-            req.pages = hit + [self._page() for _ in range(need - len(hit))]
-            req.cached = req.prefilled = len(hit) * self.page_size
-            if hit:
-                slots = np.concatenate([self._slots(p) for p in hit])
-                for table in self.tables:
-                    table.adopt(req.req_idx, slots)
+            self._computing.update(dict.fromkeys(keys, req.rid))
+            self._give(req, hit, need)
             admitted.append(req)
+        waiting.extendleft(reversed(deferred))
         return admitted
+
+    def _give(self, req: Request, hit: list[int], need: int) -> None:
+        """``req`` takes a row, the cached pages ``hit`` (adopted by its row) and fresh pages
+        up to ``need``."""
+        req.req_idx = self.rows.popleft()
+        if self.cache is not None:
+            self.cache.acquire(hit)
+            self.cache.count(len(hit), len(req.prompt))
+        req.pages = hit + [self._page() for _ in range(need - len(hit))]
+        req.cached = req.prefilled = len(hit) * self.page_size
+        if hit:
+            # NOTE: every hit page's slots in one op (a request adopts dozens of pages)
+            slots = (np.asarray(hit, dtype=np.int64)[:, None] * self.page_size + self._offsets).ravel()
+            for table in self.tables:
+                table.adopt(req.req_idx, slots)
+
+    def _match(self, req: Request) -> tuple[list[int], list[int]]:
+        """``req``'s cached pages (:meth:`PrefixCache.match`) and the keys of the full pages it
+        would compute; both empty without caching. Its page keys are hashed once per request
+        (``Request.page_keys``), however many steps it waits."""
+        if self.cache is None:
+            return [], []
+        if req.page_keys is None:
+            req.page_keys = self.cache.keys(req.prompt)
+        hit = self.cache.match(req.prompt, req.page_keys)
+        return hit, req.page_keys[len(hit) :]
 
     def _page(self) -> int:
         if self.pages:
@@ -100,13 +126,25 @@ class Pool:
         return self.cache.evict()
 
     def cache_prompt(self, r: Request) -> None:
-        """After ``r``'s prefill has run: cache its full prompt pages (no-op without caching)."""
+        """After ``r``'s prefill has run: cache its full prompt pages past those it adopted
+        (no-op without caching)."""
         if self.cache is not None:
-            self.cache.insert(r.prompt, r.pages)
+            if r.page_keys is None:
+                r.page_keys = self.cache.keys(r.prompt)
+            self.cache.insert(r.prompt, r.pages, r.page_keys, r.cached // self.page_size)
+            self._settle(r)
+
+    def _settle(self, r: Request) -> None:
+        """``r`` computes none of its pages any more (cached, or given back unfinished)."""
+        if self._computing and r.page_keys is not None:
+            for key in r.page_keys[r.cached // self.page_size :]:
+                if self._computing.get(key) == r.rid:
+                    del self._computing[key]
 
     def release(self, r: Request) -> None:
         """Give ``r``'s request row (its KV freed in each table's ledger) and pages back; its
         cached pages stay cached (idle once no request holds them)."""
+        self._settle(r)
         for table in self.tables:
             table.free(r.req_idx)
         self.rows.append(r.req_idx)

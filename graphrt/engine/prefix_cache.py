@@ -74,23 +74,25 @@ class PrefixCache:
         self._serials = itertools.count(ROOT + 1)
         self._hits = self._queries = self._hit_reqs = self._evictions = self._collisions = 0
 
-    def _pages(self, tokens: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    def _pages(self, tokens: Sequence[int], start: int, stop: int) -> list[tuple[int, ...]]:
         ps = self.page_size
-        return [tuple(tokens[i * ps : (i + 1) * ps]) for i in range(n)]
+        return [tuple(tokens[i * ps : (i + 1) * ps]) for i in range(start, stop)]
 
-    def match(self, prompt: Sequence[int]) -> list[int]:
+    def match(self, prompt: Sequence[int], keys: Sequence[int]) -> list[int]:
         """The cached pages of ``prompt``'s longest cached prefix of full pages, in order.
+
+        ``keys``: the prompt's page keys (:meth:`keys`, computed once per prompt): a match
+        hashes nothing, it looks each key up and verifies the entry's tokens and parent.
 
         NOTE: the prompt's last token is never served from cache: its row of logits gives the
         first new token, so at least one token is computed.
         """
-        key, parent, hit = ROOT, ROOT, []
-        for tokens in self._pages(prompt, (len(prompt) - 1) // self.page_size):
-            key = self.hash_fn(key, tokens)
-            entry = self._by_key.get(key)
+        ps, parent, hit = self.page_size, ROOT, []
+        for i in range((len(prompt) - 1) // ps):
+            entry = self._by_key.get(keys[i])
             if entry is None:
                 break
-            if entry.parent != parent or entry.tokens != tokens:
+            if entry.parent != parent or entry.tokens != tuple(prompt[i * ps : (i + 1) * ps]):
                 self._collisions += 1
                 break
             hit.append(entry.page)
@@ -100,7 +102,7 @@ class PrefixCache:
     def keys(self, prompt: Sequence[int]) -> list[int]:
         """The chain keys of ``prompt``'s full pages, in order."""
         key, keys = ROOT, []
-        for tokens in self._pages(prompt, len(prompt) // self.page_size):
+        for tokens in self._pages(prompt, 0, len(prompt) // self.page_size):
             key = self.hash_fn(key, tokens)
             keys.append(key)
         return keys
@@ -139,16 +141,21 @@ class PrefixCache:
         self._evictions += 1
         return page
 
-    def insert(self, prompt: Sequence[int], pages: Sequence[int]) -> None:
-        """Cache the full pages of ``prompt`` (held in ``pages``) once its prefill has run.
+    def insert(
+        self, prompt: Sequence[int], pages: Sequence[int], keys: Sequence[int], start: int = 0
+    ) -> None:
+        """Cache the full pages of ``prompt`` (held in ``pages``; ``keys``: :meth:`keys`) once
+        its prefill has run, from page ``start`` on: the pages before it are the cached ones
+        the request adopted (:meth:`match`, held by it, so still cached), left as they are.
 
         The request stays their holder. A page whose key is taken (the same prefix cached by
         another request meanwhile, or a collision) stays the request's own.
         """
-        key, parent = ROOT, ROOT
-        for depth, tokens in enumerate(self._pages(prompt, len(prompt) // self.page_size)):
-            key = self.hash_fn(key, tokens)
-            page = pages[depth]
+        # NOTE: a hit skips its adopted pages: the work is the computed part's, not the prompt's
+        parent = self._by_page[pages[start - 1]].serial if start else ROOT
+        stop = len(prompt) // self.page_size
+        for depth, tokens in enumerate(self._pages(prompt, start, stop), start):
+            key, page = keys[depth], pages[depth]
             entry = self._by_page.get(page) or self._by_key.get(key)
             if entry is None:
                 self._pin(page, depth)

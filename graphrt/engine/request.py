@@ -61,6 +61,9 @@ class Request:
     cached: int = 0
     #: Prompt positions in the request's KV (cached or prefilled); chunked prefill's progress.
     prefilled: int = 0
+    #: The prefix cache's chain keys of the prompt's full pages (``PrefixCache.keys``), made
+    #: once, when the request is first considered for admission; None: not yet.
+    page_keys: list[int] | None = None
 
     @property
     def launched_all(self) -> bool:

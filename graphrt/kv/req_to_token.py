@@ -92,7 +92,12 @@ class ReqToToken:
         self._check_row("row", row)
         self._no_window("adopt")
         pins.adopt(self.ledger, row, slots)
-        self.table[row, : slots.size] = torch.from_numpy(slots.astype(np.int32)).to(self.table.device)
+        host = torch.from_numpy(slots.astype(np.int32))
+        if self.table.device.type == "cuda":
+            # NOTE: pinned, so the copy is stream-ordered and the host does not wait for the
+            # steps in flight (a pageable copy syncs: each hit would stall the overlapped host)
+            host = host.pin_memory()
+        self.table[row, : slots.size] = host.to(self.table.device, non_blocking=True)
 
     def _no_window(self, what: str) -> None:
         if self.window is not None:
