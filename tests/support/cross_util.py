@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from graphrt import Batch, ForwardMode, RuntimeConfig
+from graphrt.attention.context import ModelInputs
 from graphrt.engine.stack import ModelStack, build_stack
 from graphrt.kv.rope_store import rotate_ref
 
@@ -31,7 +32,7 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     return torch.einsum("htl,lhd->thd", scores.softmax(-1), v).to(q.dtype)
 
 
-class PlainContext:
+class PlainContext(ModelInputs):
     """``ctx`` of an unpaged forward over one request's whole sequence (positions 0..T-1)."""
 
     def __init__(self, encoder_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
