@@ -123,7 +123,10 @@ class GraphRuntime:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
 
         A batch with ``Batch.sampling`` (runtime built with ``sample=True``) returns instead the
-        token sampled inside the program for each request: ``[bs]`` int64.
+        token sampled inside the program for each request: ``[bs]`` int64. Such a runtime's
+        EXTEND and MIXED steps compute the model's head on each request's last token only (the
+        rows it samples from): without ``Batch.sampling`` they return those rows' logits
+        ``[bs, V]``, not ``[num_tokens, V]``.
 
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
         with its reason) when none fits. Every check runs before anything is written: the
