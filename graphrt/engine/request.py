@@ -26,8 +26,9 @@ class SpecState:
     #: (``graphrt.engine.spec_layout.Flight``), or None.
     ahead: Any = None
     #: Overlapped rounds: whether its last verify accepted every draft it offered (else the
-    #: round launched while its next verify runs leaves it out: ``graphrt.engine.spec_ahead``).
-    full: bool = True
+    #: round launched while its next verify runs leaves it out: ``graphrt.engine.spec_ahead``);
+    #: None before its first verify.
+    full: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,8 @@ supplies what it alone knows:
 - **Sitting out.** A request whose last verify accepted less than all it offered
   (``SpecState.full``) is left out of the round launched while its next verify runs: that
   round would likely be stale for it, and a request left out writes nothing and costs no row.
+  When every request sits out, the step reads the verify first and launches the exact round
+  after it (that step is not overlapped, and no round of the GPU's is dropped).
 
 Greedy tokens therefore equal plain greedy decoding, and sampled ones plain sampling for the same
 seed (each verify node draws with the counter of the position its token takes), whatever was
@@ -66,6 +68,9 @@ class SpecAhead:
         self.ring = HostRing(max_bs * (self.steps + 1), device)
         self.fixes = HostRing(2 * max_bs, device)  # NOTE: the feed fix-up's uploads (pinned)
         self.layouts = Layouts()
+        #: Verifies read, and those that accepted every draft: a request's first verify is
+        #: assumed to accept all while at least half of the engine's did (``positions``).
+        self.verifies = self.full_verifies = 0
 
     # ---- one engine step ---------------------------------------------------------------
     def step(self, sched: StepState) -> list[tuple[int, int]]:
@@ -76,6 +81,10 @@ class SpecAhead:
         previous = overlap.swap(launched)  # type: ignore[arg-type]
         produced, done = self._read(sched, previous)
         sched.retire(done)
+        if launched is None and isinstance(previous, Round):
+            # NOTE: every row sat out the verify just read: the round after it starts now, exact
+            launched = self._next(sched)
+            overlap.swap(launched)  # type: ignore[arg-type]
         sched.counts.step(bool(admitted), launched is not None, start)
         return produced
 
@@ -124,8 +133,11 @@ class SpecAhead:
         flight (or its read tokens), then its drafts."""
         policy, counts = self.spec.options.backoff, self.spec.backoff
         live = [r for r in sched.running if not r.done and r.req_idx >= 0]
+        prior = 2 * self.full_verifies >= self.verifies
         off = bool(policy.disable_batch_size) and len(live) > policy.disable_batch_size
-        reqs, bases, tails, depths, exact = positions(live, self.overlap.inflight, 0 if off else self.steps)
+        reqs, bases, tails, depths, exact = positions(
+            live, self.overlap.inflight, 0 if off else self.steps, prior
+        )
         if not reqs:
             return None
         counts.batch_steps += off
@@ -253,6 +265,8 @@ class SpecAhead:
                 offered.append(k)
                 counts.pauses += r.spec.backoff.observe(a, k, policy)
                 r.spec.full = a == k
+                self.verifies += 1
+                self.full_verifies += a == k
             if len(new) != k + 1 and not r.done:
                 if nxt is not None:
                     nxt.valid = False

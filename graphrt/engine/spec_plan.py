@@ -19,12 +19,12 @@ from graphrt.step.batch import PAD_DRAFT
 Positions = tuple[list[Request], list[int], list[tuple[int, ...] | None], list[int], list[bool]]
 
 
-def positions(live: list[Request], inflight: object, steps: int) -> Positions:
+def positions(live: list[Request], inflight: object, steps: int, prior: bool = True) -> Positions:
     """The rows of the next round among ``live`` (in order) given the step ``inflight``; ``steps``:
     the most drafts a row may take (0: none drafts). A row is left out when its budget is spent
     if the step in flight commits as assumed, or when that step is a verify of its drafts and its
-    last verify accepted less than all (``SpecState.full``): a stale row would cost it the round
-    anyway, and writes nothing when left out."""
+    last verify accepted less than all (``SpecState.full``; ``prior`` for a request's first
+    verify): a stale row would cost it the round anyway, and writes nothing when left out."""
     decoding: dict[int, tuple[int, bool]] = {}
     if isinstance(inflight, Launched) and inflight.rows is not None:  # NOTE: a DECODE in flight
         stale = inflight.stale or set()
@@ -39,7 +39,7 @@ def positions(live: list[Request], inflight: object, steps: int) -> Positions:
         else:
             f = r.spec.ahead
             fresh = f is None or not f.valid
-            if not fresh and f.drafts and not r.spec.full:
+            if not fresh and f.drafts and not (prior if r.spec.full is None else r.spec.full):
                 continue
             if not fresh:
                 base, tail = f.next_base, f.drafts
