@@ -197,9 +197,10 @@ class Scheduler:
     def take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:
         """Append a read step's tokens; returns them and the requests they ended.
 
-        A request already done drops its one extra token. Only a request that the read before
-        ended can be in a step still in flight (a launch leaves out the done ones and those
-        whose budget is launched), so the rows' fast path runs unless the last read ended one.
+        A request already done drops its one extra token (a stale row, ``Launched.stale``, its
+        token). Only a request that the read before ended can be in a step still in flight (a
+        launch leaves out the done ones and those whose budget is launched), so the rows' fast
+        path runs unless the last read ended one.
         """
         if step is None:
             return [], []

@@ -119,13 +119,9 @@ class SpecAhead:
             chains = propose(rows.reqs, None, depths, steps, self.spec.backoff)
             if chains is None:
                 return self._decode(sched, rows, sure=True)
-            plan = Plan(
-                self.layouts.get(rows.reqs),
-                rows.seq_lens,
-                padded(chains, self.steps),
-                np.zeros(rows.bs, bool),
+            return self._verify(
+                sched, Plan(self.layouts.get(rows.reqs), rows.seq_lens, padded(chains, steps))
             )
-            return self._verify(sched, plan)
         return self._general(sched)
 
     def _general(self, sched: StepState) -> Launched | Round | None:
@@ -142,23 +138,15 @@ class SpecAhead:
             return None
         counts.batch_steps += off
         chains = propose(reqs, tails, depths, self.steps, counts)
-        exact_rows = np.array(exact, dtype=bool)
+        fixed = [r for r, e in zip(reqs, exact, strict=True) if e]
+        if fixed:  # NOTE: their pending tokens, into the feed before the round gathers them
+            self._fix_feed(np.array([r.req_idx for r in fixed]), [r.output[-1] for r in fixed])
         if chains is None:
             rows = DecodeRows(reqs, sched.page_size, sampled=True, seq_lens=np.array(bases))
-            if exact_rows.any():
-                self._fix_feed(
-                    rows.rows[exact_rows], [r.output[-1] for r, e in zip(reqs, exact, strict=True) if e]
-                )
             # NOTE: positions assumed on a verify in flight may be wrong: no row given back early
             return self._decode(sched, rows, sure=not isinstance(self.overlap.inflight, Round))
-        layout = self.layouts.get(reqs)
-        if exact_rows.any():
-            self._fix_feed(
-                layout.rows[exact_rows], [r.output[-1] for r, e in zip(reqs, exact, strict=True) if e]
-            )
-        return self._verify(
-            sched, Plan(layout, np.array(bases, dtype=np.int64), padded(chains, self.steps), exact_rows)
-        )
+        plan = Plan(self.layouts.get(reqs), np.array(bases, dtype=np.int64), padded(chains, self.steps))
+        return self._verify(sched, plan)
 
     def _decode(self, sched: StepState, rows: DecodeRows, *, sure: bool) -> Launched:
         """Launch the fed DECODE of ``rows`` as the plain overlapped loop does. ``sure``: its

@@ -101,14 +101,11 @@ class Round:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """One verify round's rows as the host builds it: their layout (requests, rows, pages),
-    bases ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none); ``exact``: rows whose
-    pending token the host writes into the feed first (their step in flight is stale, or none
-    is)."""
+    bases ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none)."""
 
     layout: RoundLayout
     base: np.ndarray
     drafts: np.ndarray
-    exact: np.ndarray
 
     @property
     def offered(self) -> np.ndarray:
