@@ -75,7 +75,9 @@ class DecodeRows:
 
     ``sampled``: the batches carry ``Batch.sampling`` (the runtime samples in its program).
     ``pending``: ids (``id(request)``) of requests with one more token in flight than their
-    ``Request.inflight`` counts (the overlapped engine's fed step in flight).
+    ``Request.inflight`` counts (the overlapped engine's fed step in flight). ``seq_lens``
+    ``[bs]``: the first step's KV lengths when the caller knows them (overlapped speculative
+    rounds: :mod:`.spec_ahead`); default: each request's tokens, read or in flight, plus one.
 
     NOTE: the arrays a batch holds are never written afterwards (read-only or replaced by new
     ones), so a batch cannot change under the runtime once it was checked.
@@ -88,6 +90,7 @@ class DecodeRows:
         *,
         sampled: bool,
         pending: frozenset[int] | set[int] = frozenset(),
+        seq_lens: np.ndarray | None = None,
     ) -> None:
         bs = len(reqs)
         self.reqs, self.page_size = reqs, page_size
@@ -95,12 +98,9 @@ class DecodeRows:
         self.pages = page_table(reqs)
         self.index = np.arange(bs)
         #: The next step's KV length per request: its tokens read or in flight, plus the new one.
-        self.seq_lens = frozen(
-            np.array(
-                [len(r.prompt) + len(r.output) + r.inflight + (id(r) in pending) for r in reqs],
-                dtype=np.int64,
-            )
-        )
+        if seq_lens is None:
+            seq_lens = [len(r.prompt) + len(r.output) + r.inflight + (id(r) in pending) for r in reqs]
+        self.seq_lens = frozen(np.array(seq_lens, dtype=np.int64))  # NOTE: a copy: frozen
         #: ``seq_lens`` at which a request's budget is used up (no step needs to run).
         self.limit = np.array([len(r.prompt) + r.max_new_tokens for r in reqs], dtype=np.int64)
         #: Steps :meth:`advance` takes before a budget can run out (none ends before: no mask).
@@ -130,6 +130,11 @@ class DecodeRows:
     @property
     def bs(self) -> int:
         return len(self.reqs)
+
+    @property
+    def runway(self) -> int:
+        """Steps every request can still take: ``min(limit - seq_lens)`` (0 when empty)."""
+        return self._runway
 
     def _slots_ahead(self) -> np.ndarray:
         """``[SLOT_STEPS, bs]`` read-only: row ``k`` holds the KV slots of positions

@@ -52,6 +52,9 @@ class Launched:
     #: Whether the step counts in its requests' ``Request.inflight`` (a prefill); a DECODE
     #: step of rows does not: the rows rebuilt while it is in flight count it (``pending``).
     counted: bool = True
+    #: Ids (``id(request)``) of requests whose row is stale (an overlapped speculative round
+    #: before it committed other than it assumed: :mod:`.spec_ahead`): dropped when read.
+    stale: set[int] | None = None
 
     def read(self) -> np.ndarray:
         """The step's tokens ``[bs]`` int64: waits for its copy only (later steps keep running)."""
@@ -61,6 +64,13 @@ class Launched:
             for r in self.reqs:
                 r.inflight -= 1
         return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
+
+    def kept(self, tokens: np.ndarray) -> list[tuple[Request, int]]:
+        """``(request, token)`` of the step's requests whose ``tokens [bs]`` count: neither
+        done (ended or aborted since the launch) nor stale."""
+        drop = self.stale or ()
+        pairs = zip(self.reqs, tokens.tolist(), strict=True)
+        return [(r, t) for r, t in pairs if not (r.done or id(r) in drop)]
 
 
 class HostRing:
@@ -136,6 +146,24 @@ class Overlap:
             for r in reqs:
                 r.inflight += 1
         return Launched(reqs, host_np, event, packed=packed, counted=not fed)
+
+    def launch_rows(
+        self,
+        runtime: Any,
+        rows: DecodeRows,
+        *,
+        eager: bool,
+        logprobs: bool = False,
+        constrained: bool = False,
+    ) -> Launched:
+        """The fed DECODE of ``rows`` (:meth:`DecodeRows.batch`), launched, then ``rows``
+        advanced: the returned step's ``finishing`` holds the requests whose budget it uses up
+        (the caller gives their rows back)."""
+        batch = rows.batch(fed=True)
+        launched = self.launch(runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=logprobs)
+        launched.rows, launched.finishing = rows, rows.advance()
+        launched.constrained = constrained
+        return launched
 
     def pending(self) -> set[int]:
         """Ids (``id(request)``) of the requests of the fed step in flight, whose token

@@ -25,6 +25,10 @@ class SpecState:
     #: Overlapped rounds: its part in the step launched last and not read yet
     #: (``graphrt.engine.spec_layout.Flight``), or None.
     ahead: Any = None
+    #: Overlapped rounds: whether its last verify accepted every draft it offered (else the
+    #: round launched while its next verify runs leaves it out: ``graphrt.engine.spec_ahead``);
+    #: None before its first verify.
+    full: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,9 +59,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished: dict[int, Request] = {}
         self.logits: dict[int, list[torch.Tensor]] = {}
-        self._rows: DecodeRows | None = None  # NOTE: rebuilt whenever the running set changes
+        #: The running set's DECODE rows (:class:`DecodeRows`); None whenever the set changes.
+        self.rows: DecodeRows | None = None
         self._ended = False  # the last overlapped read ended a request (see take)
-        # NOTE: whether a request of _rows asked for logprobs / follows a grammar
+        # NOTE: whether a request of rows asked for logprobs / follows a grammar
         self._rows_logprobs = self._rows_constrained = False
         self.extras = StepExtras(runtime)
         self.counts = StepCounts()
@@ -135,20 +136,20 @@ class Scheduler:
                 self.encode(r)
         if admitted:
             self.running.extend(admitted)
-            self._rows = None
+            self.rows = None
         return admitted
 
     def _decode_rows(self) -> DecodeRows | None:
         """The running requests that still run steps, as :class:`DecodeRows` (kept until a
         request joins, leaves or gives its row back); None when there are none."""
-        if self._rows is None:
+        if self.rows is None:
             reqs = [r for r in self.running if r.req_idx >= 0 and not r.done and not prefilling(r)]
             sampled = self.runtime.config.sample and not self.record_logits
             pending = self.overlap.pending() if self.overlap is not None else frozenset()
-            self._rows = DecodeRows(reqs, self.page_size, sampled=sampled, pending=pending) if reqs else None
+            self.rows = DecodeRows(reqs, self.page_size, sampled=sampled, pending=pending) if reqs else None
             self._rows_logprobs = wants(reqs)
             self._rows_constrained = any(r.constraint is not None for r in reqs)
-        return self._rows
+        return self.rows
 
     def _step_ahead(self, overlap: Overlap) -> list[tuple[int, int]]:
         """Launch the next step, then read the one launched before it (one step late).
@@ -183,10 +184,8 @@ class Scheduler:
         elif rows is not None:
             if self._rows_constrained:
                 self.extras.before(rows.reqs)
-            batch, lp = rows.batch(fed=True), self._rows_logprobs
-            launched = overlap.launch(self.runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=lp)
-            launched.rows, launched.finishing = rows, rows.advance()
-            launched.constrained = self._rows_constrained
+            lp, cons = self._rows_logprobs, self._rows_constrained
+            launched = overlap.launch_rows(self.runtime, rows, eager=eager, logprobs=lp, constrained=cons)
             if launched.finishing is not rows.unfinished:
                 for i in np.flatnonzero(launched.finishing):
                     self.release(rows.reqs[i])
@@ -198,15 +197,16 @@ class Scheduler:
     def take(self, step: Launched | None) -> tuple[list[tuple[int, int]], list[Request]]:
         """Append a read step's tokens; returns them and the requests they ended.
 
-        A request already done drops its one extra token. Only a request that the read before
-        ended can be in a step still in flight (a launch leaves out the done ones and those
-        whose budget is launched), so the rows' fast path runs unless the last read ended one.
+        A request already done drops its one extra token (a stale row, ``Launched.stale``, its
+        token). Only a request that the read before ended can be in a step still in flight (a
+        launch leaves out the done ones and those whose budget is launched), so the rows' fast
+        path runs unless the last read ended one.
         """
         if step is None:
             return [], []
         tokens = step.read()
-        if step.rows is None or step.finishing is None or self._ended:
-            kept = [(r, t) for r, t in zip(step.reqs, tokens.tolist(), strict=True) if not r.done]
+        if step.rows is None or step.finishing is None or self._ended or step.stale:
+            kept = step.kept(tokens)
             produced = append_tokens([r for r, _ in kept], [t for _, t in kept])
             done = [r for r, _ in kept if r.done]
         else:
@@ -264,7 +264,7 @@ class Scheduler:
             if r.req_idx >= 0:  # NOTE: an overlapped request may have given its row back already
                 self.release(r)
             self.finished[r.rid] = r
-        self._rows = None
+        self.rows = None
 
     def find(self, rid: int) -> Request | None:
         """Request ``rid`` (waiting, running or finished), or None."""
@@ -287,14 +287,14 @@ class Scheduler:
         for rid in rids:
             self.finished.pop(rid, None)
             self.logits.pop(rid, None)
-        self._rows = None
+        self.rows = None
 
     def release(self, r: Request) -> None:
         """Give ``r``'s request row (its KV freed in the ledger) and pages back."""
         self.pool.release(r)
-        self._rows = None
+        self.rows = None
 
     def forget_rows(self) -> None:
         """The running requests' positions moved outside :class:`DecodeRows` (a mixed step, a
         round): the next decode step lays them out anew."""
-        self._rows = None
+        self.rows = None

@@ -13,14 +13,22 @@ supplies what it alone knows:
   rest are round n+1's drafts. Nothing here reads the GPU.
 - **The pending token (device).** Node 0 of every request is ``FED``: the TARGET_VERIFY graph
   gathers it from the token feed (``GraphRuntime.tokens``, :mod:`graphrt.runtime.feed`), where
-  round n's graph recorded the token after its accepted chain. A fed DECODE (a step where no
-  request drafts: back-off) reads and records the same feed.
+  round n's graph recorded the token after its accepted chain.
+- **Back-off (no row drafts).** The round is the plain overlapped loop's own step: the fed
+  DECODE of a :class:`~graphrt.engine.batches.DecodeRows` (``Overlap.launch_rows``), read by
+  ``Scheduler.take``. While DECODEs follow each other the rows are kept (``sched.rows``) and
+  already hold the next positions, so such a round costs the plain step plus the proposers.
 - **The fix-up (one round late).** When round n is read and accepted fewer drafts than
   assumed (or stopped), round n+1, already in flight, was built at the wrong positions: its
   tokens for that request are dropped when read, and the request's next round is built exactly
   from its read tokens, its pending token written into the feed first (one small upload, stream
   ordered after the stale round's record). A stale round writes only KV past the request's
   last accepted position, which the exact round rewrites before reading.
+- **Sitting out.** A request whose last verify accepted less than all it offered
+  (``SpecState.full``) is left out of the round launched while its next verify runs: that
+  round would likely be stale for it, and a request left out writes nothing and costs no row.
+  When every request sits out, the step reads the verify first and launches the exact round
+  after it (that step is not overlapped, and no round of the GPU's is dropped).
 
 Greedy tokens therefore equal plain greedy decoding, and sampled ones plain sampling for the same
 seed (each verify node draws with the counter of the position its token takes), whatever was
@@ -37,7 +45,7 @@ import numpy as np
 import torch
 
 from graphrt.buffers.stream import current_stream
-from graphrt.engine.batches import prefill_batch
+from graphrt.engine.batches import DecodeRows, prefill_batch
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import HostRing, Launched, Overlap
@@ -45,8 +53,9 @@ from graphrt.engine.pages import slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
 from graphrt.engine.spec_layout import Flight, Layouts, Plan, Round
+from graphrt.engine.spec_plan import padded, positions, propose
 from graphrt.engine.step_state import StepState
-from graphrt.step.batch import FED, PAD_DRAFT, Batch
+from graphrt.step.batch import FED, Batch
 from graphrt.step.modes import ForwardMode
 
 
@@ -57,22 +66,25 @@ class SpecAhead:
         self.spec, self.overlap, self.device = spec, overlap, device
         self.steps = spec.geometry.num_steps
         self.ring = HostRing(max_bs * (self.steps + 1), device)
-        self.layouts = Layouts(self.steps)
+        self.fixes = HostRing(2 * max_bs, device)  # NOTE: the feed fix-up's uploads (pinned)
+        self.layouts = Layouts()
+        #: Verifies read, and those that accepted every draft: a request's first verify is
+        #: assumed to accept all while at least half of the engine's did (``positions``).
+        self.verifies = self.full_verifies = 0
 
     # ---- one engine step ---------------------------------------------------------------
     def step(self, sched: StepState) -> list[tuple[int, int]]:
         """Launch the next step (a prefill, a round), then read the one launched before it."""
         start, overlap = time.perf_counter(), self.overlap
         admitted = sched.admit()
-        launched: Launched | Round | None = None
-        if admitted:
-            launched = self._prefill(sched, admitted)
-        else:
-            plan = self._plan([r for r in sched.running if not r.done and r.req_idx >= 0])
-            launched = self._launch(sched, plan) if plan is not None else None
+        launched = self._prefill(sched, admitted) if admitted else self._next(sched)
         previous = overlap.swap(launched)  # type: ignore[arg-type]
         produced, done = self._read(sched, previous)
         sched.retire(done)
+        if launched is None and isinstance(previous, Round):
+            # NOTE: every row sat out the verify just read: the round after it starts now, exact
+            launched = self._next(sched)
+            overlap.swap(launched)  # type: ignore[arg-type]
         sched.counts.step(bool(admitted), launched is not None, start)
         return produced
 
@@ -92,100 +104,102 @@ class SpecAhead:
         return launched
 
     # ---- building a round ----------------------------------------------------------------
-    def _plan(self, reqs: list[Request]) -> Plan | None:
-        """Each request's base and drafts, assuming its step in flight accepts all it offered."""
-        counts, policy = self.spec.backoff, self.spec.options.backoff
-        off = bool(policy.disable_batch_size) and len(reqs) > policy.disable_batch_size
-        rows, bases, chains, exact = [], [], [], []
-        steps, propose = self.steps, self._propose
-        for r in reqs:
-            f = r.spec.ahead
-            fresh = f is None or not f.valid
-            base = len(r.prompt) + len(r.output) if fresh else f.base + len(f.drafts) + 1
-            left = r.max_new_tokens - (base - len(r.prompt))
-            if left <= 0:
-                continue  # NOTE: the step in flight ends it if it accepts all; else a later round
-            depth = 0 if off else min(steps, left - 1)
-            chain: list[int] = []
-            if depth > 0 and r.spec.backoff.sits_out():
-                counts.paused_rows += 1
-            elif depth > 0:
-                chain = propose(r, None if fresh else f.drafts)[:depth]
-                counts.no_match_rows += not chain
-            rows.append(r)
-            bases.append(base)
-            chains.append(chain)
-            exact.append(fresh)
-        if not rows:
+    def _next(self, sched: StepState) -> Launched | Round | None:
+        """The next round: the fed DECODE of the running set's :class:`DecodeRows` when no row
+        drafts (the plain overlapped loop's own launch), else a verify."""
+        rows, step = sched.rows, self.overlap.inflight
+        if rows is not None and isinstance(step, Launched) and step.rows is rows and not step.stale:
+            # NOTE: the steady back-off: the DECODE in flight commits one token a row as
+            # assumed, so ``rows`` hold the next positions already: only the proposers run
+            steps, policy = self.steps, self.spec.options.backoff
+            if policy.disable_batch_size and rows.bs > policy.disable_batch_size:
+                self.spec.backoff.batch_steps += 1
+                return self._decode(sched, rows, sure=True)
+            depths = steps if rows.runway > steps else np.minimum(rows.limit - rows.seq_lens - 1, steps)
+            chains = propose(rows.reqs, None, depths, steps, self.spec.backoff)
+            if chains is None:
+                return self._decode(sched, rows, sure=True)
+            return self._verify(
+                sched, Plan(self.layouts.get(rows.reqs), rows.seq_lens, padded(chains, steps))
+            )
+        return self._general(sched)
+
+    def _general(self, sched: StepState) -> Launched | Round | None:
+        """A round after a prefill, a verify or a stale row: each row's base from its step in
+        flight (or its read tokens), then its drafts."""
+        policy, counts = self.spec.options.backoff, self.spec.backoff
+        live = [r for r in sched.running if not r.done and r.req_idx >= 0]
+        prior = 2 * self.full_verifies >= self.verifies
+        off = bool(policy.disable_batch_size) and len(live) > policy.disable_batch_size
+        reqs, bases, tails, depths, exact = positions(
+            live, self.overlap.inflight, 0 if off else self.steps, prior
+        )
+        if not reqs:
             return None
         counts.batch_steps += off
-        layout = self.layouts.get(rows)
-        drafts = layout.pads  # NOTE: a backed-off step (no row drafts) builds no drafts array
-        if any(chains):
-            drafts = np.array([c + [PAD_DRAFT] * (steps - len(c)) for c in chains], dtype=np.int64)
-        return Plan(layout, np.array(bases, dtype=np.int64), drafts, np.array(exact))
+        chains = propose(reqs, tails, depths, self.steps, counts)
+        fixed = [r for r, e in zip(reqs, exact, strict=True) if e]
+        if fixed:  # NOTE: their pending tokens, into the feed before the round gathers them
+            self._fix_feed(np.array([r.req_idx for r in fixed]), [r.output[-1] for r in fixed])
+        if chains is None:
+            rows = DecodeRows(reqs, sched.page_size, sampled=True, seq_lens=np.array(bases))
+            # NOTE: positions assumed on a verify in flight may be wrong: no row given back early
+            return self._decode(sched, rows, sure=not isinstance(self.overlap.inflight, Round))
+        plan = Plan(self.layouts.get(reqs), np.array(bases, dtype=np.int64), padded(chains, self.steps))
+        return self._verify(sched, plan)
 
-    def _propose(self, r: Request, tail: tuple[int, ...] | None) -> list[int]:
-        """Drafts after ``r``'s read tokens (``tail`` None), or past its step in flight: the
-        peeked chain's first token guesses that step's last token, the rest are the drafts."""
-        proposer = r.spec.proposer
-        if tail is None:
-            branches = proposer.propose(r.prompt, r.output)
-            return branches[0] if branches else []
-        return proposer.peek(r.prompt, r.output, tail, self.steps + 1)[1:]
+    def _decode(self, sched: StepState, rows: DecodeRows, *, sure: bool) -> Launched:
+        """Launch the fed DECODE of ``rows`` as the plain overlapped loop does. ``sure``: its
+        positions are exact (no verify in flight): they become ``sched.rows`` and a request
+        whose budget it uses up gives its row back now; else both wait for the reads."""
+        launched = self.overlap.launch_rows(sched.runtime, rows, eager=not sched.use_graphs)
+        self.spec.backoff.decode_steps += 1
+        if not sure:
+            launched.finishing = None
+            sched.forget_rows()
+            return launched
+        sched.rows = rows  # NOTE: after the releases below, which forget it: None if one gave its row back
+        if launched.finishing is not rows.unfinished:
+            for i in np.flatnonzero(launched.finishing):
+                sched.release(rows.reqs[i])
+        return launched
 
-    def _launch(self, sched: StepState, plan: Plan) -> Round:
-        """Fix the exact rows' pending tokens in the feed, then launch the round, no wait."""
-        layout = plan.layout
-        reqs, bs, rows = layout.reqs, len(layout.reqs), layout.rows
-        if plan.exact.any():
-            self._fix_feed(
-                rows[plan.exact], [r.output[-1] for r, e in zip(reqs, plan.exact, strict=True) if e]
-            )
-        verify = plan.drafts is not layout.pads
-        nodes = self.steps + 1 if verify else 1
-        if verify:
-            pos = plan.base[:, None] - 1 + np.arange(nodes)
-            ids = np.concatenate([np.full((bs, 1), FED), plan.drafts], axis=1).reshape(-1)
-            slots = slots_at(layout.table, layout.index[:, None], pos, sched.page_size).reshape(-1)
-        else:  # NOTE: a backed-off step: a fed DECODE on the layout's arrays
-            ids, slots = layout.fed, slots_at(layout.table, layout.index, plan.base - 1, sched.page_size)
+    def _verify(self, sched: StepState, plan: Plan) -> Round:
+        """Launch ``plan``'s TARGET_VERIFY, no wait: node 0 of every row is ``FED``."""
+        layout, nodes = plan.layout, self.steps + 1
+        reqs, bs = layout.reqs, len(layout.reqs)
+        pos = plan.base[:, None] - 1 + np.arange(nodes)
         batch = Batch.create(
-            ForwardMode.TARGET_VERIFY if verify else ForwardMode.DECODE,
-            input_ids=ids,
+            ForwardMode.TARGET_VERIFY,
+            input_ids=np.concatenate([np.full((bs, 1), FED), plan.drafts], axis=1).reshape(-1),
             seq_lens=plan.base - 1 + nodes,
-            req_pool_indices=rows,
-            out_cache_loc=slots,
-            q_lens=np.full(bs, nodes) if verify else None,
+            req_pool_indices=layout.rows,
+            out_cache_loc=slots_at(layout.table, layout.index[:, None], pos, sched.page_size).reshape(-1),
+            q_lens=np.full(bs, nodes),
             sampling=layout.sampling,
         )
-        counts = self.spec.backoff
-        counts.decode_steps += not verify
-        counts.pad_rows += int((plan.offered == 0).sum()) if verify else 0
+        offered = plan.offered
+        self.spec.backoff.pad_rows += int((offered == 0).sum())
+        sched.forget_rows()  # NOTE: the rows' positions move by each one's accepted count
         out = sched.runtime.run(batch, eager=not sched.use_graphs, feed=self.overlap.feed.decode)
         host, host_np, event = self.ring.take((bs, nodes))
         host.copy_(out.view(bs, nodes), non_blocking=True)
         if event is not None:
             event.record(current_stream(out.device))
-        launched = Round(reqs, layout, [], host_np, event)
-        if verify:
-            drafts = [tuple(t for t in d if t != PAD_DRAFT) for d in plan.drafts.tolist()]
-        else:
-            drafts = [()] * bs
-        launched.flights = flights = [
-            Flight(launched, base, d) for base, d in zip(plan.base.tolist(), drafts, strict=True)
-        ]
-        for r, flight in zip(reqs, flights, strict=True):
+        launched = Round(reqs, [], host_np, event)
+        drafts = plan.drafts.tolist()
+        for i, (r, base, n) in enumerate(zip(reqs, plan.base.tolist(), offered.tolist(), strict=True)):
+            flight = Flight(launched, base, tuple(drafts[i][:n]))
+            launched.flights.append(flight)
             r.spec.ahead = flight
         return launched
 
     def _fix_feed(self, rows: np.ndarray, pending: list[int]) -> None:
-        """``feed.last[rows] = pending``: one upload of both, then one scatter (stream order: after
-        the stale round's record)."""
-        cuda = self.device.type == "cuda"
-        both = torch.tensor(np.stack([rows, np.asarray(pending, dtype=np.int64)]), dtype=torch.int64)
-        both = both.pin_memory() if cuda else both  # NOTE: pinned: the copy does not stall the host
-        both = both.to(self.device, non_blocking=True)
+        """``feed.last[rows] = pending``: one upload of both (a pinned ring buffer), then one
+        scatter (stream order: after the stale round's record)."""
+        host, view, _ = self.fixes.take((2, rows.size))
+        view[0], view[1] = rows, pending
+        both = host.to(self.device, non_blocking=True)
         self.overlap.feed.last.index_copy_(0, both[0], both[1])
 
     # ---- reading a step ------------------------------------------------------------------
@@ -194,46 +208,29 @@ class SpecAhead:
     ) -> tuple[list[tuple[int, int]], list[Request]]:
         if step is None:
             return [], []
-        if isinstance(step, Launched):  # a prefill: its token, as the plain loop reads it
+        if isinstance(step, Round):
+            return self._commit(step, step.read())
+        if step.rows is not None:  # NOTE: a DECODE: read as the plain loop reads it, stale rows dropped
+            stale = sum(id(r) in step.stale and not r.done for r in step.reqs) if step.stale else 0
             produced, done = sched.take(step)
-            for r in step.reqs:
-                if r.spec.ahead is not None and r.spec.ahead.step is step:
-                    r.spec.ahead = None
+            counts = self.spec.backoff
+            counts.request_steps += len(produced) + stale
+            counts.stale_rows += stale
+            counts.committed += len(produced)
             return produced, done
-        predicted = step.read()
-        if predicted.shape[1] == 1:
-            return self._commit_decode(step, predicted[:, 0].tolist())
-        return self._commit(step, predicted)
-
-    def _commit_decode(self, step: Round, tokens: list[int]) -> tuple[list[tuple[int, int]], list[Request]]:
-        """:meth:`_commit` for a fed DECODE (a backed-off step): one token per request, none
-        offered, so a valid row commits its token and the round after it stays valid (a valid
-        row's budget is not spent: :meth:`_plan` left out those whose budget was)."""
-        counts = self.spec.backoff
-        produced, done, stale = [], [], 0
-        for r, f, t, (budget, stops) in zip(step.reqs, step.flights, tokens, step.layout.ends, strict=True):
-            if r.spec.ahead is f:
+        produced, done = sched.take(step)  # NOTE: a prefill: its token, as the plain loop reads it
+        for r in step.reqs:
+            if r.spec.ahead is not None and r.spec.ahead.step is step:
                 r.spec.ahead = None
-            if r.done:  # NOTE: ended by the read before (or aborted): its token is dropped
-                continue
-            if not f.valid:
-                stale += 1
-                continue
-            out = r.output
-            out.append(t)
-            produced.append((r.rid, t))
-            if len(out) >= budget or t in stops:
-                done.append(r)
-        counts.request_steps += len(produced) + stale
-        counts.stale_rows += stale
-        counts.committed += len(produced)
         return produced, done
 
     def _commit(self, step: Round, predicted: np.ndarray) -> tuple[list[tuple[int, int]], list[Request]]:
-        """Append what each request of ``step`` accepted; mark its round in flight stale when it
-        committed other than the ``k + 1`` tokens that round assumed."""
+        """Append what each request of ``step`` accepted; mark its row in the step in flight
+        stale when it committed other than that step assumed."""
         spec, counts, policy = self.spec, self.spec.backoff, self.spec.options.backoff
         produced, done, lengths, offered = [], [], [], []
+        after = self.overlap.inflight  # NOTE: the step launched after this one
+        decoding = isinstance(after, Launched) and after.rows is not None
         for i, (r, f) in enumerate(zip(step.reqs, step.flights, strict=True)):
             nxt = r.spec.ahead
             if nxt is f:
@@ -255,8 +252,15 @@ class SpecAhead:
                 lengths.append(a)
                 offered.append(k)
                 counts.pauses += r.spec.backoff.observe(a, k, policy)
-            if nxt is not None and len(new) != k + 1:
-                nxt.valid = False
+                r.spec.full = a == k
+                self.verifies += 1
+                self.full_verifies += a == k
+            if len(new) != k + 1 and not r.done:
+                if nxt is not None:
+                    nxt.valid = False
+                elif decoding:
+                    after.stale = after.stale or set()
+                    after.stale.add(id(r))
             if r.done:
                 done.append(r)
         if lengths:

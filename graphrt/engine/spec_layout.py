@@ -1,12 +1,11 @@
-"""An overlapped round's data: its running set's arrays (made once), its plan, its flights.
+"""An overlapped verify round's data: its running set's arrays (made once), its plan, its flights.
 
-An overlapped speculative engine (:mod:`.spec_ahead`) builds a batch every step, and most steps
-of a backed-off engine are fed DECODEs of the same requests. Their rows, page table, sampling
-parameters and ``FED`` input ids depend only on which requests run (a request's pages are
-fixed at admission), so, as :class:`~graphrt.engine.batches.DecodeRows` does for the plain
-loop, they become arrays once per running set instead of loops over the requests each step.
-:class:`Plan`, :class:`Round` and :class:`Flight` are what :mod:`.spec_ahead` builds, launches
-and tracks per request.
+An overlapped speculative engine (:mod:`.spec_ahead`) launches a TARGET_VERIFY whenever a row
+drafts. Its rows, page table and sampling parameters depend only on which requests run (a
+request's pages are fixed at admission), so, as :class:`~graphrt.engine.batches.DecodeRows`
+does for DECODE steps (the rounds where no row drafts), they become arrays once per running
+set instead of loops over the requests each round. :class:`Plan`, :class:`Round` and
+:class:`Flight` are what :mod:`.spec_ahead` builds, launches and tracks per request.
 """
 
 from __future__ import annotations
@@ -19,53 +18,39 @@ import numpy as np
 from graphrt.engine.batches import frozen
 from graphrt.engine.pages import page_table
 from graphrt.engine.sampling import row_params
-from graphrt.step.batch import FED, PAD_DRAFT
+from graphrt.step.batch import PAD_DRAFT
 from graphrt.step.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
 class RoundLayout:
-    """The arrays of one running set (``reqs``, in batch order) that its rounds share.
+    """The arrays of one running set (``reqs``, in batch order) that its verify rounds share.
 
     ``rows [bs]`` int64 request rows; ``table [bs, pages]`` their page table; ``sampling``
-    their sampling parameters; ``fed [bs]`` a fed DECODE's input ids (all ``FED``); ``pads
-    [bs, steps]`` drafts of a round where no row drafts (all ``PAD_DRAFT``); ``index [bs]``
-    ``0 .. bs-1``; ``ends``: per request, its token budget and stop tokens (what
-    ``Request.done`` reads, without the property's lookups, for a token just committed).
+    their sampling parameters; ``index [bs]`` ``0 .. bs-1``.
     """
 
     reqs: list[Any]
     rows: np.ndarray
     table: np.ndarray
     sampling: tuple[SamplingParams, ...]
-    fed: np.ndarray
-    pads: np.ndarray
     index: np.ndarray
-    ends: list[tuple[int, frozenset[int]]]
 
     @classmethod
-    def of(cls, reqs: list[Any], steps: int) -> RoundLayout:
-        bs, params = len(reqs), row_params([r.sampling for r in reqs])
+    def of(cls, reqs: list[Any]) -> RoundLayout:
         return cls(
             reqs=list(reqs),
             rows=frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
             table=frozen(page_table(reqs)),
-            sampling=params,
-            fed=frozen(np.full(bs, FED, dtype=np.int64)),
-            pads=frozen(np.full((bs, steps), PAD_DRAFT, dtype=np.int64)),
-            index=frozen(np.arange(bs)),
-            ends=[
-                (r.max_new_tokens, frozenset(p.stop_token_ids or ()))
-                for r, p in zip(reqs, params, strict=True)
-            ],
+            sampling=row_params([r.sampling for r in reqs]),
+            index=frozen(np.arange(len(reqs))),
         )
 
 
 class Layouts:
     """The :class:`RoundLayout` of the running set last asked for, rebuilt when it changes."""
 
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
+    def __init__(self) -> None:
         self._last: RoundLayout | None = None
         self._ids: tuple[int, ...] = ()
 
@@ -76,7 +61,7 @@ class Layouts:
         while it is kept."""
         ids = tuple(map(id, reqs))
         if self._last is None or ids != self._ids:
-            self._last, self._ids = RoundLayout.of(reqs, self.steps), ids
+            self._last, self._ids = RoundLayout.of(reqs), ids
         return self._last
 
 
@@ -91,14 +76,18 @@ class Flight:
     drafts: tuple[int, ...]
     valid: bool = True
 
+    @property
+    def next_base(self) -> int:
+        """The next round's ``base``, assuming this step accepts every draft it offers."""
+        return self.base + len(self.drafts) + 1
+
 
 @dataclass(slots=True)
 class Round:
-    """A launched round: its requests' flights and where its tokens arrive (``[bs, nodes]``:
-    the target's token after every node; one node for a fed DECODE)."""
+    """A launched verify round: its requests' flights and where its tokens arrive
+    (``[bs, nodes]``: the target's token after every node)."""
 
     reqs: list[Any]
-    layout: RoundLayout
     flights: list[Flight]
     host: np.ndarray  # [bs, nodes] int64: a view of the ring's buffer (pinned on CUDA)
     copied: Any  # torch.cuda.Event, or None (CPU: already there)
@@ -111,15 +100,12 @@ class Round:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One round's rows as the host builds it: their layout (requests, rows, pages), bases
-    ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none; ``layout.pads`` itself when
-    no row drafts: a fed DECODE); ``exact``: rows whose pending token the host
-    writes into the feed first (their step in flight is stale, or none is)."""
+    """One verify round's rows as the host builds it: their layout (requests, rows, pages),
+    bases ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none)."""
 
     layout: RoundLayout
     base: np.ndarray
     drafts: np.ndarray
-    exact: np.ndarray
 
     @property
     def offered(self) -> np.ndarray:

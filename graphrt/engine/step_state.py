@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from graphrt.engine.batches import DecodeRows
 from graphrt.engine.extras import StepExtras
 from graphrt.engine.overlap import Launched
 from graphrt.engine.request import Request
@@ -49,7 +50,9 @@ class StepState(Protocol):
     """What a step's parts use of the scheduler that runs them.
 
     ``running``: the requests in the batch, in admission order; ``logits``: per request id, the
-    rows an engine with ``record_logits`` recorded; ``runtime``: the ``GraphRuntime``.
+    rows an engine with ``record_logits`` recorded; ``runtime``: the ``GraphRuntime``;
+    ``rows``: the running set's DECODE rows, None whenever the set changes (a request joins,
+    leaves or gives its row back).
     """
 
     runtime: Any
@@ -60,6 +63,7 @@ class StepState(Protocol):
     running: list[Request]
     logits: dict[int, list[torch.Tensor]]
     counts: StepCounts
+    rows: DecodeRows | None
 
     def admit(self) -> list[Request]:
         """Move the waiting requests that fit into ``running``; returns them."""

@@ -7,7 +7,6 @@ import numpy as np
 
 from graphrt.engine.request import Request
 from graphrt.engine.spec_layout import Layouts
-from graphrt.step.batch import FED, PAD_DRAFT
 from graphrt.step.sampling import SamplingParams
 
 
@@ -21,21 +20,19 @@ def _reqs() -> list[Request]:
 
 def test_layout_arrays() -> None:
     reqs = _reqs()
-    layout = Layouts(steps=3).get(reqs)
+    layout = Layouts().get(reqs)
     assert layout.rows.tolist() == [3, 0]
     assert layout.table.tolist() == [[4, 5], [6, -1]]
-    assert layout.fed.tolist() == [FED, FED]
-    assert layout.pads.tolist() == [[PAD_DRAFT] * 3] * 2
-    assert layout.ends == [(5, frozenset({7, 9})), (8, frozenset())]
+    assert layout.index.tolist() == [0, 1]
     assert layout.sampling[0].stop_token_ids == (7, 9)
     assert not layout.rows.flags.writeable  # NOTE: shared by every batch of the set
 
 
 def test_layout_reused_then_rebuilt() -> None:
-    reqs, layouts = _reqs(), Layouts(steps=2)
+    reqs, layouts = _reqs(), Layouts()
     first = layouts.get(reqs)
     assert layouts.get(list(reqs)) is first  # the same requests, another list
     swapped = layouts.get(reqs[::-1])
     assert swapped is not first and swapped.rows.tolist() == [0, 3]
     fewer = layouts.get(reqs[1:])
-    assert np.array_equal(fewer.rows, [0]) and fewer.pads.shape == (1, 2)
+    assert np.array_equal(fewer.rows, [0]) and fewer.table.shape == (1, 1)

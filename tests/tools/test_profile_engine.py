@@ -9,17 +9,25 @@ from graphrt.tools.bench.profile_engine import main
 
 
 @pytest.mark.parametrize(
-    "extra", [["--stub"], [], ["--speculative", "--eager"], ["--speculative", "suffix", "--stub"]]
+    "extra",
+    [
+        ["--stub"],
+        [],
+        ["--speculative", "--eager"],
+        ["--speculative", "suffix", "--stub"],
+        ["--speculative", "ngram", "--stub", "--skip-replay"],
+    ],
 )
 def test_profile_engine_runs(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--batch-sizes", "1,2", "--steps", "3", *extra]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = [line.split() for line in lines if line.strip() and line.split()[0].isdigit()]
     settings = {"spec"} if extra[:2] == ["--speculative", "--eager"] else {"off", "on"}
-    if "suffix" in extra:
-        settings = {"on", "suffix"}
+    method = next((m for m in ("ngram", "suffix") if m in extra), None)
+    if method:
+        settings = {"on", method}
         # NOTE: the stub's fresh tokens never repeat: no step drafts, every one backs off
-        (summary,) = [line for line in lines if line.startswith("suffix:")]
+        (summary,) = [line for line in lines if line.startswith(f"{method}:")]
         assert "verify_steps 0," in summary and "no_match_rows 0," not in summary
     assert {(int(r[0]), r[1]) for r in rows} == {(bs, s) for bs in (1, 2) for s in settings}
     for r in rows:
@@ -30,3 +38,8 @@ def test_profile_engine_runs(extra: list[str], capsys: pytest.CaptureFixture[str
         # metadata upload and the tokens' copy to the host (each a driver call on a GPU host)
         assert {float(r[4]) for r in rows if r[1] == "on"} == {2.0}
         assert all(float(r[4]) > 2 for r in rows if r[1] == "off")  # + clone, .cpu(), .numpy()
+
+
+def test_skip_replay_needs_the_stub() -> None:
+    with pytest.raises(SystemExit):
+        main(["--batch-sizes", "1", "--steps", "3", "--skip-replay"])

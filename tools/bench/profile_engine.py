@@ -12,6 +12,9 @@ driver call on a GPU host; the stub's own token tensor is not counted).
 ``--speculative ngram|suffix`` runs that proposer's engine (overlapped rounds) beside the plain
 overlapped one; with ``--stub`` its steps' tokens never repeat, so every step backs off (a fed
 DECODE, no drafts) and the two rows compare a backed-off step's host cost with a plain step's.
+``--skip-replay`` (with ``--stub``) runs each decode step's ``run()`` (its checks, buffer
+writes, KV ledger and token feed) but skips the graph replay, the stub's token written into
+the output: the step column is then the whole host time of a step without the forward.
 
 Prints µs p50 per step and writes nothing: a diagnostic, not a result.
 """
@@ -54,18 +57,23 @@ class RunTimer:
     """
 
     def __init__(self, engine: Engine, stub: bool = False, fresh: bool = False) -> None:
-        self.ns, self.stub, self.fresh = 0, stub, fresh
+        self.ns, self.stub, self.fresh, self.skip = 0, stub, fresh, False
         self.vocab, self._next = engine.model.cfg.vocab_size, 0
         self.calls = TorchCalls()
         self.runtimes = [r for r in (engine.runtime, getattr(engine, "draft_runtime", None)) if r is not None]
         for runtime in self.runtimes:
             runtime.run = self._timed(runtime.run)
         self._wrapped: set[int] = set()
+        self._skipping: set[int] = set()
 
     def _timed(self, run: Any) -> Any:
         def timed(batch: Any, **kwargs: Any) -> Any:
             start = time.perf_counter_ns()
             try:
+                if self.stub and batch.mode is ForwardMode.DECODE and self.skip:
+                    out = run(batch, **kwargs)  # NOTE: its replay skipped (skip_replays)
+                    with self.calls.paused():
+                        return out.fill_(self._token())
                 if self.stub and batch.mode is ForwardMode.DECODE:
                     with self.calls.paused():
                         return torch.full((batch.bs,), self._token(), dtype=torch.int64)
@@ -88,6 +96,21 @@ class RunTimer:
                 if id(graph) not in self._wrapped:
                     self._wrapped.add(id(graph))
                     graph.replay = self.calls.pausing(graph.replay)
+
+    def skip_replays(self) -> None:
+        """Make every graph captured so far skip its replay while ``skip`` is set."""
+        for runtime in self.runtimes:
+            for graph in runtime.dispatcher.graphs.values():
+                if id(graph) not in self._skipping:
+                    self._skipping.add(id(graph))
+                    graph.replay = self._skippable(graph.replay)
+
+    def _skippable(self, replay: Any) -> Any:
+        def call() -> None:
+            if not self.skip:
+                replay()
+
+        return call
 
 
 class TorchCalls(TorchFunctionMode):
@@ -126,6 +149,7 @@ def measure(
     profile: int,
     stub: bool = False,
     fresh: bool = False,
+    skip: bool = False,
 ) -> dict[str, float]:
     """Prefill ``bs`` prompts, warm up, time ``steps`` decode steps, finish every request."""
     prompts = [rng.integers(0, PROMPT_IDS, 16).tolist() for _ in range(bs)]
@@ -135,8 +159,11 @@ def measure(
     if timer is None:
         timer = TIMERS[id(engine)] = RunTimer(engine)
     timer.stub, timer.fresh = stub, fresh  # NOTE: from the warm-up on: no stubbed step drafts
+    timer.skip = skip  # NOTE: from the warm-up on too: every step's KV is in the ledger
     for _ in range(1 + WARMUP):
         engine.step()
+    if skip:
+        timer.skip_replays()  # NOTE: the warm-up captured the graphs
     step_ns, host_ns = [], []
     prof = cProfile.Profile() if profile else None
     for _ in range(steps):
@@ -191,9 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         help="draft_model (alone: a chain draft, 3 steps), or a proposer beside overlap on",
     )
     parser.add_argument("--stub", action="store_true", help="decode steps return a token, run nothing")
+    parser.add_argument(
+        "--skip-replay", action="store_true", help="with --stub: run()'s host work, no graph replay"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="repeat the engines' rows, interleaved")
     parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
     args = parser.parse_args(argv)
+    if args.skip_replay and (not args.stub or args.eager):
+        parser.error("--skip-replay needs --stub and graphs (not --eager)")
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     context = 16 + 1 + WARMUP + (args.steps + COUNTED) * 4 + 32
     kw: dict[str, Any] = {
@@ -212,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for bs in sizes:
             for name, engine in engines:
-                r = measure(engine, bs, args.steps, rng, args.profile, args.stub, fresh)
+                r = measure(engine, bs, args.steps, rng, args.profile, args.stub, fresh, args.skip_replay)
                 row = f"{bs:>4} {name:>8} {r['step_us']:>12.1f} {r['engine_us']:>28.1f}"
                 print(f"{row} {r['torch_calls']:>17.1f}")
     for name, engine in engines:
