@@ -141,19 +141,18 @@ class ContextInputs:
     local: LocalStep | None = None
     cross: CrossStep | None = None
     window: WindowStep | None = None
-    #: A MoE model's routing buffers for this forward's token rows (the kernels' ``Routing``),
-    #: and ``num_tokens [1]`` int32, its real rows (rows past it are pad rows).
+    #: The model's own inputs (:class:`ModelInputs`).
     routing: Any = None
     routing_tokens: torch.Tensor | None = None
-    #: ``[R]`` int64, the token rows whose logits the model's head computes (each request's last
-    #: on a sampling step of a ragged mode: ``ModeSpec.last_rows_only``); None: every row.
     head_rows: torch.Tensor | None = None
 
 
 class ModelInputs:
     """What a model's forward reads from its ``ctx`` besides attention, set by
-    :func:`attach_model_inputs`: a MoE model's ``routing`` buffers and ``routing_tokens``, the
-    ``head_rows`` its head computes (None: every row)."""
+    :func:`attach_model_inputs`: a MoE model's ``routing`` buffers for the forward's token rows
+    (the kernels' ``Routing``) and ``routing_tokens [1]`` int32, its real rows (rows past it are
+    pad rows); ``head_rows [R]`` int64, the rows the head computes (each request's last on a
+    sampling step of a ragged mode: ``ModeSpec.last_rows_only``; None: every row)."""
 
     routing: Any = None
     routing_tokens: torch.Tensor | None = None
@@ -161,9 +160,7 @@ class ModelInputs:
 
 
 def attach_model_inputs(ctx: Any, inputs: ContextInputs) -> Any:
-    """``ctx`` with what the model reads besides attention: ``routing`` / ``routing_tokens``
-    (None without MoE layers), what a MoE layer writes its expert choice to
-    (:mod:`graphrt.metadata.routing`), and ``head_rows``."""
+    """``ctx`` with the :class:`ModelInputs` of ``inputs`` (routing: :mod:`graphrt.metadata.routing`)."""
     ctx.routing, ctx.routing_tokens, ctx.head_rows = inputs.routing, inputs.routing_tokens, inputs.head_rows
     return ctx
 

@@ -122,11 +122,9 @@ class GraphRuntime:
     def run(self, batch: Batch, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
         """Run one step; returns the forward's output for the real tokens (a fresh tensor).
 
-        A batch with ``Batch.sampling`` (runtime built with ``sample=True``) returns instead the
-        token sampled inside the program for each request: ``[bs]`` int64. Such a runtime's
-        EXTEND and MIXED steps compute the model's head on each request's last token only (the
-        rows it samples from): without ``Batch.sampling`` they return those rows' logits
-        ``[bs, V]``, not ``[num_tokens, V]``.
+        With ``Batch.sampling`` (``sample=True``): each request's token ``[bs]`` int64, sampled
+        in the program; such a runtime's EXTEND / MIXED head runs on each request's last token
+        only: unsampled, they return ``[bs, V]``.
 
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
         with its reason) when none fits. Every check runs before anything is written: the
@@ -135,8 +133,7 @@ class GraphRuntime:
         graph's host scalars. The step's KV state is committed to ``req_to_token.ledger``
         once it has run.
 
-        One step at a time: a lock serialises callers from several threads (each waits for
-        the step in flight), since every step shares the static buffers and the KV cache.
+        One step at a time: a lock serialises callers' steps (they share buffers and the KV).
 
         ``feed`` (:mod:`graphrt.runtime.feed`; ``self.tokens.decode`` or ``.prefill``; needs
         ``Batch.sampling``): the step records its sampled tokens in ``self.tokens``, by request
