@@ -24,8 +24,8 @@ class TokenMasks:
 
     A write fills host rows (:meth:`staging`: ``[rows, words]`` int32, pinned on CUDA, so a
     grammar library fills them in place) and :meth:`upload` moves the first ``n`` of them to
-    their request rows: two non-blocking copies and one ``index_copy_``, stream-ordered before
-    the next step, allocating nothing.
+    their request rows: a non-blocking copy (two when the rows changed) and one ``index_copy_``,
+    stream-ordered before the next step, allocating nothing.
     """
 
     def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
@@ -39,7 +39,7 @@ class TokenMasks:
         self._index = torch.zeros(rows, dtype=torch.int64, pin_memory=pin)
         self._index_np = self._index.numpy()
         # NOTE: device copies of the staged rows: index_copy_ then reads device tensors only
-        self._dev = torch.empty_like(self.masks), torch.zeros(rows, dtype=torch.int64, device=device)
+        self._dev = torch.empty_like(self.masks), torch.zeros_like(self._index, device=device)
         self._copied = torch.cuda.Event() if pin else None  # NOTE: the host rows' last copy
         self._pending = False
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -70,13 +70,16 @@ class TokenMasks:
             return
         if n > len(self._index_np):
             raise ValueError(f"{n} mask rows written at once; the masks hold {len(self._index_np)}")
-        self._index_np[:n] = rows
         views = self._views.get(n)
         if views is None:  # NOTE: slices made once per count (a tensor slice costs per step)
             views = self._views[n] = (self._host[:n], self._index[:n], self._dev[0][:n], self._dev[1][:n])
         host, index, dev, dev_index = views
         dev.copy_(host, non_blocking=True)
-        dev_index.copy_(index, non_blocking=True)
+        if not np.array_equal(self._index_np[:n], rows):
+            # NOTE: the device index always equals the host one (each write is copied at once),
+            # and the decode steady state writes the same rows each step: no copy then
+            self._index_np[:n] = rows
+            dev_index.copy_(index, non_blocking=True)
         self.masks.index_copy_(0, dev_index, dev)
         if self._copied is not None:
             self._copied.record(current_stream(self.masks.device))

@@ -34,3 +34,18 @@ def test_masks_keep_exactly_the_allowed_tokens_of_each_row() -> None:
     assert torch.equal(masks.apply(logits[:1], torch.tensor([1])), logits[:1])
     with pytest.raises(ValueError, match="6 mask rows written at once; the masks hold 5"):
         masks.upload(np.arange(6))
+
+
+def test_uploads_write_exactly_their_rows_whatever_rows_came_before() -> None:
+    """The device index is copied only when the rows change: every order of row sets still
+    lands each staged row in its own request row, and leaves the others as they were."""
+    masks = TokenMasks(6, 64, torch.device("cpu"))
+    want = np.full((6, masks.words), ALL, dtype=np.int32)
+    rng = np.random.default_rng(1)
+    for rows in ([3, 1], [3, 1], [3], [1, 3], [5, 1, 3], [5], [0, 2, 4, 5]):
+        words = rng.integers(-(2**31), 2**31, (len(rows), masks.words)).astype(np.int32)
+        host = masks.staging()[1]
+        host[: len(rows)] = words
+        masks.upload(np.array(rows))
+        want[rows] = words
+        assert np.array_equal(masks.masks.numpy(), want), rows
