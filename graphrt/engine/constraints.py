@@ -11,7 +11,7 @@ with one copy. A prefill writes every admitted row (all tokens allowed where unc
 a reused row holds nothing stale); a decode step writes the constrained rows only. The next
 mask needs the last token accepted, so an overlapped engine writes a constrained batch's masks
 after the next step's metadata and before its launch, reading the step in flight in between
-(:meth:`graphrt.engine.scheduler.Scheduler.read_then_mask`).
+(:func:`read_then_mask`).
 """
 
 from __future__ import annotations

@@ -53,11 +53,18 @@ SCHEMA = {
 PROMPT = [{"role": "user", "content": "Tell a long story as JSON."}]
 
 
+#: The host time from a step's tokens read to the next replay: where the read comes first (a
+#: constrained batch), the device idles through it; an unconstrained one hides it behind the
+#: step launched before the read.
+SERIAL = "read -> next replay"
+
+
 class Timers:
-    """Wraps :data:`PIECES` and every graph replay; accumulates ns per name."""
+    """Wraps :data:`PIECES` and every graph replay; accumulates ns per name (and :data:`SERIAL`)."""
 
     def __init__(self) -> None:
         self.ns: dict[str, int] = defaultdict(int)
+        self._read_at: int | None = None
         for name, (owner, attr) in PIECES.items():
             if hasattr(owner, attr):
                 setattr(owner, attr, self._timed(name, getattr(owner, attr)))
@@ -66,10 +73,15 @@ class Timers:
     def _timed(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter_ns()
+            if name == "replay" and self._read_at is not None:
+                self.ns[SERIAL] += start - self._read_at
+                self._read_at = None
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.ns[name] += time.perf_counter_ns() - start
+                if name == "read step":
+                    self._read_at = time.perf_counter_ns()
 
         return timed
 
