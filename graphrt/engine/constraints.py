@@ -2,25 +2,31 @@
 tokens accepted after it.
 
 A request's ``constraint`` (:class:`graphrt.text.grammar.Constraint`, or any object with
-``fill() -> [words] int32`` and ``accept(output)``) says which tokens it may sample next; the
-runtime keeps one mask per request row (:class:`~graphrt.runtime.token_mask.TokenMasks`) and
-applies it inside the sampling step. A prefill writes every admitted row (all tokens allowed
-where unconstrained, so a reused row holds nothing stale); a decode step writes the
-constrained rows only. The next mask needs the last token accepted, so an overlapped engine
-reads a constrained batch's step before launching the next one.
+``fill(bitmask, index)``, writing row ``index`` of a ``[n, words]`` int32 CPU tensor as
+xgrammar's ``GrammarMatcher.fill_next_token_bitmask`` does, and ``accept(output)``) says which
+tokens it may sample next; the runtime keeps one mask per request row
+(:class:`~graphrt.runtime.token_mask.TokenMasks`) and applies it inside the sampling step.
+Masks are filled in place in the runtime's host staging rows (pinned on CUDA) and uploaded
+with one copy. A prefill writes every admitted row (all tokens allowed where unconstrained, so
+a reused row holds nothing stale); a decode step writes the constrained rows only. The next
+mask needs the last token accepted, so an overlapped engine writes a constrained batch's masks
+after the next step's metadata and before its launch, reading the step in flight in between
+(:func:`read_then_mask`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from graphrt.runtime.token_mask import ALL, TokenMasks
 
 if TYPE_CHECKING:
+    from graphrt.engine.overlap import Overlap
     from graphrt.engine.request import Request
+    from graphrt.engine.step_state import StepState
 
 
 def check_constraint(constraint: object, supported: bool) -> None:
@@ -47,11 +53,13 @@ class Constraints:
         chosen = [r for r in reqs if fresh or r.constraint is not None]
         if not chosen:
             return
-        words = np.full((len(chosen), masks.words), ALL, dtype=np.int32)
+        host, host_np = masks.staging()
         for i, r in enumerate(chosen):
             if r.constraint is not None:
-                words[i] = r.constraint.fill()
-        masks.write(np.array([r.req_idx for r in chosen], dtype=np.int64), words)
+                r.constraint.fill(host, i)
+            else:
+                host_np[i] = ALL
+        masks.upload(np.array([r.req_idx for r in chosen], dtype=np.int64))
 
 
 def accept(reqs: Sequence[Request]) -> None:
@@ -59,3 +67,16 @@ def accept(reqs: Sequence[Request]) -> None:
     for r in reqs:
         if r.constraint is not None:
             r.constraint.accept(r.output)
+
+
+def read_then_mask(state: StepState, overlap: Overlap, reqs: Sequence[Request], out: list[Any]) -> None:
+    """A constrained DECODE of ``reqs``, its metadata written and its launch next (the
+    ``ready`` of ``GraphRuntime.run``): read the step in flight (its tokens accepted by the
+    grammars; ``state.take``'s answer appended to ``out``), then write the masks of ``reqs``.
+
+    A request its token just ended runs this step on its last mask (which allowed that token,
+    so it is never empty); the token it samples is dropped, as any overlapped step's is.
+    """
+    out.append(state.take(overlap.swap(None)))
+    done = out[-1][1]
+    state.extras.before([r for r in reqs if not r.done] if done else reqs)

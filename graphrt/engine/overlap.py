@@ -26,6 +26,7 @@ from graphrt.buffers.stream import current_stream
 from graphrt.engine.batches import DecodeRows
 from graphrt.engine.request import Request
 from graphrt.engine.spec_options import SpecOptions
+from graphrt.runtime.eager import Ready
 from graphrt.runtime.feed import TokenFeed
 from graphrt.step.batch import Batch
 
@@ -120,6 +121,7 @@ class Overlap:
         eager: bool,
         fed: bool,
         logprobs: bool = False,
+        ready: Ready | None = None,
     ) -> Launched:
         """Run ``batch`` (sampled: ``Batch.sampling`` set) without reading its tokens.
 
@@ -128,9 +130,12 @@ class Overlap:
         records its tokens in the feed. A prefill counts in its requests' ``Request.inflight``
         until read; a fed step (:class:`DecodeRows`' batch) does not (a per-request loop
         less, twice a step): :meth:`pending` names its requests while it is in flight.
+        ``ready``: what ``GraphRuntime.run`` calls between the step's metadata write and its
+        launch (a constrained batch's read of the step in flight, and its masks).
         """
         feed = self.feed.decode if fed else self.feed.prefill
-        tokens = runtime.run(batch, eager=eager, feed=feed)
+        extra = {"ready": ready} if ready is not None else {}  # NOTE: a TP runtime takes none
+        tokens = runtime.run(batch, eager=eager, feed=feed, **extra)
         host, host_np, event = self.ring.take((batch.bs,))
         host.copy_(tokens, non_blocking=True)
         packed = None
@@ -155,12 +160,15 @@ class Overlap:
         eager: bool,
         logprobs: bool = False,
         constrained: bool = False,
+        ready: Ready | None = None,
     ) -> Launched:
-        """The fed DECODE of ``rows`` (:meth:`DecodeRows.batch`), launched, then ``rows``
-        advanced: the returned step's ``finishing`` holds the requests whose budget it uses up
-        (the caller gives their rows back)."""
+        """The fed DECODE of ``rows`` (:meth:`DecodeRows.batch`), launched (``ready``: as for
+        :meth:`launch`), then ``rows`` advanced: the returned step's ``finishing`` holds the
+        requests whose budget it uses up (the caller gives their rows back)."""
         batch = rows.batch(fed=True)
-        launched = self.launch(runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=logprobs)
+        launched = self.launch(
+            runtime, batch, rows.reqs, eager=eager, fed=True, logprobs=logprobs, ready=ready
+        )
         launched.rows, launched.finishing = rows, rows.advance()
         launched.constrained = constrained
         return launched

@@ -8,6 +8,7 @@ batches come from :class:`.batches.DecodeRows`, laid out once per running set.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import torch
 
 from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
 from graphrt.engine.chunked import plan_step, prefilling
+from graphrt.engine.constraints import read_then_mask
 from graphrt.engine.extras import StepExtras
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
@@ -165,12 +167,7 @@ class Scheduler:
         admitted = self.admit()
         eager = not self.use_graphs
         rows = None if admitted else self._decode_rows()
-        if rows is not None and self._rows_constrained and overlap.inflight is not None:
-            # NOTE: a grammar's next mask needs the token in flight: read it before launching
-            produced, done = self.take(overlap.swap(None))
-            self.retire(done)
-            return produced
-        launched = None
+        launched, read = None, []
         if admitted:
             self.extras.before(admitted, fresh=True)
             batch = prefill_batch(admitted, self.page_size, row_params([r.sampling for r in admitted]))
@@ -182,14 +179,17 @@ class Scheduler:
                 if r.launched_all:
                     self.release(r)
         elif rows is not None:
-            if self._rows_constrained:
-                self.extras.before(rows.reqs)
-            lp, cons = self._rows_logprobs, self._rows_constrained
-            launched = overlap.launch_rows(self.runtime, rows, eager=eager, logprobs=lp, constrained=cons)
+            lp, cons, ready = self._rows_logprobs, self._rows_constrained, None
+            if cons:  # NOTE: its masks need the step in flight's tokens
+                ready = functools.partial(read_then_mask, self, overlap, rows.reqs, read)
+            launched = overlap.launch_rows(
+                self.runtime, rows, eager=eager, logprobs=lp, constrained=cons, ready=ready
+            )
             if launched.finishing is not rows.unfinished:
                 for i in np.flatnonzero(launched.finishing):
                     self.release(rows.reqs[i])
-        produced, done = self.take(overlap.swap(launched))
+        produced, done = self.take(overlap.swap(launched))  # NOTE: nothing where ``read`` holds it
+        produced, done = read[0] if read else (produced, done)
         self.retire(done)
         self.counts.step(bool(admitted), rows is not None, start)
         return produced

@@ -21,7 +21,7 @@ from graphrt.kernels import switches, tuning
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
 from graphrt.runtime.capturer import Capturer
-from graphrt.runtime.eager import run_eager
+from graphrt.runtime.eager import Ready, run_eager
 from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route, step_logprobs_of
 from graphrt.runtime.feed import StepFeed, TokenFeed
@@ -119,11 +119,12 @@ class GraphRuntime:
         self._lock = threading.Lock()
 
     # ---- steps ---------------------------------------------------------------------------
-    def run(self, batch: Batch, *, eager: bool = False, feed: StepFeed | None = None) -> torch.Tensor:
-        """Run one step; returns the forward's output for the real tokens (a fresh tensor).
-
-        With ``Batch.sampling`` (``sample=True``): each request's token ``[bs]`` int64, sampled
-        in the program; such a runtime's EXTEND / MIXED head runs on each request's last token
+    def run(
+        self, batch: Batch, *, eager: bool = False, feed: StepFeed | None = None, ready: Ready | None = None
+    ) -> torch.Tensor:
+        """Run one step; returns the forward's output for the real tokens (a fresh tensor), or
+        with ``Batch.sampling`` (``sample=True``) the token each request sampled in the program:
+        ``[bs]`` int64. Such a runtime's EXTEND / MIXED head runs on each request's last token
         only: unsampled, they return ``[bs, V]``.
 
         Replays the graph of the smallest captured bucket >= bs; falls back to eager (counted,
@@ -131,9 +132,7 @@ class GraphRuntime:
         batch's limits and geometry, KV isolation (the step reads only positions its rows
         have written and writes no slot another live row holds; ``KVIsolationError``) and the
         graph's host scalars. The step's KV state is committed to ``req_to_token.ledger``
-        once it has run.
-
-        One step at a time: a lock serialises callers' steps (they share buffers and the KV).
+        once it has run. One step at a time: a lock serialises callers' steps.
 
         ``feed`` (:mod:`graphrt.runtime.feed`; ``self.tokens.decode`` or ``.prefill``; needs
         ``Batch.sampling``): the step records its sampled tokens in ``self.tokens``, by request
@@ -144,6 +143,8 @@ class GraphRuntime:
         With a window pool (:mod:`graphrt.kv.window`) the step's window slots are assigned after
         the KV checks (refused, with nothing written, when the step would read released window
         pages or the pool has too few), and pages no later step reads are released after it.
+        ``ready``: called once the step is checked and its metadata written, right before it is
+        launched (what must wait for the step in flight: a grammar's masks, ordered before it).
         """
         if feed is not None:
             feed.check(batch, self.tokens)
@@ -159,7 +160,7 @@ class GraphRuntime:
             if self.window is not None:
                 self.window.assign(batch, writes)
             try:
-                out = self._replay(batch, plan, route, feed) if route else self._eager(batch, plan, feed)
+                out = (self._replay if route else self._eager)(batch, plan, route, feed, ready)
             except BaseException:
                 # NOTE: the step may have written positions >= start: they hold nothing valid.
                 ledger.truncate(writes.rows, writes.starts)
@@ -183,17 +184,21 @@ class GraphRuntime:
         return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry)
 
     def _replay(
-        self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None = None
+        self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None, ready: Ready | None
     ) -> torch.Tensor:
         start = time.perf_counter()
         self.groups.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
+        if ready is not None:
+            ready()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
         route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
-            self._check_poison(plan.mode, route, plan.rows_per_req)
+            left = self.groups.poisoned(plan.mode, route.rows, plan.rows_per_req, route.tokens)
+            if left:
+                raise PoisonLeft(f"buffers not written by the update for {plan.name} {route.bucket}: {left}")
         self.dispatcher.count_replay(plan.mode)
         out = route.result(batch.sampling is not None, batch.input_ids.size)
         self.logprobs = step_logprobs_of(route.output, batch)
@@ -203,16 +208,14 @@ class GraphRuntime:
             feed.after(self.buffers.view(route.rows, plan.rows_per_req, route.tokens), batch.bs, out)
         return out
 
-    def _eager(self, batch: Batch, plan: ModePlan, feed: StepFeed | None = None) -> torch.Tensor:
+    def _eager(
+        self, batch: Batch, plan: ModePlan, route: Route | None, feed: StepFeed | None, ready: Ready | None
+    ) -> torch.Tensor:
+        """The eager step (``route``: unused, :meth:`_replay`'s argument)."""
         self._eager_steps[batch.mode] += 1
-        out, raw = run_eager(batch, plan, self.groups, self.env, feed)
+        out, raw = run_eager(batch, plan, self.groups, self.env, feed, ready)
         self.logprobs = step_logprobs_of(raw, batch)
         return out
-
-    def _check_poison(self, mode: ForwardMode, route: Route, rows_per_req: int) -> None:
-        left = self.groups.poisoned(mode, route.rows, rows_per_req, route.tokens)
-        if left:
-            raise PoisonLeft(f"buffers not written by the update for {mode.name} {route.bucket}: {left}")
 
     def stats(self) -> RuntimeStats:
         """Replays and eager steps per mode, eager fallbacks per mode and reason, captures per key."""
@@ -258,14 +261,11 @@ class GraphRuntime:
             return self.capturer.report()
 
     def suggest_buckets(self, max_graphs: int, *, largest: int | None = None) -> tuple[int, ...]:
-        """The ladder of at most ``max_graphs`` buckets that pads the observed steps least.
-
-        Minimises the padded token rows of every graphed step recorded so far (telemetry's
-        histogram: each step weighs its mode's rows per request) with an exact dynamic
-        program (:func:`graphrt.capture.optimal_buckets`). ``largest`` (default: the
-        allocation's ``max_batch_size``, so no batch the buffers hold runs eagerly) is always
-        in; steps larger than it are left out (no ladder could serve them).
-        """
+        """The ladder of at most ``max_graphs`` buckets that pads the observed steps least: the
+        padded token rows of every graphed step so far (telemetry's histogram, each step weighed
+        by its mode's rows per request), minimised exactly (:func:`graphrt.capture.optimal_buckets`).
+        ``largest`` (default: the allocation's ``max_batch_size``, so no batch the buffers hold
+        runs eagerly) is always in; steps larger than it are left out (no ladder serves them)."""
         top = ladder_top(max_graphs, largest, self.allocation)
         with self._lock:  # NOTE: run() adds to the histogram; copy it whole
             counts = dict(self.telemetry.batch_sizes)

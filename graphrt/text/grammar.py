@@ -3,7 +3,7 @@
 :class:`Grammars` (one per tokenizer) compiles a response format once (xgrammar's
 ``GrammarCompiler``, cached); each request gets its own :class:`Constraint` (a
 ``GrammarMatcher``): before a step that samples for the request the engine asks it for the
-allowed tokens (:meth:`Constraint.fill`, a bitmask row of
+allowed tokens (:meth:`Constraint.fill`, written straight into a host staging row of
 :class:`~graphrt.runtime.token_mask.TokenMasks`), and after the step it accepts the token drawn.
 The grammar lets a stop token through only where the output is complete.
 """
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from graphrt.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 #: xgrammar's vocabulary kinds by the tokenizer's decoder (``tokenizer.json``'s ``decoder.type``).
 VOCAB_TYPES = {"ByteLevel": "BYTE_LEVEL", "ByteFallback": "BYTE_FALLBACK", "Sequence": "BYTE_FALLBACK"}
@@ -34,14 +35,13 @@ class Constraint:
 
         self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
-        self._mask = xgr.allocate_token_bitmask(1, vocab_size)
         #: Output tokens accepted so far.
         self.accepted = 0
 
-    def fill(self) -> np.ndarray:
-        """The allowed next tokens: ``[ceil(vocab / 32)]`` int32 bitmask words."""
-        self.matcher.fill_next_token_bitmask(self._mask)
-        return self._mask[0].numpy()
+    def fill(self, bitmask: torch.Tensor, index: int) -> None:
+        """Write the allowed next tokens into row ``index`` of ``bitmask [n, ceil(vocab / 32)]``
+        (int32, on the CPU), in place: no allocation, no copy."""
+        self.matcher.fill_next_token_bitmask(bitmask, index)
 
     def accept(self, output: list[int]) -> None:
         """Accept the tokens of ``output`` past :attr:`accepted` (a refused one raises)."""

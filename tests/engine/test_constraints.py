@@ -3,7 +3,7 @@ steps that sample for it, holds its tokens inside the allowed set, graphed or ea
 or not, alone or batched with unconstrained requests (which it leaves untouched).
 
 The constraint here is a token-set rule written out by hand (the engine's contract:
-``fill() -> [words] int32``, ``accept(output)``); a grammar (xgrammar) is one through the
+``fill(bitmask, index)`` writing row ``index`` of ``[n, words]`` int32, ``accept(output)``); a grammar (xgrammar) is one through the
 server's tests.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from graphrt import Engine, SamplingParams
 
@@ -24,11 +25,11 @@ class Stepwise:
     def __init__(self, vocab: int, allowed: list[set[int]]) -> None:
         self.vocab, self.allowed, self.accepted = vocab, allowed, 0
 
-    def fill(self) -> np.ndarray:
+    def fill(self, bitmask: torch.Tensor, index: int) -> None:
         bits = np.zeros((self.vocab + 31) // 32, dtype=np.int64)
         for j in self.allowed[self.accepted % len(self.allowed)]:
             bits[j // 32] |= 1 << (j % 32)
-        return bits.astype(np.uint32).view(np.int32)
+        bitmask[index] = torch.from_numpy(bits.astype(np.uint32).view(np.int32))
 
     def accept(self, output: list[int]) -> None:
         for i in range(self.accepted, len(output)):
