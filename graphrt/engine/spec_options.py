@@ -15,8 +15,22 @@ METHODS = ("draft_model", "ngram", "suffix")
 COMMON = {"method", "num_steps", "topk", "num_draft_tokens"}
 OWN = {
     "draft_model": {"draft_model", "draft_seed", "draft_init"},
-    "ngram": {"min_match", "max_match", "disable_batch_size", "min_acceptance", "backoff_rounds"},
-    "suffix": {"min_match", "max_match", "disable_batch_size", "min_acceptance", "backoff_rounds"},
+    "ngram": {
+        "min_match",
+        "max_match",
+        "disable_batch_size",
+        "min_acceptance",
+        "backoff_rounds",
+        "min_hit_rate",
+    },
+    "suffix": {
+        "min_match",
+        "max_match",
+        "disable_batch_size",
+        "min_acceptance",
+        "backoff_rounds",
+        "min_hit_rate",
+    },
 }
 
 
@@ -28,12 +42,15 @@ class Backoff:
     ``disable_batch_size``: no drafts in a step of more running requests (0: never off).
     ``min_acceptance``: a request whose acceptance (an average over its recent verifies, each
     the accepted share of the drafts it offered) falls below this pauses for
-    ``backoff_rounds`` steps, twice as many at each further pause (capped at 64 times).
+    ``backoff_rounds`` steps. ``min_hit_rate``: a request offers drafts only while the share of
+    its proposer's recent guesses (offered or not) that its committed tokens matched is at
+    least this (:mod:`graphrt.engine.gate`; 0: no gate).
     """
 
     disable_batch_size: int = 0
     min_acceptance: float = 0.2
     backoff_rounds: int = 4
+    min_hit_rate: float = 0.5
 
     def __post_init__(self) -> None:
         if self.disable_batch_size < 0:
@@ -42,6 +59,8 @@ class Backoff:
             raise ValueError(f"min_acceptance must lie in [0, 1], got {self.min_acceptance}")
         if self.backoff_rounds < 1:
             raise ValueError(f"backoff_rounds must be >= 1, got {self.backoff_rounds}")
+        if not 0.0 <= self.min_hit_rate <= 1.0:
+            raise ValueError(f"min_hit_rate must lie in [0, 1], got {self.min_hit_rate}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +116,7 @@ class SpecOptions:
             int(options.get("disable_batch_size", 0)),
             float(options.get("min_acceptance", 0.2)),
             int(options.get("backoff_rounds", 4)),
+            float(options.get("min_hit_rate", 0.5)),
         )
         draft = str(options.get("draft_model", "tiny-llama-draft"))
         return cls(draft, geometry, int(options.get("draft_seed", 1)), init, method, lo, hi, backoff)
