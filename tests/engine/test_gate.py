@@ -60,7 +60,7 @@ def test_gate_wraps_trees_and_the_option_turns_it_off() -> None:
     assert gate.pending == [(8, (), [3, 1])]  # the best branch is the guess scored
     ngram = SpecOptions.parse({"method": "ngram"})
     assert isinstance(PROPOSERS["ngram"](ngram), Gate)
-    assert ngram.backoff.min_hit_rate == 0.5
+    assert (ngram.backoff.min_hit_rate, ngram.min_match, ngram.max_match) == (0.6, 3, 8)
     bare = PROPOSERS["suffix"](SpecOptions.parse({"method": "suffix", "min_hit_rate": 0}))
     assert isinstance(bare, SuffixProposer)
     with pytest.raises(ValueError, match=r"min_hit_rate must lie in \[0, 1\], got 2.0"):
