@@ -44,7 +44,15 @@ def greedy(plain: Engine) -> list[list[int]]:
     [
         {"method": "ngram", "num_steps": 3},
         {"method": "suffix", "num_steps": 3, "min_match": 1},
-        {"method": "suffix", "num_steps": 2, "topk": 3, "num_draft_tokens": 6},
+        # NOTE: short matches (2 .. 4 tokens) so that these few short requests draft trees
+        {
+            "method": "suffix",
+            "num_steps": 2,
+            "topk": 3,
+            "num_draft_tokens": 6,
+            "min_match": 2,
+            "max_match": 4,
+        },
     ],
     ids=["ngram", "suffix", "suffix-tree"],
 )
