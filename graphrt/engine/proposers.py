@@ -10,7 +10,7 @@ list: no match, nothing to draft.
   ``min_match``; the chain is the ``steps`` tokens that followed it (a match running into the
   request's end continues with its own copy, so a loop is drafted whole).
 - :class:`SuffixProposer` (suffix decoding, per request): a trie of every substring of up to
-  ``max_match + steps`` tokens with its count. The longest suffix of the request (at most
+  ``max_match + steps + 1`` tokens with its count (+ 1: a peek guesses the bonus too). The longest suffix of the request (at most
   ``max_match``, at least ``min_match`` tokens) seen before with a continuation is matched;
   its ``topk`` most frequent next tokens start the branches, each continued by the most
   frequent child (ties: lower token id).
@@ -131,7 +131,7 @@ class SuffixProposer(_Tokens):
     def __init__(self, min_match: int, max_match: int, steps: int, topk: int) -> None:
         super().__init__()
         self.min_match, self.max_match, self.steps, self.topk = min_match, max_match, steps, topk
-        self.depth = max_match + steps
+        self.depth = max_match + steps + 1  # NOTE: + 1: a peek guesses the bonus, then steps drafts
         self.root = _Node()
         #: ``active[i]``: the node of the request's last ``i`` tokens (``active[0]``: the root).
         self.active: list[_Node] = [self.root]

@@ -124,3 +124,11 @@ def test_pad_drafts_never_match() -> None:
     acc = tree.accept(drafts, predicted, valid)
     assert acc.branch.tolist() == [1, 1] and acc.length.tolist() == [3, 2]
     assert acc.bonus.tolist() == [2, 9]  # after node 6 / after node 5
+
+
+def test_suffix_peek_guesses_the_bonus_and_a_full_chain_of_drafts() -> None:
+    # an overlapped round peeks steps + 1 tokens (the bonus of the round in flight, then its
+    # drafts): the trie holds substrings long enough for the longest match to give them all
+    suffix = SuffixProposer(min_match=1, max_match=1, steps=2, topk=1)
+    assert suffix.peek([1, 2, 3, 4, 5, 1], [], (), 3) == [2, 3, 4]
+    assert suffix.propose([1, 2, 3, 4, 5, 1], []) == [[2, 3]]

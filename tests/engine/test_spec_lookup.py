@@ -201,6 +201,6 @@ def test_peek_continues_past_the_tokens_in_flight() -> None:
     # after [3, 4] (in flight, not read): the next token guessed 1, then the drafts 2, 3, 4
     assert ngram.peek(prompt, [], (3, 4), 4) == [1, 2, 3, 4]
     assert ngram.peek(prompt, [], (9, 9), 4) == []  # nothing seen ends like that
-    suffix = SuffixProposer(1, 3, 4, 1)  # NOTE: its trie holds substrings of max_match + steps
+    suffix = SuffixProposer(1, 3, 4, 1)  # NOTE: its trie holds substrings of max_match + steps + 1
     assert suffix.peek(prompt, [], (3, 4), 4) == [1, 2, 3, 4]
     assert suffix.propose(prompt, []) == [[3, 4, 1, 2]]  # peeking indexed nothing
