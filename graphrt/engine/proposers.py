@@ -10,10 +10,10 @@ list: no match, nothing to draft.
   ``min_match``; the chain is the ``steps`` tokens that followed it (a match running into the
   request's end continues with its own copy, so a loop is drafted whole).
 - :class:`SuffixProposer` (suffix decoding, per request): a trie of every substring of up to
-  ``max_match + steps + 1`` tokens with its count (+ 1: a peek guesses the bonus too). The longest suffix of the request (at most
-  ``max_match``, at least ``min_match`` tokens) seen before with a continuation is matched;
-  its ``topk`` most frequent next tokens start the branches, each continued by the most
-  frequent child (ties: lower token id).
+  ``max_match + steps + 1`` tokens with its count (+ 1: a peek guesses the bonus too). The
+  longest suffix of the request (at most ``max_match``, at least ``min_match`` tokens) seen
+  before with a continuation is matched; its ``topk`` most frequent next tokens start the
+  branches, each continued by the most frequent child (ties: lower token id).
 
 Both index incrementally (``O(max_match)`` dict operations per new token), so a round costs
 the new tokens, not the request's length. :meth:`peek` proposes past tokens not read yet
