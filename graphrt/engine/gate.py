@@ -40,6 +40,8 @@ class Gate:
         self.pending: list[tuple[int, tuple[int, ...], list[int]]] = []
         #: Positions before this one are scored.
         self.scored = 0
+        #: Chains made but not offered (the gate was closed).
+        self.withheld = 0
 
     @property
     def open(self) -> bool:
@@ -52,7 +54,7 @@ class Gate:
         self._score()
         if branches:
             self._keep(len(self.proposer.tokens), (), branches[0])
-        return branches if self.open else []
+        return self._offer(branches)
 
     def peek(
         self, prompt: Sequence[int], output: Sequence[int], tail: Sequence[int], count: int
@@ -62,7 +64,13 @@ class Gate:
         self._score()
         if chain:
             self._keep(len(self.proposer.tokens) + len(tail), tuple(tail), chain)
-        return chain if self.open else []
+        return self._offer(chain)
+
+    def _offer(self, made: list) -> list:
+        if made and not self.open:
+            self.withheld += 1
+            return []
+        return made
 
     def _keep(self, start: int, tail: tuple[int, ...], chain: list[int]) -> None:
         self.pending = [*self.pending[1 - GATE_PENDING :], (start, tail, chain)]

@@ -29,6 +29,7 @@ def test_gate_closes_after_misses_scores_while_closed_and_reopens() -> None:
     assert gate.rate == closed < 0.6
     # closed, it still guesses (6, 3 after the latest 3, 4) and keeps the guess to score
     assert gate.propose(PROMPT, [5, 3, 4, 6, 3, 4]) == [] and gate.pending[-1][2] == [6, 3]
+    assert gate.withheld == 1  # the rounds before had no chain at all: not withheld
     # both guessed tokens came: two hits reopen it, and it offers its next chain
     assert gate.propose(PROMPT, [5, 3, 4, 6, 3, 4, 6, 3]) == [[4, 6]]
     assert gate.rate == _after(closed, True, True) > 0.6

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from graphrt.engine.backoff import RowBackoff
+from graphrt.engine.gate import Gate
 from graphrt.engine.proposers import PROPOSERS
 from graphrt.engine.spec_options import SpecOptions, parse_cli
 
-#: Kinds of round: drafts verified, a DECODE (no match or gate closed / paused), a stale round.
-KINDS = ("drafted", "no_match", "paused", "stale")
+#: Kinds of round: drafts verified; a DECODE as the proposer had no match, its gate withheld
+#: the chain (:mod:`graphrt.engine.gate`) or the request was paused; a stale round.
+KINDS = ("drafted", "no_match", "gated", "paused", "stale")
 
 
 @dataclass(slots=True)
@@ -57,6 +59,11 @@ class Rounds:
         return out
 
 
+def _withheld(proposer: Any) -> int:
+    """Chains a gated proposer made but did not offer so far (0: not gated)."""
+    return proposer.withheld if isinstance(proposer, Gate) else 0
+
+
 def _accepted(chain: Sequence[int], greedy: Sequence[int], at: int) -> int:
     a = 0
     while a < len(chain) and at + a < len(greedy) and chain[a] == greedy[at + a]:
@@ -75,9 +82,10 @@ def replay_sync(prompt: list[int], greedy: list[int], options: SpecOptions) -> R
             rounds.add("paused", 1)
             out.append(greedy[len(out)])
             continue
+        withheld = _withheld(proposer)
         branches = proposer.propose(prompt, out) if depth > 0 else []
         if not branches:
-            rounds.add("no_match", 1)
+            rounds.add("gated" if _withheld(proposer) > withheld else "no_match", 1)
             out.append(greedy[len(out)])
             continue
         chain = branches[0][:depth]
@@ -105,7 +113,7 @@ def _plan(
     left = end - (base - len(prompt))
     if left <= 0:
         return None
-    depth, chain, kind = min(steps, left - 1), [], "no_match"
+    depth, chain, kind, withheld = min(steps, left - 1), [], "no_match", _withheld(proposer)
     if depth > 0 and row.sits_out():
         kind = "paused"
     elif depth > 0 and fresh:
@@ -113,6 +121,7 @@ def _plan(
         chain = branches[0][:depth] if branches else []
     elif depth > 0:
         chain = proposer.peek(prompt, out, f.drafts, steps + 1)[1 : depth + 1]
+    kind = "gated" if _withheld(proposer) > withheld else kind
     return _Flight(base, tuple(chain), "drafted" if chain else kind)
 
 
