@@ -1,11 +1,14 @@
 """Speculation that backs off: which rows draft this step, and the counts of those that did not.
 
 Per step: above ``Backoff.disable_batch_size`` running requests nothing drafts. Per request: a
-request drafts when its proposer matches and it is not paused; each verify it drafted in
-moves its acceptance score (an average that halves the weight of older verifies) toward the
-share of its offered drafts the target accepted, and a score below ``min_acceptance`` pauses
-the request for ``backoff_rounds`` steps (doubling with each pause, up to 64 times), after
-which it starts again from a full score. Rows that do not draft still run in the step: as
+request drafts when its proposer matches, its gate is open (:mod:`.gate`: its recent guesses,
+drafted or not, hit often enough) and it is not paused; each verify it drafted in moves its
+acceptance score (an average that halves the weight of older verifies) toward the share of its
+offered drafts the target accepted, and a score below ``min_acceptance`` pauses the request for
+``backoff_rounds`` steps, after which it starts again from a full score. The pause stays short
+(it does not grow with each pause): a request that stops copying and copies again later, as an
+edit of given code does, must draft again soon, and the gate keeps a request that never copies
+from drafting without pausing it. Rows that do not draft still run in the step: as
 verify rows whose drafts are pads (accepted length forced to 0), or, when no row drafts, the
 whole step is a DECODE (both graphs are captured, so nothing is recaptured or dropped).
 """
@@ -18,8 +21,6 @@ from graphrt.engine.spec_options import Backoff
 
 #: Weight of a request's newest verify in its acceptance score.
 SCORE_WEIGHT = 0.5
-#: Pauses double up to ``backoff_rounds * 2**MAX_DOUBLINGS`` steps.
-MAX_DOUBLINGS = 6
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ class RowBackoff:
         self.score += SCORE_WEIGHT * (accepted / offered - self.score)
         if self.score >= policy.min_acceptance:
             return False
-        self.paused = policy.backoff_rounds * 2 ** min(self.pauses, MAX_DOUBLINGS)
+        self.paused = policy.backoff_rounds
         self.pauses, self.score = self.pauses + 1, 1.0
         return True
 
@@ -53,7 +54,8 @@ class BackoffCounts:
 
     ``decode_steps``: steps run as DECODE since no row drafted; ``batch_steps``: of those,
     steps above ``disable_batch_size``; ``paused_rows`` / ``no_match_rows``: request-steps
-    without drafts because the request was paused / its proposer found no match;
+    without drafts because the request was paused / its proposer found no match or its gate
+    was closed;
     ``pad_rows``: verify rows that carried pad drafts; ``pauses``: pauses begun;
     ``stale_rows``: overlapped rounds' rows dropped because the round before them accepted
     fewer drafts than they assumed (:mod:`.spec_ahead`).

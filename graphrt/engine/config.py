@@ -51,9 +51,9 @@ class EngineConfig:
         checkpoint, "draft_init": "target" | "seed" | "checkpoint", "draft_seed": 1}`` (the
         draft needs the target's vocabulary; each round is DRAFT_DECODE → TARGET_VERIFY →
         DRAFT_EXTEND, each a graph) and, for ``ngram`` / ``suffix`` (no draft model: one
-        TARGET_VERIFY a round, a DECODE when nothing drafts), ``{"min_match": 2, "max_match":
-        4, "disable_batch_size": 0, "min_acceptance": 0.2, "backoff_rounds": 4}``. ``topk > 1``
-        drafts a tree (``draft_model``, ``suffix``). Greedy tokens equal plain greedy decoding;
+        TARGET_VERIFY a round, a DECODE when nothing drafts), ``{"min_match": 3, "max_match":
+        8, "disable_batch_size": 0, "min_acceptance": 0.2, "backoff_rounds": 4, "min_hit_rate":
+        0.6}``. ``topk > 1`` drafts a tree (``draft_model``, ``suffix``). Greedy tokens equal plain greedy decoding;
         sampled requests' tokens are the ones plain sampling draws for the same seed.
     kv_cache_dtype : str, optional
         ``"fp8_e4m3"`` for an FP8 MHA/GQA cache; DSA presets: ``"bf16"`` or ``"fp8"`` (656 bytes).

@@ -10,10 +10,10 @@ list: no match, nothing to draft.
   ``min_match``; the chain is the ``steps`` tokens that followed it (a match running into the
   request's end continues with its own copy, so a loop is drafted whole).
 - :class:`SuffixProposer` (suffix decoding, per request): a trie of every substring of up to
-  ``max_match + steps`` tokens with its count. The longest suffix of the request (at most
-  ``max_match``, at least ``min_match`` tokens) seen before with a continuation is matched;
-  its ``topk`` most frequent next tokens start the branches, each continued by the most
-  frequent child (ties: lower token id).
+  ``max_match + steps + 1`` tokens with its count (+ 1: a peek guesses the bonus too). The
+  longest suffix of the request (at most ``max_match``, at least ``min_match`` tokens) seen
+  before with a continuation is matched; its ``topk`` most frequent next tokens start the
+  branches, each continued by the most frequent child (ties: lower token id).
 
 Both index incrementally (``O(max_match)`` dict operations per new token), so a round costs
 the new tokens, not the request's length. :meth:`peek` proposes past tokens not read yet
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from graphrt.engine.gate import Gate
 from graphrt.engine.spec_options import SpecOptions
 
 
@@ -35,6 +36,8 @@ class _Tokens:
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self._prompt_len = -1
+        #: Tokens of the suffix the latest lookup matched (0: none).
+        self.matched = 0
 
     def sync(self, prompt: Sequence[int], output: Sequence[int]) -> int:
         """Take the tokens not seen yet; returns how many were there before."""
@@ -85,6 +88,7 @@ class NgramProposer(_Tokens):
         request's tokens followed by ``tail``."""
         seq = (*self.tokens[-self.sizes[0] :], *tail) if tail else self.tokens
         last, least = len(seq), self.sizes[-1]
+        self.matched = 0
         # NOTE: every indexed n-gram's last ``min_match`` tokens were indexed with it, so when
         # those are unseen no size matches: one lookup for a request that backs off, not one a size
         if last < least or tuple(seq[last - least :]) not in self.index[least]:
@@ -92,6 +96,7 @@ class NgramProposer(_Tokens):
         for n in self.sizes:
             end = self.index[n].get(tuple(seq[last - n :])) if last >= n else None
             if end is not None:
+                self.matched = n
                 return self._copy(end, count, tail)
         return []
 
@@ -126,7 +131,7 @@ class SuffixProposer(_Tokens):
     def __init__(self, min_match: int, max_match: int, steps: int, topk: int) -> None:
         super().__init__()
         self.min_match, self.max_match, self.steps, self.topk = min_match, max_match, steps, topk
-        self.depth = max_match + steps
+        self.depth = max_match + steps + 1  # NOTE: + 1: a peek guesses the bonus, then steps drafts
         self.root = _Node()
         #: ``active[i]``: the node of the request's last ``i`` tokens (``active[0]``: the root).
         self.active: list[_Node] = [self.root]
@@ -179,7 +184,9 @@ class SuffixProposer(_Tokens):
         """The node of the longest matched suffix (``min_match`` .. ``max_match``) with children."""
         for length in range(min(self.max_match, len(active) - 1), self.min_match - 1, -1):
             if active[length].children:
+                self.matched = length
                 return active[length]
+        self.matched = 0
         return None
 
     def _chain(self, first: int, node: _Node, count: int) -> list[int]:
@@ -190,10 +197,22 @@ class SuffixProposer(_Tokens):
         return chain
 
 
-Proposer = NgramProposer | SuffixProposer
+Proposer = NgramProposer | SuffixProposer | Gate
 
-#: ``method -> options -> a new request's proposer``.
-PROPOSERS: dict[str, Callable[[SpecOptions], Proposer]] = {
+#: ``method -> options -> a bare proposer`` (:data:`PROPOSERS` gates it).
+BARE: dict[str, Callable[[SpecOptions], NgramProposer | SuffixProposer]] = {
     "ngram": lambda o: NgramProposer(o.min_match, o.max_match, o.geometry.num_steps),
     "suffix": lambda o: SuffixProposer(o.min_match, o.max_match, o.geometry.num_steps, o.geometry.topk),
 }
+
+
+def _gated(method: str) -> Callable[[SpecOptions], Proposer]:
+    def make(options: SpecOptions) -> Proposer:
+        bare, rate = BARE[method](options), options.backoff.min_hit_rate
+        return Gate(bare, rate) if rate > 0 else bare
+
+    return make
+
+
+#: ``method -> options -> a new request's proposer`` (gated unless ``min_hit_rate`` is 0).
+PROPOSERS: dict[str, Callable[[SpecOptions], Proposer]] = {m: _gated(m) for m in BARE}

@@ -15,8 +15,22 @@ METHODS = ("draft_model", "ngram", "suffix")
 COMMON = {"method", "num_steps", "topk", "num_draft_tokens"}
 OWN = {
     "draft_model": {"draft_model", "draft_seed", "draft_init"},
-    "ngram": {"min_match", "max_match", "disable_batch_size", "min_acceptance", "backoff_rounds"},
-    "suffix": {"min_match", "max_match", "disable_batch_size", "min_acceptance", "backoff_rounds"},
+    "ngram": {
+        "min_match",
+        "max_match",
+        "disable_batch_size",
+        "min_acceptance",
+        "backoff_rounds",
+        "min_hit_rate",
+    },
+    "suffix": {
+        "min_match",
+        "max_match",
+        "disable_batch_size",
+        "min_acceptance",
+        "backoff_rounds",
+        "min_hit_rate",
+    },
 }
 
 
@@ -28,12 +42,15 @@ class Backoff:
     ``disable_batch_size``: no drafts in a step of more running requests (0: never off).
     ``min_acceptance``: a request whose acceptance (an average over its recent verifies, each
     the accepted share of the drafts it offered) falls below this pauses for
-    ``backoff_rounds`` steps, twice as many at each further pause (capped at 64 times).
+    ``backoff_rounds`` steps. ``min_hit_rate``: a request offers drafts only while the share of
+    its proposer's recent guesses (offered or not) that its committed tokens matched is at
+    least this (:mod:`graphrt.engine.gate`; 0: no gate).
     """
 
     disable_batch_size: int = 0
     min_acceptance: float = 0.2
     backoff_rounds: int = 4
+    min_hit_rate: float = 0.6
 
     def __post_init__(self) -> None:
         if self.disable_batch_size < 0:
@@ -42,6 +59,8 @@ class Backoff:
             raise ValueError(f"min_acceptance must lie in [0, 1], got {self.min_acceptance}")
         if self.backoff_rounds < 1:
             raise ValueError(f"backoff_rounds must be >= 1, got {self.backoff_rounds}")
+        if not 0.0 <= self.min_hit_rate <= 1.0:
+            raise ValueError(f"min_hit_rate must lie in [0, 1], got {self.min_hit_rate}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +74,8 @@ class SpecOptions:
     weights from ``draft_seed``; ``"checkpoint"``: the draft checkpoint's own weights. Default:
     ``"target"`` for a preset, ``"checkpoint"`` for a checkpoint (resolved by the draft
     builder). ``min_match`` / ``max_match``: the shortest and longest n-gram (``ngram``) or
-    suffix (``suffix``) matched against the request's earlier tokens. ``backoff``: see
+    suffix (``suffix``) matched against the request's earlier tokens (a long match picks the
+    right one of code's many repeated short runs; a 2-token match in prose guesses poorly). ``backoff``: see
     :class:`Backoff` (proposer methods only).
     """
 
@@ -64,8 +84,8 @@ class SpecOptions:
     draft_seed: int = 1
     draft_init: str | None = None
     method: str = "draft_model"
-    min_match: int = 2
-    max_match: int = 4
+    min_match: int = 3
+    max_match: int = 8
     backoff: Backoff = Backoff()
 
     @property
@@ -90,13 +110,14 @@ class SpecOptions:
         if method == "ngram" and topk != 1:
             raise ValueError(f"the ngram method drafts a chain: topk must be 1, got {topk}")
         geometry = SpecGeometry(steps, topk, int(options.get("num_draft_tokens", 0)))
-        lo, hi = int(options.get("min_match", 2)), int(options.get("max_match", 4))
+        lo, hi = int(options.get("min_match", 3)), int(options.get("max_match", 8))
         if not 1 <= lo <= hi:
             raise ValueError(f"need 1 <= min_match <= max_match, got min_match {lo}, max_match {hi}")
         backoff = Backoff(
             int(options.get("disable_batch_size", 0)),
             float(options.get("min_acceptance", 0.2)),
             int(options.get("backoff_rounds", 4)),
+            float(options.get("min_hit_rate", 0.6)),
         )
         draft = str(options.get("draft_model", "tiny-llama-draft"))
         return cls(draft, geometry, int(options.get("draft_seed", 1)), init, method, lo, hi, backoff)

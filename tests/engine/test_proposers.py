@@ -69,14 +69,15 @@ def test_suffix_no_match_and_incremental() -> None:
     assert p.propose([1, 2, 3], [4, 1, 2, 3]) == [[4, 1]]
 
 
-def test_backoff_pauses_after_low_acceptance_and_doubles() -> None:
+def test_backoff_pauses_after_low_acceptance_for_a_fixed_number_of_steps() -> None:
     policy = Backoff(min_acceptance=0.3, backoff_rounds=2)
     row = RowBackoff()
     assert not row.observe(0, 4, policy)  # score 0.5
     assert row.observe(0, 4, policy)  # 0.25 < 0.3: pause 2 steps
     assert [row.sits_out() for _ in range(3)] == [True, True, False]
-    assert not row.observe(0, 4, policy) and row.observe(0, 4, policy)  # paused again: 4 steps
-    assert [row.sits_out() for _ in range(5)] == [True] * 4 + [False]
+    # paused again: as short as before (an edit's rejected drafts must not pause a copy for long)
+    assert not row.observe(0, 4, policy) and row.observe(0, 4, policy) and row.pauses == 2
+    assert [row.sits_out() for _ in range(3)] == [True, True, False]
     assert not row.observe(4, 4, policy) and row.score == 1.0
 
 
@@ -123,3 +124,11 @@ def test_pad_drafts_never_match() -> None:
     acc = tree.accept(drafts, predicted, valid)
     assert acc.branch.tolist() == [1, 1] and acc.length.tolist() == [3, 2]
     assert acc.bonus.tolist() == [2, 9]  # after node 6 / after node 5
+
+
+def test_suffix_peek_guesses_the_bonus_and_a_full_chain_of_drafts() -> None:
+    # an overlapped round peeks steps + 1 tokens (the bonus of the round in flight, then its
+    # drafts): the trie holds substrings long enough for the longest match to give them all
+    suffix = SuffixProposer(min_match=1, max_match=1, steps=2, topk=1)
+    assert suffix.peek([1, 2, 3, 4, 5, 1], [], (), 3) == [2, 3, 4]
+    assert suffix.propose([1, 2, 3, 4, 5, 1], []) == [[2, 3]]

@@ -44,7 +44,15 @@ def greedy(plain: Engine) -> list[list[int]]:
     [
         {"method": "ngram", "num_steps": 3},
         {"method": "suffix", "num_steps": 3, "min_match": 1},
-        {"method": "suffix", "num_steps": 2, "topk": 3, "num_draft_tokens": 6},
+        # NOTE: short matches (2 .. 4 tokens) so that these few short requests draft trees
+        {
+            "method": "suffix",
+            "num_steps": 2,
+            "topk": 3,
+            "num_draft_tokens": 6,
+            "min_match": 2,
+            "max_match": 4,
+        },
     ],
     ids=["ngram", "suffix", "suffix-tree"],
 )
@@ -193,6 +201,6 @@ def test_peek_continues_past_the_tokens_in_flight() -> None:
     # after [3, 4] (in flight, not read): the next token guessed 1, then the drafts 2, 3, 4
     assert ngram.peek(prompt, [], (3, 4), 4) == [1, 2, 3, 4]
     assert ngram.peek(prompt, [], (9, 9), 4) == []  # nothing seen ends like that
-    suffix = SuffixProposer(1, 3, 4, 1)  # NOTE: its trie holds substrings of max_match + steps
+    suffix = SuffixProposer(1, 3, 4, 1)  # NOTE: its trie holds substrings of max_match + steps + 1
     assert suffix.peek(prompt, [], (3, 4), 4) == [1, 2, 3, 4]
     assert suffix.propose(prompt, []) == [[3, 4, 1, 2]]  # peeking indexed nothing

@@ -3,7 +3,10 @@ always-match proposer of the pipeline-ceiling run.
 
 - ``copy`` / ``chat`` (``bench/spec_prompts/<name>.jsonl``, one ``{"prompt": text}`` a line,
   through the model's chat template): edit or repeat given code and prose (much to copy), and
-  questions with nothing to copy (speculation must back off).
+  questions with nothing to copy (speculation must back off). Each text to copy is about as
+  long as a 256-token answer: ``generate`` has no stop token, so past a short answer a small
+  model writes on (SmolLM2 invents a new chat turn) and the rest of the run has nothing to copy.
+  The first prompt (the only one at batch size 1) is one SmolLM2 copies throughout.
 - ``random``: random token prompts (``--prompt-len``), for models without a tokenizer.
 - ``always-match``: random prompts whose continuation the proposer is given (the plain run's
   own greedy tokens): every draft matches until a near-tie flips a token, so the round costs
