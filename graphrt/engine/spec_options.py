@@ -13,25 +13,16 @@ DRAFT_INITS = ("target", "seed", "checkpoint")
 METHODS = ("draft_model", "ngram", "suffix")
 #: Options every method takes, and those of each method (``parse`` refuses the others).
 COMMON = {"method", "num_steps", "topk", "num_draft_tokens"}
-OWN = {
-    "draft_model": {"draft_model", "draft_seed", "draft_init"},
-    "ngram": {
-        "min_match",
-        "max_match",
-        "disable_batch_size",
-        "min_acceptance",
-        "backoff_rounds",
-        "min_hit_rate",
-    },
-    "suffix": {
-        "min_match",
-        "max_match",
-        "disable_batch_size",
-        "min_acceptance",
-        "backoff_rounds",
-        "min_hit_rate",
-    },
+#: The options of the proposers (no forward pass), shared by ``ngram`` and ``suffix``.
+PROPOSER = {
+    "min_match",
+    "max_match",
+    "disable_batch_size",
+    "min_acceptance",
+    "backoff_rounds",
+    "min_hit_rate",
 }
+OWN = {"draft_model": {"draft_model", "draft_seed", "draft_init"}, "ngram": PROPOSER, "suffix": PROPOSER}
 
 
 @dataclass(frozen=True, slots=True)
