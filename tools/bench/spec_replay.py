@@ -5,7 +5,8 @@ greedy continuation and the policy alone. :func:`replay` runs the engine's own p
 and back-off (:data:`graphrt.engine.proposers.PROPOSERS`, :class:`~graphrt.engine.backoff.RowBackoff`)
 as the engine schedules one request: synchronous rounds (:mod:`graphrt.engine.lookup`) or
 overlapped ones (:mod:`graphrt.engine.spec_ahead`: round n+1 built assuming round n accepts every
-draft it offered, dropped as stale when it did not). :func:`oracle` says what a perfect gate
+draft it offered, dropped as stale when it did not; a request whose last verify fell short sits
+out the round launched during its next one). :func:`oracle` says what a perfect gate
 would get: a round drafts exactly the proposer's tokens that the target then commits.
 
 Usage: ``python -m graphrt.tools.bench.spec_replay TOKENS.json [--speculative key=value,...]``,
@@ -126,12 +127,19 @@ def _plan(
 
 
 def replay_overlap(prompt: list[int], greedy: list[int], options: SpecOptions) -> Rounds:
-    """Overlapped rounds (:class:`~graphrt.engine.spec_ahead.SpecAhead`) of one request."""
+    """Overlapped rounds (:class:`~graphrt.engine.spec_ahead.SpecAhead`) of one request. As the
+    engine, a request whose last verify accepted less than all (before its first: fewer than half
+    of the verifies accepted all) sits out the round launched during its next verify, which is
+    read first: the exact round is launched after it."""
     proposer, row, policy = PROPOSERS[options.method](options), RowBackoff(), options.backoff
     steps, end, out, rounds = options.geometry.num_steps, len(greedy), [], Rounds()
     flight: _Flight | None = _Flight(len(prompt), ())  # NOTE: the prefill, read one step late
+    full: bool | None = None
+    verifies = full_verifies = 0
     while flight is not None and len(out) < end:
-        launched = _plan(proposer, row, prompt, out, flight, steps, end)
+        prior = 2 * full_verifies >= verifies
+        sits = bool(out) and flight.valid and bool(flight.drafts) and not (prior if full is None else full)
+        launched = None if sits else _plan(proposer, row, prompt, out, flight, steps, end)
         if not out:
             out.append(greedy[0])  # the prefill's token
         elif not flight.valid:
@@ -143,8 +151,11 @@ def replay_overlap(prompt: list[int], greedy: list[int], options: SpecOptions) -
             rounds.add(flight.kind, a + 1, k, a)
             if k:
                 row.observe(a, k, policy)
+                full, verifies, full_verifies = a == k, verifies + 1, full_verifies + (a == k)
             if launched is not None and a < k:
                 launched.valid = False
+        if sits and len(out) < end:
+            launched = _plan(proposer, row, prompt, out, _Flight(0, (), valid=False), steps, end)
         flight = launched
     return rounds
 
