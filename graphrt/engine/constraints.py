@@ -11,22 +11,20 @@ with one copy. A prefill writes every admitted row (all tokens allowed where unc
 a reused row holds nothing stale); a decode step writes the constrained rows only. The next
 mask needs the last token accepted, so an overlapped engine writes a constrained batch's masks
 after the next step's metadata and before its launch, reading the step in flight in between
-(:func:`read_then_mask`).
+(:func:`graphrt.engine.step_run.read_then_mask`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from graphrt.runtime.token_mask import ALL, TokenMasks
 
 if TYPE_CHECKING:
-    from graphrt.engine.overlap import Overlap
     from graphrt.engine.request import Request
-    from graphrt.engine.step_state import StepState
 
 
 def check_constraint(constraint: object, supported: bool) -> None:
@@ -67,16 +65,3 @@ def accept(reqs: Sequence[Request]) -> None:
     for r in reqs:
         if r.constraint is not None:
             r.constraint.accept(r.output)
-
-
-def read_then_mask(state: StepState, overlap: Overlap, reqs: Sequence[Request], out: list[Any]) -> None:
-    """A constrained DECODE of ``reqs``, its metadata written and its launch next (the
-    ``ready`` of ``GraphRuntime.run``): read the step in flight (its tokens accepted by the
-    grammars; ``state.take``'s answer appended to ``out``), then write the masks of ``reqs``.
-
-    A request its token just ended runs this step on its last mask (which allowed that token,
-    so it is never empty); the token it samples is dropped, as any overlapped step's is.
-    """
-    out.append(state.take(overlap.swap(None)))
-    done = out[-1][1]
-    state.extras.before([r for r in reqs if not r.done] if done else reqs)

@@ -10,10 +10,21 @@ round on drafts to find out (a request paused by :mod:`.backoff` learns nothing 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from graphrt.engine.proposers import NgramProposer, SuffixProposer
+
+class Guesser(Protocol):
+    """What a gate asks of its proposer (:mod:`.proposers`' n-gram and suffix ones)."""
+
+    tokens: Sequence[int]
+
+    def propose(self, prompt: Sequence[int], output: Sequence[int]) -> list[list[int]]: ...
+
+    def peek(
+        self, prompt: Sequence[int], output: Sequence[int], tail: Sequence[int], count: int
+    ) -> list[int]: ...
+
+
 #: Weight of each newly scored guess in a gate's hit rate.
 GATE_WEIGHT = 0.25
 #: Guesses a gate keeps waiting for their tokens (older ones are dropped unscored).
@@ -33,7 +44,7 @@ class Gate:
     again without spending a round to find out.
     """
 
-    def __init__(self, proposer: NgramProposer | SuffixProposer, min_hit_rate: float) -> None:
+    def __init__(self, proposer: Guesser, min_hit_rate: float) -> None:
         self.proposer, self.min_hit_rate = proposer, min_hit_rate
         self.rate = 1.0
         #: ``(position of the first guess, tail assumed before it, guessed tokens)``.

@@ -19,7 +19,6 @@ import torch
 
 from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
 from graphrt.engine.chunked import plan_step, prefilling
-from graphrt.engine.constraints import read_then_mask
 from graphrt.engine.extras import StepExtras
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
@@ -29,7 +28,7 @@ from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params
 from graphrt.engine.spec_ahead import SpecAhead
 from graphrt.engine.speculative import SpecRunner
-from graphrt.engine.step_run import host_sample, run_and_sample, run_mixed, spec_round
+from graphrt.engine.step_run import host_sample, read_then_mask, run_and_sample, run_mixed, spec_round
 from graphrt.engine.step_state import StepCounts
 from graphrt.step.modes import ForwardMode
 

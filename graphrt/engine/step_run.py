@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from graphrt.engine.batches import append_tokens
 from graphrt.engine.chunked import MixedStep, prefilling
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
+from graphrt.engine.overlap import Overlap
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import host_tokens, row_params, until_stop
 from graphrt.engine.speculative import SpecRunner
@@ -101,3 +103,16 @@ def host_sample(
         for r, row in zip(reqs, logits.float().cpu(), strict=True):
             sched.logits.setdefault(r.rid, []).append(row)
     return tokens
+
+
+def read_then_mask(state: StepState, overlap: Overlap, reqs: Sequence[Request], out: list[Any]) -> None:
+    """A constrained DECODE of ``reqs``, its metadata written and its launch next (the
+    ``ready`` of ``GraphRuntime.run``): read the step in flight (its tokens accepted by the
+    grammars; ``state.take``'s answer appended to ``out``), then write the masks of ``reqs``.
+
+    A request its token just ended runs this step on its last mask (which allowed that token,
+    so it is never empty); the token it samples is dropped, as any overlapped step's is.
+    """
+    out.append(state.take(overlap.swap(None)))
+    done = out[-1][1]
+    state.extras.before([r for r in reqs if not r.done] if done else reqs)
