@@ -12,6 +12,8 @@
 #         plain loop: copy and chat at bs 1, back-off at bs 32 / 64, the 8B always-match ceiling.
 # engine: first answer (lazy vs eager capture), chunked prefill ITL, prefix caching (64 requests
 #         sharing 1000 tokens), graphrt serve plain / logprobs / JSON schema at 1 / 8 / 32 clients.
+# tunedense: `graphrt tune` of every preset into graphrt/kernels/tables/<GPU>.json (copied to $OUT),
+#         then bench model 1B / 8B at bs 1 / 16 / 64 and 8B FP8 with it.
 # kernels: the GPU tests of the kernels new this session and the last (MLA prologue, MoE experts).
 # suite:  the whole GPU-marked suite (the fused MLA prologue's tests first).
 # tuneall: `graphrt tune` over the dense and MoE presets (this GPU's table, copied to $OUT), then
@@ -20,7 +22,7 @@
 #         bench model bs 1 of each MoE shape with the committed table and with the tuned one.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?moe|dense|spec|engine|moetune|suite|tuneall|kernels}
+what=${1:?moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense}
 log="$OUT/s9_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -108,6 +110,18 @@ tuneall() {
   done
 }
 
+tunedense() {
+  LIMIT=280 TAIL=40 run graphrt tune --models llama-3.2-1b,llama-3-8b,qwen3-30b-a3b,gpt-oss-20b,deepseek-v2-lite \
+    --iters 50 --out "graphrt/kernels/tables/$(basename "$table")"
+  cp -r /tmp/xdg/graphrt/tuning graphrt/kernels/tables "$OUT/" 2>/dev/null
+  for shape in llama-3.2-1b llama-3-8b; do
+    LIMIT=70 run graphrt bench model --shape "$shape" --batch-sizes 1,16,64 --context 512 --iters 30 --no-compile \
+      --out "$OUT/json"
+  done
+  LIMIT=80 run graphrt bench model --shape llama-3-8b --quantization fp8 --batch-sizes 1 --context 512 --iters 30 \
+    --out "$OUT/json"
+}
+
 kernels() {
   LIMIT=150 TAIL=25 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/kv/test_latent_store.py \
     tests/models/test_mla_prologue_model.py tests/runtime/test_mla_runtime.py tests/kernels/test_moe_experts.py
@@ -118,10 +132,11 @@ moe) moe ;;
 moetune) moetune ;;
 suite) suite ;;
 kernels) kernels ;;
+tunedense) tunedense ;;
 tuneall) tuneall ;;
 dense) dense ;;
 spec) spec ;;
 engine) engine ;;
-*) echo "moe|dense|spec|engine|moetune|suite|tuneall|kernels, got $what" >&2; exit 2 ;;
+*) echo "moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s9_${what}_json.tgz" json && rm -rf "$OUT/json"
