@@ -51,13 +51,15 @@ dense() {
 }
 
 spec() {
-  local common=(--device cuda --num-steps 4 --max-new-tokens 256 --context 1024 --spec-overlap both --out "$OUT/json")
-  for workload in copy chat; do
-    LIMIT=100 run graphrt bench-spec --target "$gguf" --workload "$workload" --method ngram,suffix --topk 1 \
-      --batch-sizes 1 "${common[@]}"
+  local common=(--device cuda --max-new-tokens 256 --context 1024 --spec-overlap both --out "$OUT/json")
+  for steps in 4 8; do
+    for workload in copy chat; do
+      LIMIT=100 run graphrt bench-spec --target "$gguf" --workload "$workload" --method ngram,suffix --topk 1 \
+        --batch-sizes 1 --num-steps "$steps" "${common[@]}"
+    done
   done
   LIMIT=100 run graphrt bench-spec --target "$gguf" --workload chat --method ngram --batch-sizes 32,64 \
-    --disable-batch-size 16 "${common[@]}"
+    --disable-batch-size 16 --num-steps 4 "${common[@]}"
   LIMIT=100 run graphrt bench-spec --target llama-3-8b --workload always-match --method ngram --batch-sizes 1 \
     --num-steps 4 --max-new-tokens 128 --context 512 --spec-overlap both --device cuda --out "$OUT/json"
 }
