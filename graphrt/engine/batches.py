@@ -81,6 +81,7 @@ class RunningArrays:
 
     @classmethod
     def of(cls: type[_Arrays], reqs: Sequence[Any], *, sampled: bool) -> _Arrays:
+        """``reqs``' arrays (a copy of the list; ``sampled``: with their sampling parameters)."""
         return cls(
             reqs=list(reqs),
             rows=frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
