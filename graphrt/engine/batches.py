@@ -7,7 +7,8 @@ Requests are ``engine.request.Request`` objects, typed ``Any`` here as in ``page
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -59,6 +60,37 @@ def frozen(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+_Arrays = TypeVar("_Arrays", bound="RunningArrays")
+
+
+@dataclass(frozen=True, slots=True)
+class RunningArrays:
+    """The arrays every batch of one running set (``reqs``, in batch order) shares, made once
+    (``O(bs)`` Python, when the set changes) instead of loops over the requests each step.
+
+    ``rows [bs]`` int64 request rows; ``table [bs, pages]`` int64 their page table
+    (:func:`~graphrt.engine.pages.page_table`); ``index [bs]`` ``0 .. bs-1`` (all read-only);
+    ``sampling`` their sampling parameters, None unless ``sampled``.
+    """
+
+    reqs: list[Any]
+    rows: np.ndarray
+    table: np.ndarray
+    index: np.ndarray
+    sampling: tuple[SamplingParams, ...] | None
+
+    @classmethod
+    def of(cls: type[_Arrays], reqs: Sequence[Any], *, sampled: bool) -> _Arrays:
+        """``reqs``' arrays (a copy of the list; ``sampled``: with their sampling parameters)."""
+        return cls(
+            reqs=list(reqs),
+            rows=frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
+            table=frozen(page_table(reqs)),
+            index=frozen(np.arange(len(reqs))),
+            sampling=row_params([r.sampling for r in reqs]) if sampled else None,
+        )
+
+
 #: Decode steps whose KV slots :class:`DecodeRows` lays out at once (a ``[SLOT_STEPS, bs]``
 #: block, one row per step): a step then takes a row instead of five numpy operations.
 SLOT_STEPS = 32
@@ -69,9 +101,10 @@ class DecodeRows:
 
     The running set of continuous batching changes only when a request joins or leaves; in
     between, every step writes the next position of the same rows. So the request rows, page
-    table, sampling parameters, budgets and stop tokens become arrays once (``O(bs)`` Python,
-    when the set changes), and a step costs a few numpy operations instead of loops over the
-    requests: :meth:`batch`, then :meth:`advance` once the step is launched.
+    table and sampling parameters (:class:`RunningArrays`), budgets and stop tokens become
+    arrays once (``O(bs)`` Python, when the set changes), and a step costs a few numpy
+    operations instead of loops over the requests: :meth:`batch`, then :meth:`advance` once
+    the step is launched.
 
     ``sampled``: the batches carry ``Batch.sampling`` (the runtime samples in its program).
     ``pending``: ids (``id(request)``) of requests with one more token in flight than their
@@ -93,10 +126,7 @@ class DecodeRows:
         seq_lens: np.ndarray | None = None,
     ) -> None:
         bs = len(reqs)
-        self.reqs, self.page_size = reqs, page_size
-        self.rows = frozen(np.array([r.req_idx for r in reqs], dtype=np.int64))
-        self.pages = page_table(reqs)
-        self.index = np.arange(bs)
+        self.arrays, self.page_size = RunningArrays.of(reqs, sampled=sampled), page_size
         #: The next step's KV length per request: its tokens read or in flight, plus the new one.
         if seq_lens is None:
             seq_lens = [len(r.prompt) + len(r.output) + r.inflight + (id(r) in pending) for r in reqs]
@@ -111,7 +141,6 @@ class DecodeRows:
         self.last = frozen(np.array([r.output[-1] if r.output else 0 for r in reqs], dtype=np.int64))
         #: A fed step's input ids: ``FED`` (the device gathers each row's token in the graph).
         self.fed = frozen(np.full(bs, FED, dtype=np.int64))
-        self.sampling = row_params([r.sampling for r in reqs]) if sampled else None
         # NOTE: a step's tokens are appended through bound methods: no attribute lookups per
         # request (``Request.output`` is never replaced while the request runs).
         self._appends = [r.output.append for r in reqs]
@@ -128,8 +157,18 @@ class DecodeRows:
         self._step = 0  # NOTE: the row of ``_slots`` the next batch takes
 
     @property
+    def reqs(self) -> list[Any]:
+        """The running requests, in batch order."""
+        return self.arrays.reqs
+
+    @property
+    def sampling(self) -> tuple[SamplingParams, ...] | None:
+        """The batches' ``Batch.sampling`` (None unless ``sampled``)."""
+        return self.arrays.sampling
+
+    @property
     def bs(self) -> int:
-        return len(self.reqs)
+        return len(self.arrays.reqs)
 
     @property
     def runway(self) -> int:
@@ -142,8 +181,9 @@ class DecodeRows:
         runtime's checks refuse it; no step reaches one within the request's budget)."""
         pos = (self.seq_lens - 1)[None, :] + np.arange(SLOT_STEPS)[:, None]
         page = pos // self.page_size
-        width = self.pages.shape[1]
-        slots = self.pages[self.index[None, :], np.minimum(page, width - 1)] * self.page_size
+        table = self.arrays.table
+        width = table.shape[1]
+        slots = table[self.arrays.index[None, :], np.minimum(page, width - 1)] * self.page_size
         slots += pos % self.page_size
         slots[page >= width] = -1
         return frozen(slots)
@@ -160,7 +200,7 @@ class DecodeRows:
             ForwardMode.DECODE,
             input_ids=self.fed if fed else self.last,
             seq_lens=self.seq_lens,
-            req_pool_indices=self.rows,
+            req_pool_indices=self.arrays.rows,
             out_cache_loc=self._slots[self._step],
             sampling=self.sampling,
         )

@@ -15,36 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from graphrt.engine.batches import frozen
-from graphrt.engine.pages import page_table
-from graphrt.engine.sampling import row_params
+from graphrt.engine.batches import RunningArrays
 from graphrt.step.batch import PAD_DRAFT
-from graphrt.step.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
-class RoundLayout:
-    """The arrays of one running set (``reqs``, in batch order) that its verify rounds share.
-
-    ``rows [bs]`` int64 request rows; ``table [bs, pages]`` their page table; ``sampling``
-    their sampling parameters; ``index [bs]`` ``0 .. bs-1``.
-    """
-
-    reqs: list[Any]
-    rows: np.ndarray
-    table: np.ndarray
-    sampling: tuple[SamplingParams, ...]
-    index: np.ndarray
-
-    @classmethod
-    def of(cls, reqs: list[Any]) -> RoundLayout:
-        return cls(
-            reqs=list(reqs),
-            rows=frozen(np.array([r.req_idx for r in reqs], dtype=np.int64)),
-            table=frozen(page_table(reqs)),
-            sampling=row_params([r.sampling for r in reqs]),
-            index=frozen(np.arange(len(reqs))),
-        )
+class RoundLayout(RunningArrays):
+    """The arrays of one running set (``reqs``, in batch order) that its verify rounds share:
+    :class:`~graphrt.engine.batches.RunningArrays`, always with ``sampling`` (a verify round
+    samples in its graph). Made by :class:`Layouts`, kept while the set runs unchanged."""
 
 
 class Layouts:
@@ -61,7 +40,7 @@ class Layouts:
         while it is kept."""
         ids = tuple(map(id, reqs))
         if self._last is None or ids != self._ids:
-            self._last, self._ids = RoundLayout.of(reqs), ids
+            self._last, self._ids = RoundLayout.of(reqs, sampled=True), ids
         return self._last
 
 

@@ -98,7 +98,7 @@ def _fp8_gemm(
     assert triton is not None, "the FP8 GEMM needs Triton"
     (m, k), n = x.shape, q.shape[0]
     block_n, block_k, warps, stages = tile
-    block_m = 1 if m == 1 else max(16, 1 << max(m - 1, 0).bit_length())
+    block_m = skinny.block_m(m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _fp8_skinny[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, q, scale, q if bias is None else bias, out, m, n, k, x.stride(0), q.stride(0),

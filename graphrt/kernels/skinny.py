@@ -48,8 +48,9 @@ M_CLASSES = (1, 16, 64)
 Tile = tuning.Tile
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+def block_m(m: int) -> int:
+    """A launch's ``BLOCK_M`` for ``m`` rows: 1 (a GEMV) or a power of two ``>= 16`` (``tl.dot``'s least)."""
+    return 1 if m == 1 else max(16, tuning.pow2(m))
 
 
 def m_class(m: int) -> int:
@@ -146,10 +147,10 @@ def _skinny_gemm(
     (m, k), n = x.shape, weight.shape[0]
     block_n, block_k, warps, stages = tile[:4]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = -tile[4] if len(tile) > 4 else 1 if m == 1 else max(16, _pow2(m))
-    _skinny[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+    bm = -tile[4] if len(tile) > 4 else block_m(m)
+    _skinny[(triton.cdiv(n, block_n), triton.cdiv(m, bm))](
         x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
         PDL=pdl, F32_DOT=not x.is_cuda, PIPELINED=stages > 1, num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -42,7 +42,7 @@ def run_eager(
     with torch.no_grad():
         # NOTE: a gathering feed runs inside the program (FED ids), as on the graph path.
         raw = PROGRAMS[batch.mode](env, batch.mode, inputs, max_q)
-        out = select(raw, batch.sampling is not None, batch.bs, batch.num_tokens)
+        out = select(raw, batch.sampling is not None, batch.bs, batch.num_tokens, plan.last_rows)
         if feed is not None and not feed.gather:
             feed.after(inputs.step, batch.bs, out)
     return out, raw

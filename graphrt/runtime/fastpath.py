@@ -51,12 +51,15 @@ class ModePlan:
     pad: dict[str, int]
     #: Buckets count query tokens (MIXED): a step's route is picked by its token count.
     token_bucket: bool = False
+    #: A sampling program's logits hold each request's last row only (``ModeSpec.last_rows_only``).
+    last_rows: bool = False
 
     @classmethod
     def of(cls, mode: ForwardMode, scratch: bool, rows_per_req: int, pad: dict[str, int]) -> ModePlan:
         spec = MODES[mode]
         graphed, ragged = bool(spec.graphed), bool(spec.ragged)
-        return cls(mode, mode.name, graphed, ragged, scratch, rows_per_req, pad, bool(spec.token_bucket))
+        token_bucket, last_rows = bool(spec.token_bucket), bool(spec.last_rows_only)
+        return cls(mode, mode.name, graphed, ragged, scratch, rows_per_req, pad, token_bucket, last_rows)
 
 
 @dataclass(slots=True)
@@ -77,6 +80,8 @@ class Route:
     num_tokens: int
     #: Request rows the graph holds (the bucket; MIXED: ``min(bucket, max_batch_size)``).
     rows: int = 0
+    #: The mode's :attr:`ModePlan.last_rows` (how :func:`select` slices a sampling output).
+    last_rows: bool = False
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
 
@@ -87,21 +92,22 @@ class Route:
         differs from the uniform one (ragged modes) is sliced on the spot.
         """
         if num_tokens != self.num_tokens:
-            return select(self.output, sampled, self.bs, num_tokens)
+            return select(self.output, sampled, self.bs, num_tokens, self.last_rows)
         view = self._views.get(sampled)
         if view is None:
-            view = self._views[sampled] = select(self.output, sampled, self.bs, num_tokens)
+            view = self._views[sampled] = select(self.output, sampled, self.bs, num_tokens, self.last_rows)
         return view
 
 
-def select(out: Any, sampled: bool, bs: int, num_tokens: int) -> torch.Tensor:
+def select(out: Any, sampled: bool, bs: int, num_tokens: int, last_rows: bool) -> torch.Tensor:
     """The real rows of a program's output: sampled tokens ``[bs]`` when the batch asked for
-    them, else the forward's output ``[num_tokens, ...]`` (a sampling program's ragged step:
-    each request's last row's logits ``[bs, V]``, the only rows its head computed)."""
+    them, else the forward's output ``[num_tokens, ...]`` (``last_rows``, the mode's
+    :attr:`ModePlan.last_rows`: a sampling program's logits are each request's last row's
+    ``[bs, V]``, the only rows its head computed)."""
     if isinstance(out, Sampled):
         if sampled:
             return out.tokens[:bs]
-        return out.logits[: bs if out.last_rows else num_tokens]
+        return out.logits[: bs if last_rows else num_tokens]
     return out[:num_tokens]
 
 
@@ -167,7 +173,7 @@ class Routes:
             n = -1 if plan.ragged else bs * plan.rows_per_req
             max_q = graph.info.host_scalars["max_seqlen_q"]
             output = self.outputs[(plan.mode, bucket)]
-            route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows)
+            route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows, plan.last_rows)
             routes[size] = route
         check_host_scalars(batch, plan.ragged, route.max_q)
         return route

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from graphrt.metadata.sampling import SamplingBuffers
+from graphrt.step.limits import needs_vocab
 
 
 class TokenCounts:
@@ -43,11 +44,7 @@ class TokenCounts:
     @classmethod
     def of(cls, wanted: bool, rows: int, vocab_size: int | None, device: torch.device) -> TokenCounts | None:
         """The counts of a runtime (``RuntimeConfig.penalties``: ``wanted``), or None."""
-        if not wanted:
-            return None
-        if vocab_size is None:
-            raise ValueError("penalties=True needs the model's vocab_size (pass vocab_size=)")
-        return cls(rows, vocab_size, device)
+        return cls(rows, needs_vocab("penalties", vocab_size), device) if wanted else None
 
     def start(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         """Request rows ``rows [R]`` start over: no token counted, only ``prompts[r]`` (its

@@ -176,15 +176,15 @@ def head_rows(mode: ForwardMode, inputs: StepInputs) -> torch.Tensor | None:
 
 
 class Sampled(NamedTuple):
-    """A sampling step's output: ``logits`` of every token row ``[T, V]``, or with ``last_rows``
-    of each request's last ``[R, V]`` (:func:`head_rows`), and ``tokens [R]`` int64, one sampled
-    token per request row (drawn from its last token's logits); ``logprobs`` ``[R, 1 + 2K]``
-    float32 with ``RuntimeConfig.logprobs = K`` (:mod:`.logprobs`), else None."""
+    """A sampling step's output: ``logits`` of every token row ``[T, V]``, or in a mode with
+    :attr:`ModeSpec.last_rows_only` of each request's last ``[R, V]`` (:func:`head_rows`), and
+    ``tokens [R]`` int64, one sampled token per request row (drawn from its last token's
+    logits); ``logprobs`` ``[R, 1 + 2K]`` float32 with ``RuntimeConfig.logprobs = K``
+    (:mod:`.logprobs`), else None."""
 
     logits: torch.Tensor
     tokens: torch.Tensor
     logprobs: torch.Tensor | None = None
-    last_rows: bool = False
 
 
 Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
@@ -209,7 +209,7 @@ def sampled(program: Program) -> Program:
         else:
             tokens = sample(z, inputs.sampling)
         lp = step_logprobs(rows, tokens, env.logprobs) if env.logprobs else None
-        return Sampled(logits, tokens, lp, MODES[mode].last_rows_only)
+        return Sampled(logits, tokens, lp)
 
     return run
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from graphrt.buffers.stream import current_stream
+from graphrt.step.limits import needs_vocab
 
 #: Every token allowed.
 ALL = -1
@@ -47,11 +48,7 @@ class TokenMasks:
     @classmethod
     def of(cls, wanted: bool, rows: int, vocab_size: int | None, device: torch.device) -> TokenMasks | None:
         """The masks of a runtime (``RuntimeConfig.token_masks``: ``wanted``), or None."""
-        if not wanted:
-            return None
-        if vocab_size is None:
-            raise ValueError("token_masks=True needs the model's vocab_size (pass vocab_size=)")
-        return cls(rows, vocab_size, device)
+        return cls(rows, needs_vocab("token_masks", vocab_size), device) if wanted else None
 
     def staging(self) -> tuple[torch.Tensor, np.ndarray]:
         """The host rows the next :meth:`upload` copies, ``[rows, words]`` int32, as a tensor

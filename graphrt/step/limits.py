@@ -46,3 +46,11 @@ def model_vocab_size(forward: Any) -> int | None:
             if embedding is not None:
                 return int(embedding.num_embeddings)
     return None
+
+
+def needs_vocab(option: str, vocab_size: int | None) -> int:
+    """``vocab_size`` for ``RuntimeConfig.<option>``, whose tables keep a column per token id;
+    a ValueError naming the option when the model's vocabulary is unknown (None)."""
+    if vocab_size is None:
+        raise ValueError(f"{option}=True needs the model's vocab_size (pass vocab_size=)")
+    return vocab_size

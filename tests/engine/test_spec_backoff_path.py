@@ -74,7 +74,7 @@ def test_steady_backoff_reuses_the_running_sets_rows() -> None:
     rows = spec.scheduler.rows
     assert rows is not None and len(rows.reqs) == 2
     spec.step()
-    assert spec.scheduler.rows is rows and log.batches[-1].req_pool_indices is rows.rows
+    assert spec.scheduler.rows is rows and log.batches[-1].req_pool_indices is rows.arrays.rows
     assert log.batches[-1].input_ids is rows.fed and log.batches[-1].seq_lens is not log.batches[-2].seq_lens
 
 

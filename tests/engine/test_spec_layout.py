@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphrt.engine.batches import DecodeRows, RunningArrays
 from graphrt.engine.request import Request
 from graphrt.engine.spec_layout import Layouts
 from graphrt.step.sampling import SamplingParams
@@ -36,3 +37,13 @@ def test_layout_reused_then_rebuilt() -> None:
     assert swapped is not first and swapped.rows.tolist() == [0, 3]
     fewer = layouts.get(reqs[1:])
     assert np.array_equal(fewer.rows, [0]) and fewer.table.shape == (1, 1)
+
+
+def test_decode_rows_and_rounds_share_one_layout_of_the_set() -> None:
+    reqs = _reqs()
+    layout, rows = Layouts().get(reqs), DecodeRows(reqs, 4, sampled=False)
+    assert isinstance(layout, RunningArrays) and isinstance(rows.arrays, RunningArrays)
+    for name in ("rows", "table", "index"):
+        assert np.array_equal(getattr(rows.arrays, name), getattr(layout, name)), name
+        assert not getattr(rows.arrays, name).flags.writeable, name
+    assert rows.sampling is None and layout.sampling is not None  # only a sampled set has them

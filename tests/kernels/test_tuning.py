@@ -126,6 +126,12 @@ def test_malformed_tables_are_refused_naming_file_and_field(cache: Path, edit, m
         tuning.choose(H100)
 
 
+def test_tiles_round_to_powers_of_two() -> None:
+    assert [tuning.pow2(n) for n in (0, 1, 2, 3, 16, 17, 1000)] == [1, 1, 2, 4, 16, 32, 1024]
+    # NOTE: one row is a GEMV (BLOCK_M 1); more rows take a tl.dot tile of at least 16
+    assert [skinny.block_m(m) for m in (1, 2, 16, 17, 64)] == [1, 16, 16, 32, 64]
+
+
 def test_the_launch_helpers_read_the_installed_table(monkeypatch: pytest.MonkeyPatch) -> None:
     assert skinny.tile_for(1, 4096, 4096) == Tile(8, 2048, 8)  # today's rule
     rule, over = Tile(32, 256, 4), Tile(16, 512, 8)

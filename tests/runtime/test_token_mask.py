@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.token_mask import ALL, TokenMasks
 
 
@@ -49,3 +50,13 @@ def test_uploads_write_exactly_their_rows_whatever_rows_came_before() -> None:
         masks.upload(np.array(rows))
         want[rows] = words
         assert np.array_equal(masks.masks.numpy(), want), rows
+
+
+def test_a_runtime_option_without_a_vocabulary_is_refused_by_name() -> None:
+    cpu = torch.device("cpu")
+    assert TokenMasks.of(False, 4, None, cpu) is None and TokenCounts.of(False, 4, None, cpu) is None
+    assert TokenMasks.of(True, 4, 70, cpu).masks.shape[0] == 4
+    with pytest.raises(ValueError, match="token_masks=True needs the model's vocab_size"):
+        TokenMasks.of(True, 4, None, cpu)
+    with pytest.raises(ValueError, match="penalties=True needs the model's vocab_size"):
+        TokenCounts.of(True, 4, None, cpu)

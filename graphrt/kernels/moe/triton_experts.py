@@ -97,7 +97,7 @@ def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> t
     inter = torch.empty((tokens * topk, inter_dim), dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     (up_n, up_k, up_warps), (down_n, down_k, down_warps) = t.skinny_up(), t.skinny_down()
-    bk_up, bk_down = min(up_k, _pow2(hidden)), min(down_k, _pow2(inter_dim))
+    bk_up, bk_down = min(up_k, tuning.pow2(hidden)), min(down_k, tuning.pow2(inter_dim))
     _skinny_up[(tokens * topk, triton.cdiv(inter_dim, up_n // 2))](
         x, w.w13, _or(w.b13, w.w13), inter, routing.topk_ids, num_experts, hidden, inter_dim, topk,
         x.stride(0), BN=up_n // 2, BK=bk_up, ACT=ACT_CODES[w.activation],
@@ -137,7 +137,7 @@ def _grouped(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> 
         num_warps=t.warps, num_stages=t.stages, launch_pdl=pdl,
     )  # fmt: skip
     out = torch.empty_like(x)
-    block_h = min(1024, _pow2(hidden))
+    block_h = min(1024, tuning.pow2(hidden))
     _sum_topk[(tokens, triton.cdiv(hidden, block_h))](
         buf, routing.topk_ids, out, num_experts, hidden, topk, BH=block_h, PDL=pdl, launch_pdl=pdl
     )
@@ -146,10 +146,6 @@ def _grouped(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> 
 
 def _or(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
     return other if t is None else t  # NOTE: a pointer the kernel never reads (HAS_BIAS False)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 if triton is not None:

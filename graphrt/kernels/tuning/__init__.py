@@ -22,6 +22,7 @@ from graphrt.kernels.tuning.table import (
     SkinnyRule,
     Tile,
     TuningTable,
+    pow2,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "install_for",
     "load",
     "parse",
+    "pow2",
     "using",
     "write",
 ]

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``): what tiles and blocks round to."""
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -59,8 +60,8 @@ class Tile:
     def fit(self, m: int, n: int, k: int) -> Tile:
         """This tile shrunk to ``N`` and ``K`` (never below the ``tl.dot`` minimum of 16)."""
         low = 16 if m > 1 else 1
-        bn = max(low, min(self.block_n, _pow2(n)))
-        bk = max(low, min(self.block_k, _pow2(k)))
+        bn = max(low, min(self.block_n, pow2(n)))
+        bk = max(low, min(self.block_k, pow2(k)))
         return Tile(bn, bk, self.warps, self.stages)
 
 
