@@ -73,9 +73,8 @@ def build_stack(
     sliding-window layers keep their KV in a pool of ``window + step`` positions per request
     (:mod:`graphrt.kv.window`, :func:`window_layers`) instead of the full context.
     ``quantization``: ``"fp8"`` quantizes the model's projections once built
-    (:func:`graphrt.models.quantize.quantize`). ``optional_mixed``: MIXED graphs (in
-    ``config``) only where the model's backend serves them (:mod:`.graphable`; an engine's
-    prefill and chunked steps run eagerly without them); else such a model is refused.
+    (:func:`graphrt.models.quantize.quantize`). ``optional_mixed``: drop ``config``'s MIXED
+    where the model cannot graph it (:mod:`.graphable`) instead of refusing the model.
     """
     dtype = dtype or default_dtype(device)
     check_quantization(quantization)
@@ -84,14 +83,8 @@ def build_stack(
         model = load(
             checkpoint, device=device, dtype=dtype, tp=tp, progress=progress, quantization=quantization
         )
-        return stack_for(
-            model,
-            config,
-            max_reqs=max_reqs,
-            kv_cache_dtype=kv_cache_dtype,
-            window_pool=window_pool,
-            optional_mixed=optional_mixed,
-        )
+        layout: dict[str, Any] = {"kv_cache_dtype": kv_cache_dtype, "window_pool": window_pool}
+        return stack_for(model, config, max_reqs=max_reqs, optional_mixed=optional_mixed, **layout)
     cfg = preset(name)
     if isinstance(cfg, CrossConfig):
         if quantization is not None:
@@ -102,13 +95,25 @@ def build_stack(
         return cross_stack(
             cfg, device, config, max_reqs or config.max_batch_size, seed, dtype, kv_cache_dtype, tp
         )
+    options = PresetOptions(seed, device, dtype, kv_cache_dtype, tp, window_pool)
+    return preset_stack(name, cfg, config, max_reqs, options, quantization, optional_mixed)
+
+
+def preset_stack(
+    name: str,
+    cfg: Any,
+    config: RuntimeConfig,
+    max_reqs: int | None,
+    o: PresetOptions,
+    quantization: str | None,
+    optional_mixed: bool,
+) -> ModelStack:
+    """A decoder-only preset's stack (:func:`build_stack`'s arguments)."""
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
-    model, kv = preset_model_kv(
-        name, cfg, config, max_reqs, PresetOptions(seed, device, dtype, kv_cache_dtype, tp, window_pool)
-    )
+    model, kv = preset_model_kv(name, cfg, config, max_reqs, o)
     quantize(model, quantization)
-    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
+    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, o.device)
     config = graphable(config, kv, model) if optional_mixed else config
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
