@@ -1,7 +1,8 @@
 """Prefill graphs with the sampling extras an LLM's engine keeps: with penalties, log-probabilities
 and token masks on, a prefill that replays a MIXED graph gives each request the first token, its
 log-probabilities and its grammar's state that an eager EXTEND prefill gives (overlapped and
-not; float32 CPU, log-probabilities within 1e-5: the steps' matmuls differ in shape).
+not; float32 on the CPU and, where there is one, CUDA; log-probabilities within 1e-5: the steps'
+matmuls differ in shape).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from graphrt import Engine, SamplingParams
 from graphrt.text.grammar import Constraint
+from tests.conftest import DEVICES
 from tests.engine.test_constraints import Stepwise
 from tests.engine.test_logprobs import K
 from tests.engine.test_mixed_engine import BUDGETS, KW
@@ -21,9 +23,15 @@ from tests.engine.test_mixed_extras import EXTRAS, PENALISED, SAMPLED, SCHEMA, _
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["overlap", "plain"])
-def engines(request: pytest.FixtureRequest) -> tuple[Engine, Engine]:
-    """(prefills on graphs, eager prefills), both with every extra."""
-    kw = KW | EXTRAS | {"overlap": request.param}
+def overlap(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def engines(request: pytest.FixtureRequest, overlap: bool) -> tuple[Engine, Engine]:
+    """(prefills on graphs, eager prefills), both with every extra; on CUDA too (CUDA graphs,
+    the overlapped copy and event after a replay)."""
+    kw = KW | EXTRAS | {"overlap": overlap, "device": request.param}
     return Engine("tiny-llama", **kw), Engine("tiny-llama", **kw, prefill_graph_tokens=0)
 
 
