@@ -131,3 +131,12 @@ def test_the_ladder_captured(kw: dict[str, object], buckets: tuple[int, ...]) ->
     runtime = Engine("tiny-llama", **config).runtime.config
     assert runtime.token_buckets == buckets
     assert (ForwardMode.MIXED in runtime.capture_modes) == bool(buckets)
+
+
+def test_serve_passes_the_flag() -> None:
+    from graphrt.cli import build_parser
+    from graphrt.tools.cli.serve import llm_options
+
+    default = llm_options(build_parser().parse_args(["serve", "--device", "cpu"]))
+    off = llm_options(build_parser().parse_args(["serve", "--device", "cpu", "--prefill-graph-tokens", "0"]))
+    assert default["prefill_graph_tokens"] == 256 and off["prefill_graph_tokens"] == 0
