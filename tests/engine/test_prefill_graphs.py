@@ -17,6 +17,8 @@ from tests.engine.test_prefix_caching import FIRST, LATER
 from tests.engine.test_prefix_caching import KW as PREFIX_KW
 
 OFF = {"prefill_graph_tokens": 0}
+#: Graphs captured as steps need them (the ladder at build: test_the_eager_prefills_tokens).
+LAZY = {"capture": "lazy"}
 
 
 def replayed_every_prefill(engine: Engine) -> None:
@@ -46,7 +48,7 @@ def test_the_eager_prefills_tokens(overlap: bool, seeded: bool) -> None:
 def test_a_prefix_hit_prefills_its_rest_in_a_graph(overlap: bool) -> None:
     """The later prompts hit the cached system prompt: each prefill computes only the rest,
     in a graph, and the tokens are those of an eager engine without caching."""
-    kw = PREFIX_KW | {"overlap": overlap}
+    kw = PREFIX_KW | LAZY | {"overlap": overlap}
     cold = Engine("tiny-llama", **kw, prefix_caching=False, **OFF)
     want = cold.generate(FIRST, 6) + cold.generate(LATER, 6)
     engine = Engine("tiny-llama", **kw)
@@ -60,7 +62,7 @@ def test_a_prefix_hit_prefills_its_rest_in_a_graph(overlap: bool) -> None:
 def test_a_prefill_larger_than_the_ladder_runs_eagerly(overlap: bool) -> None:
     """Buckets up to 8 tokens: a lone 9-token prompt and a wave of 1 + 3 + 6 tokens run EXTEND
     eagerly, a lone 6-token one replays MIXED 8; no fallback is counted."""
-    kw = PREFIX_KW | {"overlap": overlap, "prefix_caching": False}
+    kw = PREFIX_KW | LAZY | {"overlap": overlap, "prefix_caching": False}
     waves = [[PROMPTS[1]], [PROMPTS[2], PROMPTS[0], PROMPTS[4]], [PROMPTS[4]]]
     eager = Engine("tiny-llama", **kw, **OFF)
     engine = Engine("tiny-llama", **kw, prefill_graph_tokens=8)
@@ -84,8 +86,8 @@ def test_a_prefill_larger_than_the_ladder_runs_eagerly(overlap: bool) -> None:
     ids=["window", "sinks", "chunked-local", "mla", "fp8-kv", "record-logits"],
 )
 def test_attention_features_prefill_in_graphs(model: str, kw: dict[str, object]) -> None:
-    cold = Engine(model, **PREFIX_KW, **kw, **OFF)
-    engine = Engine(model, **PREFIX_KW, **kw)
+    cold = Engine(model, **PREFIX_KW, **LAZY, **kw, **OFF)
+    engine = Engine(model, **PREFIX_KW, **LAZY, **kw)
     assert engine.generate(FIRST, 5) + engine.generate(LATER, 5) == (
         cold.generate(FIRST, 5) + cold.generate(LATER, 5)
     )
@@ -112,7 +114,7 @@ def test_a_model_without_mixed_graphs_prefills_eagerly(model: str, chunk: int | 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "256"])
 def test_bad_prefill_graph_tokens_are_refused(value: object) -> None:
     with pytest.raises(ValueError, match=rf"prefill_graph_tokens must be an int >= 0 .* got {value!r}"):
-        Engine("tiny-llama", **PREFIX_KW, prefill_graph_tokens=value)
+        Engine("tiny-llama", **PREFIX_KW, **LAZY, prefill_graph_tokens=value)
 
 
 @pytest.mark.parametrize(
