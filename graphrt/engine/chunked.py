@@ -12,6 +12,10 @@ Tokens equal an unchunked prefill's: a chunk attends to the KV its earlier chunk
 whole prompt would, and a request's penalty counts and grammar mask start right before the step
 of its last chunk (``StepExtras.before``), as before a whole-prompt prefill, so its penalties,
 mask and log-probabilities are those of an unchunked prefill too.
+
+Without chunking, a whole-prompt prefill step is such a batch without decode rows, and replays
+the same MIXED graphs where it fits one (:mod:`.prefill`, ``EngineConfig.prefill_graph_tokens``);
+with chunking every prefill step is a chunked one, on this module's ladder.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ from graphrt.engine.spec_options import SpecOptions
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
 
+#: ``EngineConfig.prefill_graph_tokens`` unless given: a prefill after a prefix-cache hit (tens
+#: to hundreds of tokens) replays a graph; a long cold prompt, whose forward outweighs its host
+#: cost, runs eagerly.
+PREFILL_GRAPH_TOKENS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -99,6 +104,16 @@ class EngineConfig:
         ``penalties``, ``max_logprobs`` and ``token_masks`` alike: a decode row and a prompt's
         last chunk get their penalised, masked token and its log-probabilities as on DECODE
         and whole-prompt steps (same tokens), an earlier chunk's draw is dropped.
+    prefill_graph_tokens : int, optional
+        Prefill graphs (:mod:`graphrt.engine.prefill`): with ``use_graphs`` a prefill-only step
+        (whole prompts, each after its prefix-cache hit) of at most ``max(prefill_graph_tokens,
+        max_batch_size)`` tokens replays a MIXED graph (one metadata write and one launch,
+        overlapped or not) instead of running EXTEND eagerly; a larger one still runs EXTEND
+        eagerly. Captured per token bucket of :func:`token_ladder`, as ``capture`` says (lazy:
+        only the buckets steps use). Same tokens, penalties, masks and log-probabilities as the
+        eager prefill. 0 or None: off. Ignored with ``prefill_chunk`` (its chunks replay its
+        own ladder), ``speculative`` and ``tp > 1``; where the model's attention backend
+        graphs no MIXED (sparse MLA, encoder-decoder models) prefills run eagerly.
     """
 
     device: str | torch.device | None = None
@@ -126,11 +141,15 @@ class EngineConfig:
     token_masks: bool = False
     prefix_caching: bool | None = None
     prefill_chunk: int | None = None
+    prefill_graph_tokens: int | None = PREFILL_GRAPH_TOKENS
 
     def __post_init__(self) -> None:
         chunk = self.prefill_chunk
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise ValueError(f"prefill_chunk must be a positive int (tokens per step) or None, got {chunk!r}")
+        tokens = self.prefill_graph_tokens
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+            raise ValueError(f"prefill_graph_tokens must be an int >= 0 (0: off) or None, got {tokens!r}")
         if chunk is not None and self.speculative is not None:
             raise ValueError(
                 "prefill_chunk does not combine with speculative decoding: pass prefill_chunk=None"
@@ -167,8 +186,8 @@ class EngineConfig:
         or only those with a draft model (its rounds never decode)."""
         decode = spec is None or not spec.uses_draft_model
         modes = (ForwardMode.TARGET_VERIFY,) * (spec is not None) + (ForwardMode.DECODE,) * decode
-        mixed = self.prefill_chunk is not None
-        tokens = token_ladder(max(self.prefill_chunk or 0, self.max_batch_size)) if mixed else ()
+        tokens = self.token_buckets(spec)
+        mixed = bool(tokens)
         modes = (modes + (ForwardMode.MIXED,) * mixed) if self.use_graphs else ()
         return RuntimeConfig(
             max_batch_size=self.max_batch_size,
@@ -187,6 +206,16 @@ class EngineConfig:
             deterministic=self.deterministic,
             token_buckets=tokens if self.use_graphs else (),
         )
+
+    def token_buckets(self, spec: SpecOptions | None) -> tuple[int, ...]:
+        """The MIXED token buckets: chunked prefill's ladder (up to ``max(prefill_chunk,
+        max_batch_size)``: its steps hold at most that many tokens), else the prefill graphs'
+        (``prefill_graph_tokens``, not with ``spec`` or ``tp > 1``); () when neither."""
+        if self.prefill_chunk is not None:
+            return token_ladder(max(self.prefill_chunk, self.max_batch_size))
+        if not self.prefill_graph_tokens or spec is not None or self.tp > 1:
+            return ()
+        return token_ladder(max(self.prefill_graph_tokens, self.max_batch_size))
 
 
 def token_ladder(largest: int) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""A small continuous-batching engine over GraphRuntime: EXTEND eagerly, DECODE from graphs."""
+"""A small continuous-batching engine over GraphRuntime: DECODE and short prefills from graphs."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ class Engine:
     """Generation with a built-in model; decode steps replay captured graphs.
 
     Greedy by default; a request with :class:`graphrt.SamplingParams` is sampled inside the
-    DECODE graph (``RuntimeConfig(sample=True)``), its first token by the same sampler on the
-    eager prefill.
+    DECODE graph (``RuntimeConfig(sample=True)``), its first token by the same sampler in the
+    prefill (a MIXED graph's replay when it fits one, else EXTEND, eagerly).
 
     Parameters
     ----------
@@ -84,6 +84,7 @@ class Engine:
                 dtype=cfg.dtype,
                 tp=self.tp,
                 progress=advance,
+                optional_mixed=True,
             )
         self.model, self.kv, self.runtime = stack.model, stack.kv, self._ranked(stack.runtime, 0)
         self.encoder = stack.encoder

@@ -3,7 +3,8 @@
 :class:`Scheduler` holds an :class:`graphrt.Engine`'s requests and steps them (the engine
 builds the stack and takes requests). Without overlap a step runs and reads at once; with it
 (:mod:`.overlap`) a step launches the next batch and reads the one launched before. DECODE
-batches come from :class:`.batches.DecodeRows`, laid out once per running set.
+batches come from :class:`.batches.DecodeRows`, laid out once per running set; a prefill step
+replays a MIXED graph where it fits one (:mod:`.prefill`), else runs EXTEND eagerly.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.engine.batches import DecodeRows, append_tokens, prefill_batch
+from graphrt.engine.batches import DecodeRows, append_tokens
 from graphrt.engine.chunked import plan_step, prefilling
 from graphrt.engine.extras import StepExtras
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import Launched, Overlap
 from graphrt.engine.pool import Pool
+from graphrt.engine.prefill import PrefillGraphs, launch_prefill, run_prefill
 from graphrt.engine.request import Request
-from graphrt.engine.sampling import row_params
 from graphrt.engine.spec_ahead import SpecAhead
 from graphrt.engine.speculative import SpecRunner
-from graphrt.engine.step_run import host_sample, read_then_mask, run_and_sample, run_mixed, spec_round
+from graphrt.engine.step_run import host_sample, read_then_mask, run_mixed, spec_round
 from graphrt.engine.step_state import StepCounts
 from graphrt.step.modes import ForwardMode
 
@@ -76,6 +77,8 @@ class Scheduler:
         #: A chunked step's mode: MIXED where the runtime captured its graphs, else EXTEND.
         modes = runtime.config.capture_modes
         self.mixed_mode = ForwardMode.MIXED if ForwardMode.MIXED in modes else ForwardMode.EXTEND
+        #: Which prefill-only steps replay a MIXED graph (:mod:`.prefill`).
+        self.prefill_graphs = PrefillGraphs.of(runtime.config)
 
     @property
     def lookahead(self) -> int:
@@ -100,7 +103,7 @@ class Scheduler:
         if plan is not None:  # NOTE: chunked prefill (:mod:`.chunked`) while a prompt prefills
             return run_mixed(self, plan)
         if admitted:
-            produced = self._prefill(admitted)
+            produced = run_prefill(self, admitted, self.prefill_graphs)
             if self.spec is not None:
                 self.spec.start([r for r in admitted if not r.done], eager=not self.use_graphs)
         elif self.running and self.spec is None:
@@ -168,15 +171,7 @@ class Scheduler:
         rows = None if admitted else self._decode_rows()
         launched, read = None, []
         if admitted:
-            self.extras.before(admitted, fresh=True)
-            batch = prefill_batch(admitted, self.page_size, row_params([r.sampling for r in admitted]))
-            launched = overlap.launch(
-                self.runtime, batch, admitted, eager=eager, fed=False, logprobs=wants(admitted)
-            )
-            for r in admitted:
-                self.mark_prefilled(r)  # NOTE: before a release: the cache's pin needs its live KV
-                if r.launched_all:
-                    self.release(r)
+            launched = launch_prefill(self, overlap, admitted, self.prefill_graphs)
         elif rows is not None:
             lp, cons, ready = self._rows_logprobs, self._rows_constrained, None
             if cons:  # NOTE: its masks need the step in flight's tokens
@@ -217,15 +212,6 @@ class Scheduler:
             self.extras.after(step.reqs, tokens, packed=packed, **flags)
         self._ended = bool(done)
         return produced, done
-
-    def _prefill(self, reqs: list[Request]) -> list[tuple[int, int]]:
-        batch = prefill_batch(reqs, self.page_size)
-        self.extras.before(reqs, fresh=True)
-        produced = run_and_sample(self, reqs, batch)
-        for r in reqs:
-            self.mark_prefilled(r)
-        self.counts.prefill_steps += 1
-        return produced
 
     def mark_prefilled(self, r: Request) -> None:
         """``r``'s whole prompt is in its KV now: its full pages go to the prefix cache."""

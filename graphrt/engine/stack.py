@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from graphrt.checkpoints.loader import default_dtype, load, resolve
+from graphrt.engine.graphable import graphable, without_mixed
 from graphrt.kv import EncoderKV, KVShape, LatentKVCache, LatentShape, PagedKVCache, ReqToToken
 from graphrt.kv.mla import LAYOUTS, PLAIN_LAYOUTS, MLAKVCache, MLAShape
 from graphrt.kv.quant import MHA_KV_DTYPES, KVScales
@@ -54,6 +55,7 @@ def build_stack(
     progress: Callable[[int, int], None] | None = None,
     window_pool: bool = False,
     quantization: str | None = None,
+    optional_mixed: bool = False,
 ) -> ModelStack:
     """Preset ``name`` with random weights from ``seed``, or a checkpoint (``graphrt.checkpoints.load``).
 
@@ -71,7 +73,8 @@ def build_stack(
     sliding-window layers keep their KV in a pool of ``window + step`` positions per request
     (:mod:`graphrt.kv.window`, :func:`window_layers`) instead of the full context.
     ``quantization``: ``"fp8"`` quantizes the model's projections once built
-    (:func:`graphrt.models.quantize.quantize`).
+    (:func:`graphrt.models.quantize.quantize`). ``optional_mixed``: drop ``config``'s MIXED
+    where the model cannot graph it (:mod:`.graphable`) instead of refusing the model.
     """
     dtype = dtype or default_dtype(device)
     check_quantization(quantization)
@@ -80,25 +83,38 @@ def build_stack(
         model = load(
             checkpoint, device=device, dtype=dtype, tp=tp, progress=progress, quantization=quantization
         )
-        return stack_for(
-            model, config, max_reqs=max_reqs, kv_cache_dtype=kv_cache_dtype, window_pool=window_pool
-        )
+        layout: dict[str, Any] = {"kv_cache_dtype": kv_cache_dtype, "window_pool": window_pool}
+        return stack_for(model, config, max_reqs=max_reqs, optional_mixed=optional_mixed, **layout)
     cfg = preset(name)
     if isinstance(cfg, CrossConfig):
         if quantization is not None:
             raise ValueError(
                 f"quantization {quantization!r} is not supported for encoder-decoder presets ({name})"
             )
+        config = without_mixed(config) if optional_mixed else config
         return cross_stack(
             cfg, device, config, max_reqs or config.max_batch_size, seed, dtype, kv_cache_dtype, tp
         )
+    options = PresetOptions(seed, device, dtype, kv_cache_dtype, tp, window_pool)
+    return preset_stack(name, cfg, config, max_reqs, options, quantization, optional_mixed)
+
+
+def preset_stack(
+    name: str,
+    cfg: Any,
+    config: RuntimeConfig,
+    max_reqs: int | None,
+    o: PresetOptions,
+    quantization: str | None,
+    optional_mixed: bool,
+) -> ModelStack:
+    """A decoder-only preset's stack (:func:`build_stack`'s arguments)."""
     config = with_model_chunk(config, getattr(cfg, "attention_chunk_size", None))
     max_reqs = max_reqs or config.max_batch_size
-    model, kv = preset_model_kv(
-        name, cfg, config, max_reqs, PresetOptions(seed, device, dtype, kv_cache_dtype, tp, window_pool)
-    )
+    model, kv = preset_model_kv(name, cfg, config, max_reqs, o)
     quantize(model, quantization)
-    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, device)
+    req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, o.device)
+    config = graphable(config, kv, model) if optional_mixed else config
     runtime = GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     return ModelStack(model, kv, req_to_token, runtime)
 
@@ -221,6 +237,7 @@ def stack_for(
     max_reqs: int | None = None,
     kv_cache_dtype: str | None = None,
     window_pool: bool = False,
+    optional_mixed: bool = False,
 ) -> ModelStack:
     """A KV cache (``max_reqs`` full-context requests + the dummy page) and runtime for ``model``.
 
@@ -229,7 +246,7 @@ def stack_for(
     ``vocab_size``) and the model's parameter dtype, or FP8 for ``kv_cache_dtype="fp8_e4m3"``
     (with the checkpoint's ``kv_scales`` when it had any, else 1.0); its KV heads are the ones
     this rank stores (``model.num_kv_heads`` of a tensor-parallel shard, else ``cfg.num_kv_heads``).
-    ``window_pool``: as :func:`build_stack`.
+    ``window_pool``, ``optional_mixed``: as :func:`build_stack`.
     """
     cfg, param = model.cfg, next(model.parameters())
     max_reqs = max_reqs or config.max_batch_size
@@ -244,6 +261,7 @@ def stack_for(
         window = window_layers(cfg, config, max_reqs) if window_pool else None
         kv = PagedKVCache(shape, mha_kv_dtype(kv_cache_dtype, param.dtype), param.device, scales, window)
     req_to_token = ReqToToken(max_reqs, config.max_context_len, config.page_size, kv.dummy_slot, param.device)
+    config = graphable(config, kv, model) if optional_mixed else config
     return ModelStack(
         model, kv, req_to_token, GraphRuntime(model, kv, req_to_token, config, vocab_size=cfg.vocab_size)
     )

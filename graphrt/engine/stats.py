@@ -36,7 +36,8 @@ class EngineStats:
     #: Prefix-cache hits, evictions and collisions; None when the engine caches no prefixes.
     prefix: PrefixStats | None = None
     #: Chunked prefill's steps holding decode rows and prompt chunks (one MIXED batch each; its
-    #: graph replays are ``replays["MIXED"]``, prefill-only chunks' among them).
+    #: graph replays are ``replays["MIXED"]``, prefill-only chunks' and prefill graphs' among
+    #: them: without chunking, ``replays["MIXED"]`` counts the prefill steps that replayed).
     mixed_steps: int = 0
     #: Whether speculative rounds overlap (``graphrt.engine.spec_ahead``): round n+1 launched
     #: before round n is read.

@@ -25,8 +25,9 @@ count stays what it was (a ladder of B buckets: B DECODE graphs, not 2B) for two
 per replay (the feed's Triton kernels on CUDA, a few torch ops elsewhere); a second set would
 double DECODE's capture time and the graph outputs it keeps alive.
 
-A prefill only records its tokens (:attr:`TokenFeed.prefill`, ``gather=False``): EXTEND runs
-eagerly, so that scatter stays a stream-ordered op after the step (:meth:`StepFeed.after`).
+A prefill only records its tokens (:attr:`TokenFeed.prefill`, ``gather=False``): its ids come
+from the host, and the scatter is a stream-ordered op after the step, an eager EXTEND or a
+MIXED graph's replay (:meth:`StepFeed.after`).
 Gathered ids come from the model's own sampler (an argmax or an in-graph draw over the
 vocabulary), so they are in range by construction.
 """

@@ -36,9 +36,12 @@ def test_lazy_engine_generates_the_eager_engines_tokens(device: torch.device, sa
     assert lazy == eager and [len(o) for o in lazy] == BUDGETS
     e_stats, l_stats = e_engine.stats(), l_engine.stats()
     assert l_stats.replays == e_stats.replays and l_stats.eager == e_stats.eager
-    assert e_stats.captures == {"DECODE": {1: 1, 4: 1, 8: 1}}
-    assert l_stats.captures == {"DECODE": {1: 1, 4: 1}}  # NOTE: each key the steps used, once
-    assert l_engine.runtime.report().pending == ((ForwardMode.DECODE, 8),)
+    ladder = {t: 1 for t in (1, 2, 4, 8, 16, 32, 64, 128, 256)}  # NOTE: the prefill graphs' tokens
+    assert e_stats.captures == {"DECODE": {1: 1, 4: 1, 8: 1}, "MIXED": ladder}
+    # NOTE: each key the steps used, once: the one prefill (17 tokens) replays MIXED 32
+    assert l_stats.captures == {"DECODE": {1: 1, 4: 1}, "MIXED": {32: 1}}
+    unused = tuple((ForwardMode.MIXED, t) for t in sorted(ladder, reverse=True) if t != 32)
+    assert l_engine.runtime.report().pending == ((ForwardMode.DECODE, 8), *unused)
     assert l_engine.capture_report is not None and l_engine.capture_report.graphs == ()  # NOTE: at build
 
 

@@ -51,7 +51,7 @@ def engines(request: pytest.FixtureRequest) -> tuple[Engine, Engine]:
     kw = KW | EXTRAS | {"device": request.param}
     chunked = Engine("tiny-llama", **kw, prefill_chunk=CHUNK)
     assert chunked.runtime.config.token_buckets == token_ladder(CHUNK)
-    return chunked, Engine("tiny-llama", **kw)
+    return chunked, Engine("tiny-llama", **kw, prefill_graph_tokens=0)  # NOTE: eager prefills
 
 
 def _run(

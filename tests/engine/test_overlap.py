@@ -41,8 +41,9 @@ class Log:
         engine.runtime.run = logged  # type: ignore[method-assign]
 
     def rows_used(self) -> Counter[int]:
-        """How many requests each row held (one prefill each)."""
-        return Counter(r for mode, rows, _ in self.steps if mode is ForwardMode.EXTEND for r in rows)
+        """How many requests each row held (one prefill each: EXTEND, or MIXED replayed)."""
+        prefills = (ForwardMode.EXTEND, ForwardMode.MIXED)
+        return Counter(r for mode, rows, _ in self.steps if mode in prefills for r in rows)
 
 
 def engine(use_graphs: bool, overlap: bool) -> tuple[Engine, Log]:

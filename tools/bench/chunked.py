@@ -6,7 +6,8 @@ requests decode (greedy, ``--client-tokens`` prompts); after ``--steady`` steps 
 (``--chunk`` tokens per step vs whole prompts) run the same workload. Per engine: the clients'
 inter-token latency (ITL: time between a client's consecutive tokens) p50 / p99 before the long
 prompt and while it prefills (until its first token), the long prompt's time to first token,
-and the MIXED graph replays. Issue 43's targets: with chunking the clients' p99 ITL while the
+and the MIXED graph replays (the unchunked engine's: its prefills that fit a prefill graph,
+``EngineConfig.prefill_graph_tokens``, not a long prompt's). Issue 43's targets: with chunking the clients' p99 ITL while the
 long prompt prefills stays within 2x its steady value; the long prompt's TTFT within 1.2x of
 the unchunked engine's. The tokens of both engines are compared (``tokens_equal``).
 JSON: ``<out>/chunked_<UTC time>.json``.

@@ -10,8 +10,9 @@ a full garbage collection (the warm-up's, and the engine closed before). Per eng
 first token per request (from the submission of all of them), wall time, generated tokens per
 second, prompt tokens prefilled, the prefix-cache counters, and each step until every request
 has its first token (``trace``: wall ms, whether it prefilled, the requests it admitted and
-the prompt tokens they compute, first tokens it produced); the tokens of both engines are
-compared (``tokens_equal``).
+the prompt tokens they compute, first tokens it produced) and the prefill steps that replayed
+a MIXED graph (``mixed_replays``; ``--prefill-graph-tokens``, 0: none); the tokens of both
+engines are compared (``tokens_equal``).
 JSON: ``<out>/prefix_<UTC time>.json``.
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 from rich.table import Table
 
 from graphrt import Engine
+from graphrt.engine.config import PREFILL_GRAPH_TOKENS
 from graphrt.tools.bench.record import header, write_result
 from graphrt.tools.cli.args import resolve_device
 from graphrt.tools.cli.console import wide_console
@@ -102,6 +104,8 @@ def measure(
         "prompt_tokens": sum(len(p) for p in prompts),
         "prefilled_tokens": sum(len(p) for p in prompts) - hit,
         "prefill_steps": stats.prefill_steps - before.prefill_steps,
+        # NOTE: without --prefill-chunk, the prefill steps that replayed a MIXED graph
+        "mixed_replays": stats.replays.get("MIXED", 0) - before.replays.get("MIXED", 0),
         "prefix": dataclasses.asdict(prefix) if prefix else None,
         "trace": trace,
         "outputs": outputs,
@@ -114,6 +118,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
     context = -(-(system + user + new) // 16) * 16
     kw = {"device": device, "max_batch_size": args.rows or requests, "max_context_len": context}
     kw["prefill_chunk"] = getattr(args, "prefill_chunk", None)
+    kw["prefill_graph_tokens"] = getattr(args, "prefill_graph_tokens", PREFILL_GRAPH_TOKENS)
     runs: dict[str, dict[str, Any]] = {}
     prompts: list[list[int]] = []
     warm: list[list[int]] = []
@@ -133,6 +138,7 @@ def run_bench_prefix(args: argparse.Namespace) -> int:
         "user_tokens": user,
         "new_tokens": new,
         "prefill_chunk": kw["prefill_chunk"],
+        "prefill_graph_tokens": kw["prefill_graph_tokens"],
         "off": off,
         "on": on,
         "ttft_p50_speedup": off["ttft_ms"]["p50"] / on["ttft_ms"]["p50"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from graphrt.engine.config import PREFILL_GRAPH_TOKENS
 from graphrt.models.quantize import QUANTIZATIONS
 from graphrt.tools.cli.args import (
     AUTO,
@@ -220,6 +221,9 @@ def _prefix_args(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="prefix only: both engines' prefill_chunk (None: whole prompts)",
+    )
+    p.add_argument(
+        "--prefill-graph-tokens", type=int, default=PREFILL_GRAPH_TOKENS, help="prefix only: (0: off)"
     )
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from graphrt.engine.config import PREFILL_GRAPH_TOKENS
 from graphrt.serve.loop import EngineLoop
 from graphrt.tools.cli.args import UsageError, resolve_device
 from graphrt.tools.cli.console import progress_wanted
@@ -75,6 +76,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         "token_masks": getattr(args, "sampling_extras", True),
         # NOTE: None: the engine's default (on wherever it combines; off with --tp)
         "prefix_caching": False if getattr(args, "no_prefix_caching", False) else None,
+        "prefill_graph_tokens": getattr(args, "prefill_graph_tokens", PREFILL_GRAPH_TOKENS),
     }
 
 

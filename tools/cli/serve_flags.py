@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphrt.engine.config import PREFILL_GRAPH_TOKENS
 from graphrt.tools.cli.args import batch_sizes, megabytes, model_name, positive_int, seconds
 
 
 def server_args(p: argparse.ArgumentParser) -> None:
-    """``graphrt serve``: log-probabilities, sampling extras, drain, API key, body limit,
-    special tokens."""
+    """``graphrt serve``: log-probabilities, sampling extras, prefill graphs, drain, API key,
+    body limit, special tokens."""
     p.add_argument(
         "--max-logprobs", type=int, default=20, metavar="N", help="top log-probabilities per token (0: none)"
     )
@@ -34,6 +35,13 @@ def server_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-body-mb", type=megabytes, default=None, help="largest request body in MiB (default: 4)"
+    )
+    p.add_argument(
+        "--prefill-graph-tokens",
+        type=int,
+        default=PREFILL_GRAPH_TOKENS,
+        metavar="N",
+        help="a prefill of at most N tokens replays a graph, captured on first use (0: every prefill eager)",
     )
     p.add_argument(
         "--allow-special-tokens",
