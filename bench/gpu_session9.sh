@@ -70,8 +70,10 @@ engine() {
     LIMIT=90 TAIL=40 run python3 -m graphrt.tools.bench.chunked --model "$gguf" --device cuda --chunk "$chunk" \
       --profile 14 --out "$OUT/json"
   done
-  LIMIT=90 run graphrt bench prefix --model "$gguf" --requests 64 --system-tokens 1000 --user-tokens 24 \
-    --new-tokens 32 --device cuda --out "$OUT/json"
+  for graphs in 0 4096; do
+    LIMIT=90 run graphrt bench prefix --model "$gguf" --requests 64 --system-tokens 1000 --user-tokens 24 \
+      --new-tokens 32 --device cuda --prefill-graph-tokens "$graphs" --out "$OUT/json"
+  done
   local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
   for body in '{}' '{"logprobs":true,"top_logprobs":5}' "$schema"; do
     LIMIT=80 run graphrt bench serve --model "$gguf" --device cuda --peer none --body "$body" --out "$OUT/json"
