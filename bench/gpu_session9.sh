@@ -14,6 +14,8 @@
 #         sharing 1000 tokens), graphrt serve plain / logprobs / JSON schema at 1 / 8 / 32 clients.
 # tunedense: `graphrt tune` of every preset into graphrt/kernels/tables/<GPU>.json (copied to $OUT),
 #         then bench model 1B / 8B at bs 1 / 16 / 64 and 8B FP8 with it.
+# newtests: the GPU tests of prefill graphs, FP8 prefix hits and MIXED extras.
+# benchall: bench model of every preset (SHAPES) at BATCHES with the table in place.
 # kernels: the GPU tests of the kernels new this session and the last (MLA prologue, MoE experts).
 # suite:  the whole GPU-marked suite (the fused MLA prologue's tests first).
 # tuneall: `graphrt tune` over the dense and MoE presets (this GPU's table, copied to $OUT), then
@@ -22,7 +24,7 @@
 #         bench model bs 1 of each MoE shape with the committed table and with the tuned one.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense}
+what=${1:?moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall}
 log="$OUT/s9_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -126,6 +128,18 @@ tunedense() {
     --out "$OUT/json"
 }
 
+newtests() {
+  LIMIT=120 TAIL=15 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/engine/test_prefill_graph_extras.py \
+    tests/engine/test_prefix_gpu.py tests/engine/test_mixed_extras.py
+}
+
+benchall() {
+  for shape in ${SHAPES:-llama-3.2-1b llama-3-8b qwen3-30b-a3b deepseek-v2-lite gpt-oss-20b}; do
+    LIMIT=80 run graphrt bench model --shape "$shape" --batch-sizes "${BATCHES:-1,16,64}" --context 512 --iters 30 \
+      --no-compile --out "$OUT/json"
+  done
+}
+
 kernels() {
   LIMIT=150 TAIL=25 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/kv/test_latent_store.py \
     tests/models/test_mla_prologue_model.py tests/runtime/test_mla_runtime.py tests/kernels/test_moe_experts.py
@@ -137,10 +151,12 @@ moetune) moetune ;;
 suite) suite ;;
 kernels) kernels ;;
 tunedense) tunedense ;;
+newtests) newtests ;;
+benchall) benchall ;;
 tuneall) tuneall ;;
 dense) dense ;;
 spec) spec ;;
 engine) engine ;;
-*) echo "moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense, got $what" >&2; exit 2 ;;
+*) echo "moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s9_${what}_json.tgz" json && rm -rf "$OUT/json"
