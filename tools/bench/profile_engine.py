@@ -87,7 +87,11 @@ class RunTimer:
                     with self.calls.paused():
                         return self._fill(out, batch)
                 with self.calls.paused():
-                    return self._fill(torch.empty(batch.input_ids.size, dtype=torch.int64), batch)
+                    shape = (batch.bs, batch.input_ids.size // batch.bs)  # NOTE: a verify's [bs, nodes]
+                    out = torch.empty(
+                        shape if batch.mode is ForwardMode.TARGET_VERIFY else shape[0], dtype=torch.int64
+                    )
+                    return self._fill(out, batch)
             finally:
                 self.ns += time.perf_counter_ns() - start
 
@@ -101,7 +105,8 @@ class RunTimer:
         """``out`` (the step's tokens, one per input token) holds the stub's tokens."""
         if not self.repeat:
             return out.fill_(self._token())
-        return out.view(-1).copy_(torch.from_numpy(self._repeated(batch).reshape(-1)))
+        out.view(-1).copy_(torch.from_numpy(self._repeated(batch).reshape(-1)))
+        return out
 
     def _repeated(self, batch: Any) -> np.ndarray:
         """``[bs, nodes]``: the token after each input token, its request's prompt repeated."""
