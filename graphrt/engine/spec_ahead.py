@@ -238,37 +238,41 @@ class SpecAhead:
         produced, done = [], []
         after = self.overlap.inflight  # NOTE: the step launched after this one
         decoding = isinstance(after, Launched) and after.rows is not None
-        for i, (r, f) in enumerate(zip(step.reqs, step.flights, strict=True)):
-            nxt = r.spec.ahead
+        for r, f, row in zip(step.reqs, step.flights, predicted, strict=True):
+            state = r.spec
+            nxt = state.ahead
             if nxt is f:
-                r.spec.ahead = nxt = None
+                state.ahead = nxt = None
             if r.done:
                 continue
             counts.request_steps += 1
             if not f.valid:
                 counts.stale_rows += 1
                 continue
-            assert f.base == len(r.prompt) + len(r.output), "a valid round starts at the read tokens"
-            k, row = len(f.drafts), predicted[i]
-            a = accepted(f.drafts, row)
-            new = until_stop([*f.drafts[:a], row[a]], r.sampling)[: r.max_new_tokens - len(r.output)]
-            r.output.extend(new)
-            produced.extend((r.rid, t) for t in new)
+            output = r.output
+            assert f.base == len(r.prompt) + len(output), "a valid round starts at the read tokens"
+            drafts = f.drafts
+            k, a = len(drafts), accepted(drafts, row)
+            new = until_stop([*drafts[:a], row[a]], r.sampling)[: r.max_new_tokens - len(output)]
+            output.extend(new)
+            rid = r.rid
+            produced.extend([(rid, t) for t in new])
             counts.committed += len(new)
             if k:
                 spec.stats.add(a, k)
-                counts.pauses += r.spec.backoff.observe(a, k, policy)
-                r.spec.full = a == k
+                counts.pauses += state.backoff.observe(a, k, policy)
+                state.full = a == k
                 self.verifies += 1
                 self.full_verifies += a == k
-            if len(new) != k + 1 and not r.done:
+            ended = r.done  # NOTE: a property (stop tokens, budget): read once
+            if ended:
+                done.append(r)
+            elif len(new) != k + 1:
                 if nxt is not None:
                     nxt.valid = False
                 elif decoding:
                     after.stale = after.stale or set()
                     after.stale.add(id(r))
-            if r.done:
-                done.append(r)
         return produced, done
 
 
