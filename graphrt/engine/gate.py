@@ -90,15 +90,20 @@ class Gate:
         """Score the kept chains the request's tokens now decide, oldest first, each position
         once (chains made a round apart overlap); keep the others."""
         toks, kept = self.proposer.tokens, []
-        for start, tail, chain in self.pending:
-            known = toks[start - len(tail) : start + len(chain)]
-            if list(known[: len(tail)]) != list(tail[: len(known)]):
+        for item in self.pending:
+            start, tail, chain = item
+            lt = len(tail)
+            known = list(toks[start - lt : start + len(chain)])
+            if lt and tuple(known[:lt]) != tail[: len(known)]:
                 continue  # NOTE: the round in flight committed other than it assumed
-            got = known[len(tail) :]
-            hits = next((i for i, (a, b) in enumerate(zip(got, chain, strict=False)) if a != b), len(got))
-            if hits == len(got) < len(chain):
-                kept.append((start, tail, chain))  # NOTE: its tokens are not all known yet
-                continue
+            got = known[lt:]
+            if got == chain[: len(got)]:  # NOTE: (a list compare in C) every known guess hit
+                if len(got) < len(chain):
+                    kept.append(item)  # NOTE: its tokens are not all known yet
+                    continue
+                hits = len(got)
+            else:
+                hits = next(i for i, (a, b) in enumerate(zip(got, chain, strict=False)) if a != b)
             missed = hits < len(chain)
             fresh = max(0, start + hits + missed - max(start, self.scored))
             self.scored = max(self.scored, start + hits + missed)

@@ -58,6 +58,8 @@ class NgramProposer(_Tokens):
         self.steps = steps
         #: Per n-gram size: n-gram -> the index of the token after its latest occurrence.
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        #: ``(max_match - n, index of n)`` per size: a size's n-gram is a suffix of the longest.
+        self._cuts = [(self.sizes[0] - n, self.index[n]) for n in self.sizes]
 
     def propose(self, prompt: Sequence[int], output: Sequence[int]) -> list[list[int]]:
         self._index(prompt, output)
@@ -79,6 +81,10 @@ class NgramProposer(_Tokens):
         top = self.sizes[0]
         for end in range(max(start, 1), len(toks)):
             gram = tuple(toks[max(0, end - top) : end])  # NOTE: one slice; each size a suffix of it
+            if end >= top:  # NOTE: the usual case: every size fits, no bound to test per size
+                for cut, index in self._cuts:
+                    index[gram[cut:]] = end
+                continue
             for n, index in self.index.items():
                 if end >= n:
                     index[gram[len(gram) - n :]] = end
@@ -104,6 +110,8 @@ class NgramProposer(_Tokens):
         """``count`` tokens from ``end`` on, over the request's tokens then ``tail``; past those
         the copy reads its own output (a match overlapping the suffix: a loop continues)."""
         toks, out = self.tokens, []
+        if end + count <= len(toks):  # NOTE: the usual case: the copy lies in the read tokens
+            return toks[end : end + count]
         size = len(toks) + len(tail)
         for i in range(end, end + count):
             if i < len(toks):
@@ -122,7 +130,18 @@ class _Node:
 
     def best(self) -> list[tuple[int, _Node]]:
         """Children by count, most frequent first (ties: lower token id)."""
-        return sorted(self.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
+        return sorted(self.children.items(), key=_rank)
+
+    def first(self) -> tuple[int, _Node]:
+        """``best()[0]`` without sorting the others (a copied run's nodes have one child)."""
+        children = self.children
+        if len(children) == 1:
+            return next(iter(children.items()))
+        return min(children.items(), key=_rank)
+
+
+def _rank(kv: tuple[int, _Node]) -> tuple[int, int]:
+    return -kv[1].count, kv[0]
 
 
 class SuffixProposer(_Tokens):
@@ -138,12 +157,13 @@ class SuffixProposer(_Tokens):
 
     def _append(self, token: int) -> None:
         grown = [self.root]
+        add = grown.append
         for node in self.active[: self.depth]:
             child = node.children.get(token)
             if child is None:
                 child = node.children[token] = _Node()
             child.count += 1
-            grown.append(child)
+            add(child)
         self.active = grown
 
     def propose(self, prompt: Sequence[int], output: Sequence[int]) -> list[list[int]]:
@@ -172,7 +192,7 @@ class SuffixProposer(_Tokens):
         node = self._match(active)
         if node is None:
             return []
-        token, child = node.best()[0]
+        token, child = node.first()
         return self._chain(token, child, count)
 
     def _index(self, prompt: Sequence[int], output: Sequence[int]) -> None:
@@ -192,7 +212,7 @@ class SuffixProposer(_Tokens):
     def _chain(self, first: int, node: _Node, count: int) -> list[int]:
         chain = [first]
         while len(chain) < count and node.children:
-            token, node = node.best()[0]
+            token, node = node.first()
             chain.append(token)
         return chain
 

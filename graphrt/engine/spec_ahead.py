@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from graphrt.buffers.stream import current_stream
-from graphrt.engine.batches import DecodeRows, prefill_batch
+from graphrt.engine.batches import DecodeRows, frozen, prefill_batch
 from graphrt.engine.logprobs import wants
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import HostRing, Launched, Overlap
@@ -53,9 +53,9 @@ from graphrt.engine.pages import slots_at
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import row_params, until_stop
 from graphrt.engine.spec_layout import Flight, Layouts, Plan, Round
-from graphrt.engine.spec_plan import padded, positions, propose
+from graphrt.engine.spec_plan import positions, propose
 from graphrt.engine.step_state import StepState
-from graphrt.step.batch import FED, Batch
+from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
 
 
@@ -68,6 +68,9 @@ class SpecAhead:
         self.ring = HostRing(max_bs * (self.steps + 1), device)
         self.fixes = HostRing(2 * max_bs, device)  # NOTE: the feed fix-up's uploads (pinned)
         self.layouts = Layouts()
+        #: ``0 .. steps``: a round's node offsets (read-only); its ``q_lens`` per ``bs``.
+        self.nodes = frozen(np.arange(self.steps + 1, dtype=np.int64))
+        self._q: dict[int, np.ndarray] = {}
         #: Verifies read, and those that accepted every draft: a request's first verify is
         #: assumed to accept all while at least half of the engine's did (``positions``).
         self.verifies = self.full_verifies = 0
@@ -119,9 +122,7 @@ class SpecAhead:
             chains = propose(rows.reqs, None, depths, steps, self.spec.backoff)
             if chains is None:
                 return self._decode(sched, rows, sure=True)
-            return self._verify(
-                sched, Plan(self.layouts.get(rows.reqs), rows.seq_lens, padded(chains, steps))
-            )
+            return self._verify(sched, Plan(self.layouts.get(rows.reqs), rows.seq_lens.tolist(), chains))
         return self._general(sched)
 
     def _general(self, sched: StepState) -> Launched | Round | None:
@@ -145,8 +146,7 @@ class SpecAhead:
             rows = DecodeRows(reqs, sched.page_size, sampled=True, seq_lens=np.array(bases))
             # NOTE: positions assumed on a verify in flight may be wrong: no row given back early
             return self._decode(sched, rows, sure=not isinstance(self.overlap.inflight, Round))
-        plan = Plan(self.layouts.get(reqs), np.array(bases, dtype=np.int64), padded(chains, self.steps))
-        return self._verify(sched, plan)
+        return self._verify(sched, Plan(self.layouts.get(reqs), bases, chains))
 
     def _decode(self, sched: StepState, rows: DecodeRows, *, sure: bool) -> Launched:
         """Launch the fed DECODE of ``rows`` as the plain overlapped loop does. ``sure``: its
@@ -168,31 +168,38 @@ class SpecAhead:
         """Launch ``plan``'s TARGET_VERIFY, no wait: node 0 of every row is ``FED``."""
         layout, nodes = plan.layout, self.steps + 1
         reqs, bs = layout.reqs, len(layout.reqs)
-        pos = plan.base[:, None] - 1 + np.arange(nodes)
+        first = np.array(plan.base, dtype=np.int64) - 1  # NOTE: each row's pending position
         batch = Batch.create(
             ForwardMode.TARGET_VERIFY,
-            input_ids=np.concatenate([np.full((bs, 1), FED), plan.drafts], axis=1).reshape(-1),
-            seq_lens=plan.base - 1 + nodes,
+            input_ids=plan.input_ids(self.steps),
+            seq_lens=first + nodes,
             req_pool_indices=layout.rows,
-            out_cache_loc=slots_at(layout.table, layout.index[:, None], pos, sched.page_size).reshape(-1),
-            q_lens=np.full(bs, nodes),
+            out_cache_loc=slots_at(
+                layout.table, layout.index[:, None], first[:, None] + self.nodes, sched.page_size
+            ).reshape(-1),
+            q_lens=self._q_lens(bs),
             sampling=layout.sampling,
         )
-        offered = plan.offered
-        self.spec.backoff.pad_rows += int((offered == 0).sum())
         sched.forget_rows()  # NOTE: the rows' positions move by each one's accepted count
         out = sched.runtime.run(batch, eager=not sched.use_graphs, feed=self.overlap.feed.decode)
         host, host_np, event = self.ring.take((bs, nodes))
-        host.copy_(out.view(bs, nodes), non_blocking=True)
+        host.copy_(out, non_blocking=True)  # NOTE: out is [bs, nodes]: no view (a torch call)
         if event is not None:
             event.record(current_stream(out.device))
         launched = Round(reqs, [], host_np, event)
-        drafts = plan.drafts.tolist()
-        for i, (r, base, n) in enumerate(zip(reqs, plan.base.tolist(), offered.tolist(), strict=True)):
-            flight = Flight(launched, base, tuple(drafts[i][:n]))
-            launched.flights.append(flight)
-            r.spec.ahead = flight
+        flights = launched.flights
+        for r, base, chain in zip(reqs, plan.base, plan.chains, strict=True):
+            r.spec.ahead = flight = Flight(launched, base, tuple(chain))
+            flights.append(flight)
+        self.spec.backoff.pad_rows += sum(not c for c in plan.chains)
         return launched
+
+    def _q_lens(self, bs: int) -> np.ndarray:
+        """``[bs]`` read-only, every row ``steps + 1`` nodes (made once per ``bs``)."""
+        q = self._q.get(bs)
+        if q is None:
+            q = self._q[bs] = frozen(np.full(bs, self.steps + 1, dtype=np.int64))
+        return q
 
     def _fix_feed(self, rows: np.ndarray, pending: list[int]) -> None:
         """``feed.last[rows] = pending``: one upload of both (a pinned ring buffer), then one
@@ -224,45 +231,55 @@ class SpecAhead:
                 r.spec.ahead = None
         return produced, done
 
-    def _commit(self, step: Round, predicted: np.ndarray) -> tuple[list[tuple[int, int]], list[Request]]:
+    def _commit(self, step: Round, predicted: list[list[int]]) -> tuple[list[tuple[int, int]], list[Request]]:
         """Append what each request of ``step`` accepted; mark its row in the step in flight
         stale when it committed other than that step assumed."""
         spec, counts, policy = self.spec, self.spec.backoff, self.spec.options.backoff
-        produced, done, lengths, offered = [], [], [], []
+        produced, done = [], []
         after = self.overlap.inflight  # NOTE: the step launched after this one
         decoding = isinstance(after, Launched) and after.rows is not None
-        for i, (r, f) in enumerate(zip(step.reqs, step.flights, strict=True)):
-            nxt = r.spec.ahead
+        for r, f, row in zip(step.reqs, step.flights, predicted, strict=True):
+            state = r.spec
+            nxt = state.ahead
             if nxt is f:
-                r.spec.ahead = nxt = None
+                state.ahead = nxt = None
             if r.done:
                 continue
             counts.request_steps += 1
             if not f.valid:
                 counts.stale_rows += 1
                 continue
-            assert f.base == len(r.prompt) + len(r.output), "a valid round starts at the read tokens"
-            k, row = len(f.drafts), predicted[i]
-            a = int(np.cumprod(np.asarray(f.drafts) == row[:k]).sum()) if k else 0
-            new = until_stop([*f.drafts[:a], int(row[a])], r.sampling)[: r.max_new_tokens - len(r.output)]
-            r.output.extend(new)
-            produced.extend((r.rid, t) for t in new)
+            output = r.output
+            assert f.base == len(r.prompt) + len(output), "a valid round starts at the read tokens"
+            drafts = f.drafts
+            k, a = len(drafts), accepted(drafts, row)
+            new = until_stop([*drafts[:a], row[a]], r.sampling)[: r.max_new_tokens - len(output)]
+            output.extend(new)
+            rid = r.rid
+            produced.extend([(rid, t) for t in new])
             counts.committed += len(new)
             if k:
-                lengths.append(a)
-                offered.append(k)
-                counts.pauses += r.spec.backoff.observe(a, k, policy)
-                r.spec.full = a == k
+                spec.stats.add(a, k)
+                counts.pauses += state.backoff.observe(a, k, policy)
+                state.full = a == k
                 self.verifies += 1
                 self.full_verifies += a == k
-            if len(new) != k + 1 and not r.done:
+            ended = r.done  # NOTE: a property (stop tokens, budget): read once
+            if ended:
+                done.append(r)
+            elif len(new) != k + 1:
                 if nxt is not None:
                     nxt.valid = False
                 elif decoding:
                     after.stale = after.stale or set()
                     after.stale.add(id(r))
-            if r.done:
-                done.append(r)
-        if lengths:
-            spec.stats.count(np.array(lengths), np.array(offered))
         return produced, done
+
+
+def accepted(drafts: tuple[int, ...], predicted: list[int]) -> int:
+    """Drafts accepted: the longest prefix of ``drafts`` equal to the target's tokens before
+    them (``predicted[i]`` follows node ``i``; node 0 is the pending token)."""
+    for i, d in enumerate(drafts):
+        if d != predicted[i]:
+            return i
+    return len(drafts)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from graphrt.engine.batches import RunningArrays
-from graphrt.step.batch import PAD_DRAFT
+from graphrt.step.batch import FED, PAD_DRAFT
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,21 +71,29 @@ class Round:
     host: np.ndarray  # [bs, nodes] int64: a view of the ring's buffer (pinned on CUDA)
     copied: Any  # torch.cuda.Event, or None (CPU: already there)
 
-    def read(self) -> np.ndarray:
+    def read(self) -> list[list[int]]:
+        """The round's tokens, a list per row (a copy: the ring's buffer is filled again):
+        the host compares them with its drafts token by token."""
         if self.copied is not None:
             self.copied.synchronize()
-        return self.host.copy()  # NOTE: a copy: the ring's buffer is filled again
+        return self.host.tolist()
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """One verify round's rows as the host builds it: their layout (requests, rows, pages),
-    bases ``[bs]`` and drafts ``[bs, steps]`` (``PAD_DRAFT`` where none)."""
+    bases (tokens committed before the round, per row) and chains (each row's drafts, at
+    most ``steps``; empty: a pad row, ``PAD_DRAFT`` nodes).
+
+    NOTE: lists, not arrays: the chains come from the proposers as lists and become the
+    flights' tuples; the round's input ids are one array made from them (:meth:`input_ids`).
+    """
 
     layout: RoundLayout
-    base: np.ndarray
-    drafts: np.ndarray
+    base: list[int]
+    chains: list[list[int]]
 
-    @property
-    def offered(self) -> np.ndarray:
-        return (self.drafts != PAD_DRAFT).sum(axis=1)
+    def input_ids(self, steps: int) -> np.ndarray:
+        """``[bs * (steps + 1)]`` int64 request-major: ``FED`` (node 0), the chain, pads."""
+        pads = [PAD_DRAFT] * steps
+        return np.array([[FED, *c, *pads[len(c) :]] for c in self.chains], dtype=np.int64).reshape(-1)

@@ -13,7 +13,6 @@ import numpy as np
 from graphrt.engine.backoff import BackoffCounts
 from graphrt.engine.overlap import Launched
 from graphrt.engine.request import Request
-from graphrt.step.batch import PAD_DRAFT
 
 #: Per row: its base, proposer tail (None: propose from its read tokens), most drafts, exact.
 Positions = tuple[list[Request], list[int], list[tuple[int, ...] | None], list[int], list[bool]]
@@ -92,8 +91,3 @@ def propose(
             chains = [[] for _ in reqs]
         chains[i] = chain
     return chains
-
-
-def padded(chains: list[list[int]], steps: int) -> np.ndarray:
-    """``[bs, steps]`` int64: each row's chain, ``PAD_DRAFT`` padded."""
-    return np.array([c + [PAD_DRAFT] * (steps - len(c)) for c in chains], dtype=np.int64)

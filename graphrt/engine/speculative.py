@@ -61,6 +61,15 @@ class Acceptance:
         for i in range(len(self.per_position)):
             self.per_position[i] += int((length > i).sum())
 
+    def add(self, length: int, offered: int) -> None:
+        """:meth:`count` of one verify (ints: an overlapped round reads its rows one by one)."""
+        self.verify_steps += 1
+        self.proposed += offered
+        self.accepted += length
+        per = self.per_position
+        for i in range(min(length, len(per))):
+            per[i] += 1
+
 
 def accept_greedy(drafts: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Accepted draft count per request: the longest prefix with ``drafts[:, i] == target[:, i]``.

@@ -57,8 +57,10 @@ class KVWrites(NamedTuple):
             req = arange(starts.size)
             loc = batch.out_cache_loc
             return cls(batch.req_pool_indices, starts, batch.q_lens, loc, req, starts, True, True)
-        per_req = batch.q_lens * batch.draft_steps
-        slot_req = np.repeat(np.arange(batch.bs), per_req)
+        per_req = (
+            batch.q_lens * batch.draft_steps if draft else batch.q_lens
+        )  # NOTE: read-only, never written
+        slot_req = np.repeat(arange(batch.bs), per_req)
         counts = np.zeros_like(starts) if scratch else per_req
         return cls(
             batch.req_pool_indices,

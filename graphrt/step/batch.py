@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from graphrt.step.checks import fast_ok
-from graphrt.step.fed import FED, PAD_DRAFT, fed_ids_error
-from graphrt.step.hostops import umax, umin
+from graphrt.step.fed import FED, PAD_DRAFT, fed_ids_error, fed_verify_ok
+from graphrt.step.hostops import arange, umax, umin
 from graphrt.step.limits import Limits
 from graphrt.step.modes import MODES, ForwardMode, TreeInput, tokens_per_req
 from graphrt.step.sampling import SamplingParams
@@ -131,6 +131,9 @@ class Batch:
         if MODES[self.mode].draft_steps:
             first = np.repeat(self.seq_lens - 1, self.q_lens)
             return (first[:, None] + np.arange(self.draft_steps)).reshape(-1)
+        q = self.q_lens
+        if q.size and umin(q) == umax(q):  # NOTE: uniform (a verify): three ops, not eight
+            return ((self.seq_lens - int(q[0]))[:, None] + arange(int(q[0]))).reshape(-1)
         starts = np.repeat(self.seq_lens - self.q_lens, self.q_lens)
         offsets = np.arange(self.num_tokens) - np.repeat(np.cumsum(self.q_lens) - self.q_lens, self.q_lens)
         return starts + offsets
@@ -161,7 +164,7 @@ class Batch:
             raise ValueError(f"Batch.out_cache_loc has {locs} entries, input_ids {n}")
         if int(self.q_lens.sum()) != n:
             raise ValueError(f"sum(q_lens) = {int(self.q_lens.sum())} but there are {n} input_ids")
-        if bs and int(self.q_lens.min()) < 1:
+        if bs and umin(self.q_lens) < 1:
             raise ValueError(f"every request needs >= 1 query token, got q_lens min {self.q_lens.min()}")
         if MODES[self.mode].idle and bs:
             raise ValueError(f"an IDLE step has no requests, got bs {bs}")
@@ -197,7 +200,10 @@ class Batch:
         self._check_geometry(limits)
         if fed and not umin(ids) == FED == umax(ids):
             vocab = INT64_MAX if limits.vocab_size is None else limits.vocab_size
-            why = fed_ids_error(self.mode, ids, bs, vocab)
+            verify = self.mode is ForwardMode.TARGET_VERIFY
+            why = (
+                None if verify and fed_verify_ok(ids, bs, vocab) else fed_ids_error(self.mode, ids, bs, vocab)
+            )
             if why is not None:
                 raise ValueError(why)
         if fast_ok(self, limits, limits.scratch, fed):

@@ -11,12 +11,29 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphrt.step.hostops import any_true, umax, umin
 from graphrt.step.modes import ForwardMode
 
 #: The input id of a fed row: its token is gathered on the device (:mod:`graphrt.runtime.feed`).
 FED = -1
 #: A fed verify's draft node that carries no proposal (never accepted).
 PAD_DRAFT = -2
+
+
+def fed_verify_ok(ids: np.ndarray, bs: int, vocab: int) -> bool:
+    """True when ``ids`` are valid fed verify ids (:func:`fed_ids_error` would return None), in
+    a few reductions; False: let :func:`fed_ids_error` say why (or, rarely, accept them)."""
+    nodes = ids.reshape(bs, -1)
+    heads, drafts = nodes[:, 0], nodes[:, 1:]
+    if not umin(heads) == FED == umax(heads):
+        return False
+    if not drafts.size:
+        return True
+    lo = umin(drafts)
+    if lo < PAD_DRAFT or umax(drafts) >= vocab:
+        return False
+    # NOTE: ids lie in [PAD_DRAFT, vocab): only FED, between PAD_DRAFT and 0, may not be a draft
+    return lo >= 0 or not any_true((drafts == FED).reshape(-1))
 
 
 def fed_ids_error(mode: ForwardMode, ids: np.ndarray, bs: int, vocab: int) -> str | None:

@@ -10,9 +10,9 @@ from graphrt.engine.backoff import BackoffCounts
 from graphrt.engine.batches import DecodeRows
 from graphrt.engine.overlap import Launched
 from graphrt.engine.request import Request
-from graphrt.engine.spec_layout import Flight
-from graphrt.engine.spec_plan import padded, positions, propose
-from graphrt.step.batch import PAD_DRAFT
+from graphrt.engine.spec_layout import Flight, Layouts, Plan
+from graphrt.engine.spec_plan import positions, propose
+from graphrt.step.batch import FED, PAD_DRAFT
 
 
 def _req(rid: int, prompt: int, output: int, max_new: int = 20) -> Request:
@@ -81,11 +81,12 @@ def test_propose_peeks_past_the_step_in_flight() -> None:
     assert props[0].calls == [("peek", (3, 4), 4)] and props[2].calls == [("propose", 3)]
     assert props[3].calls == [] and reqs[3].spec.backoff.paused == 1
     assert (counts.no_match_rows, counts.paused_rows) == (1, 1)
-    assert padded(chains, 3).tolist() == [
-        [1, 2, PAD_DRAFT],
-        [PAD_DRAFT] * 3,
-        [5, PAD_DRAFT, PAD_DRAFT],
-        [PAD_DRAFT] * 3,
+    plan = Plan(Layouts().get(reqs), [5, 5, 5, 5], chains)
+    assert plan.input_ids(3).reshape(4, 4).tolist() == [
+        [FED, 1, 2, PAD_DRAFT],
+        [FED] + [PAD_DRAFT] * 3,
+        [FED, 5, PAD_DRAFT, PAD_DRAFT],
+        [FED] + [PAD_DRAFT] * 3,
     ]
     assert propose(reqs[1:2], None, 3, 3, counts) is None and counts.no_match_rows == 2
     assert propose(reqs[:1], None, 0, 3, counts) is None and len(props[0].calls) == 1  # depth 0: no call

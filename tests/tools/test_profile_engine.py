@@ -43,3 +43,23 @@ def test_profile_engine_runs(extra: list[str], capsys: pytest.CaptureFixture[str
 def test_skip_replay_needs_the_stub() -> None:
     with pytest.raises(SystemExit):
         main(["--batch-sizes", "1", "--steps", "3", "--skip-replay"])
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_stub_repeat_drafts_and_accepts_every_round(method: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--batch-sizes", "1,2", "--steps", "4", "--speculative", method, "--stub", "--stub-repeat"]
+    assert main([*args, "--num-steps", "4", "--skip-replay"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    rows = {
+        (int(r[0]), r[1]): [float(v) for v in r[2:]] for r in map(str.split, lines) if r and r[0].isdigit()
+    }
+    for bs in (1, 2):
+        on, spec = rows[(bs, "on")], rows[(bs, method)]
+        assert (on[3], on[4]) == (0.0, bs)  # the plain loop: no verify round, a token a row
+        # NOTE: the prompts repeat: every timed step launches a verify round and every row
+        # commits its 4 drafts and the bonus token
+        assert (spec[3], spec[4]) == (1.0, 5.0 * bs)
+        # NOTE: a drafted round makes the plain step's two torch calls outside its replay: the
+        # metadata upload and the tokens' copy to the host
+        assert on[2] == spec[2] == 2.0
+        assert spec[5] == pytest.approx(spec[0] / spec[4], rel=0.01)
