@@ -143,7 +143,15 @@ def test_constrained_tokens_equal_whole_prompt_prefills(
     """A grammar (xgrammar) and a token-set rule: the first token comes from a prompt's last
     chunk under its mask, batched with unconstrained and penalised rows."""
     chunked, whole = engines
-    vocab = chunked.model.vocab_size
+    check_constrained(chunked, whole, kind, source)
+    _all_replayed(chunked)
+
+
+def check_constrained(got_engine: Engine, want_engine: Engine, kind: str, source: str) -> None:
+    """Two constrained rows (``kind`` over ``source``), a token-set rule and an unconstrained
+    penalised row: ``got_engine`` gives ``want_engine``'s tokens, every constrained row follows
+    its rule (its tokens differ from the free run's) and the unconstrained one is untouched."""
+    vocab = got_engine.model.vocab_size
     compiled = toy_grammar(vocab, kind, source)
     params = [SAMPLED, None, SamplingParams(presence_penalty=-1.0), SAMPLED]
 
@@ -155,11 +163,10 @@ def test_constrained_tokens_equal_whole_prompt_prefills(
             Constraint(compiled, vocab),
         ]
 
-    want = _run(whole, params, rules())
-    free = [r.output for r in _run(whole, params)]
-    got = _run(chunked, params, rules())
+    want = _run(want_engine, params, rules())
+    free = [r.output for r in _run(want_engine, params)]
+    got = _run(got_engine, params, rules())
     assert [r.output for r in got] == [r.output for r in want]
     for i in (0, 1, 3):
         assert got[i].output != free[i] and got[i].constraint.accepted == len(got[i].output), i
     assert got[2].output == free[2]  # NOTE: an unconstrained row is untouched
-    _all_replayed(chunked)

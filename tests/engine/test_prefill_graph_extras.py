@@ -8,18 +8,15 @@ matmuls differ in shape).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 import pytest
 
 from graphrt import Engine, SamplingParams
-from graphrt.text.grammar import Constraint
 from tests.conftest import DEVICES
-from tests.engine.test_constraints import Stepwise
 from tests.engine.test_logprobs import K
 from tests.engine.test_mixed_engine import BUDGETS, KW
-from tests.engine.test_mixed_extras import EXTRAS, PENALISED, SAMPLED, SCHEMA, _run, toy_grammar
+from tests.engine.test_mixed_extras import EXTRAS, PENALISED, SAMPLED, SCHEMA, _run, check_constrained
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["overlap", "plain"])
@@ -84,23 +81,5 @@ def test_constrained_tokens_equal_eager_prefills(
     """A grammar (xgrammar) and a token-set rule: the first token is drawn in the prefill's
     graph under its mask, batched with an unconstrained, penalised row."""
     graphed, eager = engines
-    vocab = graphed.model.vocab_size
-    compiled = toy_grammar(vocab, kind, source)
-    params = [SAMPLED, None, SamplingParams(presence_penalty=-1.0), SAMPLED]
-
-    def rules() -> list[Any]:
-        return [
-            Constraint(compiled, vocab),
-            Stepwise(vocab, [set(range(100, 140))]),
-            None,
-            Constraint(compiled, vocab),
-        ]
-
-    want = _run(eager, params, rules())
-    free = [r.output for r in _run(eager, params)]
-    got = _run(graphed, params, rules())
-    assert [r.output for r in got] == [r.output for r in want]
-    for i in (0, 1, 3):
-        assert got[i].output != free[i] and got[i].constraint.accepted == len(got[i].output), i
-    assert got[2].output == free[2]  # NOTE: an unconstrained row is untouched
+    check_constrained(graphed, eager, kind, source)
     _all_replayed(graphed, eager)
