@@ -14,6 +14,7 @@
 #         sharing 1000 tokens), graphrt serve plain / logprobs / JSON schema at 1 / 8 / 32 clients.
 # tunedense: `graphrt tune` of every preset into graphrt/kernels/tables/<GPU>.json (copied to $OUT).
 # newtests: the GPU tests of prefill graphs, FP8 prefix hits and MIXED extras.
+# short: newtests, then `graphrt tune` of the dense presets' GEMMs and decode (what a short lease fits).
 # benchall: bench model of every preset (SHAPES) at BATCHES with the table in place.
 # kernels: the GPU tests of the kernels new this session and the last (MLA prologue, MoE experts).
 # suite:  the whole GPU-marked suite (the fused MLA prologue's tests first).
@@ -23,7 +24,7 @@
 #         bench model bs 1 of each MoE shape with the committed table and with the tuned one.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall}
+what=${1:?moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall|short}
 log="$OUT/s9_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -130,6 +131,14 @@ newtests() {
     tests/engine/test_prefix_gpu.py tests/engine/test_mixed_extras.py
 }
 
+short() {
+  # NOTE: what a short lease fits: the new GPU tests, then the dense presets' GEMM and decode sweeps
+  newtests
+  LIMIT=${LIMIT_TUNE:-200} TAIL=30 run graphrt tune --models llama-3.2-1b,llama-3-8b --only skinny,prologue,decode \
+    --iters 20 --out "graphrt/kernels/tables/$(basename "$table")"
+  cp -r graphrt/kernels/tables "$OUT/" 2>/dev/null
+}
+
 benchall() {
   for shape in ${SHAPES:-llama-3.2-1b llama-3-8b qwen3-30b-a3b deepseek-v2-lite gpt-oss-20b}; do
     LIMIT=80 run graphrt bench model --shape "$shape" --batch-sizes "${BATCHES:-1,16,64}" --context 512 --iters 30 \
@@ -150,10 +159,11 @@ kernels) kernels ;;
 tunedense) tunedense ;;
 newtests) newtests ;;
 benchall) benchall ;;
+short) short ;;
 tuneall) tuneall ;;
 dense) dense ;;
 spec) spec ;;
 engine) engine ;;
-*) echo "moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall, got $what" >&2; exit 2 ;;
+*) echo "moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall|short, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s9_${what}_json.tgz" json && rm -rf "$OUT/json"
