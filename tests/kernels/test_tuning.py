@@ -51,11 +51,17 @@ def test_committed_tables_load_for_known_devices(cache: Path, name: str) -> None
     table = tuning.choose(name)
     key = tuning.device_key(name)
     assert table.name == key and table.path == str(tuning.COMMITTED / f"{key}.json")
-    # NOTE: no H200 sweep is committed yet: both hold today's (H100) constants, and say so
-    assert _tunables(table) == _tunables(tuning.DEFAULT)
-    assert set(dict(table.source)) == {"skinny", "prologue", "decode", "sampler", "moe"}
-    if name == H200:
-        assert all("not swept on the H200" in note for _, note in table.source)
+    source = dict(table.source)
+    assert set(source) == {"skinny", "prologue", "decode", "sampler", "moe"}
+    if name == H100:  # NOTE: the H100's sweeps are the built-in defaults
+        assert _tunables(table) == _tunables(tuning.DEFAULT)
+        return
+    # NOTE: the H200's GEMM and decode parts are its own sweep; the rest says it is the H100's
+    swept = {"skinny", "prologue", "decode"}
+    assert all("graphrt tune on NVIDIA H200" in source[part] for part in swept)
+    assert all("not swept on the H200" in source[part] for part in set(source) - swept)
+    assert table.skinny_rules != tuning.DEFAULT.skinny_rules
+    assert (table.sampler_layouts, table.moe) == (tuning.DEFAULT.sampler_layouts, tuning.DEFAULT.moe)
 
 
 def test_unknown_devices_and_the_cpu_get_the_defaults(cache: Path) -> None:
