@@ -93,13 +93,20 @@ def test_penalised_tokens_equal_whole_prompt_prefills(engines: tuple[Engine, Eng
 @pytest.mark.slow
 def test_logprobs_equal_whole_prompt_prefills(engines: tuple[Engine, Engine]) -> None:
     chunked, whole = engines
+    check_logprobs(chunked, whole)
+    _all_replayed(chunked)
+
+
+def check_logprobs(got_engine: Engine, want_engine: Engine) -> None:
+    """Greedy, sampled and penalised rows asking for log-probabilities: ``got_engine`` gives
+    ``want_engine``'s tokens, and each token's log-probability and top ones within 1e-5."""
     params = [
         SamplingParams(logprobs=K),
         SamplingParams(temperature=0.9, top_p=0.9, seed=3, logprobs=2),
         SamplingParams(logprobs=0, frequency_penalty=-1.0),
         SamplingParams(logprobs=K, repetition_penalty=0.3),
     ]
-    got, want = _run(chunked, params), _run(whole, params)
+    got, want = _run(got_engine, params), _run(want_engine, params)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.output == w.output and len(g.logprobs) == len(g.output) == BUDGETS[i], i
         for step, (a, b) in enumerate(zip(g.logprobs, w.logprobs, strict=True)):
@@ -107,7 +114,6 @@ def test_logprobs_equal_whole_prompt_prefills(engines: tuple[Engine, Engine]) ->
             assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-5), where
             assert list(a.top_ids) == list(b.top_ids) and len(a.top_ids) == params[i].logprobs, where
             assert np.allclose(a.top_logprobs, b.top_logprobs, atol=1e-5), where
-    _all_replayed(chunked)
 
 
 def toy_grammar(vocab: int, kind: str, source: str) -> Any:

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from graphrt import Engine, SamplingParams
+from graphrt import Engine
 from tests.conftest import DEVICES
-from tests.engine.test_logprobs import K
-from tests.engine.test_mixed_engine import BUDGETS, KW
-from tests.engine.test_mixed_extras import EXTRAS, PENALISED, SAMPLED, SCHEMA, _run, check_constrained
+from tests.engine.test_mixed_engine import KW
+from tests.engine.test_mixed_extras import (
+    EXTRAS,
+    PENALISED,
+    SAMPLED,
+    SCHEMA,
+    _run,
+    check_constrained,
+    check_logprobs,
+)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["overlap", "plain"])
@@ -55,20 +61,7 @@ def test_penalised_tokens_equal_eager_prefills(engines: tuple[Engine, Engine], c
 
 def test_logprobs_equal_eager_prefills(engines: tuple[Engine, Engine]) -> None:
     graphed, eager = engines
-    params = [
-        SamplingParams(logprobs=K),
-        SamplingParams(temperature=0.9, top_p=0.9, seed=3, logprobs=2),
-        SamplingParams(logprobs=0, frequency_penalty=-1.0),
-        SamplingParams(logprobs=K, repetition_penalty=0.3),
-    ]
-    got, want = _run(graphed, params), _run(eager, params)
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert g.output == w.output and len(g.logprobs) == len(g.output) == BUDGETS[i], i
-        for step, (a, b) in enumerate(zip(g.logprobs, w.logprobs, strict=True)):
-            where = (i, step)
-            assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-5), where
-            assert list(a.top_ids) == list(b.top_ids) and len(a.top_ids) == params[i].logprobs, where
-            assert np.allclose(a.top_logprobs, b.top_logprobs, atol=1e-5), where
+    check_logprobs(graphed, eager)
     _all_replayed(graphed, eager)
 
 
