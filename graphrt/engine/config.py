@@ -112,7 +112,7 @@ class EngineConfig:
         eagerly. Captured per token bucket of :func:`token_ladder`, as ``capture`` says (lazy:
         only the buckets steps use). Same tokens, penalties, masks and log-probabilities as the
         eager prefill. 0 or None: off. Ignored with ``prefill_chunk`` (its chunks replay its
-        own ladder), ``speculative`` and ``tp > 1``; where the model's attention backend
+        own ladder), ``speculative``, ``tp > 1`` and ``record_logits``; where the model's attention backend
         graphs no MIXED (sparse MLA, encoder-decoder models) prefills run eagerly.
     """
 
@@ -210,10 +210,11 @@ class EngineConfig:
     def token_buckets(self, spec: SpecOptions | None) -> tuple[int, ...]:
         """The MIXED token buckets: chunked prefill's ladder (up to ``max(prefill_chunk,
         max_batch_size)``: its steps hold at most that many tokens), else the prefill graphs'
-        (``prefill_graph_tokens``, not with ``spec`` or ``tp > 1``); () when neither."""
+        (``prefill_graph_tokens``, not with ``spec``, ``tp > 1`` or ``record_logits``: such a
+        step returns every row's logits, ``[T, V]`` float32 a graph); () when neither."""
         if self.prefill_chunk is not None:
             return token_ladder(max(self.prefill_chunk, self.max_batch_size))
-        if not self.prefill_graph_tokens or spec is not None or self.tp > 1:
+        if not self.prefill_graph_tokens or spec is not None or self.tp > 1 or self.record_logits:
             return ()
         return token_ladder(max(self.prefill_graph_tokens, self.max_batch_size))
 

@@ -81,9 +81,8 @@ def test_a_prefill_larger_than_the_ladder_runs_eagerly(overlap: bool) -> None:
         ("tiny-llama-local", {}),
         ("tiny-mla", {}),
         ("tiny-llama", {"kv_cache_dtype": "fp8_e4m3"}),
-        ("tiny-llama", {"record_logits": True}),
     ],
-    ids=["window", "sinks", "chunked-local", "mla", "fp8-kv", "record-logits"],
+    ids=["window", "sinks", "chunked-local", "mla", "fp8-kv"],
 )
 def test_attention_features_prefill_in_graphs(model: str, kw: dict[str, object]) -> None:
     cold = Engine(model, **PREFIX_KW, **LAZY, **kw, **OFF)
@@ -92,6 +91,19 @@ def test_attention_features_prefill_in_graphs(model: str, kw: dict[str, object])
         cold.generate(FIRST, 5) + cold.generate(LATER, 5)
     )
     replayed_every_prefill(engine)
+
+
+def test_an_engine_recording_logits_prefills_eagerly() -> None:
+    """``record_logits`` steps return every row's logits (``[T, V]`` float32 a prefill graph):
+    no prefill graphs; the tokens are the same."""
+    engine = Engine("tiny-llama", **PREFIX_KW, record_logits=True)
+    assert ForwardMode.MIXED not in engine.runtime.config.capture_modes
+    cold = Engine("tiny-llama", **PREFIX_KW, **OFF)
+    assert engine.generate(FIRST, 5) + engine.generate(LATER, 5) == cold.generate(FIRST, 5) + cold.generate(
+        LATER, 5
+    )
+    stats = engine.stats()
+    assert "MIXED" not in stats.replays and stats.eager == {"EXTEND": stats.prefill_steps}
 
 
 @pytest.mark.parametrize("model", ["tiny-dsa", "tiny-cross"])
