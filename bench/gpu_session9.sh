@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU runs of the 2026-12-06 session (issues 37, 38, 39, 42, 43), after .gpu/install.sh (and
+# GPU runs of the open issues (37, 38, 39, 42, 43; since 2026-12-06), after .gpu/install.sh (and
 # .gpu/install-model.sh for `spec` and `engine`):
-#   bash bench/gpu_session9.sh moe|dense|spec|engine
+#   bash bench/gpu_session9.sh moe|dense|spec|engine|moetune|suite|tuneall|kernels|tunedense|newtests|benchall|short
 # moe:    bench model for the MoE shapes at bs 1 / 16 / 64 with the fused router (floor = dense +
 #         routed experts; the device profile per batch size is in each JSON), then `graphrt tune`
 #         (this GPU's table into $XDG_CACHE_HOME, copied to $OUT; TUNE=0 skips it;
