@@ -42,7 +42,7 @@ class Pool:
         return page * self.page_size + self._offsets
 
     def _pin(self, page: int, depth: int) -> None:
-        positions = depth * self.page_size + np.arange(self.page_size, dtype=np.int64)
+        positions = depth * self.page_size + self._offsets
         for table in self.tables:
             table.pin(self._slots(page), positions)
 
@@ -114,10 +114,16 @@ class Pool:
         (``Request.page_keys``), however many steps it waits."""
         if self.cache is None:
             return [], []
+        keys = self._keys(req)
+        hit = self.cache.match(req.prompt, keys)
+        return hit, keys[len(hit) :]
+
+    def _keys(self, req: Request) -> list[int]:
+        """``req``'s page keys, hashed on first use (``Request.page_keys``); caching only."""
+        assert self.cache is not None
         if req.page_keys is None:
             req.page_keys = self.cache.keys(req.prompt)
-        hit = self.cache.match(req.prompt, req.page_keys)
-        return hit, req.page_keys[len(hit) :]
+        return req.page_keys
 
     def _page(self) -> int:
         if self.pages:
@@ -129,9 +135,7 @@ class Pool:
         """After ``r``'s prefill has run: cache its full prompt pages past those it adopted
         (no-op without caching)."""
         if self.cache is not None:
-            if r.page_keys is None:
-                r.page_keys = self.cache.keys(r.prompt)
-            self.cache.insert(r.prompt, r.pages, r.page_keys, r.cached // self.page_size)
+            self.cache.insert(r.prompt, r.pages, self._keys(r), r.cached // self.page_size)
             self._settle(r)
 
     def _settle(self, r: Request) -> None:
