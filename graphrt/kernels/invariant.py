@@ -26,7 +26,7 @@ TILE = Tile(block_n=32, block_k=128, warps=4)
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether :func:`invariant_linear` takes these tensors (any number of rows)."""
-    return problem(x, weight, bias, max_m=None) is None
+    return problem(x, weight, bias, max_m=None, wide=True) is None
 
 
 def invariant_linear(
@@ -37,16 +37,17 @@ def invariant_linear(
     Parameters
     ----------
     x : ``[M, K]``, bf16 or fp16, any ``M >= 1``, unit stride along ``K``.
-    weight : ``[N, K]`` in ``x``'s dtype, unit stride along ``K``.
-    bias : ``[N]`` in ``x``'s dtype, or None.
+    weight : ``[N, K]`` in ``x``'s dtype or float32, unit stride along ``K``.
+    bias : ``[N]`` in ``weight``'s dtype, or None.
     pdl : launch with programmatic dependent launch (default: SM90+).
 
     Returns
     -------
-    ``[M, N]`` in ``x``'s dtype: fp32 products and sums, the bias added in fp32, rounded once.
+    ``[M, N]`` in :func:`graphrt.kernels.skinny.out_dtype` (float32 for a float32 weight, else
+    ``x``'s dtype): fp32 products and sums, the bias added in fp32, rounded once.
     Raises ``ValueError`` naming the value and the limit for tensors it cannot take.
     """
-    why = problem(x, weight, bias, max_m=None)
+    why = problem(x, weight, bias, max_m=None, wide=True)
     if why is not None:
         raise ValueError(f"batch-invariant GEMM: {why}")
     n, k = weight.shape

@@ -16,6 +16,11 @@ that regime:
 - **Two inner products**: ``M == 1`` multiplies in fp32 and sums each tile's rows (CUDA cores);
   ``M > 1`` pads ``x`` to ``BLOCK_M >= 16`` rows and uses ``tl.dot`` (tensor cores). Both
   accumulate in fp32, add the bias in fp32 and round once to ``x``'s dtype.
+- **float32 weights** (a router kept in float32, :class:`graphrt.models.moe.Gate`): with a
+  16-bit ``x`` the weight and bias may both be float32; the kernel widens ``x``'s tiles to fp32
+  (exact), multiplies in fp32 (``M > 1``: ``tl.dot`` with ``input_precision="ieee"``, no TF32)
+  and writes a float32 output: ``F.linear(x.float(), W, b)`` up to the summation order, with no
+  launch to convert ``x``.
 - **Deterministic**: no split-K, no atomics. Each output element is summed by one program in a
   fixed order, so a replay equals the eager run bit for bit for a fixed shape and tile. Calls
   with different ``M`` may round differently (another path or tile), as cuBLAS's do.
@@ -39,7 +44,10 @@ from graphrt.kernels.switches import KERNELS_PDL_ENV, pdl_enabled, tl, triton, t
 #: it without programmatic dependent launch.
 ENV = "GRAPHRT_SKINNY_GEMM"
 PDL_ENV = KERNELS_PDL_ENV
+#: ``x``'s dtypes; the weight and bias are in ``x``'s dtype, or both in :data:`WIDE`.
 DTYPES = (torch.bfloat16, torch.float16)
+#: The weight (and bias) dtype taken with a 16-bit ``x``; the output is then in it too.
+WIDE = torch.float32
 #: Rows of ``x`` the kernel takes (``ops.linear`` sends it at most ``ops.SKINNY_MAX_M``).
 MAX_M = 64
 #: ``M`` classes of the tile table: a tile is chosen for the smallest class ``>= M``.
@@ -79,28 +87,45 @@ def pdl_default(device: torch.device) -> bool:
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether :func:`skinny_linear` takes these tensors (else :func:`check` says why)."""
-    return problem(x, weight, bias) is None
+    return problem(x, weight, bias, wide=True) is None
 
 
 def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Raise ``ValueError`` naming the value and the limit when the kernel cannot take them."""
-    why = problem(x, weight, bias)
+    why = problem(x, weight, bias, wide=True)
     if why is not None:
         raise ValueError(f"skinny GEMM: {why}")
 
 
+def out_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The output's dtype: :data:`WIDE` for a float32 weight, else ``x``'s."""
+    return WIDE if weight.dtype == WIDE else x.dtype
+
+
+def _dtype_problem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, wide: bool) -> str | None:
+    weights = (x.dtype, WIDE) if wide else (x.dtype,)
+    if x.dtype in DTYPES and w.dtype in weights and (b is None or b.dtype == w.dtype):
+        return None
+    got = (x.dtype, w.dtype, None if b is None else b.dtype)
+    both = f"in x's dtype or both {WIDE}" if wide else "in x's dtype"
+    return f"dtypes (x, weight, bias) {got}: x one of {DTYPES}, weight and bias {both}"
+
+
 def problem(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, max_m: int | None = MAX_M
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, max_m: int | None = MAX_M, wide: bool = False
 ) -> str | None:
     """What the kernel cannot take in these tensors (naming the value and the limit), or None;
-    ``max_m``: the most rows (None: any, as :mod:`graphrt.kernels.invariant` takes)."""
+    ``max_m``: the most rows (None: any, as :mod:`graphrt.kernels.invariant` takes).
+
+    Dtypes: ``x`` one of :data:`DTYPES`; ``w`` and ``b`` in ``x``'s dtype or (``wide``) both
+    :data:`WIDE` (what this module's kernel takes; the default ``wide=False`` is for callers
+    whose kernels take 16-bit weights only, the fused prologues of :mod:`graphrt.kernels.prologue`)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         return f"x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]"
     if x.shape[0] < 1 or (max_m is not None and x.shape[0] > max_m):
         return f"x has {x.shape[0]} rows; the kernel takes 1..{max_m or 'any'}"
-    if x.dtype not in DTYPES or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
-        got = (x.dtype, w.dtype, None if b is None else b.dtype)
-        return f"dtypes (x, weight, bias) {got}: all one of {DTYPES}"
+    if why := _dtype_problem(x, w, b, wide):
+        return why
     if x.stride(1) != 1 or w.stride(1) != 1 or (b is not None and (b.dim() != 1 or b.stride(0) != 1)):
         return "x, weight and bias need a contiguous last dim"
     if b is not None and b.shape[0] != w.shape[0]:
@@ -123,14 +148,15 @@ def skinny_linear(
     Parameters
     ----------
     x : ``[M, K]``, bf16 or fp16, ``1 <= M <= MAX_M``, unit stride along ``K``.
-    weight : ``[N, K]`` in ``x``'s dtype, unit stride along ``K``.
-    bias : ``[N]`` in ``x``'s dtype, or None.
+    weight : ``[N, K]`` in ``x``'s dtype or float32, unit stride along ``K``.
+    bias : ``[N]`` in ``weight``'s dtype, or None.
     tile : the program's tile (default :func:`tile_for`).
     pdl : launch with programmatic dependent launch (default :func:`pdl_default`).
 
     Returns
     -------
-    ``[M, N]`` in ``x``'s dtype: fp32 products and sums, the bias added in fp32, rounded once.
+    ``[M, N]`` in :func:`out_dtype` (float32 for a float32 weight, else ``x``'s dtype): fp32
+    products and sums, the bias added in fp32, rounded once.
     """
     check(x, weight, bias)
     (m, k), n = x.shape, weight.shape[0]
@@ -146,12 +172,14 @@ def _skinny_gemm(
     assert triton is not None, "the skinny GEMM needs Triton"
     (m, k), n = x.shape, weight.shape[0]
     block_n, block_k, warps, stages = tile[:4]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype(x, weight), device=x.device)
     bm = -tile[4] if len(tile) > 4 else block_m(m)
+    # NOTE: fp32 ``tl.dot`` (IEEE) where the interpreter would misread bf16 or the weight is fp32
+    f32_dot = not x.is_cuda or weight.dtype == WIDE
     _skinny[(triton.cdiv(n, block_n), triton.cdiv(m, bm))](
         x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0),
         BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-        PDL=pdl, F32_DOT=not x.is_cuda, PIPELINED=stages > 1, num_warps=warps, num_stages=stages, launch_pdl=pdl,
+        PDL=pdl, F32_DOT=f32_dot, PIPELINED=stages > 1, num_warps=warps, num_stages=stages, launch_pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -186,7 +214,7 @@ if triton is not None:
         """``acc + xt @ tile^T``: fp32 products summed per row (``M == 1``) or ``tl.dot``."""
         if BLOCK_M == 1:
             return acc + tl.sum(tile.to(tl.float32) * xt.to(tl.float32), axis=1)
-        elif F32_DOT:  # NOTE: Triton's interpreter multiplies bf16 as raw uint16 bits
+        elif F32_DOT:  # NOTE: fp32 weights; and Triton's interpreter multiplies bf16 as raw uint16 bits
             return tl.dot(xt.to(tl.float32), tl.trans(tile.to(tl.float32)), acc, input_precision="ieee")
         else:
             return tl.dot(xt, tl.trans(tile), acc)

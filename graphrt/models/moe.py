@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from graphrt.kernels.moe import Routing, experts_reference, fused_experts
 from graphrt.kernels.moe.align import align_reference
 from graphrt.metadata.routing import RoutingShape
+from graphrt.models import ops
 from graphrt.models.experts import Experts
 from graphrt.models.mlp import MLP
 from graphrt.models.moe_config import MoESpec
@@ -35,9 +35,14 @@ from graphrt.parallel import TPGroup, all_reduce_
 
 class Gate(nn.Linear):
     """The router linear ``[E, H]`` (with bias for gpt-oss). With ``fp32`` (DeepSeek, whose router
-    transformers computes in float32) its parameters stay float32 whatever the model's dtype, so a
-    step converts only its ``[T, H]`` input; else it runs in the model's dtype, as transformers'
-    Mixtral, Qwen-MoE, OLMoE and gpt-oss routers do (their scores then go to float32)."""
+    transformers computes in float32) its parameters stay float32 whatever the model's dtype and
+    the step multiplies ``x.float()`` by them; else it runs in the model's dtype, as transformers'
+    Mixtral, Qwen-MoE, OLMoE and gpt-oss routers do (their scores then go to float32).
+
+    ``forward(x [T, H])`` is :func:`graphrt.models.ops.linear`, as the dense projections: on the
+    GPU a single row takes the skinny Triton GEMM (in the PDL chain, no cuBLAS GEMV), which widens
+    a 16-bit ``x`` to float32 as it loads it (no launch converting ``x``). Returns ``[T, E]``:
+    float32 with ``fp32``, else in ``x``'s dtype."""
 
     def __init__(self, hidden_size: int, num_experts: int, bias: bool, fp32: bool) -> None:
         super().__init__(hidden_size, num_experts, bias=bias)
@@ -49,7 +54,7 @@ class Gate(nn.Linear):
         return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.float() if self.fp32 else x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class SparseMoE(nn.Module):

@@ -57,6 +57,8 @@ def linear(
     With at most :data:`SKINNY_MAX_M` rows of 16-bit ``x`` on CUDA the skinny GEMM streams the
     weight (PDL on SM90+; ``GRAPHRT_SKINNY_GEMM=0`` forces torch); else ``F.linear`` (cuBLAS).
     Both accumulate in fp32 and round once, so they agree to the output dtype's rounding.
+    A float32 ``weight`` (and ``bias``) with 16-bit ``x`` (a float32 router) gives a float32
+    output, ``F.linear(x.float(), weight, bias)``: the kernel widens ``x`` as it loads it.
     In a batch-invariant forward (``RuntimeConfig.deterministic``) every ``M`` takes
     :func:`graphrt.kernels.invariant.invariant_linear` instead: a row's bits do not depend on ``M``.
     """
@@ -67,7 +69,12 @@ def linear(
         return invariant.invariant_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     if 0 < rows.shape[0] <= SKINNY_MAX_M and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
         return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight, bias)
+    return F.linear(_widened(x, weight), weight, bias)
+
+
+def _widened(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 for a float32 ``weight`` (exact from 16 bits), as the skinny GEMM reads it."""
+    return x.float() if weight.dtype == torch.float32 and x.dtype != torch.float32 else x
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
