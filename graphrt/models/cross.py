@@ -16,6 +16,7 @@ from torch import nn
 
 from graphrt.attention.context import ForwardContext
 from graphrt.kv import EncoderKV
+from graphrt.models import ops
 from graphrt.models.llama import MLP, Attention, Decoder, RMSNorm
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import CrossConfig
@@ -30,9 +31,9 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.cfg, self.cross_id = cfg, cross_id
         d = cfg.head_dim
-        self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=False)
-        self.kv = nn.Linear(cfg.hidden_size, 2 * cfg.num_kv_heads * d, bias=False)
-        self.o = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
+        self.q = ops.Linear(cfg.hidden_size, cfg.num_heads * d, bias=False)
+        self.kv = ops.Linear(cfg.hidden_size, 2 * cfg.num_kv_heads * d, bias=False)
+        self.o = ops.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
 
     def encoder_kv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``k``, ``v [L, num_kv_heads, head_dim]`` of the encoder output ``hidden [L, hidden]``."""
@@ -51,8 +52,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.cfg, d = cfg, cfg.head_dim
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.qkv = nn.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=False)
-        self.o = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
+        self.qkv = ops.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=False)
+        self.o = ops.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MLP(cfg)
 

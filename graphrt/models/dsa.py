@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from graphrt.attention.sparse_context import SparseMLAContext
+from graphrt.models import ops
 from graphrt.models.llama import Decoder, RMSNorm
 from graphrt.models.ops import apply_rope_ref
 from graphrt.models.presets import DSAConfig
@@ -22,9 +23,9 @@ class Indexer(nn.Module):
     def __init__(self, cfg: DSAConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.wq = nn.Linear(cfg.hidden_size, cfg.index_heads * cfg.index_dim, bias=False)
-        self.wk = nn.Linear(cfg.hidden_size, cfg.index_dim, bias=False)
-        self.weights = nn.Linear(cfg.hidden_size, cfg.index_heads, bias=False)
+        self.wq = ops.Linear(cfg.hidden_size, cfg.index_heads * cfg.index_dim, bias=False)
+        self.wk = ops.Linear(cfg.hidden_size, cfg.index_dim, bias=False)
+        self.weights = ops.Linear(cfg.hidden_size, cfg.index_heads, bias=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q = self.wq(x).view(-1, self.cfg.index_heads, self.cfg.index_dim)
@@ -36,12 +37,12 @@ class MLAAttention(nn.Module):
         super().__init__()
         self.cfg, self.layer_id = cfg, layer_id
         h, c = cfg.num_heads, cfg.kv_lora_rank
-        self.q_proj = nn.Linear(cfg.hidden_size, h * (cfg.qk_nope_dim + cfg.qk_rope_dim), bias=False)
-        self.kv_a = nn.Linear(cfg.hidden_size, c + cfg.qk_rope_dim, bias=False)
+        self.q_proj = ops.Linear(cfg.hidden_size, h * (cfg.qk_nope_dim + cfg.qk_rope_dim), bias=False)
+        self.kv_a = ops.Linear(cfg.hidden_size, c + cfg.qk_rope_dim, bias=False)
         self.kv_norm = RMSNorm(c, cfg.rms_eps)
         self.w_uk = nn.Parameter(torch.empty(h, cfg.qk_nope_dim, c))  # k_nope[h] = W_UK[h] @ c_kv
         self.w_uv = nn.Parameter(torch.empty(h, c, cfg.v_head_dim))  # v[h] = c_kv @ W_UV[h]
-        self.o = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
+        self.o = ops.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
         self.indexer = Indexer(cfg)
         self.scale = (cfg.qk_nope_dim + cfg.qk_rope_dim) ** -0.5
 

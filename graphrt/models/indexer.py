@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from graphrt.kv.rope_store import rotate_ref
+from graphrt.models import ops
 
 #: NOTE: transformers builds the indexer's ``k_norm`` (a LayerNorm with bias) with eps 1e-6.
 K_NORM_EPS = 1e-6
@@ -49,10 +50,10 @@ class Indexer(nn.Module):
                 f"index_head_dim {spec.head_dim} must be >= qk_rope_head_dim {rope_dim} (its RoPE part)"
             )
         self.spec, self.rope_dim = spec, rope_dim
-        self.wq_b = nn.Linear(q_lora_rank, spec.n_heads * spec.head_dim, bias=False)
-        self.wk = nn.Linear(hidden_size, spec.head_dim, bias=False)
+        self.wq_b = ops.Linear(q_lora_rank, spec.n_heads * spec.head_dim, bias=False)
+        self.wk = ops.Linear(hidden_size, spec.head_dim, bias=False)
         self.k_norm = nn.LayerNorm(spec.head_dim, eps=K_NORM_EPS)
-        self.weights_proj = nn.Linear(hidden_size, spec.n_heads, bias=False)
+        self.weights_proj = ops.Linear(hidden_size, spec.n_heads, bias=False)
         self.scale = spec.head_dim**-0.5
 
     def _rotate(self, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:

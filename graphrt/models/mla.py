@@ -19,6 +19,7 @@ from torch import nn
 from graphrt.attention.mla_context import MLAContext
 from graphrt.kv import latent_store
 from graphrt.kv.rope_store import rotate_ref
+from graphrt.models import ops
 from graphrt.models.llama import Decoder, RMSNorm
 from graphrt.models.moe import layer_mlp
 from graphrt.models.parallel import SINGLE
@@ -48,15 +49,15 @@ class LatentAttention(nn.Module):
         h, c, bias = cfg.num_heads, cfg.kv_lora_rank, cfg.attention_bias
         qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, h * qk, bias=False)
+            self.q_proj = ops.Linear(cfg.hidden_size, h * qk, bias=False)
         else:
-            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=bias)
+            self.q_a_proj = ops.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * qk, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, c + cfg.qk_rope_head_dim, bias=bias)
+            self.q_b_proj = ops.Linear(cfg.q_lora_rank, h * qk, bias=False)
+        self.kv_a_proj_with_mqa = ops.Linear(cfg.hidden_size, c + cfg.qk_rope_head_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(c, LATENT_NORM_EPS)
-        self.kv_b_proj = nn.Linear(c, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=bias)
+        self.kv_b_proj = ops.Linear(c, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = ops.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=bias)
         self.rotate = rotate_interleaved if cfg.rope_interleave else rotate_ref
 
     def query(self, x: torch.Tensor) -> torch.Tensor:

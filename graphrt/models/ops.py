@@ -16,6 +16,7 @@ import importlib
 from types import ModuleType
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from graphrt.kernels import cos_sin, fp8_gemm, invariant, prologue, skinny, switches
@@ -70,6 +71,14 @@ def linear(
     if 0 < rows.shape[0] <= SKINNY_MAX_M and skinny.enabled(x.device) and skinny.fits(rows, weight, bias):
         return skinny.skinny_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(_widened(x, weight), weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (transformers' parameter names and init) whose ``forward`` is :func:`linear`:
+    a single-row step streams the weight through the skinny GEMM in the PDL chain, not cuBLAS."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 def _widened(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
