@@ -21,7 +21,7 @@ expert tensors, the shared expert's pieces the rows after.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -121,7 +121,7 @@ def _fused(
         take = _blocks(w13.shard("gate"), w13.shard("up"))  # type: ignore[union-attr]
         out = {
             "gate_up_proj": Slot(f"{mine}.experts.w13", local13, None, take, (e, i2, h)),
-            "down_proj": Slot(f"{mine}.experts.w2", cols),
+            "down_proj": Slot(f"{mine}.experts.w2", replace(cols, shape=(e, *cols.shape[1:])), slice(0, e)),
         }
     if b13 is not None:
         local = _routed(b13, e)
