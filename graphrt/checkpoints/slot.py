@@ -18,8 +18,8 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 class Slot:
     """Where a checkpoint tensor lands: ``shard`` of parameter ``param`` (of its slice ``index``
     along dim 0 when set: one expert of a 3-D expert weight, or a run of experts when a slice:
-    a fused shared expert's pieces); ``shape`` is what the checkpoint
-    must hold (the full tensor, whatever the TP size). ``transform`` (then ``expect``: the
+    a fused shared expert's pieces); ``shape`` is what the checkpoint must hold (the full
+    tensor, whatever the TP size). ``transform`` (then ``expect``: the
     checkpoint's shape) turns the tensor read into the parameter's layout first: all of it, or
     ``read`` when set (a tensor-parallel rank's slice of a transposed or interleaved tensor)."""
 

@@ -12,8 +12,9 @@ gated one (Qwen2-MoE's) or one that does not divide runs beside them as a dense 
 Tensor parallelism splits each expert's intermediate dim (:class:`~graphrt.models.experts.Experts`),
 a fused shared expert's pieces included, and a separate shared expert's as the dense MLP's; the
 router is replicated, so every rank routes the same tokens to the same experts and writes the
-same routing buffers. The routed and shared partial sums meet in one all-reduce per layer. Expert parallelism (experts
-placed on different ranks) is not supported (refused at config parse, ``ep_size``).
+same routing buffers. The routed and shared partial sums meet in one all-reduce per layer.
+Expert parallelism (experts placed on different ranks) is not supported (refused at config
+parse, ``ep_size``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class SparseMoE(nn.Module):
     ``gate``: the router linear (:class:`Gate`); ``score_bias``: DeepSeek-V3's
     ``e_score_correction_bias [E]``; ``shared``: the shared expert as a dense SwiGLU when it is
     not fused into ``experts`` (``spec.shared_slots`` 0), ``shared_gate`` its sigmoid gate
-    ``[1, H]`` (Qwen2-MoE). With ``tp``: this rank's slice of
-    every expert's and the shared expert's intermediate dim, the router and its biases whole;
+    ``[1, H]`` (Qwen2-MoE). With ``tp``: this rank's slice of every expert's and the shared
+    expert's intermediate dim, the router and its biases whole;
     ``ValueError`` naming the size and the TP size when it does not divide an intermediate size.
     """
 
