@@ -130,7 +130,7 @@ def slots(model: Model, found: Mapping[str, Shape] | None = None) -> dict[str, S
     moe = getattr(model.cfg, "moe", None)
     for i in range(model.cfg.num_layers) if moe is not None else ():
         if moe.is_sparse(i):
-            out |= expert_slots(i, model.cfg.architecture, params, found or {})
+            out |= expert_slots(i, model.cfg.architecture, params, found or {}, moe)
     return with_scales(out, params)
 
 

@@ -12,18 +12,22 @@ parameters' ``shard``, :mod:`graphrt.models.experts`): rows of a per-expert gate
 columns of a down tensor, the interleaved gate/up columns of gpt-oss's fused tensor (a rank's
 gate and up columns are one contiguous run there). Transformers' own fused ``[E, 2 I, H]`` is
 read whole and cut (a rank's gate and up rows are two runs). The router, its biases and
-gpt-oss's ``down_proj_bias`` are read whole by every rank; the shared expert is split as the
-dense MLP.
+gpt-oss's ``down_proj_bias`` are read whole by every rank; a shared expert is split as the
+dense MLP, or where it is fused into the experts as they are
+(:mod:`graphrt.checkpoints.shared_experts`): the routed experts fill rows ``0 .. E - 1`` of the
+expert tensors, the shared expert's pieces the rows after.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from graphrt.checkpoints.shared_experts import shared_expert_slots
 from graphrt.checkpoints.slot import Slot, Transform
+from graphrt.models.moe_config import MoESpec
 from graphrt.models.parallel import Shard, cut, whole
 
 Shape = tuple[int, ...]
@@ -88,10 +92,17 @@ def _pairs(shard: Shard, full: Shape, dim: int) -> Shard:
     return Shard(dim, start, stop, 0, stop - start, full)
 
 
-def _fused(pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.Tensor]) -> dict[str, Slot]:
+def _routed(param: torch.Tensor, experts: int) -> Shard:
+    """All of this rank's ``param`` rows of the ``experts`` routed experts (dim 0 ``0 .. E - 1``)."""
+    return whole((experts, *param.shape[1:]))
+
+
+def _fused(
+    pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.Tensor], e: int
+) -> dict[str, Slot]:
     w13, w2, b13 = (params.get(f"{mine}.experts.{n}") for n in ("w13", "w2", "b13"))
-    e, i2, h = w13.full_shape  # type: ignore[union-attr]
-    local13, local2 = whole(tuple(w13.shape)), whole(tuple(w2.shape))  # type: ignore[union-attr]
+    _, i2, h = w13.full_shape  # type: ignore[union-attr]
+    local13, local2 = _routed(w13, e), _routed(w2, e)  # type: ignore[arg-type]
     cols = w2.shard()  # type: ignore[union-attr]  # NOTE: this rank's intermediate slice
     if names.interleaved:
         gu, down = (e, h, i2), (e, i2 // 2, h)
@@ -110,10 +121,10 @@ def _fused(pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.T
         take = _blocks(w13.shard("gate"), w13.shard("up"))  # type: ignore[union-attr]
         out = {
             "gate_up_proj": Slot(f"{mine}.experts.w13", local13, None, take, (e, i2, h)),
-            "down_proj": Slot(f"{mine}.experts.w2", cols),
+            "down_proj": Slot(f"{mine}.experts.w2", replace(cols, shape=(e, *cols.shape[1:])), slice(0, e)),
         }
     if b13 is not None:
-        local = whole(tuple(b13.shape))
+        local = _routed(b13, e)
         out["gate_up_proj_bias"] = (
             Slot(f"{mine}.experts.b13", local, None, _deinterleave, (e, i2), _pairs(cols, (e, i2), 1))
             if names.interleaved
@@ -131,7 +142,7 @@ def _one_expert(shard: Shard) -> Shard:
 
 
 def _per_expert(
-    pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.Tensor]
+    pre: str, mine: str, names: ExpertNames, params: Mapping[str, torch.Tensor], e: int
 ) -> dict[str, Slot]:
     w13, w2 = params[f"{mine}.experts.w13"], params[f"{mine}.experts.w2"]
     gate, up, down = names.proj
@@ -142,7 +153,7 @@ def _per_expert(
     }
     return {
         f"{pre}.experts.{x}.{proj}.weight": Slot(param, shard, x)
-        for x in range(w13.shape[0])
+        for x in range(e)
         for proj, (param, shard) in shards.items()
     }
 
@@ -153,15 +164,16 @@ def _shard(param: torch.Tensor, part: int | None = None) -> Shard:
 
 
 def expert_slots(
-    layer: int, arch: str, params: Mapping[str, torch.Tensor], found: Mapping[str, Shape]
+    layer: int, arch: str, params: Mapping[str, torch.Tensor], found: Mapping[str, Shape], spec: MoESpec
 ) -> dict[str, Slot]:
-    """The routed experts', router's and shared expert's checkpoint tensors of MoE layer ``layer``,
-    by checkpoint name (the fused layout when the checkpoint holds it, else per expert), each
-    this rank's shard."""
+    """The routed experts', router's and shared expert's checkpoint tensors of MoE layer ``layer``
+    (of ``spec``), by checkpoint name (the fused layout when the checkpoint holds it, else per
+    expert), each this rank's shard."""
     names = MOE_NAMES[arch]
     pre, mine = f"model.layers.{layer}.{names.block}", f"layers.{layer}.mlp"
     fused = f"{pre}.experts.gate_up_proj" in found
-    out = (_fused if fused or names.interleaved else _per_expert)(pre, mine, names, params)
+    out = (_fused if fused or names.interleaved else _per_expert)(pre, mine, names, params, spec.num_experts)
+    out |= shared_expert_slots(f"{pre}.{names.shared}", mine, spec, params)
     simple = {
         f"{names.router}.weight": ("gate.weight", None),
         f"{names.router}.bias": ("gate.bias", None),

@@ -17,14 +17,15 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 @dataclass(frozen=True, slots=True)
 class Slot:
     """Where a checkpoint tensor lands: ``shard`` of parameter ``param`` (of its slice ``index``
-    along dim 0 when set: one expert of a 3-D expert weight); ``shape`` is what the checkpoint
-    must hold (the full tensor, whatever the TP size). ``transform`` (then ``expect``: the
+    along dim 0 when set: one expert of a 3-D expert weight, or a run of experts when a slice:
+    a fused shared expert's pieces); ``shape`` is what the checkpoint must hold (the full
+    tensor, whatever the TP size). ``transform`` (then ``expect``: the
     checkpoint's shape) turns the tensor read into the parameter's layout first: all of it, or
     ``read`` when set (a tensor-parallel rank's slice of a transposed or interleaved tensor)."""
 
     param: str
     shard: Shard
-    index: int | None = None
+    index: int | slice | None = None
     transform: Transform | None = None
     expect: Shape | None = None
     read: Shard | None = None

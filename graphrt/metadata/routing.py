@@ -30,8 +30,9 @@ from graphrt.step.batch import Batch
 
 @dataclass(frozen=True, slots=True)
 class RoutingShape:
-    """A model's routing: ``num_experts`` routed experts, ``topk`` per token (the same in every
-    MoE layer)."""
+    """A model's routing: ``num_experts`` experts, ``topk`` slots per token (the same in every
+    MoE layer); both count a shared expert held as ``S`` extra experts (``MoESpec.total_experts``,
+    ``total_topk``), so pad rows get the id past it too."""
 
     num_experts: int
     topk: int

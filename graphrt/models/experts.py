@@ -71,7 +71,9 @@ def down_param(num_experts: int, hidden: int, inner: Part) -> nn.Parameter:
 
 
 class Experts(nn.Module):
-    """``num_experts`` SwiGLU experts, this rank's slice ``inner`` of each intermediate dim.
+    """``spec.total_experts`` SwiGLU experts, this rank's slice ``inner`` of each intermediate dim:
+    the routed ones, then the shared expert's :attr:`~MoESpec.shared_slots` pieces where it is
+    fused (loaded from its own checkpoint tensors, :mod:`graphrt.checkpoints.shared_experts`).
 
     ``w13 [E, 2 i, H]`` (this rank's gate rows then its up rows), ``w2 [E, H, i]`` with ``i =
     I / tp``; with ``bias`` also ``b13 [E, 2 i]`` (split like ``w13``) and ``b2 [E, H]``
@@ -81,7 +83,7 @@ class Experts(nn.Module):
 
     def __init__(self, spec: MoESpec, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        e, h = spec.num_experts, hidden_size
+        e, h = spec.total_experts, hidden_size
         self.inner = split(spec.expert_size, tp, "the experts' intermediate size")
         self.activation = spec.activation
         self.w13 = gate_up_param((e,), self.inner, (h,))

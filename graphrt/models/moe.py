@@ -4,13 +4,17 @@ Per step the router writes ``topk_ids`` / ``topk_weights`` into the routing buff
 views reach the layer as ``ctx.routing``), pad rows routed to no expert, then
 :func:`~graphrt.kernels.moe.fused_experts` sums the chosen experts (fused Triton kernels on the
 GPU, the torch reference on the CPU). Every MoE layer of a step reuses the same buffers in turn.
-Shared experts (DeepSeek's, Qwen2-MoE's gated one) run beside the routed ones as a dense MLP.
+A shared expert whose size the experts' divides (DeepSeek's) is held as
+:attr:`~graphrt.models.moe_config.MoESpec.shared_slots` extra experts that every real token
+routes to with weight 1, so one pair of expert kernels computes routed and shared together; a
+gated one (Qwen2-MoE's) or one that does not divide runs beside them as a dense MLP.
 
-Tensor parallelism splits each expert's intermediate dim (:class:`~graphrt.models.experts.Experts`)
-and the shared expert's as the dense MLP's; the router is replicated, so every rank routes the
-same tokens to the same experts and writes the same routing buffers. The routed and shared
-partial sums meet in one all-reduce per layer, the dense MLP's. Expert parallelism (experts
-placed on different ranks) is not supported (refused at config parse, ``ep_size``).
+Tensor parallelism splits each expert's intermediate dim (:class:`~graphrt.models.experts.Experts`),
+a fused shared expert's pieces included, and a separate shared expert's as the dense MLP's; the
+router is replicated, so every rank routes the same tokens to the same experts and writes the
+same routing buffers. The routed and shared partial sums meet in one all-reduce per layer.
+Expert parallelism (experts placed on different ranks) is not supported (refused at config
+parse, ``ep_size``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from graphrt.models.experts import Experts
 from graphrt.models.mlp import MLP
 from graphrt.models.moe_config import MoESpec
 from graphrt.models.parallel import SINGLE
-from graphrt.models.router import route, route_into
+from graphrt.models.router import route_all, route_into
 from graphrt.parallel import TPGroup, all_reduce_
 
 
@@ -61,9 +65,10 @@ class SparseMoE(nn.Module):
     """One MoE MLP: ``forward(x [T, H], ctx) -> [T, H]`` in ``x``'s dtype.
 
     ``gate``: the router linear (:class:`Gate`); ``score_bias``: DeepSeek-V3's
-    ``e_score_correction_bias [E]``; ``shared``: the shared expert (a dense SwiGLU),
-    ``shared_gate`` its sigmoid gate ``[1, H]`` (Qwen2-MoE). With ``tp``: this rank's slice of
-    every expert's and the shared expert's intermediate dim, the router and its biases whole;
+    ``e_score_correction_bias [E]``; ``shared``: the shared expert as a dense SwiGLU when it is
+    not fused into ``experts`` (``spec.shared_slots`` 0), ``shared_gate`` its sigmoid gate
+    ``[1, H]`` (Qwen2-MoE). With ``tp``: this rank's slice of every expert's and the shared
+    expert's intermediate dim, the router and its biases whole;
     ``ValueError`` naming the size and the TP size when it does not divide an intermediate size.
     """
 
@@ -76,22 +81,22 @@ class SparseMoE(nn.Module):
         self.score_bias = nn.Parameter(torch.zeros(spec.num_experts)) if spec.score_bias else None
         self.experts = Experts(spec, cfg.hidden_size, tp)
         shared = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=spec.shared_size)
-        self.shared = MLP(shared, tp) if spec.shared_size else None
+        self.shared = MLP(shared, tp) if spec.shared_size and not spec.shared_slots else None
         self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if spec.shared_gate else None
 
     def routing_shape(self) -> RoutingShape:
-        return RoutingShape(self.spec.num_experts, self.spec.topk)
+        return RoutingShape(self.spec.total_experts, self.spec.total_topk)
 
     def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
         logits = self.gate(x)
         routing: Routing | None = getattr(ctx, "routing", None)
         if routing is None:  # NOTE: a context without routing buffers (no runtime): local tensors
-            weights, ids = route(logits, self.spec, self.score_bias)
+            weights, ids = route_all(logits, self.spec, self.score_bias)
             out = experts_reference(x, self.experts.weights(), ids, weights)
         else:
             route_into(routing, ctx.routing_tokens, logits, self.spec, self.score_bias)
             if not x.is_cuda:  # NOTE: the fused kernels write the alignment on the GPU
-                align_reference(routing.topk_ids, self.spec.num_experts, routing)
+                align_reference(routing.topk_ids, self.spec.total_experts, routing)
             out = fused_experts(x, self.experts.weights(), routing)
         if self.shared is not None:
             shared = self.shared.partial(x)  # NOTE: summed over the ranks with the routed experts

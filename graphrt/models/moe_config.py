@@ -22,7 +22,8 @@ class MoESpec:
     multiplies them after. ``score_bias``: DeepSeek-V3's ``e_score_correction_bias`` (choice
     only); ``router_bias``: the router linear has a bias (gpt-oss); ``router_fp32``: it runs in
     float32 (DeepSeek), else in the model's dtype. ``shared_size``: the shared
-    expert's intermediate size (0: none); ``shared_gate``: Qwen2-MoE's sigmoid gate on it.
+    expert's intermediate size (0: none); ``shared_gate``: Qwen2-MoE's sigmoid gate on it;
+    ``fuse_shared``: run an ungated one as :attr:`shared_slots` extra experts where it can.
     ``activation`` (``silu`` or gpt-oss's ``swiglu_clamp``) and ``expert_bias``: the experts'
     SwiGLU and biases. ``sparse``: per layer, whether it is MoE (else a dense MLP).
     """
@@ -43,6 +44,7 @@ class MoESpec:
     shared_gate: bool = False
     activation: str = "silu"
     expert_bias: bool = False
+    fuse_shared: bool = True
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
@@ -58,6 +60,29 @@ class MoESpec:
                 f"n_group {self.n_group} must divide num_experts {self.num_experts} and "
                 f"topk_group {self.topk_group} be in 1..n_group"
             )
+
+    @property
+    def shared_slots(self) -> int:
+        """``S``: the shared expert cut into ``S`` pieces of ``expert_size``, held as experts
+        ``num_experts .. num_experts + S - 1`` that every token routes to with weight 1 (the
+        SwiGLU is elementwise over the intermediate dim, so the pieces' outputs sum to the
+        shared expert's). 0 (a separate dense MLP) without ``fuse_shared``, for a gated shared
+        expert, one whose size ``expert_size`` does not divide, or experts of another SwiGLU."""
+        plain = self.activation == "silu" and not self.expert_bias and not self.shared_gate
+        divides = self.expert_size > 0 and self.shared_size % self.expert_size == 0
+        if not (self.fuse_shared and plain and divides):
+            return 0
+        return self.shared_size // self.expert_size
+
+    @property
+    def total_experts(self) -> int:
+        """Routed plus fused shared experts: the expert tensors' dim 0, and the pad rows' id."""
+        return self.num_experts + self.shared_slots
+
+    @property
+    def total_topk(self) -> int:
+        """Slots per token of the routing buffers: ``topk`` routed plus :attr:`shared_slots`."""
+        return self.topk + self.shared_slots
 
     def is_sparse(self, layer_id: int) -> bool:
         """Whether layer ``layer_id``'s MLP is the mixture of experts."""

@@ -3,7 +3,9 @@
 Every op has a static shape (top-k, gathers, masks by arithmetic): nothing reads routing on
 the host, so a router runs inside a captured graph. :func:`route_into` puts the choice into the
 step's routing buffers, with pad rows (rows ``>= num_tokens``) routed to no expert: one fused
-Triton program for the softmax scorings where Triton runs, else these torch ops.
+Triton program for the softmax scorings where Triton runs, else these torch ops. A shared
+expert held as extra experts (:attr:`~graphrt.models.moe_config.MoESpec.shared_slots`) takes the
+last ``S`` slots of every real row, weight 1.
 """
 
 from __future__ import annotations
@@ -93,11 +95,32 @@ def route(
     return SCORERS[spec.scoring](scores, spec, bias)
 
 
+def with_shared(weights: torch.Tensor, ids: torch.Tensor, spec: MoESpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routed choice ``[T, k]`` with the fused shared experts' :attr:`~MoESpec.shared_slots`
+    appended: ``[T, k + S]``, ids ``num_experts .. num_experts + S - 1`` with weight 1 (unscaled:
+    DeepSeek adds the shared expert's output as it is). Unchanged when ``S`` is 0."""
+    shared = spec.shared_slots
+    if not shared:
+        return weights, ids
+    rows = ids.shape[0]
+    extra = torch.arange(spec.num_experts, spec.total_experts, dtype=ids.dtype, device=ids.device)
+    ones = torch.ones(rows, shared, dtype=weights.dtype, device=weights.device)
+    return torch.cat((weights, ones), dim=1), torch.cat((ids, extra.expand(rows, shared)), dim=1)
+
+
+def route_all(
+    logits: torch.Tensor, spec: MoESpec, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`route` then :func:`with_shared`: every slot a token reads, ``[T, k + S]``."""
+    return with_shared(*route(logits, spec, bias), spec)
+
+
 def write_routing(
     routing: Routing, num_tokens: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
 ) -> None:
     """Copy the choice into ``routing`` in place; rows ``>= num_tokens [1]`` (pad rows) get the
-    id ``num_experts`` ("no expert") and weight 0, so they read no expert weights."""
+    id ``num_experts`` of the buffers (every expert tensor's row count, fused shared experts
+    included: "no expert") and weight 0, so they read no expert weights."""
     num_experts = routing.expert_counts.shape[0]
     pad = (torch.arange(ids.shape[0], device=ids.device) >= num_tokens.to(ids.device))[:, None]
     routing.topk_ids.copy_(torch.where(pad, num_experts, ids))
@@ -111,15 +134,15 @@ def route_into(
     spec: MoESpec,
     bias: torch.Tensor | None = None,
 ) -> None:
-    """Route ``logits [T, E]`` into ``routing``'s ``topk_ids`` / ``topk_weights`` in place, rows
-    ``>= num_tokens [1]`` as pad rows: :func:`route` and :func:`write_routing`, or the fused
-    kernel (:mod:`graphrt.kernels.moe.route_triton`) where it runs (the MoE switch)."""
+    """Route ``logits [T, E]`` into ``routing``'s ``topk_ids`` / ``topk_weights`` ``[T, k + S]``
+    in place (the fused shared experts' slots last), rows ``>= num_tokens [1]`` as pad rows:
+    :func:`route_all` and :func:`write_routing`, or the fused kernel
+    (:mod:`graphrt.kernels.moe.route_triton`) where it runs (the MoE switch)."""
     if spec.scoring in FUSED_SCORINGS and triton_enabled(ENV, logits.device):
         pdl = pdl_enabled(PDL_ENV, logits.device)
         renorm, scale = spec.norm_topk_prob, spec.routed_scaling_factor
-        route_triton(
-            logits, num_tokens, routing.topk_ids, routing.topk_weights, spec.scoring, renorm, scale, pdl
-        )
+        ids, weights = routing.topk_ids, routing.topk_weights
+        route_triton(logits, num_tokens, ids, weights, spec.scoring, renorm, scale, pdl, spec.shared_slots)
         return
-    weights, ids = route(logits, spec, bias)
+    weights, ids = route_all(logits, spec, bias)
     write_routing(routing, num_tokens, weights, ids)

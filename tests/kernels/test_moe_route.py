@@ -1,6 +1,7 @@
 """The fused router (``graphrt.kernels.moe.route_triton``) against the torch routers
 (``graphrt.models.router.route`` + ``write_routing``): same experts in the same order, weights
-within float32 rounding, pad rows (poisoned with NaN) written as "no expert" with weight 0.
+within float32 rounding, pad rows (poisoned with NaN) written as "no expert" with weight 0; a
+fused shared expert's slots last (ids ``E ..``, weight 1; a pad row's the id ``E + S``).
 
 The kernel runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1``.
 """
@@ -14,7 +15,7 @@ from graphrt.kernels.moe import align as al
 from graphrt.kernels.moe import new_routing
 from graphrt.kernels.moe.route_triton import route_triton
 from graphrt.models.moe_config import MoESpec
-from graphrt.models.router import route, route_into, write_routing
+from graphrt.models.router import route, route_all, route_into, write_routing
 from tests.support.triton_util import INTERPRET, triton_devices
 
 #: ``(E, k, scoring, renorm, scale)``: Qwen3 / Mixtral, DeepSeek-V2 greedy, gpt-oss, E not a power of 2.
@@ -93,3 +94,22 @@ def test_route_into_takes_the_kernel_for_softmax_scorings(device, monkeypatch) -
     route_into(plain, num_tokens, logits, spec)
     assert torch.equal(fused.topk_ids, plain.topk_ids)
     torch.testing.assert_close(fused.topk_weights, plain.topk_weights, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("shared", [1, 2, 3])
+def test_fused_router_writes_the_shared_slots(device, shared) -> None:
+    """DeepSeek-V2 greedy with ``shared`` fused shared experts: the kernel == ``route_all`` +
+    ``write_routing`` (routed slots first, then ids ``E .. E + S - 1`` weight 1); pad rows
+    ``E + S`` and 0 in every slot."""
+    experts, topk, tokens, real = 16, 3, 7, 5
+    spec = MoESpec(experts, topk, 16, (True,), routed_scaling_factor=2.0, shared_size=16 * shared)
+    logits, num_tokens, ids, weights = _case(device, experts, topk + shared, tokens, real, torch.float32)
+    route_triton(logits, num_tokens, ids, weights, "softmax", False, 2.0, False, shared)
+    want = new_routing(ids.clone(), weights.clone(), experts + shared)
+    write_routing(want, num_tokens, *route_all(logits, spec))
+    assert torch.equal(ids, want.topk_ids)
+    torch.testing.assert_close(weights, want.topk_weights, atol=1e-6, rtol=1e-5)
+    assert ids[:real, topk:].tolist() == [list(range(experts, experts + shared))] * real
+    assert (weights[:real, topk:] == 1).all() and (weights[:real, :topk] < 2).all()
+    assert (ids[real:] == experts + shared).all() and (weights[real:] == 0).all()

@@ -3,10 +3,10 @@
 Prefill and decode logits (eager and graphed with the emulated engine) against transformers'
 forward, greedy tokens against its ``generate``, and a batch of prompts against each prompt
 alone. Families: Mixtral, Qwen2-MoE (gated shared expert, a dense layer), Qwen3-MoE, OLMoE (q/k
-norms over the whole projection), DeepSeek-V2 (group-limited greedy, shared experts, a dense
-layer) and V3 (sigmoid scores with the correction bias, grouped top-k; and with DeepSeek's YaRN:
-the softmax scale times ``mscale ** 2``), gpt-oss (sinks, sliding layers, YaRN, interleaved fused
-experts with biases, clamped SwiGLU). Tolerances as
+norms over the whole projection), DeepSeek-V2 (group-limited greedy, shared experts held as
+extra experts, a dense layer) and V3 (sigmoid scores with the correction bias, grouped top-k;
+and with DeepSeek's YaRN: the softmax scale times ``mscale ** 2``), gpt-oss (sinks, sliding
+layers, YaRN, interleaved fused experts with biases, clamped SwiGLU). Tolerances as
 tests/models/test_models_hf.py: fp32 CPU 1e-4; bf16 CUDA three times transformers' own bf16 error.
 """
 
@@ -37,6 +37,10 @@ def test_checkpoint_matches_transformers(device: torch.device, checkpoint: tuple
     model = load(checkpoint[0], device="cpu")
     sparse = [isinstance(layer.mlp, SparseMoE) for layer in model.layers]
     assert any(sparse), "no MoE layer was built"
+    if "Deepseek" in model.cfg.architecture:  # NOTE: its shared experts run in the expert kernels
+        for moe in (layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoE)):
+            assert moe.shared is None and moe.spec.shared_slots > 0
+            assert moe.experts.w13.shape[0] == moe.spec.num_experts + moe.spec.shared_slots
     # NOTE: fp32 on the GPU too: in bf16 a routing near-tie picks other experts in any two
     # implementations (transformers' bf16 misses its own fp32 that way), so the bound of
     # "three times transformers' bf16 error" cannot hold token by token for MoE layers.

@@ -4,13 +4,16 @@ read nothing), the JSON it writes (speeds not measured), and the check that stop
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from graphrt.cli import main
+from graphrt.models.presets import preset
 from graphrt.tools.bench import moe as bench_moe
+from graphrt.tools.bench.model_moe import dense_bytes, random_moe
 from graphrt.tools.bench.model_twin import ParityError
 
 
@@ -25,6 +28,16 @@ def test_routed_bytes_count_distinct_experts_and_skip_pad_rows() -> None:
     assert bench_moe.routed_bytes((x, w, routing)) == (8, 8 * per_expert + 2 * 16 * 64 * 2)
     routing.topk_ids[:] = 128
     assert bench_moe.routed_bytes((x, w, routing))[0] == 0
+
+
+def test_model_floor_counts_a_fused_shared_expert_once_as_dense() -> None:
+    """``bench model``'s dense bytes are the same whether the shared expert runs as a dense MLP
+    or as extra experts (its pieces are no routed expert's bytes, nor counted twice)."""
+    cfg = preset("tiny-deepseek-moe")
+    apart = replace(cfg, moe=replace(cfg.moe, fuse_shared=False))
+    fused = random_moe(cfg, torch.device("cpu"), torch.float32)
+    assert cfg.moe.shared_slots == 1 and apart.moe.shared_slots == 0
+    assert dense_bytes(fused) == dense_bytes(random_moe(apart, torch.device("cpu"), torch.float32))
 
 
 def test_cpu_run_checks_every_row_and_times_none(tmp_path: Path) -> None:

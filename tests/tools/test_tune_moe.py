@@ -40,11 +40,17 @@ def test_moe_presets_time_attention_lm_head_and_only_their_dense_mlps() -> None:
 
 
 def test_an_mla_moe_preset_times_no_attention_and_says_so() -> None:
+    """deepseek-v2-lite's shared expert runs in the expert kernels (two extra experts): no shared
+    GEMMs; with the fusion off, its dense shared MLP's two are timed."""
     got = tune_shapes.shapes(["deepseek-v2-lite"])
     assert got == [
         ("deepseek-v2-lite", "gate_up", 2048, 2 * 10944), ("deepseek-v2-lite", "down", 10944, 2048),
-        ("deepseek-v2-lite", "shared_gate_up", 2048, 2 * 2816), ("deepseek-v2-lite", "shared_down", 2816, 2048),
         ("deepseek-v2-lite", "lm_head", 2048, 102400),
+    ]  # fmt: skip
+    cfg = preset("deepseek-v2-lite")
+    apart = replace(cfg, moe=replace(cfg.moe, fuse_shared=False))
+    assert tune_shapes.projections(apart)[2:4] == [
+        ("shared_gate_up", 2048, 2 * 2816), ("shared_down", 2816, 2048)
     ]  # fmt: skip
     (note,) = tune_shapes.notes(["llama-3.2-1b", "deepseek-v2-lite"])
     assert note.startswith("deepseek-v2-lite: its MLA attention projections are not swept")

@@ -1,13 +1,14 @@
 """``graphrt bench model --shape <MoE preset>``: a MoE model's graphed decode step against its floor.
 
 The floor counts the bytes a step must read: attention and dense weights (every parameter but
-the routed experts and the embedding table), plus, per MoE layer, the *distinct* experts that
+the routed experts and the embedding table; a shared expert held in the expert tensors counted
+here once, as the dense MLP it was), plus, per MoE layer, the *distinct* routed experts that
 step's tokens route to. The distinct experts are counted on the host after the timed region, in
 one eager step with a hook on each MoE layer reading the routing buffer it just wrote (the
 graph's replays run no Python). The bytes are read at the copy bandwidth measured here
 (``model_steps.weight_floor``). A graphed step of ``--pad-bs`` requests in the next bucket up
 (default 9 in 16) shows pad rows reading no expert: its routing buffer's pad rows hold the id
-``num_experts``. transformers' eager step is not measured for MoE shapes (no twin yet).
+past every expert (routed and fused shared). transformers' eager step is not measured for MoE shapes (no twin yet).
 """
 
 from __future__ import annotations
@@ -68,12 +69,15 @@ def random_moe(cfg: Any, device: torch.device, dtype: torch.dtype, seed: int = 0
 
 
 def dense_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter a step reads whole: all but the embedding and the routed experts."""
-    return sum(
+    """Bytes of every parameter a step reads whole: all but the embedding and the routed experts,
+    a shared expert fused into the expert tensors included (every real token reads its pieces)."""
+    plain = sum(
         p.numel() * p.element_size()
         for n, p in model.named_parameters()
         if "embed" not in n and not n.endswith(EXPERT_PARAMS)
     )
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    return plain + sum(m.spec.shared_slots * expert_bytes(m) for m in layers)
 
 
 def expert_bytes(moe: SparseMoE) -> int:
@@ -83,8 +87,8 @@ def expert_bytes(moe: SparseMoE) -> int:
 
 
 def routed_reads(stack: Any, model: nn.Module, batch: Any) -> tuple[list[int], int]:
-    """Distinct experts per MoE layer for ``batch`` (one eager step, hooks on each MoE layer),
-    and the expert bytes they make a step read."""
+    """Distinct routed experts per MoE layer for ``batch`` (one eager step, hooks on each MoE
+    layer; fused shared experts are :func:`dense_bytes`), and the expert bytes they make a step read."""
     layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
     counts: list[int] = []
 
@@ -103,7 +107,7 @@ def routed_reads(stack: Any, model: nn.Module, batch: Any) -> tuple[list[int], i
 
 def pad_rows_route_nowhere(stack: Any, next_ids: np.ndarray, context: int, bucket: int) -> dict[str, Any]:
     """A graphed step of ``bucket // 2 + 1`` requests in bucket ``bucket`` (9 in 16): whether its
-    pad rows' ids are all ``num_experts`` (no expert read) in the routing buffer (the last MoE
+    pad rows' ids are all the expert count (no expert read) in the routing buffer (the last MoE
     layer's routing), and the distinct experts its real rows route to."""
     bs = bucket // 2 + 1
     batch = steps.graphrt_decode(stack, next_ids[:bs], context)

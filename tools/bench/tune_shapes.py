@@ -40,7 +40,7 @@ def projections(cfg: LlamaConfig | MLAConfig) -> list[tuple[str, int, int]]:
         out += [p for p in gemm.projections(cfg) if p[0] in ("qkv", "o")]
     if not all(spec.sparse):  # NOTE: Qwen's mlp_only_layers, DeepSeek's first dense layers
         out += [("gate_up", h, 2 * cfg.intermediate_size), ("down", cfg.intermediate_size, h)]
-    if spec.shared_size:
+    if spec.shared_size and not spec.shared_slots:  # NOTE: a fused one runs in the expert kernels
         out += [("shared_gate_up", h, 2 * spec.shared_size), ("shared_down", spec.shared_size, h)]
     return [*out, ("lm_head", h, cfg.vocab_size)]
 
