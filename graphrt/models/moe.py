@@ -37,7 +37,7 @@ from graphrt.models.router import route_all, route_into
 from graphrt.parallel import TPGroup, all_reduce_
 
 
-class Gate(nn.Linear):
+class Gate(ops.Linear):
     """The router linear ``[E, H]`` (with bias for gpt-oss). With ``fp32`` (DeepSeek, whose router
     transformers computes in float32) its parameters stay float32 whatever the model's dtype and
     the step multiplies ``x.float()`` by them; else it runs in the model's dtype, as transformers'
@@ -56,9 +56,6 @@ class Gate(nn.Linear):
         if not self.fp32:
             return super()._apply(fn, recurse)
         return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias)
 
 
 class SparseMoE(nn.Module):
