@@ -47,11 +47,12 @@ from graphrt.tools.cli.console import bench_progress, wide_console
 
 #: ``(E, k, H, I, activation, biases)`` of one layer's experts.
 Shape = tuple[int, int, int, int, str, bool]
-#: ``name: (E, k, H, I, activation, biases)``.
+#: ``name: (E, k, H, I, activation, biases)``; DeepSeek's two shared experts are fused in (64 routed
+#: experts + 2, top-6 + 2 slots), as the model runs them (:attr:`MoESpec.shared_slots`).
 SHAPES: dict[str, Shape] = {
     "qwen3-30b-a3b": (128, 8, 2048, 768, "silu", False),
     "gpt-oss-20b": (32, 4, 2880, 2880, "swiglu_clamp", True),
-    "deepseek-v2-lite": (64, 6, 2048, 1408, "silu", False),
+    "deepseek-v2-lite": (66, 8, 2048, 1408, "silu", False),
 }
 LAYERS = {"cuda": 2, "cpu": 1}
 CPU_SHRINK = 32

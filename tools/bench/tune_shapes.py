@@ -54,13 +54,21 @@ def shapes(models: list[str], shrink: int = 1) -> list[Shape]:
 
 
 def expert_shape(model: str) -> ExpertShape | None:
-    """``(E, k, H, I, activation, biases)`` of one layer's routed experts (None: a dense preset),
-    as ``graphrt bench moe``'s shapes are written."""
+    """``(E, k, H, I, activation, biases)`` of one layer's experts as the kernels see them (the fused
+    shared experts counted in ``E`` and ``k``; None: a dense preset), as ``graphrt bench moe``'s
+    shapes are written."""
     cfg = _config(model)
     spec = cfg.moe
     if spec is None:
         return None
-    return (spec.num_experts, spec.topk, cfg.hidden_size, spec.expert_size, spec.activation, spec.expert_bias)
+    return (
+        spec.total_experts,
+        spec.total_topk,
+        cfg.hidden_size,
+        spec.expert_size,
+        spec.activation,
+        spec.expert_bias,
+    )
 
 
 def moe_models(models: list[str]) -> list[str]:
