@@ -16,9 +16,12 @@ run() { echo "== $*" | tee -a "$log"; timeout "${LIMIT:-200}" "$@" 2>&1 | grep -
 ab() {
   python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/base_site .gpu/base >/dev/null 2>&1 \
     || echo "base tree install failed" | tee -a "$log"
+  # NOTE: from /tmp: python3 -m puts the working directory (this tree's graphrt/) first on sys.path
+  (cd /tmp && PYTHONPATH=/tmp/base_site:$PYTHONPATH python3 -c "import graphrt; print('base tree', graphrt.__file__)") \
+    | tee -a "$log"
   for shape in ${SHAPES:-deepseek-v2-lite qwen3-30b-a3b gpt-oss-20b}; do
-    PYTHONPATH=/tmp/base_site:$PYTHONPATH LIMIT=80 run python3 -m graphrt bench model --shape "$shape" \
-      --batch-sizes 1 --context 512 --iters 30 --no-compile --out "$OUT/json/base"
+    (cd /tmp && PYTHONPATH=/tmp/base_site:$PYTHONPATH LIMIT=80 run python3 -m graphrt bench model --shape "$shape" \
+      --batch-sizes 1 --context 512 --iters 30 --no-compile --out "$OUT/json/base")
     LIMIT=120 run graphrt bench model --shape "$shape" --batch-sizes "${BATCHES:-1,16,64}" --context 512 \
       --iters 30 --no-compile --out "$OUT/json"
   done
