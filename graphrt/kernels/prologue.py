@@ -8,6 +8,10 @@ the SwiGLU activation read and write a few KB. Here the single-row (``M == 1``) 
   fused add + norm). The reduction over the hidden size is tiny (576-8192 values), so every
   program computes ``rsqrt(mean(h^2) + eps)`` itself in a first pass over ``h``; program 0 alone
   writes ``h`` (the new residual stream) to a new tensor no program of the launch reads.
+- :func:`norm_keep_linear`: the same, program 0 also writing the normed row ``rms_norm(h)`` (the
+  GEMM's rounded input) for the layer's other consumers: the MoE experts beside the router, MLA's
+  ``kv_a_proj_with_mqa`` beside its first q projection. It takes a float32 weight too (a float32
+  router): float32 output, as the skinny GEMM's.
 - :func:`silu_mul_linear`: ``(silu(g) * u) @ W^T (+ b)`` of ``gate_up = [g | u]`` (gate first).
 
 The activation is computed in fp32 and rounded to the activation dtype exactly where the unfused
@@ -16,8 +20,8 @@ torch ops round it (the sum ``residual + x``, the normed ``h``, the product ``si
 multiplied as the skinny GEMM multiplies: fp32 products and sums, the bias added in fp32, one
 rounding. PDL as the skinny GEMM: weights and bias before ``gdc_wait()``, every input after it.
 
-Each launch is one ``torch.ops.graphrt`` op (``prologue_norm_gemm``, ``prologue_silu_gemm``,
-the names of their Triton kernels too), so the emulated capture engine records and replays it
+Each launch is one ``torch.ops.graphrt`` op (``prologue_norm_gemm``, ``prologue_norm_keep_gemm``,
+``prologue_silu_gemm``, the names of their Triton kernels too), so the emulated capture engine records and replays it
 like any aten op and both engines' kernel tables name it. ``GRAPHRT_FUSED_PROLOGUE``
 (:mod:`graphrt.kernels.switches`) switches the fused kernels; ``GRAPHRT_SKINNY_GEMM=0`` turns them
 off too (they are the skinny GEMM).
@@ -47,10 +51,11 @@ def _one_row(x: torch.Tensor) -> str | None:
 
 def norm_problem(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, wide: bool = False,
 ) -> str | None:  # fmt: skip
-    """What :func:`norm_linear` cannot take in these tensors (naming the value and the limit), or None."""
-    problem = _one_row(x) or skinny.problem(x, weight, bias)
+    """What :func:`norm_linear` cannot take in these tensors (naming the value and the limit), or None.
+    ``wide``: a float32 ``weight`` and ``bias`` are allowed (:func:`norm_keep_linear` takes them)."""
+    problem = _one_row(x) or skinny.problem(x, weight, bias, wide=wide)
     if problem is not None:
         return problem
     if residual is not None and (
@@ -101,6 +106,29 @@ def norm_linear(
     args = _tile_args(x, weight, tile, pdl, norm=True)
     y, h = torch.ops.graphrt.prologue_norm_gemm(x, residual, norm_weight, float(eps), weight, bias, *args)
     return y, h
+
+
+def norm_keep_linear(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, *, tile: skinny.Tile | None = None,
+    pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """:func:`norm_linear` that also returns the normed row: ``(y, normed, h)``.
+
+    ``normed [1, K]`` in ``x``'s dtype is ``rms_norm(h, norm_weight, eps)`` rounded as the GEMM's
+    input is (:func:`graphrt.models.ops.rms_norm_ref`'s rounding), a new tensor written by
+    program 0. ``weight [N, K]`` and ``bias [N]`` in ``x``'s dtype, or both float32 (then ``y
+    [1, N]`` is float32: ``F.linear(normed.float(), weight, bias)`` up to the summation order).
+    Arguments and errors otherwise as :func:`norm_linear`.
+    """
+    problem = norm_problem(x, residual, norm_weight, weight, bias, wide=True)
+    if problem is not None:
+        raise ValueError(f"fused norm + GEMM keeping the normed row: {problem}")
+    args = _tile_args(x, weight, tile, pdl, norm=True)
+    y, normed, h = torch.ops.graphrt.prologue_norm_keep_gemm(
+        x, residual, norm_weight, float(eps), weight, bias, *args
+    )
+    return y, normed, h
 
 
 def silu_mul_linear(
@@ -165,6 +193,22 @@ def _norm_gemm(
     return y, h
 
 
+def _norm_keep_gemm(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    assert triton is not None, "the fused prologue needs Triton"
+    n, k = weight.shape
+    y = torch.empty((1, n), dtype=skinny.out_dtype(x, weight), device=x.device)
+    normed, h = torch.empty_like(x), torch.empty_like(x)
+    kernels.prologue_norm_keep_gemm[(triton.cdiv(n, tile[0]),)](
+        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias,
+        y, h, normed, n, k, weight.stride(0), eps, ADD=residual is not None, HAS_BIAS=bias is not None,
+        WIDE=y.dtype == skinny.WIDE, **_launch_options(x, k, tile, pdl),
+    )  # fmt: skip
+    return y, normed, h
+
+
 def _silu_gemm(
     gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool
 ) -> torch.Tensor:
@@ -184,6 +228,11 @@ _LIB.define(
     "prologue_norm_gemm(Tensor x, Tensor? residual, Tensor norm_weight, float eps, Tensor weight, "
     "Tensor? bias, int[] tile, bool pdl) -> (Tensor, Tensor)"
 )
+_LIB.define(
+    "prologue_norm_keep_gemm(Tensor x, Tensor? residual, Tensor norm_weight, float eps, Tensor weight, "
+    "Tensor? bias, int[] tile, bool pdl) -> (Tensor, Tensor, Tensor)"
+)
 _LIB.define("prologue_silu_gemm(Tensor gate_up, Tensor weight, Tensor? bias, int[] tile, bool pdl) -> Tensor")
 _LIB.impl("prologue_norm_gemm", _norm_gemm, "CompositeExplicitAutograd")
+_LIB.impl("prologue_norm_keep_gemm", _norm_keep_gemm, "CompositeExplicitAutograd")
 _LIB.impl("prologue_silu_gemm", _silu_gemm, "CompositeExplicitAutograd")

@@ -1,8 +1,9 @@
 """Triton kernels of the fused prologues (launched by :mod:`graphrt.kernels.prologue`).
 
-Two entry points, named so a graph's kernel table shows them: ``prologue_norm_gemm`` (RMSNorm,
-optionally after the residual add, then the GEMM) and ``prologue_silu_gemm`` (SiLU-and-mul, then
-the GEMM). Both are the single-row skinny GEMM of :mod:`graphrt.kernels.skinny` (one program per
+Three entry points, named so a graph's kernel table shows them: ``prologue_norm_gemm`` (RMSNorm,
+optionally after the residual add, then the GEMM), ``prologue_norm_keep_gemm`` (the same, program 0
+also writing the normed row for the layer's other consumers) and ``prologue_silu_gemm``
+(SiLU-and-mul, then the GEMM). Both are the single-row skinny GEMM of :mod:`graphrt.kernels.skinny` (one program per
 ``BLOCK_N`` rows of ``W``, the next ``W`` tile loaded ahead, fp32 products summed per tile) whose
 input vector is computed while it is loaded. Empty without Triton (CI's CPU torch has none).
 """
@@ -79,10 +80,14 @@ if triton is not None:
 
     @triton.jit
     def _prologue_gemm(
-        x, res, nw, w, bias, y, new, N, K, w_stride, eps,
+        x, res, nw, w, bias, y, new, normed, N, K, w_stride, eps,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_MUL: tl.constexpr, ADD: tl.constexpr,
         HAS_BIAS: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
+        KEEP_NORMED: tl.constexpr, WIDE: tl.constexpr,
     ):  # fmt: skip
+        """The shared body. ``KEEP_NORMED``: program 0 also writes the rounded GEMM input (the
+        normed row) to ``normed``. ``WIDE``: a float32 ``W`` (and bias) and output, the fp32 sum
+        stored unrounded (the skinny GEMM's float32 router)."""
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_rows = w + rn.to(tl.int64) * w_stride
@@ -94,6 +99,8 @@ if triton is not None:
             tl.extra.cuda.gdc_launch_dependents()
         if ONE_TILE:  # NOTE: K <= BLOCK_K (every hidden size up to 2048): the tile is all of W's rows
             a = _whole_input(x, res, nw, new, rk, K, eps, SILU_MUL, ADD, BF16)
+            if KEEP_NORMED:
+                _keep(normed, a, rk, K)
             acc = tl.sum(tile.to(tl.float32) * a[None, :], axis=1)
         else:  # NOTE: the norm needs all of h first: a pass for it, then one per K tile
             acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -104,12 +111,16 @@ if triton is not None:
                     a = _gated(x, k0 + rk, K, BF16)
                 else:
                     a = _normed(_stream(x, res, k0 + rk, K, ADD, BF16), inv_rms, nw, k0 + rk, K, BF16)
+                    if KEEP_NORMED:
+                        _keep(normed, a, k0 + rk, K)
                 ahead = w_tile(w_rows, rn, k0 + BLOCK_K, rk, N, K)  # NOTE: empty mask on the last step
                 acc += tl.sum(tile.to(tl.float32) * a[None, :], axis=1)
                 tile = ahead
         if HAS_BIAS:
             acc += b
-        tl.store(y + rn, _rne(acc, BF16).to(y.dtype.element_ty), mask=rn < N)
+        if not WIDE:  # NOTE: a float32 output keeps the fp32 sum, as F.linear(x.float(), W) does
+            acc = _rne(acc, BF16)
+        tl.store(y + rn, acc.to(y.dtype.element_ty), mask=rn < N)
 
     @triton.jit
     def prologue_norm_gemm(
@@ -119,8 +130,21 @@ if triton is not None:
     ):  # fmt: skip
         """``y = rms_norm(h) @ W^T (+ b)``, ``h = x`` or ``res + x``; program 0 writes ``h`` to ``new``."""
         _prologue_gemm(
-            x, res, nw, w, bias, y, new, N, K, w_stride, eps,
-            BLOCK_N, BLOCK_K, False, ADD, HAS_BIAS, BF16, PDL, ONE_TILE,
+            x, res, nw, w, bias, y, new, new, N, K, w_stride, eps,
+            BLOCK_N, BLOCK_K, False, ADD, HAS_BIAS, BF16, PDL, ONE_TILE, False, False,
+        )  # fmt: skip
+
+    @triton.jit
+    def prologue_norm_keep_gemm(
+        x, res, nw, w, bias, y, new, normed, N, K, w_stride, eps,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ADD: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BF16: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`prologue_norm_gemm`, program 0 also writing ``rms_norm(h)`` to ``normed``;
+        ``WIDE``: float32 ``W``, bias and ``y``."""
+        _prologue_gemm(
+            x, res, nw, w, bias, y, new, normed, N, K, w_stride, eps,
+            BLOCK_N, BLOCK_K, False, ADD, HAS_BIAS, BF16, PDL, ONE_TILE, True, WIDE,
         )  # fmt: skip
 
     @triton.jit
@@ -131,6 +155,6 @@ if triton is not None:
     ):  # fmt: skip
         """``y = (silu(g) * u) @ W^T (+ b)`` of ``gate_up = [g | u]`` (``K`` each)."""
         _prologue_gemm(
-            gate_up, gate_up, w, w, bias, y, y, N, K, w_stride, 0.0,
-            BLOCK_N, BLOCK_K, True, False, HAS_BIAS, BF16, PDL, ONE_TILE,
+            gate_up, gate_up, w, w, bias, y, y, y, N, K, w_stride, 0.0,
+            BLOCK_N, BLOCK_K, True, False, HAS_BIAS, BF16, PDL, ONE_TILE, False, False,
         )  # fmt: skip

@@ -45,6 +45,11 @@ class IndexedLatentAttention(LatentAttention):
         assert cfg.indexer is not None and cfg.q_lora_rank is not None  # NOTE: checked above
         self.indexer = Indexer(cfg.indexer, cfg.hidden_size, cfg.q_lora_rank, cfg.qk_rope_head_dim)
 
+    def norm_projection(self) -> None:
+        """None: the block's attention norm runs unfused here (this forward makes its own
+        projections of ``x``, the indexer's included)."""
+        return None
+
     def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: SparseMLAContext) -> torch.Tensor:
         cfg = self.cfg
         q_resid = self.q_a_layernorm(self.q_a_proj(x))

@@ -11,7 +11,7 @@ from torch import nn
 from graphrt.attention.context import ForwardContext
 from graphrt.models import ops
 from graphrt.models.mlp import MLP
-from graphrt.models.moe import layer_mlp
+from graphrt.models.moe import SparseMoE, layer_mlp
 from graphrt.models.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -56,6 +56,13 @@ class RMSNorm(nn.Module):
         return ops.add_norm_linear(
             x, residual, self.weight, self.eps, proj.weight, proj.bias, proj.weight_scale
         )
+
+    def linear_keep(
+        self, x: torch.Tensor, residual: torch.Tensor | None, proj: nn.Linear
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(proj(n), n, h)`` with ``h = residual + x`` and ``n = norm(h)``, for a normed row
+        with several consumers; one launch for a single-row step (:func:`ops.add_norm_linear_keep`)."""
+        return ops.add_norm_linear_keep(x, residual, self.weight, self.eps, proj.weight, proj.bias)
 
 
 #: What :meth:`Attention.heads` returns: q, k, v and the ``cos_sin`` still to apply to q and
@@ -127,8 +134,11 @@ class Block(nn.Module):
     them in the GEMMs' prologues (:mod:`graphrt.kernels.prologue`), any other step runs the same
     ops as the unfused path. Under TP those projections are column-parallel (no collective
     between the norm and the GEMM) and ``down`` is all-reduced after its GEMM, as unfused.
-    A MoE layer keeps the attention's fusion; its own norm runs unfused before the router, and
-    with ``takes_ctx`` it gets ``ctx`` (its routing buffers).
+    Where the normed row has several consumers the norm goes with one GEMM that also hands the
+    row back (``RMSNorm.linear_keep``): a :class:`~graphrt.models.moe.SparseMoE`'s router (the
+    logits reach the layer, whose experts read the row; with ``takes_ctx`` a MoE layer gets
+    ``ctx``, its routing buffers) and an attention's ``norm_projection()`` (MLA's first q
+    projection; ``kv_a_proj_with_mqa`` reads the row).
     """
 
     def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
@@ -138,6 +148,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
         self.norms_in_projections = isinstance(mlp, MLP)
+        self.norm_in_router = isinstance(mlp, SparseMoE)
         self.mlp_takes_ctx = getattr(mlp, "takes_ctx", False)
 
     def forward(
@@ -150,6 +161,9 @@ class Block(nn.Module):
         if self.norms_in_projections:
             gate_up, residual = self.mlp_norm.linear(out, residual, self.mlp.gate_up)
             return self.mlp.gated_down(gate_up), residual
+        if self.norm_in_router:
+            logits, h, residual = self.mlp_norm.linear_keep(out, residual, self.mlp.gate)
+            return self.mlp(h, ctx, logits=logits), residual
         h, residual = self.mlp_norm.add(out, residual)
         return (self.mlp(h, ctx) if self.mlp_takes_ctx else self.mlp(h)), residual
 
@@ -159,7 +173,11 @@ class Block(nn.Module):
         if isinstance(self.attn, Attention):  # NOTE: the norm in the qkv GEMM's prologue, MoE or not
             qkv, residual = self.attn_norm.linear(x, residual, self.attn.qkv)
             return self.attn.attend(self.attn.heads(qkv, cos_sin), ctx), residual
-        h, residual = self.attn_norm.stream(x, residual)  # NOTE: MLA / DSA make several projections
+        first = getattr(self.attn, "norm_projection", lambda: None)()
+        if first is not None:  # NOTE: MLA: the norm in q's first GEMM, kv_a reads the normed row
+            q_first, h, residual = self.attn_norm.linear_keep(x, residual, first)
+            return self.attn(h, cos_sin, ctx, q_first=q_first), residual
+        h, residual = self.attn_norm.stream(x, residual)  # NOTE: DSA: unfused (its own projections)
         return self.attn(h, cos_sin, ctx), residual
 
 

@@ -60,10 +60,17 @@ class LatentAttention(nn.Module):
         self.o_proj = ops.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=bias)
         self.rotate = rotate_interleaved if cfg.rope_interleave else rotate_ref
 
-    def query(self, x: torch.Tensor) -> torch.Tensor:
-        """``[T, H, qk_nope_head_dim + qk_rope_head_dim]``."""
+    def norm_projection(self) -> ops.Linear | None:
+        """The projection whose prologue takes the decoder block's attention norm (``q_proj``, or
+        ``q_a_proj`` with a q LoRA); the block hands its output to :meth:`forward` as ``q_first``."""
+        return self.q_proj if self.cfg.q_lora_rank is None else self.q_a_proj
+
+    def query(self, x: torch.Tensor, q_first: torch.Tensor | None = None) -> torch.Tensor:
+        """``[T, H, qk_nope_head_dim + qk_rope_head_dim]``; ``q_first``: :meth:`norm_projection`'s
+        output of ``x`` when the caller computed it."""
         cfg = self.cfg
-        q = self.q_proj(x) if cfg.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        first = self.norm_projection()(x) if q_first is None else q_first
+        q = first if cfg.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(first))
         return q.view(x.shape[0], cfg.num_heads, -1)
 
     def up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,8 +117,12 @@ class LatentAttention(nn.Module):
         ctx.store(self.layer_id, self.rotate(k_rope[:, None], cos_sin)[:, 0], norm(latent))
         return self.rotate(q[..., cfg.qk_nope_head_dim :], cos_sin)
 
-    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: MLAContext) -> torch.Tensor:
-        q = self.query(x)
+    def forward(
+        self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: MLAContext, q_first: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x [T, hidden]``: the normed residual stream; ``q_first``: :meth:`norm_projection`'s
+        output of ``x`` (the block's fused norm GEMM), None: computed here."""
+        q = self.query(x, q_first)
         q_rope = self.rope_store(q, self.kv_a_proj_with_mqa(x), cos_sin, ctx)
         # NOTE: absorbed form — q_nope . (W_UK c) == (q_nope W_UK) . c: the cache holds only c.
         out = ctx.attend(self.layer_id, q_rope, self.absorb(q), self.cfg.softmax_scale)

@@ -84,8 +84,10 @@ class SparseMoE(nn.Module):
     def routing_shape(self) -> RoutingShape:
         return RoutingShape(self.spec.total_experts, self.spec.total_topk)
 
-    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
-        logits = self.gate(x)
+    def forward(self, x: torch.Tensor, ctx: Any, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """``logits [T, E]``: the router's output when the caller computed it (the decoder block
+        fuses the norm, the router GEMM and keeping ``x`` in one launch); None: ``self.gate(x)``."""
+        logits = self.gate(x) if logits is None else logits
         routing: Routing | None = getattr(ctx, "routing", None)
         if routing is None:  # NOTE: a context without routing buffers (no runtime): local tensors
             weights, ids = route_all(logits, self.spec, self.score_bias)

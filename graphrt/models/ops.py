@@ -2,8 +2,8 @@
 
 Each op picks the fused kernel when the tensor is on CUDA in bf16/fp16 and ``sgl_kernel``
 imports (:func:`linear`: our Triton skinny GEMM, :mod:`graphrt.kernels.skinny`; for single-row
-steps :func:`add_norm_linear` and :func:`silu_mul_linear` fold the norm or the activation into
-it, :mod:`graphrt.kernels.prologue`); otherwise the torch code below runs. Both compute in
+steps :func:`add_norm_linear` (and :func:`add_norm_linear_keep`) and :func:`silu_mul_linear`
+fold the norm or the activation into it, :mod:`graphrt.kernels.prologue`); otherwise the torch code below runs. Both compute in
 float32 and round once to the input dtype, so they agree to bf16 rounding (tested per op on
 the GPU). None of them syncs the host or allocates outside the graph pool, so all of them
 capture.
@@ -155,6 +155,35 @@ def add_norm_linear(
     else:
         h, residual = add_rms_norm(x, residual, norm_weight, eps)
     return linear(h, weight, bias, scale), residual
+
+
+def add_norm_linear_keep(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """:func:`add_norm_linear` that also hands back the normed row: ``(y, normed, h)``.
+
+    For a normed row with several consumers (a MoE layer's router and experts, MLA's two first
+    projections): ``y = linear(normed, weight, bias) [T, N]``, ``normed = rms_norm(h) [T, K]``
+    and the residual stream ``h = residual + x [T, K]``. ``weight [N, K]`` and ``bias [N]`` in
+    ``x``'s dtype, or both float32 (a float32 router: ``y`` float32, as :func:`linear`). One row
+    of 16-bit ``x`` where the fused prologue runs: one launch
+    (:func:`graphrt.kernels.prologue.norm_keep_linear`, ``normed`` and ``h`` new tensors); else
+    :func:`add_rms_norm` (or :func:`rms_norm`) then :func:`linear`, which may write ``x`` and
+    ``residual`` in place. Callers use the returned triple either way.
+    """
+    if (
+        x.shape[0] == 1
+        and not batch_invariant_on()  # NOTE: one row only: a batch would take another path
+        and prologue.enabled(x.device)
+        and prologue.norm_problem(x, residual, norm_weight, weight, bias, wide=True) is None
+    ):
+        return prologue.norm_keep_linear(x, residual, norm_weight, eps, weight, bias)
+    if residual is None:
+        normed, residual = rms_norm(x, norm_weight, eps), x
+    else:
+        normed, residual = add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight, bias), normed, residual
 
 
 def silu_mul_linear(
