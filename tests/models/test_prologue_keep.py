@@ -138,7 +138,8 @@ def _fused_norms(model: torch.nn.Module) -> int:
 @pytest.mark.parametrize("device", triton_devices())
 @pytest.mark.parametrize("model", ["tiny-deepseek-moe", "tiny-qwen3-moe", "tiny-mla", "tiny-deepseek-v3.2"])
 def test_decode_step_runs_the_fused_norm(device, kernel_on, model, monkeypatch) -> None:
-    """A single-row DECODE step (graphed and eager, the same bits) launches ``norm_keep_linear``
+    """A single-row DECODE step (graphed in debug mode: no buffer it reads keeps its poison;
+    eager, the same bits) launches ``norm_keep_linear``
     once per MoE layer and per dense-MLA attention (none for DSA's attention: unfused there) and
     its logits equal the unfused step's within :data:`TOLERANCE`, with the same greedy token."""
     if device.type == "cpu":  # NOTE: interpreted programs are slow: one program per launch

@@ -3,15 +3,16 @@
 
 Every case is a 2-layer, bf16 variant of a preset (norm weights perturbed, so the norms' weights
 matter): GQA, sliding window, chunked-local, sinks with an FP8 KV cache, Qwen2 (qkv bias, tied
-head), Qwen3 (q/k norm) and dense MLA (its MLP and head fuse; its attention keeps its own
-projections).
+head), Qwen3 (q/k norm) and dense MLA (its MLP and head fuse; its attention norm goes with the
+first q projection, keeping the normed row for ``kv_a_proj_with_mqa``).
 On the CPU the kernels run through Triton's interpreter (``GRAPHRT_SKINNY_GEMM`` and
 ``GRAPHRT_FUSED_PROLOGUE`` = ``interpret``): each launch is one ``torch.ops.graphrt`` op, so the
 emulated engine records and replays it. On the GPU (``-m gpu``) the same runs on every backend,
 graphs are CUDA graphs with PDL. A greedy chain of steps checks, at each step: the graph replays
 what eager computes bit for bit, the fused logits equal the unfused ones to :data:`TOLERANCE`,
 the greedy token is the same, and the bucket-1 DECODE graph holds ``2 L + 1`` fused norms and
-``L`` fused SiLU-and-mul (MLA: ``L + 1`` and ``L``), under the kernels' names.
+``L`` fused SiLU-and-mul (MLA: ``L + 1`` and ``L``, and ``L`` attention norms that keep the
+normed row, ``prologue_norm_keep_gemm``), under the kernels' names.
 
 On a CPU box with Triton: ``TRITON_INTERPRET=1 pytest tests/models/test_prologue_model.py`` (about
 a minute: interpreted programs are slow, so no test reruns this file under the interpreter).
@@ -157,8 +158,13 @@ def greedy_chain(setup: Setup, monkeypatch: pytest.MonkeyPatch, on: str) -> None
 def test_fused_steps_match_unfused(device, kernels_on, case, monkeypatch) -> None:
     setup = build(device, case, record_kernels=True)  # NOTE: CUDA graphs list kernels only then
     layers = setup.model.cfg.num_layers
-    norms = layers + 1 if case == "tiny-mla" else 2 * layers + 1
-    assert fused_counts(setup) == Counter(prologue_norm_gemm=norms, prologue_silu_gemm=layers)
+    if case == "tiny-mla":  # NOTE: the attention norm in q_a_proj's prologue, keeping the row for kv_a
+        want = Counter(
+            prologue_norm_gemm=layers + 1, prologue_norm_keep_gemm=layers, prologue_silu_gemm=layers
+        )
+    else:
+        want = Counter(prologue_norm_gemm=2 * layers + 1, prologue_silu_gemm=layers)
+    assert fused_counts(setup) == want
     greedy_chain(setup, monkeypatch, kernels_on)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from graphrt import Batch, ForwardMode
+from graphrt.kernels import prologue as pr
 from graphrt.kernels import skinny as sk
 from graphrt.kernels.tuning import SkinnyRule
 from graphrt.models.moe import SparseMoE
@@ -42,6 +43,9 @@ def test_router_takes_the_kernel_in_a_decode_graph(device, model, router, monkey
     if device.type == "cpu":  # NOTE: interpreted programs are slow: one program per launch
         patch_tuning(monkeypatch, skinny_rules=(SkinnyRule(64, 1 << 62, sk.Tile(1024, 512)),))
     monkeypatch.setenv(sk.ENV, "interpret" if device.type == "cpu" else "1")
+    # NOTE: the router alone: with the fused prologue on (the GPU's default) the MLP norm and the
+    # router are one norm_keep_linear launch instead (tests/models/test_prologue_keep.py)
+    monkeypatch.setenv(pr.ENV, "0")
     calls: list[tuple[torch.dtype, int]] = []
     kernel = sk.skinny_linear
     monkeypatch.setattr(
