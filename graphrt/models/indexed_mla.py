@@ -39,16 +39,15 @@ def check_dsa_shape(cfg: MLAConfig) -> None:
 class IndexedLatentAttention(LatentAttention):
     """One layer's MLA with its indexer: ``ctx.index_topk`` then ``ctx.sparse_mla``."""
 
+    #: NOTE: the block's attention norm runs unfused here: this forward makes its own
+    #: projections of the normed row (the indexer's included) and takes no ``q_first``.
+    fuses_norm = False
+
     def __init__(self, cfg: MLAConfig, layer_id: int) -> None:
         super().__init__(cfg, layer_id)
         check_dsa_shape(cfg)
         assert cfg.indexer is not None and cfg.q_lora_rank is not None  # NOTE: checked above
         self.indexer = Indexer(cfg.indexer, cfg.hidden_size, cfg.q_lora_rank, cfg.qk_rope_head_dim)
-
-    def norm_projection(self) -> None:
-        """None: the block's attention norm runs unfused here (this forward makes its own
-        projections of ``x``, the indexer's included)."""
-        return None
 
     def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, ctx: SparseMLAContext) -> torch.Tensor:
         cfg = self.cfg

@@ -134,11 +134,10 @@ class Block(nn.Module):
     them in the GEMMs' prologues (:mod:`graphrt.kernels.prologue`), any other step runs the same
     ops as the unfused path. Under TP those projections are column-parallel (no collective
     between the norm and the GEMM) and ``down`` is all-reduced after its GEMM, as unfused.
-    Where the normed row has several consumers the norm goes with one GEMM that also hands the
-    row back (``RMSNorm.linear_keep``): a :class:`~graphrt.models.moe.SparseMoE`'s router (the
-    logits reach the layer, whose experts read the row; with ``takes_ctx`` a MoE layer gets
-    ``ctx``, its routing buffers) and an attention's ``norm_projection()`` (MLA's first q
-    projection; ``kv_a_proj_with_mqa`` reads the row).
+    A normed row with several consumers goes with one GEMM that also hands it back
+    (``RMSNorm.linear_keep``): a :class:`~graphrt.models.moe.SparseMoE`'s router (the layer gets
+    the logits and ``ctx``; its experts read the row) and, where ``attn.fuses_norm``, MLA's first
+    q projection (``kv_a_proj_with_mqa`` reads the row). With ``takes_ctx`` an MLP gets ``ctx``.
     """
 
     def __init__(self, hidden_size: int, eps: float, attn: nn.Module, mlp: nn.Module) -> None:
@@ -173,9 +172,8 @@ class Block(nn.Module):
         if isinstance(self.attn, Attention):  # NOTE: the norm in the qkv GEMM's prologue, MoE or not
             qkv, residual = self.attn_norm.linear(x, residual, self.attn.qkv)
             return self.attn.attend(self.attn.heads(qkv, cos_sin), ctx), residual
-        first = getattr(self.attn, "norm_projection", lambda: None)()
-        if first is not None:  # NOTE: MLA: the norm in q's first GEMM, kv_a reads the normed row
-            q_first, h, residual = self.attn_norm.linear_keep(x, residual, first)
+        if getattr(self.attn, "fuses_norm", False):  # NOTE: MLA: in q's first GEMM, kv_a reads the row
+            q_first, h, residual = self.attn_norm.linear_keep(x, residual, self.attn.norm_projection())
             return self.attn(h, cos_sin, ctx, q_first=q_first), residual
         h, residual = self.attn_norm.stream(x, residual)  # NOTE: DSA: unfused (its own projections)
         return self.attn(h, cos_sin, ctx), residual

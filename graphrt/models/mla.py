@@ -60,9 +60,12 @@ class LatentAttention(nn.Module):
         self.o_proj = ops.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=bias)
         self.rotate = rotate_interleaved if cfg.rope_interleave else rotate_ref
 
-    def norm_projection(self) -> ops.Linear | None:
-        """The projection whose prologue takes the decoder block's attention norm (``q_proj``, or
-        ``q_a_proj`` with a q LoRA); the block hands its output to :meth:`forward` as ``q_first``."""
+    #: Whether the decoder block fuses its attention norm into :meth:`norm_projection`'s GEMM
+    #: and hands its output to :meth:`forward` as ``q_first`` (the normed row as ``x``).
+    fuses_norm: ClassVar[bool] = True
+
+    def norm_projection(self) -> ops.Linear:
+        """The first projection of the normed row on q's side: ``q_proj``, or ``q_a_proj`` with a q LoRA."""
         return self.q_proj if self.cfg.q_lora_rank is None else self.q_a_proj
 
     def query(self, x: torch.Tensor, q_first: torch.Tensor | None = None) -> torch.Tensor:

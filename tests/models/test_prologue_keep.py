@@ -131,7 +131,7 @@ def _decode(setup, token: int, seq_len: int) -> Batch:
 def _fused_norms(model: torch.nn.Module) -> int:
     """The norms that run as ``norm_keep_linear``: each MoE layer's and each dense MLA attention's."""
     moe = sum(isinstance(m, SparseMoE) for m in model.modules())
-    mla = sum(isinstance(m, LatentAttention) and m.norm_projection() is not None for m in model.modules())
+    mla = sum(isinstance(m, LatentAttention) and m.fuses_norm for m in model.modules())
     return moe + mla
 
 
