@@ -21,8 +21,9 @@ multiplied as the skinny GEMM multiplies: fp32 products and sums, the bias added
 rounding. PDL as the skinny GEMM: weights and bias before ``gdc_wait()``, every input after it.
 
 Each launch is one ``torch.ops.graphrt`` op (``prologue_norm_gemm``, ``prologue_norm_keep_gemm``,
-``prologue_silu_gemm``, the names of their Triton kernels too), so the emulated capture engine records and replays it
-like any aten op and both engines' kernel tables name it. ``GRAPHRT_FUSED_PROLOGUE``
+``prologue_silu_gemm``, the names of their Triton kernels too; the two norm kernels are one
+source with a constexpr flag), so the emulated capture engine records and replays it like any
+aten op and both engines' kernel tables name it. ``GRAPHRT_FUSED_PROLOGUE``
 (:mod:`graphrt.kernels.switches`) switches the fused kernels; ``GRAPHRT_SKINNY_GEMM=0`` turns them
 off too (they are the skinny GEMM).
 """
