@@ -32,7 +32,7 @@ tests() {
     tests/models/test_skinny_fp32.py tests/models/test_router_gemm.py tests/kernels/test_moe_gpu.py \
     tests/kernels/test_moe_experts.py tests/kernels/test_moe_route.py tests/models/test_moe_shared_fusion.py \
     tests/models/test_moe_checkpoints.py tests/runtime/test_mla_runtime.py tests/models/test_mla_prologue_model.py \
-    tests/models/test_models_hf_mla.py ${EXTRA_TESTS:-}
+    tests/models/test_models_hf_mla.py tests/models/test_prologue_keep.py tests/models/test_prologue.py ${EXTRA_TESTS:-}
 }
 
 case "$what" in
