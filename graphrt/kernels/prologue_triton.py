@@ -1,11 +1,11 @@
 """Triton kernels of the fused prologues (launched by :mod:`graphrt.kernels.prologue`).
 
 Three entry points, named so a graph's kernel table shows them: ``prologue_norm_gemm`` (RMSNorm,
-optionally after the residual add, then the GEMM), ``prologue_norm_keep_gemm`` (the same, program 0
-also writing the normed row for the layer's other consumers) and ``prologue_silu_gemm``
-(SiLU-and-mul, then the GEMM). Both are the single-row skinny GEMM of :mod:`graphrt.kernels.skinny` (one program per
-``BLOCK_N`` rows of ``W``, the next ``W`` tile loaded ahead, fp32 products summed per tile) whose
-input vector is computed while it is loaded. Empty without Triton (CI's CPU torch has none).
+optionally after the residual add, then the GEMM), ``prologue_norm_keep_gemm`` (the same, program
+0 also writing the normed row for the layer's other consumers) and ``prologue_silu_gemm``
+(SiLU-and-mul, then the GEMM). All three are the single-row skinny GEMM of
+:mod:`graphrt.kernels.skinny` (one program per ``BLOCK_N`` rows of ``W``, the next ``W`` tile
+loaded ahead, fp32 products summed per tile) whose input vector is computed while it is loaded. Empty without Triton (CI's CPU torch has none).
 """
 
 from __future__ import annotations
