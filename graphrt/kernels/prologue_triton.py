@@ -5,7 +5,8 @@ optionally after the residual add, then the GEMM), ``prologue_norm_keep_gemm`` (
 0 also writing the normed row for the layer's other consumers) and ``prologue_silu_gemm``
 (SiLU-and-mul, then the GEMM). All three are the single-row skinny GEMM of
 :mod:`graphrt.kernels.skinny` (one program per ``BLOCK_N`` rows of ``W``, the next ``W`` tile
-loaded ahead, fp32 products summed per tile) whose input vector is computed while it is loaded. Empty without Triton (CI's CPU torch has none).
+loaded ahead, fp32 products summed per tile) whose input vector is computed while it is loaded.
+Empty without Triton (CI's CPU torch has none).
 """
 
 from __future__ import annotations
