@@ -13,8 +13,9 @@ from torch import nn
 
 from graphrt.kv.quant import KVScales
 from graphrt.models.config import ModelConfig
-from graphrt.models.llama import Attention, Decoder, Projected, RMSNorm
+from graphrt.models.llama import Attention, Decoder, Projected
 from graphrt.models.moe import layer_mlp
+from graphrt.models.norm import RMSNorm
 from graphrt.models.parallel import SINGLE
 from graphrt.models.qk_norm_rope import RopeInputs, qk_norm_rope
 from graphrt.models.rope import rope_attention_factor, rope_inv_freq

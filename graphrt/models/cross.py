@@ -17,7 +17,8 @@ from torch import nn
 from graphrt.attention.context import ForwardContext
 from graphrt.kv import EncoderKV
 from graphrt.models import ops
-from graphrt.models.llama import MLP, Attention, Decoder, RMSNorm
+from graphrt.models.llama import MLP, Attention, Decoder
+from graphrt.models.norm import RMSNorm
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import CrossConfig
 from graphrt.parallel import TPGroup

@@ -12,7 +12,8 @@ from torch import nn
 
 from graphrt.attention.sparse_context import SparseMLAContext
 from graphrt.models import ops
-from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.llama import Decoder
+from graphrt.models.norm import RMSNorm
 from graphrt.models.ops import apply_rope_ref
 from graphrt.models.presets import DSAConfig
 

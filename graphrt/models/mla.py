@@ -20,8 +20,9 @@ from graphrt.attention.mla_context import MLAContext
 from graphrt.kv import latent_store
 from graphrt.kv.rope_store import rotate_ref
 from graphrt.models import ops
-from graphrt.models.llama import Decoder, RMSNorm
+from graphrt.models.llama import Decoder
 from graphrt.models.moe import layer_mlp
+from graphrt.models.norm import RMSNorm
 from graphrt.models.parallel import SINGLE
 from graphrt.models.presets import MLAConfig
 from graphrt.models.rope import rope_attention_factor, rope_inv_freq
