@@ -31,6 +31,7 @@ off too (they are the skinny GEMM).
 from __future__ import annotations
 
 from dataclasses import astuple
+from typing import Any
 
 import torch
 
@@ -182,15 +183,9 @@ def _norm_gemm(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    assert triton is not None, "the fused prologue needs Triton"
-    n, k = weight.shape
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
     h = torch.empty_like(x)
-    kernels.prologue_norm_gemm[(triton.cdiv(n, tile[0]),)](
-        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias,
-        y, h, n, k, weight.stride(0), eps, ADD=residual is not None, HAS_BIAS=bias is not None,
-        **_launch_options(x, k, tile, pdl),
-    )  # fmt: skip
+    _launch_norm(kernels.prologue_norm_gemm, x, residual, norm_weight, eps, weight, bias, tile, pdl, (y, h))
     return y, h
 
 
@@ -198,16 +193,29 @@ def _norm_keep_gemm(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    assert triton is not None, "the fused prologue needs Triton"
-    n, k = weight.shape
-    y = torch.empty((1, n), dtype=skinny.out_dtype(x, weight), device=x.device)
+    y = torch.empty((1, weight.shape[0]), dtype=skinny.out_dtype(x, weight), device=x.device)
     normed, h = torch.empty_like(x), torch.empty_like(x)
-    kernels.prologue_norm_keep_gemm[(triton.cdiv(n, tile[0]),)](
-        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias,
-        y, h, normed, n, k, weight.stride(0), eps, ADD=residual is not None, HAS_BIAS=bias is not None,
-        WIDE=y.dtype == skinny.WIDE, **_launch_options(x, k, tile, pdl),
+    outs = (y, h, normed)
+    _launch_norm(
+        kernels.prologue_norm_keep_gemm, x, residual, norm_weight, eps, weight, bias, tile, pdl, outs,
+        WIDE=y.dtype == skinny.WIDE,
     )  # fmt: skip
     return y, normed, h
+
+
+def _launch_norm(
+    kernel: Any, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: torch.Tensor | None, tile: list[int], pdl: bool,
+    outs: tuple[torch.Tensor, ...], **flags: bool,
+) -> None:  # fmt: skip
+    """One of the norm kernels over ``weight``'s rows, writing ``outs`` (``y``, ``h`` [, ``normed``])."""
+    assert triton is not None, "the fused prologue needs Triton"
+    n, k = weight.shape
+    kernel[(triton.cdiv(n, tile[0]),)](
+        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias,
+        *outs, n, k, weight.stride(0), eps, ADD=residual is not None, HAS_BIAS=bias is not None,
+        **flags, **_launch_options(x, k, tile, pdl),
+    )  # fmt: skip
 
 
 def _silu_gemm(

@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
 
     def stream(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`add`, or for the first block (``residual`` None, ``x`` the stream) the norm of ``x``."""
-        return (self(x), x) if residual is None else self.add(x, residual)
+        return ops.norm_stream(x, residual, self.weight, self.eps)
 
     def linear(
         self, x: torch.Tensor, residual: torch.Tensor | None, proj: ColumnParallelLinear

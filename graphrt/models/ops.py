@@ -142,18 +142,10 @@ def add_norm_linear(
     ``h`` a new tensor); else :func:`add_rms_norm` (or :func:`rms_norm`) then :func:`linear`,
     which may write ``x`` and ``residual`` in place. Callers use the returned pair either way.
     """
-    if (
-        x.shape[0] == 1
-        and scale is None  # NOTE: FP8 weights: the norm, then the FP8 GEMM
-        and not batch_invariant_on()  # NOTE: one row only: a batch would take another path
-        and prologue.enabled(x.device)
-        and prologue.norm_problem(x, residual, norm_weight, weight, bias) is None
-    ):
+    # NOTE: FP8 weights (``scale``): the norm, then the FP8 GEMM
+    if scale is None and _norm_prologue(x, residual, norm_weight, weight, bias, wide=False):
         return prologue.norm_linear(x, residual, norm_weight, eps, weight, bias)
-    if residual is None:
-        h, residual = rms_norm(x, norm_weight, eps), x
-    else:
-        h, residual = add_rms_norm(x, residual, norm_weight, eps)
+    h, residual = norm_stream(x, residual, norm_weight, eps)
     return linear(h, weight, bias, scale), residual
 
 
@@ -172,18 +164,35 @@ def add_norm_linear_keep(
     :func:`add_rms_norm` (or :func:`rms_norm`) then :func:`linear`, which may write ``x`` and
     ``residual`` in place. Callers use the returned triple either way.
     """
-    if (
-        x.shape[0] == 1
-        and not batch_invariant_on()  # NOTE: one row only: a batch would take another path
-        and prologue.enabled(x.device)
-        and prologue.norm_problem(x, residual, norm_weight, weight, bias, wide=True) is None
-    ):
+    if _norm_prologue(x, residual, norm_weight, weight, bias, wide=True):
         return prologue.norm_keep_linear(x, residual, norm_weight, eps, weight, bias)
-    if residual is None:
-        normed, residual = rms_norm(x, norm_weight, eps), x
-    else:
-        normed, residual = add_rms_norm(x, residual, norm_weight, eps)
+    normed, residual = norm_stream(x, residual, norm_weight, eps)
     return linear(normed, weight, bias), normed, residual
+
+
+def norm_stream(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(h), h)`` with ``h = residual + x`` (:func:`add_rms_norm`, which may write ``x``
+    and ``residual`` in place), or for the first block (``residual`` None, ``x`` the stream)
+    ``(rms_norm(x), x)``."""
+    if residual is None:
+        return rms_norm(x, weight, eps), x
+    return add_rms_norm(x, residual, weight, eps)
+
+
+def _norm_prologue(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, weight: torch.Tensor,
+    bias: torch.Tensor | None, wide: bool,
+) -> bool:  # fmt: skip
+    """Whether a fused norm prologue takes this step: one row (a batch would take another path,
+    so never in a batch-invariant forward), the kernels on, tensors it takes."""
+    return (
+        x.shape[0] == 1
+        and not batch_invariant_on()
+        and prologue.enabled(x.device)
+        and prologue.norm_problem(x, residual, norm_weight, weight, bias, wide=wide) is None
+    )
 
 
 def silu_mul_linear(
