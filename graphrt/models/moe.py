@@ -79,7 +79,7 @@ class SparseMoE(nn.Module):
         self.experts = Experts(spec, cfg.hidden_size, tp)
         shared = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=spec.shared_size)
         self.shared = MLP(shared, tp) if spec.shared_size and not spec.shared_slots else None
-        self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if spec.shared_gate else None
+        self.shared_gate = ops.Linear(cfg.hidden_size, 1, bias=False) if spec.shared_gate else None
 
     def routing_shape(self) -> RoutingShape:
         return RoutingShape(self.spec.total_experts, self.spec.total_topk)
