@@ -72,7 +72,9 @@ def test_gguf_moe_matches_transformers(device: torch.device, gguf_moe: tuple[Pat
     path, reference = gguf_moe
     model = load(path, device="cpu")
     assert any(isinstance(layer.mlp, SparseMoE) for layer in model.layers), "no MoE layer was built"
-    check_checkpoint(device, path, reference)
+    # NOTE: fp32 on the GPU too, as in test_moe_checkpoints.py: a bf16 routing near-tie picks other
+    # experts than transformers' fp32 forward, which no logit tolerance can absorb.
+    check_checkpoint(device, path, reference, dtype=torch.float32)
 
 
 @torch.no_grad()
