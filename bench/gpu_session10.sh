@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU runs of 2026-12-07 (third session), after .gpu/install.sh (the base tree cf1691c carried in
 # .gpu/base for the A/B):
-#   bash bench/gpu_session10.sh ab|tests
+#   bash bench/gpu_session10.sh ab|tests|nopdl
 # ab:    bench model of the MoE shapes at bs 1 with the base tree (before the router GEMV and the
 #        fused shared experts) and then this tree at bs 1 / 16 / 64, in one call (SHAPES).
 # tests: the GPU tests of the router GEMV, the fused shared experts and the MoE kernels.
+# nopdl: bench model bs 1 with GRAPHRT_PDL=0, so each kernel's profiled time is its own (with PDL a
+#        kernel starts early and its time includes the wait for the one before).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
 what=${1:?ab|tests}
@@ -35,9 +37,17 @@ tests() {
     tests/models/test_models_hf_mla.py tests/models/test_prologue_keep.py tests/models/test_prologue.py ${EXTRA_TESTS:-}
 }
 
+nopdl() {
+  for shape in ${SHAPES:-qwen3-30b-a3b deepseek-v2-lite gpt-oss-20b llama-3.2-1b}; do
+    GRAPHRT_PDL=0 LIMIT=80 TAIL=6 run graphrt bench model --shape "$shape" --batch-sizes 1 --context 512 \
+      --iters 30 --no-compile --out "$OUT/json/nopdl"
+  done
+}
+
 case "$what" in
 ab) ab ;;
 tests) tests ;;
-*) echo "ab|tests, got $what" >&2; exit 2 ;;
+nopdl) nopdl ;;
+*) echo "ab|tests|nopdl, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s10_${what}_json.tgz" json && rm -rf "$OUT/json"
