@@ -45,7 +45,21 @@ def test_attend_runs_the_kernel_with_the_steps_split_count(device) -> None:
     )
 
 
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("window", [None, 0, 20])
+def test_attend_takes_a_sliding_window_and_sinks(device, window) -> None:
+    """gpt-oss's decode layers through the kernel: the last ``window + 1`` keys (or all), a sink
+    logit per query head in the denominator; a row without keys stays zero."""
+    q, k, v, table, seqlens = case(device, [3, 0, 40, 21], 8, 2, 64, 16)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table, cache_seqlens=seqlens), page_size=16)
+    out = dk.attend(q, k, v, meta, 0.125, window, sinks)  # type: ignore[arg-type]
+    want = oracle(q, k, v, table, seqlens, 0.125, window, sinks)
+    torch.testing.assert_close(out.double().cpu(), want, atol=ATOL, rtol=ATOL)
+    assert out[1].abs().max() == 0
+
+
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=1)
+    rerun_under_interpreter(__file__, passed=4)

@@ -31,17 +31,22 @@ def case(lens: list[int], heads: int, heads_k: int, d: int, page: int, max_pages
     return (*cuda, table.cuda(), torch.tensor(lens, dtype=torch.int32).cuda())
 
 
-def oracle(q, k, v, table, lens, scale: float) -> torch.Tensor:
+def oracle(q, k, v, table, lens, scale: float, window: int | None = None, sinks=None) -> torch.Tensor:
+    """Each request's last query over its keys (``window``: positions ``n - 1 - window ..`` only;
+    ``sinks [Hq]``: ``exp(sink)`` joins each head's denominator), in float64."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     group = q.shape[1] // k.shape[2]
     for i, n in enumerate(lens.tolist()):
-        pos = torch.arange(n)
+        pos = torch.arange(0 if window is None else max(0, n - 1 - window), n)
         slots = table[i].cpu().long()[pos // k.shape[1]], pos % k.shape[1]
         keys, vals = k.cpu().double()[slots], v.cpu().double()[slots]  # [n, Hk, D]
         for h in range(q.shape[1]):
             if n == 0:
                 continue
-            p = torch.softmax(keys[:, h // group] @ q[i, h].cpu().double() * scale, dim=0)
+            scores = keys[:, h // group] @ q[i, h].cpu().double() * scale
+            if sinks is not None:
+                scores = torch.cat((scores, sinks[h].double().cpu().view(1)))
+            p = torch.softmax(scores, dim=0)[: len(pos)]
             out[i, h] = p @ vals[:, h // group]
     return out
 
@@ -92,6 +97,20 @@ def test_a_graph_replay_reads_new_lengths_and_pages_in_place() -> None:
         assert torch.equal(out, eager), lens
 
 
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("window", [None, 0, 5, 64, 100])
+def test_sliding_windows_and_sinks_match_the_oracle(window: int | None) -> None:
+    """gpt-oss's layers: a sliding window (keys ``p - window .. p``) or all keys, a sink per head."""
+    lens = [0, 1, 6, 64, 65, 130, 160]
+    q, k, v, table, seqlens = case(lens, 64, 8, 64, 16, 10, seed=2)
+    sinks = torch.randn(64, generator=torch.Generator().manual_seed(3)).cuda().bfloat16()
+    expected = oracle(q, k, v, table, seqlens, 0.125, window, sinks)
+    for splits in (1, 3, 9):
+        out = dk.decode_attention(q, k, v, table, seqlens, 0.125, splits, True, window, sinks)
+        torch.testing.assert_close(out.double().cpu(), expected, atol=ATOL, rtol=ATOL)
+
+
 def test_the_split_rule_fills_two_waves_within_the_key_blocks() -> None:
     assert dk.num_splits(1, 8, 528, 132) == 9  # 9 blocks of 64 keys: 72 programs
     assert dk.num_splits(1, 8, 8192, 132) == 33  # 264 programs: two waves
@@ -109,8 +128,10 @@ def test_only_single_token_steps_take_the_kernel(monkeypatch: pytest.MonkeyPatch
     device = torch.device("cpu")
     decode = paged_case(device, 16, 96, [5, 40, 96], [1, 1, 1])
     q, k = decode.q.bfloat16(), decode.k_cache.bfloat16()
-    assert dk.takes(q, k, decode.meta) and dk.takes(q, k, decode.meta, None, None)
-    assert not dk.takes(q, k, decode.meta, 128)  # NOTE: a sliding window goes to FA3
+    sinks = torch.zeros(q.shape[1], dtype=torch.bfloat16)
+    assert dk.takes(q, k, decode.meta) and dk.takes(q, k, decode.meta, 128, sinks)
+    assert not dk.takes(q, k, decode.meta, kv_scales=object()) and not dk.takes(q, k, decode.meta, qv=q)
+    assert not dk.takes(q, k, decode.meta, sinks=sinks[:-1]), "a sink per query head"
     extend = paged_case(device, 16, 96, [5, 40, 96], [5, 7, 30])
     assert not dk.takes(extend.q.bfloat16(), extend.k_cache.bfloat16(), extend.meta)
     assert not dk.takes(q.float(), k.float(), decode.meta)

@@ -90,13 +90,24 @@ def num_splits(batch: int, heads_k: int, keys: int, sms: int) -> int:
     return max(1, min(want, -(-keys // BLOCK_N)))
 
 
-def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: object) -> bool:
-    """One query token per request, every cached key visible, no attention ``options`` (window,
-    sinks, FP8 scales, ``qv``: all None) and tensors this kernel takes (:data:`ENV` on): what a
-    backend checks before :func:`attend`."""
+def takes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    meta: StepMetadata,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    kv_scales: object = None,
+    qv: object = None,
+) -> bool:
+    """One query token per request over its cached keys (all, or a sliding ``window``'s), with
+    or without ``sinks`` (a contiguous ``[Hq]``), no FP8 scales nor ``qv``, and tensors this
+    kernel takes (:data:`ENV` on): what a backend checks before :func:`attend`."""
     b = meta.buffers
     return (
-        all(option is None for option in options)
+        kv_scales is None
+        and qv is None
+        and (window is None or window >= 0)
+        and (sinks is None or (tuple(sinks.shape) == (q.shape[1],) and sinks.is_contiguous()))
         and meta.cascade is None
         and meta.max_seqlen_q == 1
         and q.shape[0] == b.cache_seqlens.shape[0]
@@ -106,12 +117,19 @@ def takes(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata, *options: 
 
 
 def attend(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: StepMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: StepMetadata,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The step's single-token attention through the split decode kernel."""
     b = meta.buffers
+    splits, pdl = _split_plan(q, k_cache, meta)
     return decode_attention(
-        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, *_split_plan(q, k_cache, meta)
+        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl, window, sinks
     )
 
 
@@ -140,14 +158,18 @@ def decode_attention(
     scale: float,
     splits: int,
     pdl: bool = True,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its cached keys.
 
     ``q [B, Hq, D]`` (16-bit, unit stride along ``D``), caches ``[pages, page_size, Hk, D]``,
     ``page_table [B, max_pages]`` int32 page ids, ``cache_seqlens [B]`` int32 keys per request
-    (the query is the last), ``splits`` from :func:`num_splits`. Returns ``[B, Hq, D]`` in ``q``'s
-    dtype. Rows with no keys return zeros.
+    (the query is the last), ``splits`` from :func:`num_splits`; ``window``: the query at position
+    ``p`` sees keys ``p - window .. p`` only; ``sinks [Hq]``: a logit per head joining the softmax
+    denominator (as FA3 takes them). Returns ``[B, Hq, D]`` in ``q``'s dtype. Rows with no keys
+    return zeros.
     """
     return torch.ops.graphrt.decode_attention(
-        q, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl
+        q, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, window, sinks
     )

@@ -1,7 +1,8 @@
 """The split decode kernel as an attention backend (needs Triton only, not FA3).
 
 It takes the single-token decode steps the kernel fits (:func:`~graphrt.attention.split_decode.attend.takes`:
-one query token per request, no window, sinks, FP8 scales nor ``qv``, 16-bit tensors); every
+one query token per request, sliding window and sinks or not, no FP8 scales nor ``qv``, 16-bit
+tensors); every
 other step runs the torch reference, so on its own row it serves what the reference serves.
 In the ``fa3`` row it is the first part of a dispatch: FA3 yields it the decode steps whose
 CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the CPU it
@@ -35,5 +36,6 @@ class SplitDecodeBackend(ReferenceBackend):
 
     def forward(self, call: AttendCall) -> torch.Tensor:
         if self.takes(call):
-            return kernel.attend(call.q, call.k_cache, call.v_cache, call.meta, call.scale)
+            q, k, v, meta = call.q, call.k_cache, call.v_cache, call.meta
+            return kernel.attend(q, k, v, meta, call.scale, call.window, call.sinks)
         return super().forward(call)

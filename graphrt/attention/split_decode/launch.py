@@ -28,9 +28,11 @@ BLOCK_N = 64
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool,
+    cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool, window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """The split launch, its last program of each (request, KV head) merging."""
+    """The split launch, its last program of each (request, KV head) merging; ``window``: keys
+    ``seqlen - 1 - window ..`` only; ``sinks [Hq]``: a logit per head joining the denominator."""
     assert triton is not None, "decode attention needs Triton"
     b, heads, d = q.shape
     page, heads_k = k_cache.shape[1], k_cache.shape[2]
@@ -45,12 +47,12 @@ def decode_attention(
     table = tuning.active()
     kernels._decode_split[(b, heads_k, splits)](
         q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, arrivals, out,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        page_table.stride(0), out.stride(0), out.stride(1),
-        scale * 1.4426950408889634, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        q if sinks is None else sinks, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
+        scale * 1.4426950408889634, 0 if window is None else window, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, SPLITS=splits, PDL=pdl, F32_DOT=not q.is_cuda,
         MERGE_G=merge_g, CHUNK=min(block_s, max(1, table.decode_merge_tile // (merge_g * d))),
-        num_warps=table.split_warps(d), launch_pdl=pdl,
+        WINDOW=window is not None, SINKS=sinks is not None, num_warps=table.split_warps(d), launch_pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -60,6 +62,6 @@ def decode_attention(
 _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
     "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens, "
-    "float scale, int splits, bool pdl) -> Tensor"
+    "float scale, int splits, bool pdl, int? window=None, Tensor? sinks=None) -> Tensor"
 )
 _LIB.impl("decode_attention", decode_attention, "CompositeExplicitAutograd")

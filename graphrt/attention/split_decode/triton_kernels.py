@@ -1,7 +1,8 @@
 """The Triton kernels of the split decode attention (:mod:`graphrt.attention.split_decode.attend`).
 
-``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s keys for the
-``G`` query heads of KV head ``h_k``. Only the ``n`` splits whose shares hold keys store a state
+``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s visible keys (all
+of them, or with ``WINDOW`` the last ``window + 1``) for the ``G`` query heads of KV head ``h_k``;
+with ``SINKS`` each head's sink logit joins the merged denominator. Only the ``n`` splits whose shares hold keys store a state
 (:func:`_shares`), and the last of those ``n`` programs of a (request, KV head) to count itself
 merges its ``G`` heads (:func:`_merge_last`): one launch, no merge kernel.
 """
@@ -20,18 +21,29 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
-    def _shares(seqlen, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
-        """A row of ``seqlen`` keys: the keys of each split's share (whole ``BLOCK_N`` blocks; 0
-        without keys) and how many splits store a state for the merge: the ``cdiv(seqlen, per)``
+    def _shares(span, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        """A row of ``span`` visible keys: the keys of each split's share (whole ``BLOCK_N`` blocks;
+        0 without keys) and how many splits store a state for the merge: the ``cdiv(span, per)``
         whose shares hold keys (0 without keys)."""
-        per = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), SPLITS) * BLOCK_N
-        n = tl.cdiv(seqlen, tl.maximum(per, 1))
+        per = tl.cdiv(tl.cdiv(span, BLOCK_N), SPLITS) * BLOCK_N
+        n = tl.cdiv(span, tl.maximum(per, 1))
         return per, n
 
     @triton.jit
+    def _with_sinks(top, total, o, sinks, G: tl.constexpr, MERGE_G: tl.constexpr):
+        """The merged state with each head's sink logit (``sinks [G]``, natural units) joined to
+        its denominator only, as a key with no value would be: ``top`` and the sink in log2 units."""
+        rg = tl.arange(0, MERGE_G)
+        sink = tl.load(sinks + rg, mask=rg < G, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+        new = tl.maximum(top, sink)
+        safe = tl.where(new > float("-inf"), new, 0.0)
+        alpha = tl.exp2(top - safe)
+        return total * alpha + tl.exp2(sink - safe), o * alpha[:, None]
+
+    @triton.jit
     def _merged_heads(
-        m_in, l_in, acc_in, first, n, G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-        MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        m_in, l_in, acc_in, first, n, sinks, G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr, SINKS: tl.constexpr,
     ):  # fmt: skip
         """The first ``n`` split states of ``G`` consecutive query heads (``first``: the state
         index of head 0's split 0) merged, ``[MERGE_G, D]`` fp32: ``CHUNK`` splits of every head
@@ -58,13 +70,16 @@ if triton is not None:
             total = total * alpha + tl.sum(lc * w, axis=1)
             o = o * alpha[:, None] + tl.sum(acc * w[:, :, None], axis=1)
             top = new
+        if SINKS:
+            total, o = _with_sinks(top, total, o, sinks, G, MERGE_G)
         o = o / tl.where(total > 0, total, 1.0)[:, None]
         return tl.where(total[:, None] > 0, o, 0.0)
 
     @triton.jit
     def _merge_last(
-        m_in, l_in, acc_in, out, first, o_row, o_sh, counter, s, n, G: tl.constexpr, D: tl.constexpr,
-        SPLITS: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        m_in, l_in, acc_in, out, first, o_row, o_sh, counter, s, n, sinks, G: tl.constexpr,
+        D: tl.constexpr, SPLITS: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        SINKS: tl.constexpr,
     ):  # fmt: skip
         """The last of the ``n`` programs whose shares hold keys to count itself on ``counter``
         (its request and KV head's) merges the ``G`` query heads (:func:`_merged_heads`) into
@@ -77,19 +92,20 @@ if triton is not None:
             last = (n == 0) & (s == 0)
         if last:
             tl.store(counter, 0)
-            o = _merged_heads(m_in, l_in, acc_in, first, n, G, D, SPLITS, MERGE_G, CHUNK)
+            o = _merged_heads(m_in, l_in, acc_in, first, n, sinks, G, D, SPLITS, MERGE_G, CHUNK, SINKS)
             rg = tl.arange(0, MERGE_G)[:, None]
             rows = out + o_row + rg * o_sh + tl.arange(0, D)[None, :]
             tl.store(rows, o.to(out.dtype.element_ty), mask=rg < G)
 
     @triton.jit
     def _finish(
-        m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, o_row, o_sh, G: tl.constexpr,
-        D: tl.constexpr, SPLITS: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, o_row, o_sh, sinks,
+        G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, MERGE_G: tl.constexpr,
+        CHUNK: tl.constexpr, SINKS: tl.constexpr,
     ):  # fmt: skip
         """A split program's end: its state (``m``, ``l_sum`` ``[BLOCK_G]``, ``acc [BLOCK_G, D]``
         of query heads ``hk * G + g``) stored unless its share holds no keys (``s >= n``); then
-        :func:`_merge_last` (output row ``o_row``)."""
+        :func:`_merge_last` (output row ``o_row``; ``SINKS``: the heads' sinks from ``sinks``)."""
         rg, rd = tl.arange(0, m.shape[0]), tl.arange(0, D)
         heads = hk * G + rg
         state = (b * (G * tl.num_programs(1)) + heads) * SPLITS + s
@@ -100,21 +116,26 @@ if triton is not None:
         first = (b * (G * tl.num_programs(1)) + hk * G) * SPLITS  # NOTE: head hk * G's split 0
         counter = arrivals + b * tl.num_programs(1) + hk
         _merge_last(
-            m_out, l_out, acc_out, out, first, o_row, o_sh, counter, s, n, G, D, SPLITS, MERGE_G, CHUNK,
+            m_out, l_out, acc_out, out, first, o_row, o_sh, counter, s, n, sinks + hk * G, G, D, SPLITS,
+            MERGE_G, CHUNK, SINKS,
         )  # fmt: skip
 
     @triton.jit
     def _decode_split(
-        q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, arrivals, out, q_sb, q_sh,
-        kc_sp, kc_ss, kc_sh, pt_sb, o_sb, o_sh, scale_log2, PAGE: tl.constexpr, D: tl.constexpr,
+        q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, arrivals, out, sinks, q_sb, q_sh,
+        kc_sp, kc_ss, kc_sh, pt_sb, o_sb, o_sh, scale_log2, window, PAGE: tl.constexpr, D: tl.constexpr,
         G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
         PDL: tl.constexpr, F32_DOT: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
+        WINDOW: tl.constexpr, SINKS: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
         seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
-        per, n = _shares(seqlen, BLOCK_N, SPLITS)
-        start = s * per
+        lo = seqlen * 0
+        if WINDOW:  # NOTE: the query (the last key) sees keys ``seqlen - 1 - window ..`` only
+            lo = tl.maximum(seqlen - 1 - window, 0)
+        per, n = _shares(seqlen - lo, BLOCK_N, SPLITS)
+        start = lo + s * per
         end = tl.minimum(start + per, seqlen)
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: q and this step's k/v come from the kernel before
@@ -142,5 +163,5 @@ if triton is not None:
             m = m_new
         _finish(
             m_out, l_out, acc_out, out, arrivals, m, l_sum, acc, b, hk, s, n, b64 * o_sb + hk * G * o_sh, o_sh,
-            G, D, SPLITS, MERGE_G, CHUNK,
+            sinks, G, D, SPLITS, MERGE_G, CHUNK, SINKS,
         )  # fmt: skip
