@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from graphrt.runtime.logprobs import TokenLogprobs, step_logprobs, unpack
+from graphrt.runtime.logprobs import TokenLogprobs, step_logprobs
 
 if TYPE_CHECKING:
     from graphrt.engine.request import Request
@@ -41,11 +41,26 @@ def attach(reqs: Sequence[Request], tokens: np.ndarray, packed: np.ndarray | Non
     """
     if packed is None:
         return
-    rows: list[TokenLogprobs] | None = None
-    for i, r in enumerate(reqs):
-        ask = r.sampling.logprobs if r.sampling is not None else None
-        if ask is None or len(r.logprobs) >= len(r.output):
-            continue
-        rows = rows if rows is not None else unpack(tokens, packed)
-        row = rows[i]
-        r.logprobs.append(TokenLogprobs(row.token, row.logprob, row.top_ids[:ask], row.top_logprobs[:ask]))
+    asking = [(i, r, ask) for i, r in enumerate(reqs) if (ask := _asked(r)) is not None]
+    if not asking:
+        return
+    # NOTE: one conversion per column block for every asking row, cut to the most top entries
+    # any of them asked (the engine computes K for all); then one object per row
+    k, top = (packed.shape[1] - 1) // 2, max(ask for _, _, ask in asking)
+    rows = [i for i, _, _ in asking]
+    picked = packed if len(rows) == len(packed) else packed[rows]
+    chosen = picked[:, 0].tolist()
+    values = picked[:, 1 : 1 + top].tolist()
+    ids = picked[:, 1 + k : 1 + k + top].astype(np.int64).tolist()
+    toks = (tokens if len(rows) == len(tokens) else tokens[rows]).tolist()
+    for (_, r, ask), t, c, i, v in zip(asking, toks, chosen, ids, values, strict=True):
+        if ask != top:
+            i, v = i[:ask], v[:ask]
+        r.logprobs.append(TokenLogprobs(t, c, tuple(i), tuple(v)))
+
+
+def _asked(r: Request) -> int | None:
+    """The top entries ``r`` asked for if it asked for log-probabilities and its output grew
+    past them, else None."""
+    ask = r.sampling.logprobs if r.sampling is not None else None
+    return ask if ask is not None and len(r.logprobs) < len(r.output) else None

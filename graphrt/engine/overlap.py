@@ -45,9 +45,9 @@ class Launched:
     #: whose budget it used up. None: a prefill.
     rows: DecodeRows | None = None
     finishing: np.ndarray | None = None
-    #: The step's packed log-probabilities ``[bs, 1 + 2K]`` (host; pinned on CUDA), arriving
-    #: with the tokens; None when no request of the step asked for them.
-    packed: torch.Tensor | None = None
+    #: The step's packed log-probabilities ``[bs, 1 + 2K]`` float32 (a view of a pinned ring
+    #: buffer on CUDA), arriving with the tokens; None when no request of the step asked.
+    packed: np.ndarray | None = None
     #: Whether a request of the step follows a grammar (its state advances when read).
     constrained: bool = True
     #: Whether the step counts in its requests' ``Request.inflight`` (a prefill); a DECODE
@@ -75,17 +75,20 @@ class Launched:
 
 
 class HostRing:
-    """:data:`DEPTH` pinned host buffers (int64, ``size`` each) that launched steps copy their
-    tokens into in turn, each with the CUDA event recorded after its copy (None on the CPU).
+    """:data:`DEPTH` pinned host buffers (``dtype``, ``size`` each) that launched steps copy their
+    tokens into in turn, each with the CUDA event recorded after its copy (None on the CPU, or
+    without ``events``: a ring whose copies another ring's event covers).
 
     A buffer is filled again :data:`DEPTH` launches later, after its step was read. Its views
     are made once per shape (a tensor slice and ``.numpy()`` cost microseconds a step).
     """
 
-    def __init__(self, size: int, device: torch.device) -> None:
+    def __init__(
+        self, size: int, device: torch.device, dtype: torch.dtype = torch.int64, events: bool = True
+    ) -> None:
         cuda = device.type == "cuda"
-        self._host = [torch.empty(size, dtype=torch.int64, pin_memory=cuda) for _ in range(DEPTH)]
-        self._events = [torch.cuda.Event() if cuda else None for _ in range(DEPTH)]
+        self._host = [torch.empty(size, dtype=dtype, pin_memory=cuda) for _ in range(DEPTH)]
+        self._events = [torch.cuda.Event() if cuda and events else None for _ in range(DEPTH)]
         self._slot = 0
         self._views: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, np.ndarray]] = {}
 
@@ -111,6 +114,24 @@ class Overlap:
         self.feed = feed
         self.ring = HostRing(max_bs, device)
         self.inflight: Launched | None = None
+        self._max_bs, self._device = max_bs, device
+        #: The log-probabilities' ring (float32 ``[bs, 1 + 2K]`` per step), made on first use.
+        self._packed: HostRing | None = None
+
+    def _copy_packed(self, src: torch.Tensor) -> np.ndarray:
+        """Start the copy of a step's packed log-probabilities ``src [bs, 1 + 2K]`` into the
+        next buffer of their ring; returns its host view (valid once the step's tokens are).
+
+        NOTE: the log-probabilities ring turns only on the steps that ask, never faster than the
+        tokens' ring: a buffer is refilled after its step was read, as a token buffer is. The
+        tokens' event, recorded after this copy, covers it.
+        """
+        if self._packed is None:
+            width = src.shape[1]
+            self._packed = HostRing(self._max_bs * width, self._device, src.dtype, events=False)
+        host, host_np, _ = self._packed.take(tuple(src.shape))
+        host.copy_(src, non_blocking=True)
+        return host_np
 
     def launch(
         self,
@@ -138,13 +159,9 @@ class Overlap:
         tokens = runtime.run(batch, eager=eager, feed=feed, **extra)
         host, host_np, event = self.ring.take((batch.bs,))
         host.copy_(tokens, non_blocking=True)
-        packed = None
-        if logprobs and runtime.logprobs is not None:
-            # NOTE: a fresh pinned buffer per step that asked (the graph's rows are overwritten
-            # by the next step); steps without logprobs copy nothing more.
-            src = runtime.logprobs
-            packed = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.device.type == "cuda")
-            packed.copy_(src, non_blocking=True)
+        # NOTE: the graph's rows are overwritten by the next step; steps without logprobs copy
+        # nothing more
+        packed = self._copy_packed(runtime.logprobs) if logprobs and runtime.logprobs is not None else None
         if event is not None:
             event.record(current_stream(tokens.device))
         if not fed:

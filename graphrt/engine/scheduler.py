@@ -207,9 +207,8 @@ class Scheduler:
             produced = step.rows.append(tokens.tolist())
             done = step.rows.finished(step.finishing, tokens)
         if step.packed is not None or step.constrained:  # NOTE: else nothing to attach
-            packed = step.packed.numpy() if step.packed is not None else None
-            flags = {"logprobs": packed is not None, "constrained": step.constrained}
-            self.extras.after(step.reqs, tokens, packed=packed, **flags)
+            flags = {"logprobs": step.packed is not None, "constrained": step.constrained}
+            self.extras.after(step.reqs, tokens, packed=step.packed, **flags)
         self._ended = bool(done)
         return produced, done
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 
@@ -36,15 +35,3 @@ class TokenLogprobs:
     logprob: float
     top_ids: tuple[int, ...]
     top_logprobs: tuple[float, ...]
-
-
-def unpack(tokens: np.ndarray, packed: np.ndarray) -> list[TokenLogprobs]:
-    """Host rows of :func:`step_logprobs`: ``tokens [R]`` and ``packed [R, 1 + 2k]``."""
-    k = (packed.shape[1] - 1) // 2
-    ids = packed[:, 1 + k :].astype(np.int64).tolist()
-    values = packed[:, 1 : 1 + k].tolist()
-    chosen = packed[:, 0].tolist()
-    return [
-        TokenLogprobs(int(t), c, tuple(i), tuple(v))
-        for t, c, i, v in zip(tokens.tolist(), chosen, ids, values, strict=True)
-    ]

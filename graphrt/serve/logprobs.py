@@ -16,28 +16,35 @@ from graphrt.text.tokenizer import Tokenizer
 
 
 class LogprobText:
-    """Renders log-probabilities for one model's tokenizer (token texts cached by id)."""
+    """Renders log-probabilities for one model's tokenizer (token texts and their UTF-8 bytes
+    cached by id: a token is decoded once, however many replies name it)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self._texts: dict[int, str] = {}
+        self._tokens: dict[int, tuple[str, list[int]]] = {}
+
+    def _token(self, token: int) -> tuple[str, list[int]]:
+        """``token``'s text and its UTF-8 bytes (NOTE: the cached list is shared by every
+        entry that names the token: entries are serialised, never modified)."""
+        got = self._tokens.get(token)
+        if got is None:
+            text = self.tokenizer.decode([token], skip_special_tokens=False)
+            got = self._tokens[token] = (text, list(text.encode("utf-8")))
+        return got
 
     def text(self, token: int) -> str:
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return text
-
-    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
-        text = self.text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return self._token(token)[0]
 
     def chat(self, entries: Sequence[TokenLogprobs]) -> dict[str, Any]:
         """Chat's ``choice.logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
-        content = []
+        token, content = self._token, []
         for e in entries:
-            top = [self._entry(t, v) for t, v in zip(e.top_ids, e.top_logprobs, strict=True)]
-            content.append(self._entry(e.token, e.logprob) | {"top_logprobs": top})
+            top = []
+            for t, v in zip(e.top_ids, e.top_logprobs, strict=True):
+                text, raw = token(t)
+                top.append({"token": text, "logprob": v, "bytes": raw})
+            text, raw = token(e.token)
+            content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
         return {"content": content}
 
     def completion(self, entries: Sequence[TokenLogprobs], offset: int = 0) -> tuple[dict[str, Any], int]:

@@ -14,6 +14,9 @@ import pytest
 import torch
 
 from graphrt import Engine, SamplingParams
+from graphrt.engine.logprobs import attach
+from graphrt.engine.request import Request
+from graphrt.runtime.logprobs import TokenLogprobs
 from tests.conftest import DEVICES
 
 #: float32 on every device: the reference engine's batches differ from the graphed one's, and bf16
@@ -66,3 +69,47 @@ def test_logprobs_are_refused_beyond_what_the_engine_computes() -> None:
     plain = Engine(device="cpu", use_graphs=False, **KW)
     with pytest.raises(ValueError, match="max_logprobs"):
         plain.add_request([1, 2], 2, SamplingParams(logprobs=0))
+
+
+def test_attach_gives_each_asking_request_its_row_cut_to_what_it_asked() -> None:
+    """Exact: every entry is the step's row of the packed array (float32 values as Python
+    floats, ids as ints), cut to the request's own count; a request that did not ask, or whose
+    output did not grow (a dropped overlapped token), gets nothing."""
+    k = 4
+    rng = np.random.default_rng(0)
+    packed = rng.standard_normal((5, 1 + 2 * k)).astype(np.float32)
+    packed[:, 1 + k :] = rng.integers(0, 50_000, (5, k))
+    tokens = np.array([7, 11, 13, 17, 19], dtype=np.int64)
+    asks = [k, None, 0, 2, k]
+    reqs = [
+        Request(i, [1], 8, output=[0, int(t)], sampling=None if a is None else SamplingParams(logprobs=a))
+        for i, (t, a) in enumerate(zip(tokens, asks, strict=True))
+    ]
+    reqs[4].logprobs.append(TokenLogprobs(0, 0.0, (), ()))  # NOTE: already has one per token
+    reqs[4].output.pop()
+    attach(reqs, tokens, packed)
+    for i, (r, a) in enumerate(zip(reqs, asks, strict=True)):
+        if a is None or i == 4:
+            assert r.logprobs == ([] if i != 4 else [TokenLogprobs(0, 0.0, (), ())])
+            continue
+        row = packed[i]
+        want = TokenLogprobs(
+            int(tokens[i]),
+            float(row[0]),
+            tuple(int(x) for x in row[1 + k : 1 + k + a]),
+            tuple(float(x) for x in row[1 : 1 + a]),
+        )
+        assert r.logprobs == [want], i
+        assert all(type(x) is int for x in r.logprobs[0].top_ids)
+
+
+def test_overlapped_logprobs_equal_the_unoverlapped_engines_exactly() -> None:
+    """The overlapped engine's log-probabilities (copied with its tokens into a ring of host
+    buffers, reused step after step as the batch shrinks) are bit for bit the plain engine's."""
+    params = [SamplingParams(logprobs=K), SamplingParams(logprobs=1), SamplingParams(logprobs=0)]
+    kw = KW | {"max_logprobs": K}
+    ahead = _run(Engine(device="cpu", overlap=True, **kw), params)
+    plain = _run(Engine(device="cpu", overlap=False, **kw), params)
+    for a, p in zip(ahead, plain, strict=True):
+        assert a.output == p.output and len(a.logprobs) == len(a.output)
+        assert a.logprobs == p.logprobs
