@@ -48,8 +48,8 @@ from graphrt.buffers.stream import current_stream
 from graphrt.engine.batches import DecodeRows, frozen
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import HostRing, Launched, Overlap
-from graphrt.engine.prefill import PrefillGraphs, launch_prefill
 from graphrt.engine.pages import slots_at
+from graphrt.engine.prefill import PrefillGraphs, launch_prefill
 from graphrt.engine.request import Request
 from graphrt.engine.sampling import until_stop
 from graphrt.engine.spec_layout import Flight, Layouts, Plan, Round
