@@ -126,8 +126,12 @@ class Scheduler:
         """A speculative engine's step: a verify round, or a DECODE when no row drafts."""
         reqs = list(self.running)
         proposal = spec.propose(reqs)
-        produced = self._decode_step() if proposal is None else spec_round(self, spec, reqs, proposal)
         spec.backoff.request_steps += len(reqs)
+        if proposal is None:  # NOTE: the plain step, its reads and retirements as plain's
+            produced = self._decode_step()
+            spec.backoff.committed += len(produced)
+            return produced
+        produced = spec_round(self, spec, reqs, proposal)
         spec.backoff.committed += len(produced)
         self.retire([r for r in self.running if r.done])
         return produced
