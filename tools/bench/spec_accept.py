@@ -50,8 +50,10 @@ def _engine(
 
 def replay_us(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, dict[str, float]]:
     """One more generate with the runtime's telemetry syncing after each replay: per mode, the
-    replays' µs p50 of the host write (``update``) and of the replay up to the sync (launch +
-    device time), and their count. Untimed: the syncs serialise host and device."""
+    replays' µs p50 of the host write (``update``), of ``graph.replay()`` on the host
+    (``launch``: a CUDA graph's launch, the emulated engine's whole replay) and of the replay up
+    to the sync (launch + device time), and their count. Untimed: the syncs serialise host and
+    device."""
     telemetry = engine.runtime.telemetry
     before = sum(telemetry.batch_sizes.values())  # NOTE: the ring forgets, this count does not
     telemetry.sync = True
@@ -66,6 +68,7 @@ def replay_us(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[st
         mine = [r for r in records if r.mode == mode]
         out[mode] = {
             "update_us": float(np.median([r.update_us for r in mine])),
+            "launch_us": float(np.median([r.launch_us for r in mine])),
             "replay_us": float(np.median([r.replay_us for r in mine])),
             "replays": len(mine),
         }
@@ -209,7 +212,8 @@ def _print(result: dict, args: argparse.Namespace) -> None:
     ]:
         if r.get("replay_us"):
             modes = ", ".join(
-                f"{m} {t['replay_us']:.0f} µs (write {t['update_us']:.0f}, n {t['replays']})"
+                f"{m} {t['replay_us']:.0f} µs (write {t['update_us']:.0f}, launch {t['launch_us']:.0f}, "
+                f"n {t['replays']})"
                 for m, t in r["replay_us"].items()
             )
             wide_console().print(f"replay µs p50, {name}: {modes}")

@@ -49,7 +49,7 @@ def spec_engine_args(p: argparse.ArgumentParser) -> None:
         "--replay-us",
         action="store_true",
         help="then one more generate per engine with a device sync after each replay: µs p50 "
-        "per mode (the step's host write, and its replay up to the sync: launch + device time)",
+        "per mode (the step's host write, its graph launch, and its replay up to the sync)",
     )
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens per prompt")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="random / always-match prompt length")
