@@ -112,8 +112,10 @@ class EngineConfig:
         eagerly. Captured per token bucket of :func:`token_ladder`, as ``capture`` says (lazy:
         only the buckets steps use). Same tokens, penalties, masks and log-probabilities as the
         eager prefill. 0 or None: off. Ignored with ``prefill_chunk`` (its chunks replay its
-        own ladder), ``speculative``, ``tp > 1`` and ``record_logits``; where the model's attention backend
-        graphs no MIXED (sparse MLA, encoder-decoder models) prefills run eagerly.
+        own ladder), a draft model (``speculative``'s ``draft_model``: its draft prefills on its
+        own runtime), ``tp > 1`` and ``record_logits``; proposer speculation (``ngram``,
+        ``suffix``) prefills in the graphs as plain decoding does. Where the model's attention
+        backend graphs no MIXED (sparse MLA, encoder-decoder models) prefills run eagerly.
     """
 
     device: str | torch.device | None = None
@@ -210,11 +212,16 @@ class EngineConfig:
     def token_buckets(self, spec: SpecOptions | None) -> tuple[int, ...]:
         """The MIXED token buckets: chunked prefill's ladder (up to ``max(prefill_chunk,
         max_batch_size)``: its steps hold at most that many tokens), else the prefill graphs'
-        (``prefill_graph_tokens``, not with ``spec``, ``tp > 1`` or ``record_logits``: such a
-        step returns every row's logits, ``[T, V]`` float32 a graph); () when neither."""
+        (``prefill_graph_tokens``, not with a draft model, ``tp > 1`` or ``record_logits``:
+        such a step returns every row's logits, ``[T, V]`` float32 a graph); () when neither.
+
+        NOTE: a proposer engine (``ngram`` / ``suffix``) prefills on the target's runtime alone,
+        sampled like a plain engine's prefill: an eager one there costs a short prompt's
+        whole forward in host launches, which its first rounds wait for."""
         if self.prefill_chunk is not None:
             return token_ladder(max(self.prefill_chunk, self.max_batch_size))
-        if not self.prefill_graph_tokens or spec is not None or self.tp > 1 or self.record_logits:
+        drafted = spec is not None and spec.uses_draft_model
+        if not self.prefill_graph_tokens or drafted or self.tp > 1 or self.record_logits:
             return ()
         return token_ladder(max(self.prefill_graph_tokens, self.max_batch_size))
 

@@ -77,21 +77,27 @@ class LookupRunner:
             counts.batch_steps += 1
             counts.decode_steps += 1
             return None
-        tokens = np.zeros((len(reqs), g.topk, g.num_steps), dtype=np.int64)
-        valid = np.zeros(tokens.shape, dtype=bool)
+        drafted: list[tuple[int, list[list[int]]]] = []  # NOTE: (row, branches cut to depth)
         for i, r in enumerate(reqs):
             if r.spec.backoff.sits_out():
                 counts.paused_rows += 1
                 continue
             depth = min(g.num_steps, r.max_new_tokens - len(r.output) - 1)
-            branches = r.spec.proposer.propose(r.prompt, r.output) if depth > 0 else []
-            counts.no_match_rows += not branches and depth > 0
-            for j, branch in enumerate(branches):
-                cut = branch[:depth]
-                tokens[i, j, : len(cut)], valid[i, j, : len(cut)] = cut, True
-        if not valid.any():
+            if depth <= 0:
+                continue
+            branches = [b[:depth] for b in r.spec.proposer.propose(r.prompt, r.output) if b[:depth]]
+            if branches:
+                drafted.append((i, branches))
+            else:
+                counts.no_match_rows += 1
+        if not drafted:  # NOTE: a backed-off step: no arrays made, the scheduler decodes
             counts.decode_steps += 1
             return None
+        tokens = np.zeros((len(reqs), g.topk, g.num_steps), dtype=np.int64)
+        valid = np.zeros(tokens.shape, dtype=bool)
+        for i, branches in drafted:
+            for j, cut in enumerate(branches):
+                tokens[i, j, : len(cut)], valid[i, j, : len(cut)] = cut, True
         return Drafts(tokens, valid)
 
     def round(self, reqs: Sequence[Any], drafts: Drafts, eager: bool) -> list[list[int]]:

@@ -15,8 +15,9 @@ list: no match, nothing to draft.
   before with a continuation is matched; its ``topk`` most frequent next tokens start the
   branches, each continued by the most frequent child (ties: lower token id).
 
-Both index incrementally (``O(max_match)`` dict operations per new token), so a round costs
-the new tokens, not the request's length. :meth:`peek` proposes past tokens not read yet
+Both index incrementally, so a round costs the new tokens, not the request's length: the
+suffix trie ``O(max_match + steps)`` dict operations a token, the n-gram tables only the sizes a
+lookup consults (one a token while a request backs off). :meth:`peek` proposes past tokens not read yet
 (an overlapped round's drafts, assumed accepted): it matches the request's tokens followed by
 ``tail`` without indexing ``tail``, and returns one chain of ``count`` tokens, the first being
 the guess for the token the round in flight commits after ``tail``.
@@ -50,19 +51,31 @@ class _Tokens:
 
 
 class NgramProposer(_Tokens):
-    """Prompt lookup: see the module docstring."""
+    """Prompt lookup: see the module docstring.
+
+    Each n-gram size has its own table, brought up to the request's tokens only when a lookup
+    consults it (:meth:`_table`): a lookup tries ``min_match`` first (unseen: no size matches)
+    and then the sizes from ``max_match`` down to the first that matches, so a request that
+    backs off indexes one size a token and one that copies a long run about two, not every
+    size. A table consulted is exactly the one eager indexing would hold.
+    """
 
     def __init__(self, min_match: int, max_match: int, steps: int) -> None:
         super().__init__()
         self.sizes = range(max_match, min_match - 1, -1)
         self.steps = steps
         #: Per n-gram size: n-gram -> the index of the token after its latest occurrence.
-        self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
-        #: ``(max_match - n, index of n)`` per size: a size's n-gram is a suffix of the longest.
-        self._cuts = [(self.sizes[0] - n, self.index[n]) for n in self.sizes]
+        self._tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        #: Per size: the tokens its table has indexed (the end positions below it).
+        self._upto = dict.fromkeys(self.sizes, 0)
+
+    @property
+    def index(self) -> dict[int, dict[tuple[int, ...], int]]:
+        """Every size's table, each brought up to the tokens seen (what a lookup would read)."""
+        return {n: self._table(n) for n in self.sizes}
 
     def propose(self, prompt: Sequence[int], output: Sequence[int]) -> list[list[int]]:
-        self._index(prompt, output)
+        self.sync(prompt, output)
         chain = self._lookup((), self.steps)
         return [chain] if chain else []
 
@@ -70,24 +83,22 @@ class NgramProposer(_Tokens):
         self, prompt: Sequence[int], output: Sequence[int], tail: Sequence[int], count: int
     ) -> list[int]:
         """``count`` tokens guessed to follow ``output + tail`` (``tail`` not indexed); [] if none."""
-        self._index(prompt, output)
+        self.sync(prompt, output)
         return self._lookup(tuple(tail), count)
 
-    def _index(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        toks = self.tokens
-        start = self.sync(prompt, output)
-        # NOTE: an n-gram is indexed once the token after it is known, so the request's own
-        # last n tokens (nothing after them yet) never match themselves.
-        top = self.sizes[0]
-        for end in range(max(start, 1), len(toks)):
-            gram = tuple(toks[max(0, end - top) : end])  # NOTE: one slice; each size a suffix of it
-            if end >= top:  # NOTE: the usual case: every size fits, no bound to test per size
-                for cut, index in self._cuts:
-                    index[gram[cut:]] = end
-                continue
-            for n, index in self.index.items():
-                if end >= n:
-                    index[gram[len(gram) - n :]] = end
+    def _table(self, n: int) -> dict[tuple[int, ...], int]:
+        """Size ``n``'s table, its n-grams indexed up to the request's tokens.
+
+        NOTE: an n-gram is indexed once the token after it is known, so the request's own last
+        n tokens (nothing after them yet) never match themselves.
+        """
+        table, toks = self._tables[n], self.tokens
+        done, size = self._upto[n], len(toks)
+        if done < size:
+            for end in range(max(done, n), size):
+                table[tuple(toks[end - n : end])] = end
+            self._upto[n] = size
+        return table
 
     def _lookup(self, tail: tuple[int, ...], count: int) -> list[int]:
         """``count`` tokens after the latest indexed occurrence of the last n-gram of the
@@ -97,10 +108,10 @@ class NgramProposer(_Tokens):
         self.matched = 0
         # NOTE: every indexed n-gram's last ``min_match`` tokens were indexed with it, so when
         # those are unseen no size matches: one lookup for a request that backs off, not one a size
-        if last < least or tuple(seq[last - least :]) not in self.index[least]:
+        if last < least or tuple(seq[last - least :]) not in self._table(least):
             return []
         for n in self.sizes:
-            end = self.index[n].get(tuple(seq[last - n :])) if last >= n else None
+            end = self._table(n).get(tuple(seq[last - n :])) if last >= n else None
             if end is not None:
                 self.matched = n
                 return self._copy(end, count, tail)

@@ -70,15 +70,16 @@ class Scheduler:
         self.counts = StepCounts()
         #: Chunked prefill's token budget per step (:mod:`.chunked`); None: whole prompts.
         self.chunk = chunk
-        #: Overlapped proposer rounds (:mod:`.spec_ahead`), when the engine overlaps and speculates.
-        self.ahead = None
-        if overlap is not None and isinstance(spec, LookupRunner):
-            self.ahead = SpecAhead(spec, overlap, runtime.req_to_token.max_reqs, runtime.device)
         #: A chunked step's mode: MIXED where the runtime captured its graphs, else EXTEND.
         modes = runtime.config.capture_modes
         self.mixed_mode = ForwardMode.MIXED if ForwardMode.MIXED in modes else ForwardMode.EXTEND
         #: Which prefill-only steps replay a MIXED graph (:mod:`.prefill`).
         self.prefill_graphs = PrefillGraphs.of(runtime.config)
+        #: Overlapped proposer rounds (:mod:`.spec_ahead`), when the engine overlaps and speculates.
+        self.ahead = None
+        if overlap is not None and isinstance(spec, LookupRunner):
+            rows = runtime.req_to_token.max_reqs
+            self.ahead = SpecAhead(spec, overlap, rows, runtime.device, self.prefill_graphs)
 
     @property
     def lookahead(self) -> int:
@@ -125,8 +126,12 @@ class Scheduler:
         """A speculative engine's step: a verify round, or a DECODE when no row drafts."""
         reqs = list(self.running)
         proposal = spec.propose(reqs)
-        produced = self._decode_step() if proposal is None else spec_round(self, spec, reqs, proposal)
         spec.backoff.request_steps += len(reqs)
+        if proposal is None:  # NOTE: the plain step, its reads and retirements as plain's
+            produced = self._decode_step()
+            spec.backoff.committed += len(produced)
+            return produced
+        produced = spec_round(self, spec, reqs, proposal)
         spec.backoff.committed += len(produced)
         self.retire([r for r in self.running if r.done])
         return produced

@@ -45,13 +45,13 @@ import numpy as np
 import torch
 
 from graphrt.buffers.stream import current_stream
-from graphrt.engine.batches import DecodeRows, frozen, prefill_batch
-from graphrt.engine.logprobs import wants
+from graphrt.engine.batches import DecodeRows, frozen
 from graphrt.engine.lookup import LookupRunner
 from graphrt.engine.overlap import HostRing, Launched, Overlap
 from graphrt.engine.pages import slots_at
+from graphrt.engine.prefill import PrefillGraphs, launch_prefill
 from graphrt.engine.request import Request
-from graphrt.engine.sampling import row_params, until_stop
+from graphrt.engine.sampling import until_stop
 from graphrt.engine.spec_layout import Flight, Layouts, Plan, Round
 from graphrt.engine.spec_plan import positions, propose
 from graphrt.engine.step_state import StepState
@@ -62,8 +62,10 @@ from graphrt.step.modes import ForwardMode
 class SpecAhead:
     """The overlapped rounds of one engine (the module docstring says how)."""
 
-    def __init__(self, spec: LookupRunner, overlap: Overlap, max_bs: int, device: torch.device) -> None:
-        self.spec, self.overlap, self.device = spec, overlap, device
+    def __init__(
+        self, spec: LookupRunner, overlap: Overlap, max_bs: int, device: torch.device, graphs: PrefillGraphs
+    ) -> None:
+        self.spec, self.overlap, self.device, self.graphs = spec, overlap, device, graphs
         self.steps = spec.geometry.num_steps
         self.ring = HostRing(max_bs * (self.steps + 1), device)
         self.fixes = HostRing(2 * max_bs, device)  # NOTE: the feed fix-up's uploads (pinned)
@@ -92,18 +94,12 @@ class SpecAhead:
         return produced
 
     def _prefill(self, sched: StepState, admitted: list[Request]) -> Launched:
-        sched.extras.before(admitted, fresh=True)
-        batch = prefill_batch(admitted, sched.page_size, row_params([r.sampling for r in admitted]))
-        eager = not sched.use_graphs
-        launched = self.overlap.launch(
-            sched.runtime, batch, admitted, eager=eager, fed=False, logprobs=wants(admitted)
-        )
-        self.spec.start(admitted, eager=eager)
+        """The plain overlapped loop's prefill (a MIXED graph's replay where it fits one), then
+        each request's proposer and its flight (its first token, in the feed)."""
+        launched = launch_prefill(sched, self.overlap, admitted, self.graphs)
+        self.spec.start(admitted, eager=not sched.use_graphs)
         for r in admitted:
-            sched.mark_prefilled(r)
             r.spec.ahead = Flight(launched, len(r.prompt), ())
-            if r.launched_all:
-                sched.release(r)
         return launched
 
     # ---- building a round ----------------------------------------------------------------

@@ -136,7 +136,10 @@ def test_bad_prefill_graph_tokens_are_refused(value: object) -> None:
         ({"prefill_graph_tokens": None}, ()),
         ({"use_graphs": False}, ()),
         ({"prefill_chunk": 12}, token_ladder(12)),  # NOTE: its chunks hold at most 12 tokens
-        ({"speculative": {"method": "ngram"}}, ()),
+        # NOTE: a proposer engine prefills on the target alone, in the graphs; a draft model's not
+        ({"speculative": {"method": "ngram"}}, token_ladder(256)),
+        ({"speculative": {"method": "suffix"}}, token_ladder(256)),
+        ({"speculative": {"method": "draft_model", "draft_model": "tiny-llama"}}, ()),
     ],
 )
 def test_the_ladder_captured(kw: dict[str, object], buckets: tuple[int, ...]) -> None:

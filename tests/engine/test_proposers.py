@@ -132,3 +132,40 @@ def test_suffix_peek_guesses_the_bonus_and_a_full_chain_of_drafts() -> None:
     suffix = SuffixProposer(min_match=1, max_match=1, steps=2, topk=1)
     assert suffix.peek([1, 2, 3, 4, 5, 1], [], (), 3) == [2, 3, 4]
     assert suffix.propose([1, 2, 3, 4, 5, 1], []) == [[2, 3]]
+
+
+def _trie(node: object) -> dict:
+    """A suffix trie as nested ``{token: (count, children)}`` (comparable with ``==``)."""
+    return {t: (c.count, _trie(c)) for t, c in node.children.items()}  # type: ignore[attr-defined]
+
+
+#: A request's tokens with repeats (copies to index) and runs of new tokens.
+GROWN = [int(t) for t in np.random.default_rng(3).integers(0, 6, 90)]
+#: Tokens each step commits: a round's 1 .. steps + 1 (its accepted drafts and bonus), or 1.
+CHUNKS = [1, 5, 2, 1, 1, 4, 5, 3, 1, 5, 2, 2, 1, 5, 5, 1, 3]
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_the_incremental_index_equals_a_rebuild(method: str) -> None:
+    """Grown by rounds of 1 .. 5 tokens, peeking past tails not indexed between them, a
+    proposer's index (n-gram tables; suffix trie counts) and answers equal one built from all
+    the tokens at once: a round indexes its new tokens only, and a peek indexes nothing."""
+
+    def make() -> NgramProposer | SuffixProposer:
+        return NgramProposer(2, 5, 4) if method == "ngram" else SuffixProposer(2, 5, 4, 2)
+
+    prompt, grown, n = GROWN[:12], make(), 12
+    for chunk in CHUNKS:
+        n = min(n + chunk, len(GROWN))
+        output, tail = GROWN[12:n], tuple(GROWN[n : n + 3])
+        peeked = grown.peek(prompt, output, tail, 5)  # NOTE: indexes output, never the tail
+        rebuilt = make()
+        assert rebuilt.peek(GROWN[:n], [], tail, 5) == peeked
+        assert grown.propose(prompt, output) == rebuilt.propose(GROWN[:n], [])
+        assert grown.tokens == rebuilt.tokens == GROWN[:n]
+        if isinstance(grown, NgramProposer):
+            assert grown.index == rebuilt.index  # type: ignore[union-attr]
+        else:
+            assert _trie(grown.root) == _trie(rebuilt.root)  # type: ignore[union-attr]
+            counts = [[a.count for a in p.active] for p in (grown, rebuilt)]  # type: ignore[union-attr]
+            assert counts[0] == counts[1] and len(counts[0]) > 2  # NOTE: the matched suffixes' nodes

@@ -109,3 +109,17 @@ def test_rows_whose_verifies_fall_short_sit_out_instead_of_going_stale() -> None
     # NOTE: a row goes stale only on a verify assumed to accept all: after one that did, or
     # the engine's first (the prior); every other short verify is read before the next round
     assert stats.backoff["stale_rows"] <= ahead.full_verifies + 1
+
+
+@pytest.mark.parametrize("overlap", [None, False], ids=["overlapped", "synchronous"])
+def test_a_backed_off_round_replays_the_decode_graph(overlap: bool | None) -> None:
+    """No row drafts: each round replays the DECODE graph (never TARGET_VERIFY), the prefills a
+    MIXED graph as plain's do, nothing eager; the runtime's record of steps says so in order."""
+    spec = Engine("tiny-llama", speculative=NEVER, overlap=overlap, **KW)  # type: ignore[arg-type]
+    plain = Engine("tiny-llama", overlap=overlap is None, **KW)  # type: ignore[arg-type]
+    assert spec.generate(PROMPTS, MAX_NEW) == plain.generate(PROMPTS, MAX_NEW)
+    stats, steps = spec.stats(), [r.mode for r in spec.runtime.telemetry.records]
+    assert stats.verify_steps == 0 and "TARGET_VERIFY" not in steps and stats.eager == {}
+    assert steps.count("DECODE") == stats.replays["DECODE"] == stats.backoff["decode_steps"] > 15
+    assert steps.count("MIXED") == stats.replays["MIXED"] == stats.prefill_steps > 0
+    assert steps == [r.mode for r in plain.runtime.telemetry.records]

@@ -50,3 +50,17 @@ def test_agreement_names_where_each_request_departs() -> None:
         "departures": [[1, 1], [2, 2]],
     }
     assert _agreement(plain, plain) == {"equal": True, "requests_equal": 3, "departures": []}
+
+
+def test_replay_us_times_each_mode_of_a_proposer_engine(tmp_path: Path) -> None:
+    """``--replay-us``: per engine, each mode's replays timed up to a device sync (a verify's
+    and a backed-off round's DECODE beside plain's), counted as the runtime replayed them."""
+    argv = ["bench-spec", "--target", "tiny-llama", "--device", "cpu", "--workload", "always-match"]
+    argv += ["--method", "ngram", "--batch-sizes", "1", "--num-steps", "3", "--max-new-tokens", "13"]
+    assert main([*argv, "--context", "64", "--replay-us", "--out", str(tmp_path)]) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_always-match_*.json")]
+    (plain,), (row,) = result["plain"], result["rows"]
+    assert set(plain["replay_us"]) == {"DECODE", "MIXED"} and plain["replay_us"]["DECODE"]["replays"] == 12
+    assert {"TARGET_VERIFY", "MIXED"} <= set(row["replay_us"])
+    for t in row["replay_us"].values():
+        assert t["replay_us"] >= t["launch_us"] > 0 and t["update_us"] > 0

@@ -15,6 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 from graphrt import Engine, ForwardMode
 
+#: A prefill's modes: eager EXTEND, or a prefill graph's MIXED replay (``prefill_graph_tokens``).
+PREFILLS = (ForwardMode.EXTEND, ForwardMode.MIXED)
 #: Prompts' token ids lie in ``[0, PROMPT_IDS)`` (half of tiny-llama's vocabulary: the stub's
 #: fresh tokens take the other half).
 PROMPT_IDS = 256
@@ -50,7 +52,7 @@ class RunTimer:
         def timed(batch: Any, **kwargs: Any) -> Any:
             start = time.perf_counter_ns()
             try:
-                if self.stub and self.repeat and batch.mode is ForwardMode.EXTEND:
+                if self.stub and self.repeat and batch.mode in PREFILLS:
                     out = run(batch, **kwargs)  # NOTE: a prefill runs; its token starts the repeat
                     with self.calls.paused():
                         return self._fill(out, batch) if out.shape == (batch.bs,) else out

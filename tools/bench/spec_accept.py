@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.table import Table
 
@@ -45,6 +46,33 @@ def _engine(
         speculative=speculative,
         dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype),
     )
+
+
+def replay_us(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, dict[str, float]]:
+    """One more generate with the runtime's telemetry syncing after each replay: per mode, the
+    replays' µs p50 of the host write (``update``), of ``graph.replay()`` on the host
+    (``launch``: a CUDA graph's launch, the emulated engine's whole replay) and of the replay up
+    to the sync (launch + device time), and their count. Untimed: the syncs serialise host and
+    device."""
+    telemetry = engine.runtime.telemetry
+    before = sum(telemetry.batch_sizes.values())  # NOTE: the ring forgets, this count does not
+    telemetry.sync = True
+    try:
+        engine.generate(prompts, max_new)
+    finally:
+        telemetry.sync = False
+    steps = sum(telemetry.batch_sizes.values()) - before
+    records = [r for r in telemetry.records[-steps:] if r.replay_us is not None] if steps else []
+    out = {}
+    for mode in sorted({r.mode for r in records}):
+        mine = [r for r in records if r.mode == mode]
+        out[mode] = {
+            "update_us": float(np.median([r.update_us for r in mine])),
+            "launch_us": float(np.median([r.launch_us for r in mine])),
+            "replay_us": float(np.median([r.replay_us for r in mine])),
+            "replays": len(mine),
+        }
+    return out
 
 
 def _timed(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, Any]:
@@ -91,6 +119,8 @@ def _batch_rows(args: argparse.Namespace, bs: int) -> tuple[dict[str, Any], list
     vocab = plain_engine.model.vocab_size
     prompts = prompt_ids(args.workload, args.target, vocab, bs, args.prompt_len, Path(args.prompts_dir))
     plain = _timed(plain_engine, prompts, args.max_new_tokens)
+    if getattr(args, "replay_us", False):
+        plain["replay_us"] = replay_us(plain_engine, prompts, args.max_new_tokens)
     plain_engine.close()
     rows = []
     known = {tuple(p): t for p, t in zip(prompts, plain["tokens"], strict=True)}
@@ -103,6 +133,8 @@ def _batch_rows(args: argparse.Namespace, bs: int) -> tuple[dict[str, Any], list
             # NOTE: the bench's proposer replaces the runner's factory (made at each admission)
             engine.spec.make = lambda _options: AlwaysMatch(known, args.num_steps)  # type: ignore[union-attr]
         row = _timed(engine, prompts, args.max_new_tokens)
+        if getattr(args, "replay_us", False):
+            row["replay_us"] = replay_us(engine, prompts, args.max_new_tokens)
         engine.close()
         row |= {"batch_size": bs, "spec": spec, "plain_tokens_per_s": plain["tokens_per_s"]}
         row |= {"ratio": row["tokens_per_s"] / plain["tokens_per_s"]} | _agreement(
@@ -174,3 +206,14 @@ def _print(result: dict, args: argparse.Namespace) -> None:
             f"{r['ratio']:.2f}x",
         )
     wide_console().print(table)
+    for name, r in [(f"plain bs {p['batch_size']}", p) for p in result["plain"]] + [
+        (f"{r['spec']['method']} bs {r['batch_size']} overlap {r.get('spec_overlap')}", r)
+        for r in result["rows"]
+    ]:
+        if r.get("replay_us"):
+            modes = ", ".join(
+                f"{m} {t['replay_us']:.0f} µs (write {t['update_us']:.0f}, launch {t['launch_us']:.0f}, "
+                f"n {t['replays']})"
+                for m, t in r["replay_us"].items()
+            )
+            wide_console().print(f"replay µs p50, {name}: {modes}")

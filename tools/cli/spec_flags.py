@@ -45,6 +45,12 @@ def spec_engine_args(p: argparse.ArgumentParser) -> None:
         default="on",
         help="ngram/suffix chains: overlapped rounds (on, as by default), synchronous (off), or a row of each",
     )
+    p.add_argument(
+        "--replay-us",
+        action="store_true",
+        help="then one more generate per engine with a device sync after each replay: µs p50 "
+        "per mode (the step's host write, its graph launch, and its replay up to the sync)",
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens per prompt")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="random / always-match prompt length")
     p.add_argument(
