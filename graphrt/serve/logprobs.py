@@ -35,16 +35,16 @@ class LogprobText:
     def text(self, token: int) -> str:
         return self._token(token)[0]
 
+    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+        text, raw = self._token(token)
+        return {"token": text, "logprob": logprob, "bytes": raw}
+
     def chat(self, entries: Sequence[TokenLogprobs]) -> dict[str, Any]:
         """Chat's ``choice.logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
-        token, content = self._token, []
+        content = []
         for e in entries:
-            top = []
-            for t, v in zip(e.top_ids, e.top_logprobs, strict=True):
-                text, raw = token(t)
-                top.append({"token": text, "logprob": v, "bytes": raw})
-            text, raw = token(e.token)
-            content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
+            top = [self._entry(t, v) for t, v in zip(e.top_ids, e.top_logprobs, strict=True)]
+            content.append(self._entry(e.token, e.logprob) | {"top_logprobs": top})
         return {"content": content}
 
     def completion(self, entries: Sequence[TokenLogprobs], offset: int = 0) -> tuple[dict[str, Any], int]:
