@@ -19,6 +19,7 @@ Plans depend only on the runtime's config and never go stale.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,11 @@ class Route:
     rows: int = 0
     #: The mode's :attr:`ModePlan.last_rows` (how :func:`select` slices a sampling output).
     last_rows: bool = False
+    #: ``graph`` is a :class:`~graphrt.capture.SplitGraph` (forward, then sampler; ``output`` the
+    #: sampler's): a step's ``ready`` runs between its parts (:mod:`.split_pairs`).
+    paired: bool = False
+    #: The split pair's route beside this one, once a step with ``ready`` asked (:meth:`Routes.paired`).
+    pair: Route | None = None
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
 
@@ -123,7 +129,8 @@ class Routes:
 
     ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied);
     ``shape(mode, bucket)`` a graph's rows, tokens and ``max_seqlen_q`` (the capturer's);
-    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route.
+    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route;
+    ``split_of(mode, bucket)`` gives (making it if missing) the key's split pair and its output.
     A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``.
     """
 
@@ -133,8 +140,10 @@ class Routes:
         outputs: dict[tuple[ForwardMode, int], Any],
         shape: Callable[..., Any],
         capture: Callable[[ForwardMode, int], None],
+        split_of: Callable[[ForwardMode, int], tuple[Any, Any] | None],
     ) -> None:
         self.dispatcher, self.outputs, self.shape, self.capture = dispatcher, outputs, shape, capture
+        self.split_of = split_of
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
 
     def clear(self) -> None:
@@ -177,6 +186,18 @@ class Routes:
             routes[size] = route
         check_host_scalars(batch, plan.ragged, route.max_q)
         return route
+
+
+    def paired(self, route: Route, mode: ForwardMode) -> Route | None:
+        """The route of ``route``'s split pair (a step with ``ready``), or None: the mode has
+        none, or its capture failed (the step replays ``route``'s single graph)."""
+        if route.pair is None:
+            made = self.split_of(mode, route.bucket)
+            if made is None:
+                return None
+            pair, output = made
+            route.pair = dataclasses.replace(route, graph=pair, output=output, paired=True, _views={})
+        return route.pair
 
 
 def check_host_scalars(batch: Batch, ragged: bool, max_seqlen_q: int) -> None:

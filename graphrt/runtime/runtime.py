@@ -115,6 +115,7 @@ class GraphRuntime:
         )
         self._plans: dict[ForwardMode, ModePlan] = {}
         self._eager_steps: Counter[ForwardMode] = Counter()
+        self._split_steps: Counter[ForwardMode] = Counter()  # NOTE: replays of a split pair
         self.telemetry = Telemetry()
         self._lock = threading.Lock()
 
@@ -145,6 +146,10 @@ class GraphRuntime:
         pages or the pool has too few), and pages no later step reads are released after it.
         ``ready``: called once the step is checked and its metadata written, right before it is
         launched (what must wait for the step in flight: a grammar's masks, ordered before it).
+        A graphed step of a mode with a split pair (a runtime with token masks: DECODE;
+        :mod:`graphrt.runtime.split_pairs`) launches its forward graph first and calls ``ready``
+        while it runs, then launches its sampler graph; ``ready`` must then enqueue only what the
+        sampler reads (the masks), and must not run a step.
         """
         if feed is not None:
             feed.check(batch, self.tokens)
@@ -157,6 +162,8 @@ class GraphRuntime:
             ledger = self.req_to_token.ledger
             drop = ledger.check(writes)
             route = None if eager or not plan.graphed else self._route(batch, plan)
+            if route is not None and ready is not None:  # NOTE: its split pair, where it has one
+                route = self.capturer.routes.paired(route, plan.mode) or route
             if self.window is not None:
                 self.window.assign(batch, writes)
             try:
@@ -189,11 +196,15 @@ class GraphRuntime:
         start = time.perf_counter()
         self.groups.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
-        if ready is not None:
-            ready()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
-        route.graph.replay()
+        if route.paired:
+            route.graph.replay(ready)  # NOTE: ready() runs while the forward runs on the device
+            self._split_steps[plan.mode] += 1
+        else:
+            if ready is not None:
+                ready()
+            route.graph.replay()
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
             left = self.groups.poisoned(plan.mode, route.rows, plan.rows_per_req, route.tokens)
@@ -218,8 +229,9 @@ class GraphRuntime:
         return out
 
     def stats(self) -> RuntimeStats:
-        """Replays and eager steps per mode, eager fallbacks per mode and reason, captures per key."""
-        return RuntimeStats.of(self.dispatcher, self._eager_steps, self.capturer.captures)
+        """Replays and eager steps per mode, eager fallbacks per mode and reason, captures per key,
+        and the replays that ran a split pair per mode."""
+        return RuntimeStats.of(self.dispatcher, self._eager_steps, self.capturer.captures, self._split_steps)
 
     # ---- graphs ------------------------------------------------------------------------
     @property
