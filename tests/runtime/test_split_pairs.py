@@ -13,12 +13,15 @@ would draw outside them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from graphrt import Batch, ForwardMode, SamplingParams
+from graphrt.cli import main
+from graphrt.debug.snapshot import load_snapshot, take_snapshot
 from graphrt.runtime import programs
 from graphrt.runtime.token_mask import ALL
 from graphrt.step import FED
@@ -38,13 +41,13 @@ STEPS = 5
 FREE_STEP = 2  # NOTE: a step without ready: the single graph, on the step before's masks
 
 
-def setup(**kw: object) -> Setup:
+def setup(buckets: tuple[int, ...] = (1, 2, 4), **kw: object) -> Setup:
     return build_runtime(
         CPU,
         max_batch_size=4,
         max_reqs=4,
         max_context_len=64,
-        buckets=(1, 2, 4),
+        buckets=buckets,
         sample=True,
         token_masks=True,
         penalties=True,
@@ -209,3 +212,21 @@ def test_a_runtime_without_masks_captures_no_split_pair() -> None:
     s = build_runtime(CPU, max_batch_size=4, max_context_len=64, buckets=(1, 2, 4), sample=True)
     keys = {g.key for g in s.runtime.report().graphs}
     assert keys == {(ForwardMode.DECODE, b) for b in (1, 2, 4)} and not s.runtime.capturer.splits.modes
+
+
+def test_inspect_shows_the_pair_under_its_parts_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = setup(buckets=(4,))
+    trajectory(s, eager=False)
+    path = tmp_path / "split.json"
+    take_snapshot(s.runtime, str(path), environment={"device": "cpu", "torch": torch.__version__})
+    snap = load_snapshot(path)
+    assert [(g.mode, g.bucket, g.replays) for g in snap.graphs] == [
+        ("DECODE", 4, 1),
+        ("DECODE.forward", 4, STEPS - 1),
+        ("DECODE.sampler", 4, STEPS - 1),
+    ]
+    assert main(["inspect", str(path), "--width", "160", "--no-kernels"]) == 0
+    rows = [ln.split("│")[1].strip() for ln in capsys.readouterr().out.splitlines() if "│ DECODE" in ln]
+    assert {"DECODE.forward", "DECODE.sampler"} <= set(rows)
