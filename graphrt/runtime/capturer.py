@@ -1,8 +1,10 @@
 """Capture and recapture: the :class:`Capturer` a :class:`GraphRuntime` holds.
 
-It owns the capture engine, the dispatcher (graphs by mode and bucket), each graph's output
-and the host scalars each graph baked in; the runtime's public ``capture`` / ``recapture`` /
-``release`` call it under the runtime's lock. It never runs a step itself.
+It owns the capture engine, the dispatcher (graphs by mode and bucket), each graph's output,
+the host scalars each graph baked in and, with token masks, each key's split pair
+(:mod:`.split_pairs`: captured with its key, or lazily on the key's first constrained step);
+the runtime's public ``capture`` / ``recapture`` / ``release`` call it under the runtime's
+lock. It never runs a step itself.
 
 Lazy capture (``RuntimeConfig(capture="lazy")``): ``capture`` marks every key pending and the
 step that first needs one captures it (:meth:`Capturer.on_first_use`, under the same lock,

@@ -187,7 +187,6 @@ class Routes:
         check_host_scalars(batch, plan.ragged, route.max_q)
         return route
 
-
     def paired(self, route: Route, mode: ForwardMode) -> Route | None:
         """The route of ``route``'s split pair (a step with ``ready``), or None: the mode has
         none, or its capture failed (the step replays ``route``'s single graph)."""

@@ -149,6 +149,9 @@ def test_constrained_steps_replay_the_split_pair_with_the_eager_tokens(debug: bo
     keys = {g.key for g in s.runtime.report().graphs}
     decode = ForwardMode.DECODE
     assert {(decode, 4, "forward"), (decode, 4, "sampler"), (decode, 1, "sampler"), (decode, 4)} <= keys
+    pair, _ = s.runtime.capturer.splits.pairs[(decode, 4)]
+    scalars = s.runtime.dispatcher.graphs[(decode, 4)].info.host_scalars
+    assert [p.info.host_scalars for p in pair.parts] == [scalars, scalars]  # NOTE: rule 4, both parts
     want = trajectory(s, eager=True)
     assert want.leads == [0] * (STEPS - 1)
     check_allowed(want)
