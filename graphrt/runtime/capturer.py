@@ -206,7 +206,8 @@ class Capturer:
         marked failed on every rank: its steps run eagerly, counted under the failure (raised
         as ``GraphFallbackError`` with ``strict``), and the error is logged.
         """
-        made, why = self._first_use(self._record, mode, bucket, f"{mode.name} bs={bucket}")
+        what = f"{mode.name} bs={bucket}"
+        made, why = self._first_use(self._record, mode, bucket, what, "its steps run eagerly")
         if made is not None:
             self._register(mode, bucket, *made)
         else:
@@ -220,7 +221,8 @@ class Capturer:
         found = splits.pairs.get(key)
         if found is not None or mode not in splits.modes or key in splits.failed:
             return found
-        made, why = self._first_use(self._record_split, mode, bucket, f"{mode.name} bs={bucket} (split)")
+        what, then = f"{mode.name} bs={bucket} (split)", "its constrained steps replay the single graph"
+        made, why = self._first_use(self._record_split, mode, bucket, what, then)
         if made is None:
             splits.failed[key] = why
         else:
@@ -228,10 +230,16 @@ class Capturer:
         return made
 
     def _first_use(
-        self, record: Callable[[ForwardMode, int], tuple[Any, Any]], mode: ForwardMode, bucket: int, what: str
+        self,
+        record: Callable[[ForwardMode, int], tuple[Any, Any]],
+        mode: ForwardMode,
+        bucket: int,
+        what: str,
+        then: str,
     ) -> tuple[tuple[Any, Any] | None, str]:
         """``record(mode, bucket)`` during a step, every rank's outcome agreed on: what it made,
-        or None and why it failed (logged; whatever it made is freed)."""
+        or None and why it failed (logged with ``then``, what happens instead; whatever it made
+        is freed)."""
         start = time.perf_counter()
         made, error = None, None
         try:
@@ -249,7 +257,7 @@ class Capturer:
         if made is not None:
             _reset(made[0])
         why = f"{type(error).__name__}: {error}" if error is not None else "another rank's capture failed"
-        log.error("lazy capture of %s failed (%s); it is not replayed", what, why)
+        log.error("lazy capture of %s failed (%s); %s", what, why, then)
         return None, why
 
     def _prepare(self, mode: ForwardMode, bucket: int) -> tuple[Any, GraphShape]:

@@ -233,3 +233,16 @@ def test_inspect_shows_the_pair_under_its_parts_names(
     assert main(["inspect", str(path), "--width", "160", "--no-kernels"]) == 0
     rows = [ln.split("│")[1].strip() for ln in capsys.readouterr().out.splitlines() if "│ DECODE" in ln]
     assert {"DECODE.forward", "DECODE.sampler"} <= set(rows)
+
+
+def test_recapture_and_release_replace_and_drop_the_pairs() -> None:
+    s = setup()
+    want = trajectory(s, eager=True)
+    s.runtime.recapture([2, 4])
+    decode = ForwardMode.DECODE
+    keys = {g.key for g in s.runtime.report().graphs}
+    assert keys == {(decode, b, *part) for b in (2, 4) for part in ((), ("forward",), ("sampler",))}
+    got = trajectory(s, eager=False)
+    assert got.tokens == want.tokens and got.leads == [1] * (STEPS - 1)
+    s.runtime.release()
+    assert s.runtime.report().graphs == () and not s.runtime.capturer.splits.pairs
