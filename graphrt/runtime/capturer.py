@@ -27,67 +27,31 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine, SplitGraph
+from graphrt.capture import BucketPolicy, Dispatcher, SplitGraph
 from graphrt.kernels import tuning
 from graphrt.kernels.switches import Switches
 from graphrt.metadata.buffer_groups import BufferGroups
+from graphrt.runtime.capture_setup import (
+    GraphShape,
+    alone,
+    empty_batch,
+    make_engine,
+    reset_graph,
+    token_ladders,
+)
 from graphrt.runtime.fastpath import Routes
 from graphrt.runtime.programs import PROGRAMS, SPLITS, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport
 from graphrt.runtime.split_pairs import Key, SplitPairs, record_pair
-from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
 log = logging.getLogger("graphrt.runtime.runtime")
-
-
-def make_engine(name: str | None, device: torch.device, record_kernels: bool) -> CaptureEngine:
-    """The capture engine ``name`` (default: CUDA graphs on a CUDA device, else emulated)."""
-    name = name or ("cuda" if device.type == "cuda" else "emulated")
-    if name == "emulated":
-        return EmulatedEngine()
-    if name == "cuda" and device.type == "cuda":
-        from graphrt.capture.cuda import CudaEngine
-
-        return CudaEngine(device, record_kernels)
-    raise ValueError(f"capture engine {name!r} is not usable on {device}; use 'cuda' or 'emulated'")
-
-
-@dataclass(frozen=True, slots=True)
-class GraphShape:
-    """What a graph ``(mode, bucket)`` holds: ``rows`` requests, ``tokens`` token rows, and the
-    ``max_seqlen_q`` its kernels receive (a function of the key, rule 4)."""
-
-    rows: int
-    tokens: int
-    max_q: int
-
-
-def token_ladders(config: RuntimeConfig) -> dict[ForwardMode, BucketPolicy]:
-    """The token ladder of each token-bucketed mode (MIXED), from ``config.token_buckets``."""
-    if not config.token_buckets:
-        return {}
-    ladder = BucketPolicy.exact(config.token_buckets, config.max_tokens)
-    return {mode: ladder for mode, spec in MODES.items() if spec.token_bucket}
-
-
-def empty_batch(mode: ForwardMode) -> Batch:
-    """A batch of no requests: capture runs on all-padding rows."""
-    empty = np.zeros(0, dtype=np.int64)
-    return Batch(mode, empty, empty, empty, empty, empty)
-
-
-def _alone(ok: bool, what: str) -> bool:
-    """The agreement of a group of one rank: its own outcome."""
-    return ok
 
 
 class Capturer:
@@ -129,7 +93,7 @@ class Capturer:
         self.seconds = 0.0
         #: ``agree(ok, what)``: whether every rank's capture succeeded (a TP group's
         #: ``all_true``, set by :class:`~graphrt.runtime.tp.TPRuntime`; alone: ``ok``).
-        self.agree: Callable[[bool, str], bool] = _alone
+        self.agree: Callable[[bool, str], bool] = alone
 
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
@@ -217,17 +181,10 @@ class Capturer:
         """The split pair of ``(mode, bucket)`` and its sampler's static output, captured now
         if missing (a constrained step's first use; agreed on as :meth:`on_first_use` does);
         None when ``mode`` has none or its capture failed (the step replays its one graph)."""
-        key, splits = (mode, bucket), self.splits
-        found = splits.pairs.get(key)
-        if found is not None or mode not in splits.modes or key in splits.failed:
-            return found
         what, then = f"{mode.name} bs={bucket} (split)", "its constrained steps replay the single graph"
-        made, why = self._first_use(self._record_split, mode, bucket, what, then)
-        if made is None:
-            splits.failed[key] = why
-        else:
-            splits.pairs[key] = made
-        return made
+        return self.splits.get(
+            (mode, bucket), lambda: self._first_use(self._record_split, mode, bucket, what, then)
+        )
 
     def _first_use(
         self,
@@ -255,7 +212,7 @@ class Capturer:
             log.info("captured %s on first use", what)
             return made, ""
         if made is not None:
-            _reset(made[0])
+            reset_graph(made[0])
         why = f"{type(error).__name__}: {error}" if error is not None else "another rank's capture failed"
         log.error("lazy capture of %s failed (%s); %s", what, why, then)
         return None, why
@@ -286,13 +243,9 @@ class Capturer:
     def _record_split(self, mode: ForwardMode, bucket: int) -> tuple[SplitGraph, Any]:
         """Capture ``(mode, bucket)``'s split pair (:func:`.split_pairs.record_pair`)."""
         inputs, shape = self._prepare(mode, bucket)
-        max_q = shape.max_q
-        pair, out = record_pair(
-            self.engine, (mode, bucket), SPLITS[mode], self.env, mode, inputs, max_q, self.config.warmup
-        )
-        for part in pair.parts:
-            part.info.host_scalars = self.host_scalars(mode, max_q, inputs.cascade is not None)
-        return pair, out
+        scalars = self.host_scalars(mode, shape.max_q, inputs.cascade is not None)
+        split, warmup = SPLITS[mode], self.config.warmup
+        return record_pair(self.engine, split, self.env, (mode, bucket), inputs, shape.max_q, warmup, scalars)
 
     def _register(self, mode: ForwardMode, bucket: int, graph: Any, out: Any) -> None:
         self.dispatcher.add(mode, bucket, graph)
@@ -332,19 +285,11 @@ class Capturer:
             # NOTE: a replay still running must not find its graph and pool gone.
             torch.cuda.synchronize(self.device)
         for graph in self.dispatcher.graphs.values():
-            _reset(graph)
+            reset_graph(graph)
         for pair in self.splits.clear():
-            _reset(pair)
+            reset_graph(pair)
         # NOTE: pending keys go too: no step may capture after a release (a process group
         # may be gone); capture() marks them again.
         self.dispatcher.clear()
         self.outputs.clear()
         self.routes.clear()
-
-
-def _reset(graph: Any) -> None:
-    """Free a CUDA graph's instantiation now (an emulated graph has none; a split pair: both)."""
-    for part in graph.parts if isinstance(graph, SplitGraph) else (graph,):
-        reset = getattr(getattr(part, "graph", None), "reset", None)
-        if reset is not None:
-            reset()

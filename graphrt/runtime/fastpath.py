@@ -91,6 +91,17 @@ class Route:
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
 
+    def launch(self, ready: Callable[[], None] | None) -> bool:
+        """Replay the graph: a split pair calls ``ready`` between its parts (while the forward
+        runs on the device), a single graph after ``ready`` (if any). Returns :attr:`paired`."""
+        if self.paired:
+            self.graph.replay(ready)  # type: ignore[call-arg]  # NOTE: a SplitGraph
+            return True
+        if ready is not None:
+            ready()
+        self.graph.replay()
+        return False
+
     def result(self, sampled: bool, num_tokens: int) -> torch.Tensor:
         """The real rows of the static output (a view; the caller clones it).
 
@@ -150,8 +161,11 @@ class Routes:
         """Forget every route (the graphs they name were dropped or replaced)."""
         self.by_mode.clear()
 
-    def get(self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry) -> Route | None:
-        """The route of ``batch`` (its host scalars checked), or None: run it eagerly.
+    def get(
+        self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry, paired: bool = False
+    ) -> Route | None:
+        """The route of ``batch`` (its host scalars checked), or None: run it eagerly. ``paired``
+        (a step with ``ready``): its split pair's route where it has one (:meth:`paired`).
 
         A fallback is never cached: each one is counted (``strict``: raised instead).
         """
@@ -185,6 +199,8 @@ class Routes:
             route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows, plan.last_rows)
             routes[size] = route
         check_host_scalars(batch, plan.ragged, route.max_q)
+        if paired:
+            return self.paired(route, plan.mode) or route
         return route
 
     def paired(self, route: Route, mode: ForwardMode) -> Route | None:

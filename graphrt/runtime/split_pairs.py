@@ -26,7 +26,8 @@ first (correct, not overlapped). The capture report lists the parts under the ke
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,8 @@ from graphrt.runtime.programs import SplitProgram, StepEnv
 from graphrt.step.modes import ForwardMode
 
 Key = tuple[ForwardMode, int]
+#: A split pair and its sampler's static output.
+Made = tuple[SplitGraph, Any]
 
 
 class SplitPairs:
@@ -45,13 +48,29 @@ class SplitPairs:
 
     def __init__(self, modes: frozenset[ForwardMode]) -> None:
         self.modes = modes
-        self.pairs: dict[Key, tuple[SplitGraph, Any]] = {}
+        self.pairs: dict[Key, Made] = {}
         #: Keys whose pair failed to capture (lazily), with the reason.
         self.failed: dict[Key, str] = {}
+        #: Steps that replayed a pair, per mode, over the runtime's life (``RuntimeStats.split``).
+        self.steps: Counter[ForwardMode] = Counter()
 
     def missing(self, keys: list[Key], skip: dict[Key, str]) -> list[Key]:
         """Keys of ``keys`` in a split mode without a pair (nor a failed one, nor in ``skip``)."""
         return [k for k in keys if k[0] in self.modes and k not in self.pairs and k not in self.failed | skip]
+
+    def get(self, key: Key, capture: Callable[[], tuple[Made | None, str]]) -> Made | None:
+        """The pair of ``key`` and its sampler's output; if missing, made now by ``capture()``
+        (a constrained step's first use: what it made, or None and why, kept as failed). None
+        where the mode has no pairs or the key's capture failed."""
+        found = self.pairs.get(key)
+        if found is not None or key[0] not in self.modes or key in self.failed:
+            return found
+        made, why = capture()
+        if made is None:
+            self.failed[key] = why
+        else:
+            self.pairs[key] = made
+        return made
 
     def infos(self) -> tuple[GraphInfo, ...]:
         """Both parts' facts of every pair."""
@@ -67,17 +86,18 @@ class SplitPairs:
 
 def record_pair(
     engine: CaptureEngine,
-    key: Hashable,
     split: SplitProgram,
     env: StepEnv,
-    mode: ForwardMode,
+    key: Key,
     inputs: StepInputs,
     max_q: int,
     warmup: int,
-) -> tuple[SplitGraph, Any]:
-    """Capture ``split`` on ``inputs`` (a bucket's views, written with an all-padding batch)
-    as the forward graph, then the sampler graph reading the forward's static logits; the
-    pair and the sampler's static output. ``key``: ``(mode, bucket)``."""
+    scalars: dict[str, Any],
+) -> Made:
+    """Capture ``split`` for ``key`` (``(mode, bucket)``) on ``inputs`` (the bucket's views,
+    written with an all-padding batch) as the forward graph, then the sampler graph reading the
+    forward's static logits; each part records the key's host ``scalars``."""
+    mode = key[0]
 
     def forward() -> Any:
         with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
@@ -94,4 +114,5 @@ def record_pair(
             return split.sample(env, mode, inputs, max_q, logits)
 
     second, out = engine.capture((*key, "sampler"), sampler, warmup)
+    first.info.host_scalars, second.info.host_scalars = scalars, dict(scalars)
     return SplitGraph(first, second), out
