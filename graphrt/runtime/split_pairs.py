@@ -56,7 +56,8 @@ class SplitPairs:
 
     def missing(self, keys: list[Key], skip: dict[Key, str]) -> list[Key]:
         """Keys of ``keys`` in a split mode without a pair (nor a failed one, nor in ``skip``)."""
-        return [k for k in keys if k[0] in self.modes and k not in self.pairs and k not in self.failed | skip]
+        done = self.pairs.keys() | self.failed.keys() | skip.keys()
+        return [k for k in keys if k[0] in self.modes and k not in done]
 
     def get(self, key: Key, capture: Callable[[], tuple[Made | None, str]]) -> Made | None:
         """The pair of ``key`` and its sampler's output; if missing, made now by ``capture()``
