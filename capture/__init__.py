@@ -7,7 +7,7 @@ models or attention is imported.
 from graphrt.capture.buckets import BucketPolicy, default_buckets, optimal_buckets, padded_tokens
 from graphrt.capture.dispatch import Dispatcher, Fallback, Pending
 from graphrt.capture.emulated import CaptureSyncError, EmulatedEngine
-from graphrt.capture.graph import CaptureEngine, Graph, GraphInfo, KernelCount
+from graphrt.capture.graph import CaptureEngine, Graph, GraphInfo, KernelCount, SplitGraph
 from graphrt.capture.topology import GraphTopology, TopologyNode
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "GraphTopology",
     "KernelCount",
     "Pending",
+    "SplitGraph",
     "TopologyNode",
     "default_buckets",
     "optimal_buckets",

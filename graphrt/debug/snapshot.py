@@ -128,7 +128,8 @@ def take_snapshot(
         config={
             f.name: _config_value(getattr(runtime.config, f.name)) for f in dataclasses.fields(runtime.config)
         },
-        graphs=tuple(_graph_facts(runtime, key, g.info) for key, g in runtime.dispatcher.graphs.items()),
+        # NOTE: the report's graphs: each (mode, bucket)'s, then each split pair's two parts
+        graphs=tuple(_graph_facts(runtime, info.key, info) for info in runtime.report().graphs),
         fallbacks=tuple(
             FallbackFacts(_name(fb.mode), fb.reason, n) for fb, n in runtime.dispatcher.fallbacks.items()
         ),
@@ -174,8 +175,10 @@ def _config_value(value: Any) -> Any:
     return _name(value) if isinstance(value, ForwardMode) else value
 
 
-def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -> GraphFacts:
-    mode, bucket = key
+def _graph_facts(runtime: GraphRuntime, key: tuple[Any, ...], info: GraphInfo) -> GraphFacts:
+    """``key``: ``(mode, bucket)``, or a split pair's part ``(mode, bucket, part)``, named
+    ``"MODE.part"`` (e.g. ``DECODE.forward``, ``DECODE.sampler``; graphrt/runtime/split_pairs.py)."""
+    mode, bucket, *part = key
     rows_per_req = runtime.rows_per_req(mode)
     shape = runtime.capturer.shape(mode, bucket)  # NOTE: a MIXED bucket counts tokens, not rows
     reads = tuple(
@@ -193,7 +196,7 @@ def _graph_facts(runtime: GraphRuntime, key: tuple[Any, int], info: GraphInfo) -
     )
     topology = info.topology
     return GraphFacts(
-        _name(mode),
+        ".".join([_name(mode), *part]),
         bucket,
         rows_per_req,
         info.capture_seconds * 1e3,

@@ -10,8 +10,9 @@ Masks are filled in place in the runtime's host staging rows (pinned on CUDA) an
 with one copy. A prefill writes every admitted row (all tokens allowed where unconstrained, so
 a reused row holds nothing stale); a decode step writes the constrained rows only. The next
 mask needs the last token accepted, so an overlapped engine writes a constrained batch's masks
-after the next step's metadata and before its launch, reading the step in flight in between
-(:func:`graphrt.engine.step_run.read_then_mask`).
+after the next step's metadata, reading the step in flight in between
+(:func:`graphrt.engine.step_run.read_then_mask`): graphed, while the step's forward graph runs
+and before its sampler graph (:mod:`graphrt.runtime.split_pairs`).
 """
 
 from __future__ import annotations

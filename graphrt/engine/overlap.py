@@ -151,8 +151,9 @@ class Overlap:
         records its tokens in the feed. A prefill counts in its requests' ``Request.inflight``
         until read; a fed step (:class:`DecodeRows`' batch) does not (a per-request loop
         less, twice a step): :meth:`pending` names its requests while it is in flight.
-        ``ready``: what ``GraphRuntime.run`` calls between the step's metadata write and its
-        launch (a constrained batch's read of the step in flight, and its masks).
+        ``ready``: what ``GraphRuntime.run`` calls after the step's metadata write (a
+        constrained batch's read of the step in flight, and its masks): graphed, between the
+        step's forward and sampler graphs (:mod:`graphrt.runtime.split_pairs`).
         """
         feed = self.feed.decode if fed else self.feed.prefill
         extra = {"ready": ready} if ready is not None else {}  # NOTE: a TP runtime takes none

@@ -106,9 +106,11 @@ def host_sample(
 
 
 def read_then_mask(state: StepState, overlap: Overlap, reqs: Sequence[Request], out: list[Any]) -> None:
-    """A constrained DECODE of ``reqs``, its metadata written and its launch next (the
-    ``ready`` of ``GraphRuntime.run``): read the step in flight (its tokens accepted by the
-    grammars; ``state.take``'s answer appended to ``out``), then write the masks of ``reqs``.
+    """A constrained DECODE of ``reqs``, its metadata written (the ``ready`` of
+    ``GraphRuntime.run``): read the step in flight (its tokens accepted by the grammars;
+    ``state.take``'s answer appended to ``out``), then write the masks of ``reqs``. Graphed on
+    a runtime with token masks, this runs while the step's forward graph runs and before its
+    sampler graph (graphrt/runtime/split_pairs.py); else before the step's launch.
 
     A request its token just ended runs this step on its last mask (which allowed that token,
     so it is never empty); the token it samples is dropped, as any overlapped step's is.

@@ -5,7 +5,7 @@ metadata groups and replays the graph whose program (:mod:`graphrt.runtime.progr
 per mode) runs the device half of the update and the model. Telemetry keeps per-step times.
 """
 
-from graphrt.runtime.capturer import make_engine
+from graphrt.runtime.capture_setup import make_engine
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch, PoisonLeft
 from graphrt.runtime.programs import PROGRAMS, ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats

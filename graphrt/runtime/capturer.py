@@ -1,8 +1,10 @@
 """Capture and recapture: the :class:`Capturer` a :class:`GraphRuntime` holds.
 
-It owns the capture engine, the dispatcher (graphs by mode and bucket), each graph's output
-and the host scalars each graph baked in; the runtime's public ``capture`` / ``recapture`` /
-``release`` call it under the runtime's lock. It never runs a step itself.
+It owns the capture engine, the dispatcher (graphs by mode and bucket), each graph's output,
+the host scalars each graph baked in and, with token masks, each key's split pair
+(:mod:`.split_pairs`: captured with its key, or lazily on the key's first constrained step);
+the runtime's public ``capture`` / ``recapture`` / ``release`` call it under the runtime's
+lock. It never runs a step itself.
 
 Lazy capture (``RuntimeConfig(capture="lazy")``): ``capture`` marks every key pending and the
 step that first needs one captures it (:meth:`Capturer.on_first_use`, under the same lock,
@@ -25,66 +27,31 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, EmulatedEngine
+from graphrt.capture import BucketPolicy, Dispatcher, SplitGraph
 from graphrt.kernels import tuning
 from graphrt.kernels.switches import Switches
 from graphrt.metadata.buffer_groups import BufferGroups
+from graphrt.runtime.capture_setup import (
+    GraphShape,
+    alone,
+    empty_batch,
+    make_engine,
+    reset_graph,
+    token_ladders,
+)
 from graphrt.runtime.fastpath import Routes
-from graphrt.runtime.programs import PROGRAMS, StepEnv
+from graphrt.runtime.programs import PROGRAMS, SPLITS, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport
-from graphrt.step.batch import Batch
+from graphrt.runtime.split_pairs import Key, SplitPairs, record_pair
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
 log = logging.getLogger("graphrt.runtime.runtime")
-
-
-def make_engine(name: str | None, device: torch.device, record_kernels: bool) -> CaptureEngine:
-    """The capture engine ``name`` (default: CUDA graphs on a CUDA device, else emulated)."""
-    name = name or ("cuda" if device.type == "cuda" else "emulated")
-    if name == "emulated":
-        return EmulatedEngine()
-    if name == "cuda" and device.type == "cuda":
-        from graphrt.capture.cuda import CudaEngine
-
-        return CudaEngine(device, record_kernels)
-    raise ValueError(f"capture engine {name!r} is not usable on {device}; use 'cuda' or 'emulated'")
-
-
-@dataclass(frozen=True, slots=True)
-class GraphShape:
-    """What a graph ``(mode, bucket)`` holds: ``rows`` requests, ``tokens`` token rows, and the
-    ``max_seqlen_q`` its kernels receive (a function of the key, rule 4)."""
-
-    rows: int
-    tokens: int
-    max_q: int
-
-
-def token_ladders(config: RuntimeConfig) -> dict[ForwardMode, BucketPolicy]:
-    """The token ladder of each token-bucketed mode (MIXED), from ``config.token_buckets``."""
-    if not config.token_buckets:
-        return {}
-    ladder = BucketPolicy.exact(config.token_buckets, config.max_tokens)
-    return {mode: ladder for mode, spec in MODES.items() if spec.token_bucket}
-
-
-def empty_batch(mode: ForwardMode) -> Batch:
-    """A batch of no requests: capture runs on all-padding rows."""
-    empty = np.zeros(0, dtype=np.int64)
-    return Batch(mode, empty, empty, empty, empty, empty)
-
-
-def _alone(ok: bool, what: str) -> bool:
-    """The agreement of a group of one rank: its own outcome."""
-    return ok
 
 
 class Capturer:
@@ -117,13 +84,16 @@ class Capturer:
         #: Each graph's output (static tensors in the graph's pool), by (mode, bucket).
         self.outputs: dict[tuple[ForwardMode, int], Any] = {}
         #: Per mode and bs: the graph path's route; dropped with the graphs (runtime/fastpath.py).
-        self.routes = Routes(self.dispatcher, self.outputs, self.shape, self.on_first_use)
+        self.routes = Routes(self.dispatcher, self.outputs, self.shape, self.on_first_use, self.split_of)
+        #: Split pairs (forward graph, sampler graph; :mod:`.split_pairs`): token masks only.
+        split = config.token_masks and config.sample
+        self.splits = SplitPairs(frozenset(m for m in config.capture_modes if split and m in SPLITS))
         #: Captures per (mode, bucket) over the runtime's life, and their seconds in all.
         self.captures: Counter[tuple[ForwardMode, int]] = Counter()
         self.seconds = 0.0
         #: ``agree(ok, what)``: whether every rank's capture succeeded (a TP group's
         #: ``all_true``, set by :class:`~graphrt.runtime.tp.TPRuntime`; alone: ``ok``).
-        self.agree: Callable[[bool, str], bool] = _alone
+        self.agree: Callable[[bool, str], bool] = alone
 
     def rows_per_req(self, mode: ForwardMode) -> int:
         """Token rows per request in a graph of ``mode`` (the view's rows per request)."""
@@ -143,15 +113,15 @@ class Capturer:
         return [(m, b) for m in self.config.capture_modes for b in reversed(policy(m).buckets)]
 
     def capture_all(self, show_progress: bool) -> CaptureReport:
-        """Capture every (mode, bucket) of the config, largest bucket first, gc frozen; with
-        lazy capture only mark them pending (steps capture them as they need them)."""
+        """Capture every (mode, bucket) of the config (and its split pair), largest bucket first,
+        gc frozen; with lazy capture only mark them pending (steps capture them as they need them)."""
         self.routes.clear()  # NOTE: routes name graphs; capture replaces them
         if self.config.capture == "lazy":
             for mode, bucket in self.keys():
                 self.dispatcher.expect(mode, bucket)
             return self.report(0.0)
         start = time.perf_counter()
-        self._capture_keys(self.keys(), show_progress)
+        self._capture_keys(self.keys(), self.split_keys(), show_progress)
         report = self.report(time.perf_counter() - start)
         log.info(
             "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",
@@ -164,18 +134,30 @@ class Capturer:
         return report
 
     def capture_pending(self, show_progress: bool) -> CaptureReport:
-        """Capture every key still pending now, largest bucket first (lazy capture's "the rest")."""
+        """Capture every key still pending now, and every split pair still missing, largest
+        bucket first (lazy capture's "the rest")."""
         start = time.perf_counter()
-        self._capture_keys([k for k in self.keys() if k in self.dispatcher.pending], show_progress)
+        keys = [k for k in self.keys() if k in self.dispatcher.pending]
+        self._capture_keys(keys, self.split_keys(), show_progress)
         return self.report(time.perf_counter() - start)
 
-    def _capture_keys(self, keys: list[tuple[ForwardMode, int]], show_progress: bool) -> None:
+    def split_keys(self) -> list[Key]:
+        """Keys of a split mode whose pair is not captured yet (nor failed, nor their graph)."""
+        return self.splits.missing(self.keys(), self.dispatcher.failed)
+
+    def _capture_keys(self, keys: list[Key], splits: list[Key], show_progress: bool) -> None:
         start = time.perf_counter()
+        # NOTE: each key's graph, then its split pair, in keys() order (largest bucket first)
+        chosen = (set(keys), set(splits))
+        jobs = [(k, split) for k in self.keys() for split in (False, True) if k in chosen[split]]
         try:
-            with self.engine.frozen_gc(), capture_progress(len(keys), show_progress) as advance:
-                for mode, bucket in keys:
-                    self._register(mode, bucket, *self._record(mode, bucket))
-                    advance(f"{mode.name} bs={bucket}")
+            with self.engine.frozen_gc(), capture_progress(len(jobs), show_progress) as advance:
+                for (mode, bucket), split in jobs:
+                    if split:
+                        self.splits.pairs[(mode, bucket)] = self._record_split(mode, bucket)
+                    else:
+                        self._register(mode, bucket, *self._record(mode, bucket))
+                    advance(f"{mode.name} bs={bucket}" + (" (split)" if split else ""))
         finally:
             # NOTE: capture recorded updates it never ran; the next replay rewrites everything.
             self.groups.forget()
@@ -188,34 +170,65 @@ class Capturer:
         marked failed on every rank: its steps run eagerly, counted under the failure (raised
         as ``GraphFallbackError`` with ``strict``), and the error is logged.
         """
+        what = f"{mode.name} bs={bucket}"
+        made, why = self._first_use(self._record, mode, bucket, what, "its steps run eagerly")
+        if made is not None:
+            self._register(mode, bucket, *made)
+        else:
+            self.dispatcher.fail(mode, bucket, why)
+
+    def split_of(self, mode: ForwardMode, bucket: int) -> tuple[SplitGraph, Any] | None:
+        """The split pair of ``(mode, bucket)`` and its sampler's static output, captured now
+        if missing (a constrained step's first use; agreed on as :meth:`on_first_use` does);
+        None when ``mode`` has none or its capture failed (the step replays its one graph)."""
+        what, then = f"{mode.name} bs={bucket} (split)", "its constrained steps replay the single graph"
+        return self.splits.get(
+            (mode, bucket), lambda: self._first_use(self._record_split, mode, bucket, what, then)
+        )
+
+    def _first_use(
+        self,
+        record: Callable[[ForwardMode, int], tuple[Any, Any]],
+        mode: ForwardMode,
+        bucket: int,
+        what: str,
+        then: str,
+    ) -> tuple[tuple[Any, Any] | None, str]:
+        """``record(mode, bucket)`` during a step, every rank's outcome agreed on: what it made,
+        or None and why it failed (logged with ``then``, what happens instead; whatever it made
+        is freed)."""
         start = time.perf_counter()
         made, error = None, None
         try:
             with self.engine.frozen_gc():
-                made = self._record(mode, bucket)
+                made = record(mode, bucket)
         except Exception as err:  # NOTE: agreed on below, so that every rank takes one path
             error = err
         finally:
             self.groups.forget()  # NOTE: the step's own write must upload every buffer again
-        ok = self.agree(error is None, f"lazy capture of {mode.name} bs={bucket}")
+        ok = self.agree(error is None, f"lazy capture of {what}")
         self.seconds += time.perf_counter() - start
         if ok and made is not None:
-            self._register(mode, bucket, *made)
-            log.info("captured %s bs=%d on first use", mode.name, bucket)
-            return
+            log.info("captured %s on first use", what)
+            return made, ""
         if made is not None:
-            _reset(made[0])
+            reset_graph(made[0])
         why = f"{type(error).__name__}: {error}" if error is not None else "another rank's capture failed"
-        log.error("lazy capture of %s bs=%d failed (%s); its steps run eagerly", mode.name, bucket, why)
-        self.dispatcher.fail(mode, bucket, why)
+        log.error("lazy capture of %s failed (%s); %s", what, why, then)
+        return None, why
 
-    def _record(self, mode: ForwardMode, bucket: int) -> tuple[Any, Any]:
-        """Capture ``(mode, bucket)`` on an all-padding batch; the graph and its static output."""
+    def _prepare(self, mode: ForwardMode, bucket: int) -> tuple[Any, GraphShape]:
+        """The bucket's views and shape, the buffers written with an all-padding batch."""
         shape = self.shape(mode, bucket)
         inputs = self.groups.view(mode, shape.rows, self.rows_per_req(mode), shape.tokens)
         # NOTE: capture runs on an all-padding batch: valid dummy values, writes only the
         # dummy slot, and no real request's KV is touched by warm-up or capture.
         self.groups.write(empty_batch(mode), shape.rows, shape.tokens, poison=self.config.debug)
+        return inputs, shape
+
+    def _record(self, mode: ForwardMode, bucket: int) -> tuple[Any, Any]:
+        """Capture ``(mode, bucket)`` on an all-padding batch; the graph and its static output."""
+        inputs, shape = self._prepare(mode, bucket)
         program, env, max_q = PROGRAMS[mode], self.env, shape.max_q
 
         def step() -> torch.Tensor:
@@ -226,6 +239,13 @@ class Capturer:
         graph.info.host_scalars = self.host_scalars(mode, max_q, inputs.cascade is not None)
         log.debug("captured %s bs=%d in %.1f ms", mode.name, bucket, graph.info.capture_seconds * 1e3)
         return graph, out
+
+    def _record_split(self, mode: ForwardMode, bucket: int) -> tuple[SplitGraph, Any]:
+        """Capture ``(mode, bucket)``'s split pair (:func:`.split_pairs.record_pair`)."""
+        inputs, shape = self._prepare(mode, bucket)
+        scalars = self.host_scalars(mode, shape.max_q, inputs.cascade is not None)
+        split, warmup = SPLITS[mode], self.config.warmup
+        return record_pair(self.engine, split, self.env, (mode, bucket), inputs, shape.max_q, warmup, scalars)
 
     def _register(self, mode: ForwardMode, bucket: int, graph: Any, out: Any) -> None:
         self.dispatcher.add(mode, bucket, graph)
@@ -238,7 +258,7 @@ class Capturer:
         return CaptureReport(
             self.engine.name,
             self.backend.name,
-            tuple(g.info for g in self.dispatcher.graphs.values()),
+            tuple(g.info for g in self.dispatcher.graphs.values()) + self.splits.infos(),
             self.seconds if seconds is None else seconds,
             self.groups.step.memory_report(),
             self.switches.as_dict(),
@@ -265,16 +285,11 @@ class Capturer:
             # NOTE: a replay still running must not find its graph and pool gone.
             torch.cuda.synchronize(self.device)
         for graph in self.dispatcher.graphs.values():
-            _reset(graph)
+            reset_graph(graph)
+        for pair in self.splits.clear():
+            reset_graph(pair)
         # NOTE: pending keys go too: no step may capture after a release (a process group
         # may be gone); capture() marks them again.
         self.dispatcher.clear()
         self.outputs.clear()
         self.routes.clear()
-
-
-def _reset(graph: Any) -> None:
-    """Free a CUDA graph's instantiation now (an emulated graph has none)."""
-    reset = getattr(getattr(graph, "graph", None), "reset", None)
-    if reset is not None:
-        reset()

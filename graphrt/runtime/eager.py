@@ -18,7 +18,8 @@ from graphrt.runtime.feed import StepFeed
 from graphrt.runtime.programs import PROGRAMS, StepEnv
 from graphrt.step.batch import Batch
 
-#: What ``GraphRuntime.run(ready=)`` calls between a step's metadata write and its launch.
+#: What ``GraphRuntime.run(ready=)`` calls after a step's metadata write: before its launch, or
+#: between the forward and sampler graphs of a split pair (:mod:`.split_pairs`).
 Ready = Callable[[], None]
 
 

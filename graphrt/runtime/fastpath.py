@@ -19,6 +19,7 @@ Plans depend only on the runtime's config and never go stale.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,8 +83,24 @@ class Route:
     rows: int = 0
     #: The mode's :attr:`ModePlan.last_rows` (how :func:`select` slices a sampling output).
     last_rows: bool = False
+    #: ``graph`` is a :class:`~graphrt.capture.SplitGraph` (forward, then sampler; ``output`` the
+    #: sampler's): a step's ``ready`` runs between its parts (:mod:`.split_pairs`).
+    paired: bool = False
+    #: The split pair's route beside this one, once a step with ``ready`` asked (:meth:`Routes.paired`).
+    pair: Route | None = None
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
+
+    def launch(self, ready: Callable[[], None] | None) -> bool:
+        """Replay the graph: a split pair calls ``ready`` between its parts (while the forward
+        runs on the device), a single graph after ``ready`` (if any). Returns :attr:`paired`."""
+        if self.paired:
+            self.graph.replay(ready)  # type: ignore[call-arg]  # NOTE: a SplitGraph
+            return True
+        if ready is not None:
+            ready()
+        self.graph.replay()
+        return False
 
     def result(self, sampled: bool, num_tokens: int) -> torch.Tensor:
         """The real rows of the static output (a view; the caller clones it).
@@ -123,7 +140,8 @@ class Routes:
 
     ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied);
     ``shape(mode, bucket)`` a graph's rows, tokens and ``max_seqlen_q`` (the capturer's);
-    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route.
+    ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route;
+    ``split_of(mode, bucket)`` gives (making it if missing) the key's split pair and its output.
     A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``.
     """
 
@@ -133,16 +151,21 @@ class Routes:
         outputs: dict[tuple[ForwardMode, int], Any],
         shape: Callable[..., Any],
         capture: Callable[[ForwardMode, int], None],
+        split_of: Callable[[ForwardMode, int], tuple[Any, Any] | None],
     ) -> None:
         self.dispatcher, self.outputs, self.shape, self.capture = dispatcher, outputs, shape, capture
+        self.split_of = split_of
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
 
     def clear(self) -> None:
         """Forget every route (the graphs they name were dropped or replaced)."""
         self.by_mode.clear()
 
-    def get(self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry) -> Route | None:
-        """The route of ``batch`` (its host scalars checked), or None: run it eagerly.
+    def get(
+        self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry, paired: bool = False
+    ) -> Route | None:
+        """The route of ``batch`` (its host scalars checked), or None: run it eagerly. ``paired``
+        (a step with ``ready``): its split pair's route where it has one (:meth:`paired`).
 
         A fallback is never cached: each one is counted (``strict``: raised instead).
         """
@@ -176,7 +199,20 @@ class Routes:
             route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows, plan.last_rows)
             routes[size] = route
         check_host_scalars(batch, plan.ragged, route.max_q)
+        if paired:
+            return self.paired(route, plan.mode) or route
         return route
+
+    def paired(self, route: Route, mode: ForwardMode) -> Route | None:
+        """The route of ``route``'s split pair (a step with ``ready``), or None: the mode has
+        none, or its capture failed (the step replays ``route``'s single graph)."""
+        if route.pair is None:
+            made = self.split_of(mode, route.bucket)
+            if made is None:
+                return None
+            pair, output = made
+            route.pair = dataclasses.replace(route, graph=pair, output=output, paired=True, _views={})
+        return route.pair
 
 
 def check_host_scalars(batch: Batch, ragged: bool, max_seqlen_q: int) -> None:

@@ -9,10 +9,10 @@ sampled.
 
 **Inside the DECODE program.** A fed DECODE step (``run(batch, feed=runtime.tokens.decode)``)
 gives :data:`~graphrt.step.batch.FED` (-1) as every input id. The DECODE program (captured
-graph and eager path alike, :func:`graphrt.runtime.programs.fed`) first gathers
+graph and eager path alike, :func:`graphrt.runtime.programs.fed_forward`) first gathers
 ``ids[r] = last[req_pool_indices[r]]`` for the rows whose host-written id is ``FED`` and keeps
 every other id, then, after sampling, records ``last[req_pool_indices[r]] = token[r]`` for the
-same rows. The host-written id is the per-row device flag: it travels in the step's upload, so
+same rows (:func:`~graphrt.runtime.programs.fed_sample`). The host-written id is the per-row device flag: it travels in the step's upload, so
 one graph per bucket serves fed and unfed steps and a fed step's device work between replays is
 only the upload and the engine's token copy. Pad rows hold their pad id 0 (never ``FED``): they
 gather nothing, record nothing, and a bucket larger than ``bs`` changes nothing the real rows
@@ -43,7 +43,7 @@ from graphrt.runtime.feed_kernel import fused_feed, gather_kernel, record_kernel
 from graphrt.step.batch import Batch
 from graphrt.step.modes import ForwardMode
 
-#: Modes whose program runs the token feed (``programs.fed``, ``programs.fed_nodes``): a
+#: Modes whose program runs the token feed (``programs.fed_forward``, ``programs.fed_nodes``): a
 #: gathering feed needs one.
 FED_MODES = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
 

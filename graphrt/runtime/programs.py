@@ -6,7 +6,13 @@ the update (slots into ``req_to_token``, page table, cascade prefix), then the m
 sampling group (``RuntimeConfig(sample=True)``, modes with ``MODES[mode].samples``) it then
 samples one token per request (TARGET_VERIFY: one per verify node) inside the same graph and
 returns :class:`Sampled`; DECODE's
-program also runs the token feed (:func:`fed`) around all of that.
+program also runs the token feed (:func:`fed_forward`, :func:`fed_sample`) around all of that.
+
+DECODE's program is a :class:`SplitProgram`: its forward (the feed's gather and the model, up to
+the logits) and its sampler (masks, penalties, the draw, log-probabilities, the feed's record)
+are two functions, run back to back as one program (one graph) or captured as two graphs
+(:data:`SPLITS`) for a runtime with token masks, so that a constrained step's masks can be
+written while its forward runs (``GraphRuntime.run(ready=...)``). Both ways run the same ops.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from graphrt.kv import EncoderKV, ReqToToken
 from graphrt.kv.window import WindowPool
 from graphrt.metadata.base import StepBuffers, StepMetadata
 from graphrt.metadata.buffer_groups import StepInputs
-from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
+from graphrt.metadata.cascade import derive_prefix
 from graphrt.metadata.encoder import derive_encoder
 from graphrt.metadata.local import LocalGeometry, derive_local
-from graphrt.metadata.step import derive, derive_draft
+from graphrt.metadata.step import derive
 from graphrt.metadata.window import derive_window
+from graphrt.runtime.draft_chain import draft_loop
 from graphrt.runtime.feed import TokenFeed
 from graphrt.runtime.logprobs import step_logprobs
 from graphrt.runtime.penalties import TokenCounts
@@ -135,37 +142,6 @@ def forward_once(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int
     return env.call(b, meta, b.input_ids, inputs)
 
 
-def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
-    """DRAFT_DECODE: every draft step in one graph, each step's token the argmax of the last.
-
-    Step ``i`` of a chain attends ``seq_len + i`` keys through the page table; in a tree
-    (``topk > 1``) each branch attends the shared prefix plus its own draft slots ``0..i``.
-    Returns the draft tokens ``[T, steps]`` int64.
-    """
-    b, draft = inputs.step, inputs.draft
-    assert draft is not None, "DRAFT_DECODE needs the draft buffer group"
-    loc = draft.draft_loc
-    steps = [
-        dataclasses.replace(
-            b, positions=b.positions + i, out_cache_loc=loc[:, i], cache_seqlens=b.cache_seqlens + i
-        )
-        for i in range(loc.shape[1])
-    ]
-    tree = inputs.cascade is not None
-    derive_draft(b, loc, env.req_to_token, env.page_size, tree)
-    env.derive_window(b, loc, inputs)
-    if tree:
-        derive_prefix(inputs.cascade, b.cache_seqlens, 1)
-    tokens, out = b.input_ids, []
-    for i, step in enumerate(steps):
-        cascade = draft_step_cascade(inputs.cascade, loc, i) if tree else None
-        meta = StepMetadata(mode, step, max_q, env.page_size, cascade)
-        logits = env.call(step, meta, tokens, inputs, i)
-        tokens = logits.argmax(dim=-1)
-        out.append(tokens)
-    return torch.stack(out, dim=1)
-
-
 def head_rows(mode: ForwardMode, inputs: StepInputs) -> torch.Tensor | None:
     """``[R]`` int64, each request's last token row, where a step's head computes only those (a
     sampling step of a ragged mode: :attr:`ModeSpec.last_rows_only`, the rows it samples from; a
@@ -188,6 +164,27 @@ class Sampled(NamedTuple):
 
 
 Program = Callable[[StepEnv, ForwardMode, StepInputs, int], Any]
+#: ``(env, mode, inputs, max_q, logits)``: what a sampling program does after its forward.
+Tail = Callable[[StepEnv, ForwardMode, StepInputs, int, Any], Any]
+
+
+def sample_logits(env: StepEnv, mode: ForwardMode, inputs: StepInputs, logits: torch.Tensor) -> Sampled:
+    """One token per request from ``logits`` (the forward's, see :class:`Sampled`): each
+    request's mask (``env.masks``) and penalties (``env.counts``) applied, then the draw."""
+    step, counts = inputs.step, env.counts
+    assert inputs.sampling is not None, "sampling without a sampling group"
+    # NOTE: [R] each request row's last token (a ragged mode's head computed only those)
+    rows = logits if MODES[mode].last_rows_only else logits[step.cu_seqlens_q[1:].long() - 1]
+    z = rows if env.masks is None else env.masks.apply(rows, step.req_pool_indices)
+    if counts is not None:
+        # NOTE: a row's counts start over outside the graph (TokenCounts.start), whatever
+        # the mode of the step that samples its request's first token
+        tokens = sample(counts.apply(z, step.req_pool_indices, inputs.sampling), inputs.sampling)
+        counts.count(step.req_pool_indices, tokens)
+    else:
+        tokens = sample(z, inputs.sampling)
+    lp = step_logprobs(rows, tokens, env.logprobs) if env.logprobs else None
+    return Sampled(logits, tokens, lp)
 
 
 def sampled(program: Program) -> Program:
@@ -195,21 +192,7 @@ def sampled(program: Program) -> Program:
 
     def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
         logits = program(env, mode, inputs, max_q)
-        if inputs.sampling is None:
-            return logits
-        step, counts = inputs.step, env.counts
-        # NOTE: [R] each request row's last token (a ragged mode's head computed only those)
-        rows = logits if MODES[mode].last_rows_only else logits[step.cu_seqlens_q[1:].long() - 1]
-        z = rows if env.masks is None else env.masks.apply(rows, step.req_pool_indices)
-        if counts is not None:
-            # NOTE: a row's counts start over outside the graph (TokenCounts.start), whatever
-            # the mode of the step that samples its request's first token
-            tokens = sample(counts.apply(z, step.req_pool_indices, inputs.sampling), inputs.sampling)
-            counts.count(step.req_pool_indices, tokens)
-        else:
-            tokens = sample(z, inputs.sampling)
-        lp = step_logprobs(rows, tokens, env.logprobs) if env.logprobs else None
-        return Sampled(logits, tokens, lp)
+        return logits if inputs.sampling is None else sample_logits(env, mode, inputs, logits)
 
     return run
 
@@ -227,46 +210,76 @@ def sampled_nodes(program: Program) -> Program:
     return run
 
 
-#: ``(feed, input_ids, req_pool_indices) -> ids`` and ``(feed, input_ids, req_pool_indices, tokens)``.
-Gather = Callable[[TokenFeed, torch.Tensor, torch.Tensor], torch.Tensor]
-Record = Callable[[TokenFeed, torch.Tensor, torch.Tensor, torch.Tensor], None]
+def _gathered(
+    gather: Callable[[TokenFeed, torch.Tensor, torch.Tensor], torch.Tensor], env: StepEnv, inputs: StepInputs
+) -> StepInputs:
+    """``inputs`` with the ids ``gather(feed, input_ids, req_pool_indices)`` makes of the
+    host-written ones (which keep the flags, for the record) when the runtime has a feed and the
+    step a sampling group. The ops see the whole bucket: a bucket's graph serves fed and unfed
+    steps alike (the ids are the flag)."""
+    tokens, step = env.tokens, inputs.step
+    if tokens is None or inputs.sampling is None:
+        return inputs
+    ids = gather(tokens, step.input_ids, step.req_pool_indices)
+    return dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
 
 
-def _in_feed(gather: Gather, record: Record) -> Callable[[Program], Program]:
-    """A sampling ``program`` inside the token feed: the model reads the ids ``gather`` makes
-    of the host-written ones (which keep the flags, for ``record``); without a feed or a
-    sampling group, ``program`` as it is. Both ops see the whole bucket: a bucket's graph
-    serves fed and unfed steps alike (the ids are the flag)."""
-
-    def wrap(program: Program) -> Program:
-        def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
-            tokens, step = env.tokens, inputs.step
-            if tokens is None or inputs.sampling is None:
-                return program(env, mode, inputs, max_q)
-            ids = gather(tokens, step.input_ids, step.req_pool_indices)
-            gathered = dataclasses.replace(inputs, step=dataclasses.replace(step, input_ids=ids))
-            out = program(env, mode, gathered, max_q)
-            record(tokens, step.input_ids, step.req_pool_indices, out.tokens)
-            return out
-
-        return run
-
-    return wrap
+def fed_forward(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
+    """DECODE's forward: rows whose input id is ``FED`` take their id from the token feed
+    (:mod:`.feed`; every other row, given ids and pad rows, keeps its own), then the model;
+    the logits ``[T, V]``."""
+    return forward_once(env, mode, _gathered(TokenFeed.gather, env, inputs), max_q)
 
 
-#: ``program`` (one token per request, sampled) inside the token feed (:mod:`.feed`): rows whose
-#: input id is ``FED`` take their id from the feed and record the token they sampled there; every
-#: other row (given ids, pad rows) is left alone, so an unfed step runs exactly as ``program``.
-fed = _in_feed(TokenFeed.gather, TokenFeed.record)
-#: TARGET_VERIFY's ``program`` inside the feed, an overlapped round's pending tokens: negative ids
-#: (``FED`` node 0, ``PAD_DRAFT`` drafts) take their row's last token from the feed; each row whose
-#: node 0 was ``FED`` records the token after its accepted chain there, the next round's pending
-#: token. A round the host built (no negative id) runs as ``program``.
-fed_nodes = _in_feed(TokenFeed.gather_nodes, TokenFeed.record_bonus)
+def fed_sample(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int, logits: Any) -> Any:
+    """DECODE's sampler on :func:`fed_forward`'s ``logits``: :func:`sample_logits`, then each
+    ``FED`` row records the token it sampled in the feed (an unfed step runs as unfed); without
+    a sampling group, ``logits`` as they are."""
+    if inputs.sampling is None:
+        return logits
+    out = sample_logits(env, mode, inputs, logits)
+    if env.tokens is not None:
+        TokenFeed.record(env.tokens, inputs.step.input_ids, inputs.step.req_pool_indices, out.tokens)
+    return out
 
+
+@dataclass(frozen=True, slots=True)
+class SplitProgram:
+    """A sampling program cut after its forward: ``forward(env, mode, inputs, max_q)`` returns
+    the logits, ``sample(env, mode, inputs, max_q, logits)`` the step's output. Called, it runs
+    both (one graph); a runtime with token masks also captures each as a graph of its own."""
+
+    forward: Program
+    sample: Tail
+
+    def __call__(self, env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+        return self.sample(env, mode, inputs, max_q, self.forward(env, mode, inputs, max_q))
+
+
+def fed_nodes(program: Program) -> Program:
+    """TARGET_VERIFY's ``program`` inside the feed, an overlapped round's pending tokens: negative
+    ids (``FED`` node 0, ``PAD_DRAFT`` drafts) take their row's last token from the feed; each row
+    whose node 0 was ``FED`` records the token after its accepted chain there, the next round's
+    pending token. A round the host built (no negative id) runs as ``program``."""
+
+    def run(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> Any:
+        out = program(env, mode, _gathered(TokenFeed.gather_nodes, env, inputs), max_q)
+        if env.tokens is not None and inputs.sampling is not None:
+            step = inputs.step
+            TokenFeed.record_bonus(env.tokens, step.input_ids, step.req_pool_indices, out.tokens)
+        return out
+
+    return run
+
+
+#: Programs a constrained step (one whose masks are written after its metadata) may run as two
+#: graphs: the modes a grammar's ``ready`` comes with (an overlapped DECODE).
+SPLITS: dict[ForwardMode, SplitProgram] = {
+    ForwardMode.DECODE: SplitProgram(fed_forward, fed_sample),  # NOTE: feed.FED_MODES lists it
+}
 
 PROGRAMS: dict[ForwardMode, Program] = {
-    ForwardMode.DECODE: fed(sampled(forward_once)),  # NOTE: feed.FED_MODES lists it
+    ForwardMode.DECODE: SPLITS[ForwardMode.DECODE],
     ForwardMode.TARGET_VERIFY: fed_nodes(sampled_nodes(forward_once)),
     ForwardMode.DRAFT_DECODE: draft_loop,
     ForwardMode.DRAFT_EXTEND: forward_once,

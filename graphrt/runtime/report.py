@@ -51,19 +51,27 @@ class RuntimeStats:
     """What :meth:`GraphRuntime.stats` reports, keyed by mode name.
 
     ``captures``: mode -> bucket -> how many times its graph was captured (once per ladder;
-    a lazy runtime's keys appear as steps first need them).
+    a lazy runtime's keys appear as steps first need them). ``split``: of ``replays``, those
+    that ran the mode's split pair (forward graph, ``ready``, sampler graph;
+    :mod:`graphrt.runtime.split_pairs`).
     """
 
     replays: dict[str, int]
     eager: dict[str, int]  # eager steps per mode (forced, eager-only modes and fallbacks)
     fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count
     captures: dict[str, dict[int, int]] = field(default_factory=dict)
+    split: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, dispatcher: Dispatcher, eager: Mapping[Hashable, int], captures: Counter[tuple[Hashable, int]]
+        cls,
+        dispatcher: Dispatcher,
+        eager: Mapping[Hashable, int],
+        captures: Counter[tuple[Hashable, int]],
+        split: Mapping[Hashable, int] | None = None,
     ) -> RuntimeStats:
-        """The counters of ``dispatcher``, the eager steps per mode and the captures per key."""
+        """The counters of ``dispatcher``, the eager steps per mode, the captures per key and the
+        split replays per mode."""
         fallbacks: dict[str, dict[str, int]] = {}
         for fb, n in dispatcher.fallbacks.items():
             fallbacks.setdefault(_name(fb.mode), {})[fb.reason] = n
@@ -71,7 +79,8 @@ class RuntimeStats:
         for (mode, bucket), n in sorted(captures.items(), key=lambda kv: (_name(kv[0][0]), kv[0][1])):
             counted.setdefault(_name(mode), {})[bucket] = n
         replays = {_name(m): n for m, n in dispatcher.replays.items()}
-        return cls(replays, {_name(m): n for m, n in eager.items()}, fallbacks, counted)
+        split_replays = {_name(m): n for m, n in (split or {}).items()}
+        return cls(replays, {_name(m): n for m, n in eager.items()}, fallbacks, counted, split_replays)
 
 
 def _name(mode: Hashable) -> str:

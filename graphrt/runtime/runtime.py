@@ -143,8 +143,8 @@ class GraphRuntime:
         With a window pool (:mod:`graphrt.kv.window`) the step's window slots are assigned after
         the KV checks (refused, with nothing written, when the step would read released window
         pages or the pool has too few), and pages no later step reads are released after it.
-        ``ready``: called once the step is checked and its metadata written, right before it is
-        launched (what must wait for the step in flight: a grammar's masks, ordered before it).
+        ``ready``: called once the step is checked and its metadata written, before its launch (a
+        grammar's masks); with a split pair (:mod:`.split_pairs`), between its two graphs.
         """
         if feed is not None:
             feed.check(batch, self.tokens)
@@ -156,7 +156,7 @@ class GraphRuntime:
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
             drop = ledger.check(writes)
-            route = None if eager or not plan.graphed else self._route(batch, plan)
+            route = None if eager or not plan.graphed else self._route(batch, plan, ready is not None)
             if self.window is not None:
                 self.window.assign(batch, writes)
             try:
@@ -179,9 +179,9 @@ class GraphRuntime:
             self._plans[mode] = plan
         return plan
 
-    def _route(self, batch: Batch, plan: ModePlan) -> Route | None:
-        """The graph route for ``batch`` (host scalars checked), or None: fall back to eager."""
-        return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry)
+    def _route(self, batch: Batch, plan: ModePlan, paired: bool) -> Route | None:
+        """The graph route for ``batch``, host scalars checked (``paired``: its split pair's if any)."""
+        return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry, paired)
 
     def _replay(
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None, ready: Ready | None
@@ -189,11 +189,10 @@ class GraphRuntime:
         start = time.perf_counter()
         self.groups.write(batch, route.rows, route.tokens, plan.pad, poison=self.config.debug)
         updated = time.perf_counter()
-        if ready is not None:
-            ready()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
-        route.graph.replay()
+        if route.launch(ready):  # NOTE: a split pair, ready() while its forward ran
+            self.capturer.splits.steps[plan.mode] += 1
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
             left = self.groups.poisoned(plan.mode, route.rows, plan.rows_per_req, route.tokens)
@@ -218,8 +217,9 @@ class GraphRuntime:
         return out
 
     def stats(self) -> RuntimeStats:
-        """Replays and eager steps per mode, eager fallbacks per mode and reason, captures per key."""
-        return RuntimeStats.of(self.dispatcher, self._eager_steps, self.capturer.captures)
+        """Replays, eager and split-pair steps per mode, fallbacks per mode and reason, captures per key."""
+        capturer = self.capturer
+        return RuntimeStats.of(self.dispatcher, self._eager_steps, capturer.captures, capturer.splits.steps)
 
     # ---- graphs ------------------------------------------------------------------------
     @property

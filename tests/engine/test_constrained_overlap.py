@@ -1,5 +1,6 @@
 """An overlapped engine's constrained decoding: the step in flight is read between the next
-step's metadata write and its launch, and its masks written there. Greedy, its tokens are
+step's metadata write and its launch (graphed: between the step's forward graph and its sampler
+graph, runtime/split_pairs.py), and its masks written there. Greedy, its tokens are
 exactly the non-overlapped engine's, with a grammar (xgrammar) and a token-set rule batched with
 an unconstrained row, a constrained request ending on a stop token while the others run (its
 extra launched step dropped), budgets ending at different steps and a request joining mid-way.
@@ -67,6 +68,9 @@ def test_overlapped_constrained_tokens_equal_the_non_overlapped_ones(device: str
         assert overlapped.overlap is not None
         got = decode(overlapped, rules(vocab, compiled))
         assert [r.output for r in got] == [r.output for r in want], graphs
+        # NOTE: graphed, each constrained step wrote its masks between its forward and sampler graphs
+        split = overlapped.runtime.stats().split.get("DECODE", 0)
+        assert split > 0 if graphs else split == 0, (graphs, split)
         for i in (0, 1, 3):
             assert got[i].constraint.accepted == len(got[i].output), (graphs, i)
             assert got[i].output != free[i][: len(got[i].output)], (graphs, i)

@@ -60,9 +60,13 @@ def build_runtime(
     dtype: torch.dtype | None = None,
     token_buckets: Sequence[int] = (),
     lazy: bool = False,
+    token_masks: bool = False,
+    penalties: bool = False,
+    logprobs: int = 0,
 ) -> Setup:
     """A tiny-llama runtime whose request ``i`` owns pages ``i*pages_per_req ...`` (contiguous);
-    ``lazy``: its graphs are captured on first use (``RuntimeConfig(capture="lazy")``)."""
+    ``lazy``: its graphs are captured on first use (``RuntimeConfig(capture="lazy")``);
+    ``token_masks``, ``penalties``, ``logprobs``: the sampling step's options (with ``sample``)."""
     config = RuntimeConfig(
         max_batch_size=max_batch_size,
         max_context_len=max_context_len,
@@ -77,6 +81,9 @@ def build_runtime(
         sample=sample,
         token_buckets=tuple(token_buckets),
         capture="lazy" if lazy else "eager",
+        token_masks=token_masks,
+        penalties=penalties,
+        logprobs=logprobs,
     )
     stack = build_stack(
         model,

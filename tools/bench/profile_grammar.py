@@ -86,7 +86,9 @@ class Timers:
         return timed
 
     def wrap_replays(self, runtime: GraphRuntime) -> None:
-        for graph in runtime.dispatcher.graphs.values():
+        # NOTE: a constrained step replays a split pair's parts (runtime/split_pairs.py)
+        parts = [part for pair, _ in runtime.capturer.splits.pairs.values() for part in pair.parts]
+        for graph in [*runtime.dispatcher.graphs.values(), *parts]:
             if id(graph) not in self._graphs:
                 self._graphs.add(id(graph))
                 graph.replay = self._timed("replay", graph.replay)
