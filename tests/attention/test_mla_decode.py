@@ -189,6 +189,35 @@ def test_the_kernel_is_offered_for_16_bit_caches_of_its_widths(monkeypatch) -> N
     assert not MLASplitDecodeBackend.available(cpu, torch.bfloat16, **need)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or triton is None, reason="no CUDA / Triton")
+def test_a_graph_replay_with_new_lengths_equals_eager() -> None:
+    """Captured once with PDL on a side stream (warmed up there first, so the last-split merge
+    shares that stream's counters), V3's 128 heads, then lengths and pages rewritten in place:
+    every replay equals an eager call (no PDL) bit for bit, and the counters read 0 after each."""
+    q_rope, qv, rope, latent, table, seqlens = case(torch.device("cuda"), [1, 130, 300, 0], 128, 64, 4096)
+    splits = mk.num_splits(4, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    args = (q_rope, qv, rope, latent, table, seqlens, SCALE, splits)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        mk.mla_decode_attention(*args, True)  # NOTE: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = mk.mla_decode_attention(*args, True)
+    torch.cuda.synchronize()
+    for lens in ([300, 0, 1, 4096], [64, 129, 0, 3000], [0, 0, 0, 1]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        table.copy_(table.roll(1, 0))  # NOTE: other rows' pages (no row reads past the cache)
+        graph.replay()
+        eager = mk.mla_decode_attention(*args, False)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), lens
+        with torch.cuda.stream(stream):
+            assert not scratch.counters(4 * 8, q_rope.device).any(), f"{lens}: counters left at 0"
+
+
 @pytest.mark.skipif(triton is None or INTERPRET, reason="needs Triton's compiler")
 @pytest.mark.parametrize("group", [16, 4])
 def test_kernel_compiles_for_hopper_without_spills(group: int) -> None:
