@@ -33,7 +33,8 @@ fused() {
   LIMIT=${LIMIT_TESTS:-200} TAIL=20 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider ${TESTS:?TESTS}
   for shape in ${SHAPES:-llama-3.2-1b qwen3-30b-a3b deepseek-v2-lite gpt-oss-20b}; do
     for on in 1 0; do
-      env "${FUSED_ENV:?FUSED_ENV}=$on" LIMIT=80 TAIL=8 run graphrt bench model --shape "$shape" --batch-sizes 1 \
+      export "${FUSED_ENV:?FUSED_ENV}=$on"
+      LIMIT=80 TAIL=8 run graphrt bench model --shape "$shape" --batch-sizes 1 \
         --context 512 --iters 30 --no-compile --out "$OUT/json/fused$on"
     done
   done
