@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import AttentionBackend
-from graphrt.attention.call import AttendCall
+from graphrt.attention.call import AttendCall, FreshKV
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
@@ -226,7 +226,8 @@ class ForwardContext(ModelInputs):
         from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
         ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
         rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
-        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`).
+        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`), or by the attention kernel
+        itself where the backend ``fuses_store`` (the split decode kernel's steps).
         ``q``/``k``/``v`` may be views of the qkv projection either way. ``sinks
         [num_q_heads]``: the layer's learned sink logits (a weight), added to each softmax's
         denominator. An FP8 cache quantises ``k``/``v`` as it stores them and the backend reads
@@ -244,12 +245,24 @@ class ForwardContext(ModelInputs):
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            call = dataclasses.replace(call, q=rope_store(q, k, v, rope, k_cache, v_cache, loc, kv_scales))
+            call = self._rotate_and_store(call, FreshKV(k, v, rope, loc))
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
-            self._plan = self.backend.plan(dataclasses.replace(call, meta=self.meta, group=self.group))
+            planned = dataclasses.replace(call, meta=self.meta, group=self.group, fresh=None)
+            self._plan = self.backend.plan(planned)
         plan = None if chunk is not None else self._plan  # NOTE: local layers: planned for the step
         return self.backend.forward(dataclasses.replace(call, plan=plan))
+
+    def _rotate_and_store(self, call: AttendCall, fresh: FreshKV) -> AttendCall:
+        """``call`` once ``fresh`` is rotated and stored: by the backend's kernel where it
+        ``fuses_store`` (the call carries ``fresh`` and the unrotated ``q``), else here by
+        :func:`~graphrt.kv.rope_store.rope_store` (the call carries the rotated ``q``)."""
+        fused = dataclasses.replace(call, fresh=fresh)
+        if self.backend.fuses_store(fused):
+            return fused
+        k, v, cos_sin, loc = fresh.k, fresh.v, fresh.cos_sin, fresh.loc
+        q = rope_store(call.q, k, v, cos_sin, call.k_cache, call.v_cache, loc, call.kv_scales)
+        return dataclasses.replace(call, q=q)
 
     def _attend_metadata(
         self, layer_id: int, meta: StepMetadata, window: int | None, chunk: int | None, sinks: Any

@@ -133,11 +133,12 @@ if triton is not None:
         return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
     @triton.jit
-    def _rotate_heads(
+    def rotate_heads(
         src, dst, cos, sin, d, heads, scale,
         H: tl.constexpr, HALF: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
     ):  # fmt: skip
-        """Rotate ``H`` packed heads at ``src`` (row of ``2 * HALF`` each) into ``dst``."""
+        """Rotate ``H`` packed heads at ``src`` (row of ``2 * HALF`` each) into ``dst``. NOTE:
+        shared with the split decode kernel, which stores its new keys by it: the same bits."""
         mask = (heads[:, None] < H) & (d[None, :] < HALF)
         at = heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(src + at, mask=mask).to(tl.float32)
@@ -169,11 +170,11 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()  # NOTE: q, k and v are the previous kernel's output
             tl.extra.cuda.gdc_launch_dependents()
         hq = tl.arange(0, BLOCK_HQ)
-        _rotate_heads(
+        rotate_heads(
             q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, 1.0, HQ, HALF, False, FP8_MAX
         )
         hk = tl.arange(0, BLOCK_HK)
-        _rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, ks, HK, HALF, QUANT, FP8_MAX)
+        rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, ks, HK, HALF, QUANT, FP8_MAX)
         e = tl.arange(0, 2 * BLOCK_D)
         mask = (hk[:, None] < HK) & (e[None, :] < 2 * HALF)
         at = hk[:, None] * (2 * HALF) + e[None, :]
