@@ -19,6 +19,13 @@ before the layer) before ``gdc_wait()``, and q, k, v (the projection's output) a
 successors read its outputs only once it has finished: the split decode kernel calls
 ``gdc_wait()`` before it reads ``q`` and the cache; FA3, the reference backend and torch ops
 are plain launches, which wait for it whole.
+
+A single-token decode step that the split decode kernel takes (16-bit cache, no FP8) does not
+launch this kernel: the attention context hands the kernel the unrotated q and the new k, v
+(the backend ``fuses_store``), and its programs rotate q, and the one holding each request's
+newest key stores it by :func:`rotate_heads`, this kernel's own code
+(:mod:`graphrt.attention.split_decode.attend`): one launch a layer fewer, the same cache bits.
+Prefill, FP8 caches, FA3's steps and the torch switch (``0``) keep this kernel or the torch code.
 """
 
 from __future__ import annotations

@@ -11,6 +11,14 @@ fills the GPU, and the last split program of each (request, KV head) merges the 
   online softmax in fp32: its running max ``m``, denominator ``l`` and ``acc = sum p v``. It
   reads the lengths before ``gdc_wait()`` (written long before the layer), ``q`` and the cache
   after it (the previous kernel stores this step's k and v).
+- RoPE and the KV store fused in (:func:`fuses_store`; the backend's ``fuses_store``): at a
+  step it takes whose layer passes ``rope=``, the kernel gets the unrotated ``q``, the new k
+  and v (views of the projection), the step's ``cos_sin`` and ``loc`` in place of a
+  ``rope_store`` launch before it: each program rotates its query heads in fp32 (NeoX halves,
+  ``rope_store``'s expressions, rounded once), and the one holding the request's newest key
+  rotates that key of its KV head and stores it and the value at ``loc[b]`` before its key
+  loop (the cache then holds ``rope_store``'s bits). It reads ``cos_sin`` and ``loc`` before
+  ``gdc_wait()`` too, the new k and v after it.
 - the merge: per (request, query head), the splits' states weighted by ``exp(m_s - M)``,
   divided once; a request with no keys (a pad row) gets zeros. The last program holding keys of
   a (request, KV head) merges its ``G`` heads at the end of the split launch (one launch;

@@ -9,7 +9,8 @@ holding keys counts itself on its (request, KV head)'s counter
 the ``G`` query heads of its KV head at once, ``CHUNK`` splits of every head a step (one L2
 round trip for up to ``CHUNK`` splits). A row without keys: program 0 writes its zeros. Why one
 launch and not a merge kernel after the split one: fewer launches a step for the same math
-(docs/gpu.md has the measurements).
+(docs/gpu.md has the measurements). Given the new keys (``k_new``, ``v_new``, ``cos_sin``,
+``loc``), the launch rotates q and stores the keys too (``ROPE``; the op writes the caches).
 """
 
 from __future__ import annotations

@@ -4,7 +4,12 @@
 of them, or with ``WINDOW`` the last ``window + 1``) for the ``G`` query heads of KV head ``h_k``;
 with ``SINKS`` each head's sink logit joins the merged denominator. Only the ``n`` splits whose shares hold keys store a state
 (:func:`_shares`), and the last of those ``n`` programs of a (request, KV head) to count itself
-merges its ``G`` heads (:func:`_merge_last`): one launch, no merge kernel.
+merges its ``G`` heads (:func:`_merge_last`): one launch, no merge kernel. With ``ROPE`` the
+launch does ``rope_store``'s work too: every program rotates its ``G`` query heads as it loads
+them (:func:`_query`), and the program whose share holds the request's newest key (program 0
+without keys) rotates the new key of its KV head and stores it and the value at ``loc[b]``
+(:func:`_store_new`) before its key loop, which reads them back after a barrier; no other
+program reads that position.
 """
 
 from __future__ import annotations
