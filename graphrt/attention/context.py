@@ -16,8 +16,8 @@ import torch
 
 from graphrt.attention.base import AttentionBackend
 from graphrt.attention.call import AttendCall, FreshKV
+from graphrt.attention.store import rotate_and_store
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
-from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.encoder import EncoderBuffers
 from graphrt.metadata.local import LocalBuffers
@@ -225,14 +225,12 @@ class ForwardContext(ModelInputs):
         position ``p`` sees keys ``p - window … p`` (sliding window); ``chunk``: it sees keys
         from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
         ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
-        rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
-        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`), or by the attention kernel
-        itself where the backend ``fuses_store`` (the split decode kernel's steps).
-        ``q``/``k``/``v`` may be views of the qkv projection either way. ``sinks
-        [num_q_heads]``: the layer's learned sink logits (a weight), added to each softmax's
-        denominator. An FP8 cache quantises ``k``/``v`` as it stores them and the backend reads
-        it with the layer's scales. A layer of the cache's window pool stores at its window
-        slots and reads its window page table.
+        rotated yet; they are rotated (NeoX halves) as ``k`` is stored: by ``rope_store`` (one
+        kernel on GPU) or the attention kernel (:mod:`graphrt.attention.store`). ``q``/``k``/``v``
+        may be views of the qkv projection either way. ``sinks [num_q_heads]``: the layer's
+        learned sink logits (a weight), added to each softmax's denominator. An FP8 cache
+        quantises ``k``/``v`` as it stores them and the backend reads it with the layer's
+        scales. A window-pool layer stores at its window slots and reads its window page table.
         """
         meta = self.meta
         if layer_id in getattr(self.kv, "window_layers", ()):
@@ -245,24 +243,13 @@ class ForwardContext(ModelInputs):
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            call = self._rotate_and_store(call, FreshKV(k, v, rope, loc))
+            call = rotate_and_store(self.backend, call, FreshKV(k, v, rope, loc))
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
             planned = dataclasses.replace(call, meta=self.meta, group=self.group, fresh=None)
             self._plan = self.backend.plan(planned)
         plan = None if chunk is not None else self._plan  # NOTE: local layers: planned for the step
         return self.backend.forward(dataclasses.replace(call, plan=plan))
-
-    def _rotate_and_store(self, call: AttendCall, fresh: FreshKV) -> AttendCall:
-        """``call`` once ``fresh`` is rotated and stored: by the backend's kernel where it
-        ``fuses_store`` (the call carries ``fresh`` and the unrotated ``q``), else here by
-        :func:`~graphrt.kv.rope_store.rope_store` (the call carries the rotated ``q``)."""
-        fused = dataclasses.replace(call, fresh=fresh)
-        if self.backend.fuses_store(fused):
-            return fused
-        k, v, cos_sin, loc = fresh.k, fresh.v, fresh.cos_sin, fresh.loc
-        q = rope_store(call.q, k, v, cos_sin, call.k_cache, call.v_cache, loc, call.kv_scales)
-        return dataclasses.replace(call, q=q)
 
     def _attend_metadata(
         self, layer_id: int, meta: StepMetadata, window: int | None, chunk: int | None, sinks: Any

@@ -29,7 +29,7 @@ from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
 from tests.support import conformance
 from tests.support.paged_util import paged_case
-from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
 
 PAGE = 16
 #: One bf16 step at 1 (the outputs are averages of unit-scale values): the GPU's tolerance.
@@ -154,7 +154,7 @@ def test_only_split_decode_steps_fuse_the_store(monkeypatch) -> None:
     assert not split.fuses_store(call), "rope_store switched to torch: no fused store"
 
 
-@pytest.mark.skipif(dk.triton is None, reason="no Triton")
+@pytest.mark.skipif(dk.triton is None or not INTERPRET, reason="the CPU model under the interpreter only")
 def test_a_graphed_decode_step_fused_gives_the_unfused_tokens(monkeypatch) -> None:
     """tiny-llama in bf16 on the split decode backend (the interpreter): the decode layers fuse
     the store (the backend said so while the graph was captured); the replayed step's logits
