@@ -29,7 +29,13 @@ from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
 from tests.support import conformance
 from tests.support.paged_util import paged_case
-from tests.support.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
+from tests.support.triton_util import (
+    INTERPRET,
+    replay_matches_eager,
+    rerun_marks,
+    rerun_under_interpreter,
+    triton_devices,
+)
 
 PAGE = 16
 #: One bf16 step at 1 (the outputs are averages of unit-scale values): the GPU's tolerance.
@@ -39,13 +45,15 @@ LENS = [1, 70, 0, 33, 130]
 PADS = 2
 
 
-def case(device: torch.device, heads: int, heads_k: int, d: int = 64, seed: int = 0) -> SimpleNamespace:
-    """A decode step of :data:`LENS` rows and :data:`PADS` pad rows: ``q``, ``k``, ``v`` views of
+def case(
+    device: torch.device, heads: int, heads_k: int, d: int = 64, seed: int = 0, pads: int = PADS
+) -> SimpleNamespace:
+    """A decode step of :data:`LENS` rows and ``pads`` pad rows: ``q``, ``k``, ``v`` views of
     one projection (pad rows: the same pad token's), caches, table (page 0 the dummy page, each
     real row its own shuffled pages), lengths, ``cos_sin`` at each row's newest position and
     ``loc`` its slot (a row without keys: a page of its own; pad rows: the dummy slot 0)."""
     gen = torch.Generator().manual_seed(seed)
-    lens = LENS + [1] * PADS
+    lens = LENS + [1] * pads
     need = [max(1, -(-n // PAGE)) for n in LENS]
     pages = (torch.randperm(sum(need), generator=gen) + 1).split(need)
     table = torch.zeros(len(lens), max(need), dtype=torch.int32)
@@ -56,7 +64,7 @@ def case(device: torch.device, heads: int, heads_k: int, d: int = 64, seed: int 
     cache = (sum(need) + 1, PAGE, heads_k, d)
     k_cache, v_cache = torch.randn(cache, generator=gen), torch.randn(cache, generator=gen)
     qkv = torch.randn(len(lens), (heads + 2 * heads_k) * d, generator=gen)
-    qkv[len(LENS) :] = qkv[len(LENS)]  # NOTE: every pad row projects the same pad token
+    qkv[len(LENS) :] = qkv[-1]  # NOTE: every pad row projects the same pad token
     positions = torch.tensor([max(n - 1, 0) for n in lens])
     cos_sin = rope_cos_sin(positions, default_inv_freq(10000.0, d), torch.bfloat16).to(device)
     qkv, k_cache, v_cache = (t.to(device, torch.bfloat16) for t in (qkv, k_cache, v_cache))
@@ -107,6 +115,25 @@ def test_the_fused_launch_equals_rope_store_then_the_kernel(device, heads, heads
             torch.testing.assert_close(got[real], want[real], atol=BF16_STEP, rtol=BF16_STEP)
         assert got[LENS.index(0)].abs().max() == 0, "a row without keys gets zeros"
     assert torch.equal(c.qkv, before), "the projection is read, never written"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or dk.triton is None, reason="no CUDA / Triton")
+def test_a_graph_replay_with_pdl_equals_eager() -> None:
+    """Captured with PDL (the caches reset from a copy in the graph, then the fused launch), the
+    projection rewritten in place: each replay's output and caches equal an eager launch's (no
+    PDL) bit for bit. No pad rows: new projections would give them different keys for one slot."""
+    c = case(torch.device("cuda"), 32, 8, 64, pads=0)
+    kc, vc = c.k_cache.clone(), c.v_cache.clone()
+    splits = dk.num_splits(len(LENS), 8, c.table.shape[1] * PAGE, dk.sms(kc.device))
+
+    def run(pdl: bool) -> tuple[torch.Tensor, ...]:
+        kc.copy_(c.k_cache)
+        vc.copy_(c.v_cache)
+        args = (c.table, c.seqlens, 0.125, splits, pdl, None, None, c.k, c.v, c.cos_sin, c.loc)
+        return dk.decode_attention(c.q, kc, vc, *args), kc.clone(), vc.clone()
+
+    replay_matches_eager(run, c.qkv)
 
 
 def test_the_new_keys_come_all_four_or_none() -> None:
