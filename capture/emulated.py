@@ -135,8 +135,12 @@ def _is_view(func: Any) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def _mutates(func: Any) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+def _returns_fresh(func: Any) -> bool:
+    """Whether the op returns a tensor that aliases none of its arguments (copied into on replay):
+    not a view, nor an in-place or ``out=`` op, whose returns are their targets; an op that
+    writes an argument and returns a new tensor too (``graphrt::decode_attention`` storing the new
+    keys) does."""
+    return any(r.alias_info is None for r in func._schema.returns)
 
 
 class _Recorder(TorchDispatchMode):
@@ -157,11 +161,9 @@ class _Recorder(TorchDispatchMode):
         if why is not None:
             raise CaptureSyncError(f"{func} {why}; it cannot be captured")
         out = func(*args, **kwargs)
-        view, mutates = _is_view(func), _mutates(func)
-        outs = (
-            () if (view or mutates) else tuple(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-        )
-        self.ops.append(_Op(func, args, kwargs, outs, rerun=not view))
+        fresh = _returns_fresh(func)
+        outs = tuple(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)) if fresh else ()
+        self.ops.append(_Op(func, args, kwargs, outs, rerun=not _is_view(func)))
         return out
 
 

@@ -17,6 +17,9 @@ A backend owns everything its kernels need beyond the step's shared metadata:
 - ``takes(call)``: whether it takes this step, as a part of a dispatch row
   (:mod:`graphrt.attention.dispatch`), and ``yields(call)``: whether, as a dispatch's last part,
   it lets the parts before it take the step;
+- ``fuses_store(call)``: whether its ``forward`` rotates the query and stores the step's new keys
+  itself (``call.fresh``: :class:`~graphrt.attention.call.FreshKV`), in place of the context's
+  ``rope_store``; a backend that says no never gets a call with ``fresh``;
 - ``cross(call, encoder)``: non-causal attention over each request's encoder K/V.
 
 Selection lives in :mod:`graphrt.attention.registry`.
@@ -58,6 +61,8 @@ class AttentionBackend(Protocol):
     def takes(self, call: AttendCall) -> bool: ...
 
     def yields(self, call: AttendCall) -> bool: ...
+
+    def fuses_store(self, call: AttendCall) -> bool: ...
 
     def forward(self, call: AttendCall) -> torch.Tensor: ...
 
@@ -103,6 +108,10 @@ class Backend:
 
     def yields(self, call: AttendCall) -> bool:
         """No step to a dispatch's earlier parts."""
+        return False
+
+    def fuses_store(self, call: AttendCall) -> bool:
+        """No fused store: the context stores the new keys before :meth:`forward`."""
         return False
 
     def forward(self, call: AttendCall) -> torch.Tensor:

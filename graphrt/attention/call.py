@@ -16,6 +16,23 @@ from graphrt.metadata.base import StepMetadata
 
 
 @dataclass(frozen=True, slots=True)
+class FreshKV:
+    """A step's new keys and values, not stored yet, for a backend that rotates and stores them
+    itself (``fuses_store``) instead of :func:`~graphrt.kv.rope_store.rope_store`.
+
+    ``k``/``v [num_tokens, num_kv_heads, head_dim]`` (views of the projection: any token
+    stride), ``k`` not rotated yet; ``cos_sin [num_tokens, head_dim]`` the step's RoPE angles
+    (NeoX halves), which rotate ``k`` and the call's ``q``; ``loc [num_tokens]`` int64 the slots
+    the rotated ``k`` and ``v`` go to.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos_sin: torch.Tensor
+    loc: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
 class AttendCall:
     """One layer's attention.
 
@@ -32,7 +49,9 @@ class AttendCall:
     denominator; ``kv_scales``: an FP8 cache's dequantisation scales for this layer; ``qv``: a
     second query scored against the values, ``score = (q . k + qv . v) * scale``; ``group``: the
     view of the backend's own buffer group for this step (sparse MLA: its
-    :class:`~graphrt.metadata.sparse.SparseBuffers`).
+    :class:`~graphrt.metadata.sparse.SparseBuffers`); ``fresh``: the step's new keys and values,
+    only in a call whose backend said it ``fuses_store``: then ``q`` is not rotated yet and the
+    backend rotates it and stores ``fresh`` as ``rope_store`` would.
     """
 
     q: torch.Tensor
@@ -46,6 +65,7 @@ class AttendCall:
     kv_scales: LayerScales | None = None
     qv: torch.Tensor | None = None
     group: Any = None
+    fresh: FreshKV | None = None
 
     def options(self) -> tuple[Any, ...]:
         """The options a plain kernel path does without: window, sinks, FP8 scales, ``qv``."""

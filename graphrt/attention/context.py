@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from graphrt.attention.base import AttentionBackend
-from graphrt.attention.call import AttendCall
+from graphrt.attention.call import AttendCall, FreshKV
+from graphrt.attention.store import rotate_and_store
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
-from graphrt.kv.rope_store import rope_store
 from graphrt.metadata.base import StepMetadata
 from graphrt.metadata.encoder import EncoderBuffers
 from graphrt.metadata.local import LocalBuffers
@@ -225,13 +225,12 @@ class ForwardContext(ModelInputs):
         position ``p`` sees keys ``p - window … p`` (sliding window); ``chunk``: it sees keys
         from ``p - p % chunk`` on (chunked-local attention). Both are fixed per layer.
         ``rope``: this step's ``cos_sin [num_tokens, head_dim]`` when ``q`` and ``k`` are not
-        rotated yet; they are then rotated (NeoX halves) as ``k`` is stored, in one fused
-        kernel on GPU (:func:`~graphrt.kv.rope_store.rope_store`).
-        ``q``/``k``/``v`` may be views of the qkv projection either way. ``sinks
-        [num_q_heads]``: the layer's learned sink logits (a weight), added to each softmax's
-        denominator. An FP8 cache quantises ``k``/``v`` as it stores them and the backend reads
-        it with the layer's scales. A layer of the cache's window pool stores at its window
-        slots and reads its window page table.
+        rotated yet; they are rotated (NeoX halves) as ``k`` is stored: by ``rope_store`` (one
+        kernel on GPU) or the attention kernel (:mod:`graphrt.attention.store`). ``q``/``k``/``v``
+        may be views of the qkv projection either way. ``sinks [num_q_heads]``: the layer's
+        learned sink logits (a weight), added to each softmax's denominator. An FP8 cache
+        quantises ``k``/``v`` as it stores them and the backend reads it with the layer's
+        scales. A window-pool layer stores at its window slots and reads its window page table.
         """
         meta = self.meta
         if layer_id in getattr(self.kv, "window_layers", ()):
@@ -244,10 +243,11 @@ class ForwardContext(ModelInputs):
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            call = dataclasses.replace(call, q=rope_store(q, k, v, rope, k_cache, v_cache, loc, kv_scales))
+            call = rotate_and_store(self.backend, call, FreshKV(k, v, rope, loc))
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
-            self._plan = self.backend.plan(dataclasses.replace(call, meta=self.meta, group=self.group))
+            planned = dataclasses.replace(call, meta=self.meta, group=self.group, fresh=None)
+            self._plan = self.backend.plan(planned)
         plan = None if chunk is not None else self._plan  # NOTE: local layers: planned for the step
         return self.backend.forward(dataclasses.replace(call, plan=plan))
 

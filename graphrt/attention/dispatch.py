@@ -56,6 +56,10 @@ class Dispatch(Backend):
                     return part
         return self.base
 
+    def fuses_store(self, call: AttendCall) -> bool:
+        """Whether the part that takes ``call`` fuses the store (FA3's row: split decode's steps)."""
+        return self.part_for(call).fuses_store(call)
+
     def forward(self, call: AttendCall) -> torch.Tensor:
         return self.part_for(call).forward(call)
 

@@ -19,6 +19,13 @@ before the layer) before ``gdc_wait()``, and q, k, v (the projection's output) a
 successors read its outputs only once it has finished: the split decode kernel calls
 ``gdc_wait()`` before it reads ``q`` and the cache; FA3, the reference backend and torch ops
 are plain launches, which wait for it whole.
+
+A single-token decode step that the split decode kernel takes (16-bit cache, no FP8) does not
+launch this kernel: the attention context hands the kernel the unrotated q and the new k, v
+(the backend ``fuses_store``), and its programs rotate q, and the one holding each request's
+newest key stores it by :func:`rotate_heads`, this kernel's own code
+(:mod:`graphrt.attention.split_decode.attend`): one launch a layer fewer, the same cache bits.
+Prefill, FP8 caches, FA3's steps and the torch switch (``0``) keep this kernel or the torch code.
 """
 
 from __future__ import annotations
@@ -133,11 +140,12 @@ if triton is not None:
         return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
     @triton.jit
-    def _rotate_heads(
+    def rotate_heads(
         src, dst, cos, sin, d, heads, scale,
         H: tl.constexpr, HALF: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
     ):  # fmt: skip
-        """Rotate ``H`` packed heads at ``src`` (row of ``2 * HALF`` each) into ``dst``."""
+        """Rotate ``H`` packed heads at ``src`` (row of ``2 * HALF`` each) into ``dst``. NOTE:
+        shared with the split decode kernel, which stores its new keys by it: the same bits."""
         mask = (heads[:, None] < H) & (d[None, :] < HALF)
         at = heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(src + at, mask=mask).to(tl.float32)
@@ -169,11 +177,11 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()  # NOTE: q, k and v are the previous kernel's output
             tl.extra.cuda.gdc_launch_dependents()
         hq = tl.arange(0, BLOCK_HQ)
-        _rotate_heads(
+        rotate_heads(
             q + t * q_stride, out + t * HQ * 2 * HALF, cos, sin, d, hq, 1.0, HQ, HALF, False, FP8_MAX
         )
         hk = tl.arange(0, BLOCK_HK)
-        _rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, ks, HK, HALF, QUANT, FP8_MAX)
+        rotate_heads(k + t * k_stride, k_cache + slot * row, cos, sin, d, hk, ks, HK, HALF, QUANT, FP8_MAX)
         e = tl.arange(0, 2 * BLOCK_D)
         mask = (hk[:, None] < HK) & (e[None, :] < 2 * HALF)
         at = hk[:, None] * (2 * HALF) + e[None, :]

@@ -137,21 +137,29 @@ def test_counters_are_shared_per_stream_and_sized_in_powers_of_two() -> None:
 
 
 @pytest.mark.skipif(dk.triton is None or INTERPRET, reason="needs Triton's compiler")
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize(("d", "group", "options"), [(64, 4, False), (128, 4, False), (64, 8, True)])
-def test_split_kernel_compiles_for_hopper_without_spills(d: int, group: int, options: bool) -> None:
+def test_split_kernel_compiles_for_hopper_without_spills(
+    d: int, group: int, options: bool, rope: bool
+) -> None:
     """The split launch through Triton's CUDA compiler for sm_90 (no GPU needed), the 1B / 8B
-    geometry (G 4, 33 splits) and gpt-oss's (G 8, a sliding window and sinks) with PDL: ptxas
-    spills nothing at head dims 64 and 128 (256 already spills), and the last-split merge counts
-    arrivals with one acq_rel atomic."""
-    ptrs = "q k_cache v_cache page_table seqlens m_out l_out acc_out arrivals out sinks"
-    types = "bf16 bf16 bf16 i32 i32 fp32 fp32 fp32 i32 bf16 bf16"
-    ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb o_sb o_sh window"
+    geometry (G 4, 33 splits) and gpt-oss's (G 8, a sliding window and sinks) with PDL, with
+    and without RoPE and the KV store fused in: ptxas spills nothing at head dims 64 and 128
+    (256 already spills), and the last-split merge counts arrivals with one acq_rel atomic;
+    fused, the key loop reads the cache through L1-coherent loads (no ``.nc``: its own program
+    stored the newest key there)."""
+    ptrs = (
+        "q k_cache v_cache page_table seqlens m_out l_out acc_out arrivals out sinks k_new v_new cos_sin loc"
+    )
+    types = "bf16 bf16 bf16 i32 i32 fp32 fp32 fp32 i32 bf16 bf16 bf16 bf16 bf16 i64"
+    ints = "q_sb q_sh kc_sp kc_ss kc_sh pt_sb o_sb o_sh kn_sb vn_sb cs_sb loc_sb window"
     constexprs = dict(
         PAGE=16, D=d, G=group, BLOCK_G=16, BLOCK_N=64, SPLITS=33, PDL=True, F32_DOT=False, MERGE_G=group,
-        CHUNK=tuning.DEFAULT.decode_merge_tile // (group * d), WINDOW=options, SINKS=options,
+        CHUNK=tuning.DEFAULT.decode_merge_tile // (group * d), WINDOW=options, SINKS=options, ROPE=rope,
     )  # fmt: skip
     ptx = _ptx(dl.kernels._decode_split, ptrs, types, ints, constexprs, tuning.DEFAULT.split_warps(d))
     assert ptx.count("atom.global.gpu.acq_rel.add") == 1
+    assert "ld.global.nc" not in ptx
     assert NO_SPILLS in ptxas_report(ptx)
 
 

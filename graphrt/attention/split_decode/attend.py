@@ -11,6 +11,14 @@ fills the GPU, and the last split program of each (request, KV head) merges the 
   online softmax in fp32: its running max ``m``, denominator ``l`` and ``acc = sum p v``. It
   reads the lengths before ``gdc_wait()`` (written long before the layer), ``q`` and the cache
   after it (the previous kernel stores this step's k and v).
+- RoPE and the KV store fused in (:func:`fuses_store`; the backend's ``fuses_store``): at a
+  step it takes whose layer passes ``rope=``, the kernel gets the unrotated ``q``, the new k
+  and v (views of the projection), the step's ``cos_sin`` and ``loc`` in place of a
+  ``rope_store`` launch before it: each program rotates its query heads in fp32 (NeoX halves,
+  ``rope_store``'s expressions, rounded once), and the one holding the request's newest key
+  rotates that key of its KV head and stores it and the value at ``loc[b]`` before its key
+  loop (the cache then holds ``rope_store``'s bits). It reads ``cos_sin`` and ``loc`` before
+  ``gdc_wait()`` too, the new k and v after it.
 - the merge: per (request, query head), the splits' states weighted by ``exp(m_s - M)``,
   divided once; a request with no keys (a pad row) gets zeros. The last program holding keys of
   a (request, KV head) merges its ``G`` heads at the end of the split launch (one launch;
@@ -29,9 +37,10 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.attention.call import FreshKV
 from graphrt.attention.fa3_plan import sm_count
 from graphrt.attention.split_decode import launch as decode_launch
-from graphrt.kernels import tuning
+from graphrt.kernels import switches, tuning
 from graphrt.kernels.switches import (  # noqa: F401
     KERNELS_PDL_ENV,
     batch_invariant_on,
@@ -39,6 +48,7 @@ from graphrt.kernels.switches import (  # noqa: F401
     triton,
     triton_enabled,
 )
+from graphrt.kv import rope_store
 from graphrt.metadata.base import StepMetadata
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
@@ -116,6 +126,25 @@ def takes(
     )
 
 
+def fuses_store(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fresh: FreshKV) -> bool:
+    """Whether the kernel, taking this step (:func:`takes`), also rotates ``q`` and stores
+    ``fresh`` in place of :func:`~graphrt.kv.rope_store.rope_store` (its switch not ``0``):
+    one new token per request, tensors ``rope_store``'s kernel takes (:func:`rope_store.fits`:
+    packed heads, one 16-bit dtype), both caches in it."""
+    b, heads_k, d = q.shape[0], k_cache.shape[2], q.shape[2]
+    return (
+        switches.active()[rope_store.ENV] != "0"
+        and tuple(fresh.k.shape) == tuple(fresh.v.shape) == (b, heads_k, d)
+        and tuple(fresh.cos_sin.shape) == (b, d)
+        and tuple(fresh.loc.shape) == (b,)
+        and fresh.loc.dtype == torch.int64
+        and rope_store.fits(q, fresh.k, fresh.v, fresh.cos_sin, k_cache)
+        and v_cache.dtype == k_cache.dtype == q.dtype
+        and v_cache.shape == k_cache.shape
+        and v_cache.is_contiguous()
+    )
+
+
 def attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -124,12 +153,16 @@ def attend(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    fresh: FreshKV | None = None,
 ) -> torch.Tensor:
-    """The step's single-token attention through the split decode kernel."""
+    """The step's single-token attention through the split decode kernel; with ``fresh``
+    (:func:`fuses_store`) ``q`` is rotated by the kernel, which stores the step's new keys and
+    values first."""
     b = meta.buffers
     splits, pdl = _split_plan(q, k_cache, meta)
+    new = (None,) * 4 if fresh is None else (fresh.k, fresh.v, fresh.cos_sin, fresh.loc)
     return decode_attention(
-        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl, window, sinks
+        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl, window, sinks, *new
     )
 
 
@@ -160,6 +193,10 @@ def decode_attention(
     pdl: bool = True,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    cos_sin: torch.Tensor | None = None,
+    loc: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its cached keys.
 
@@ -169,7 +206,14 @@ def decode_attention(
     ``p`` sees keys ``p - window .. p`` only; ``sinks [Hq]``: a logit per head joining the softmax
     denominator (as FA3 takes them). Returns ``[B, Hq, D]`` in ``q``'s dtype. Rows with no keys
     return zeros.
+
+    With ``k_new``/``v_new [B, Hk, D]`` (packed heads, any token stride), ``cos_sin [B, D]`` and
+    ``loc [B]`` int64 (all four or none): ``q`` and ``k_new`` are not rotated yet; the kernel
+    rotates them (NeoX halves, as ``rope_store``) and stores the rotated ``k_new`` and ``v_new``
+    at slots ``loc`` (each request's newest key, position ``cache_seqlens[b] - 1``) before it
+    reads them: the caches afterwards hold what ``rope_store`` writes.
     """
     return torch.ops.graphrt.decode_attention(
-        q, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, window, sinks
-    )
+        q, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, window, sinks,
+        k_new, v_new, cos_sin, loc,
+    )  # fmt: skip

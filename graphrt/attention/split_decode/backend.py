@@ -7,6 +7,10 @@ other step runs the torch reference, so on its own row it serves what the refere
 In the ``fa3`` row it is the first part of a dispatch: FA3 yields it the decode steps whose
 CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the CPU it
 runs under Triton's interpreter (``TRITON_INTERPRET=1`` and ``GRAPHRT_DECODE_ATTENTION=interpret``).
+
+It ``fuses_store``: for a step it takes whose layer hands its q and k unrotated (``rope=``), the
+context leaves RoPE and the KV store to the kernel (``call.fresh``) instead of running
+:func:`~graphrt.kv.rope_store.rope_store` first: one launch a layer fewer.
 """
 
 from __future__ import annotations
@@ -34,8 +38,20 @@ class SplitDecodeBackend(ReferenceBackend):
     def takes(self, call: AttendCall) -> bool:
         return kernel.takes(call.q, call.k_cache, call.meta, *call.options())
 
+    def fuses_store(self, call: AttendCall) -> bool:
+        """A step it takes, with the new keys given (``call.fresh``), where the kernel can rotate
+        and store them (:func:`kernel.fuses_store`)."""
+        fresh = call.fresh
+        return (
+            fresh is not None
+            and self.takes(call)
+            and kernel.fuses_store(call.q, call.k_cache, call.v_cache, fresh)
+        )
+
     def forward(self, call: AttendCall) -> torch.Tensor:
         if self.takes(call):
             q, k, v, meta = call.q, call.k_cache, call.v_cache, call.meta
-            return kernel.attend(q, k, v, meta, call.scale, call.window, call.sinks)
+            return kernel.attend(q, k, v, meta, call.scale, call.window, call.sinks, call.fresh)
+        if call.fresh is not None:
+            raise ValueError("split_decode: a call with new keys to store is one it fuses_store only")
         return super().forward(call)

@@ -9,7 +9,8 @@ holding keys counts itself on its (request, KV head)'s counter
 the ``G`` query heads of its KV head at once, ``CHUNK`` splits of every head a step (one L2
 round trip for up to ``CHUNK`` splits). A row without keys: program 0 writes its zeros. Why one
 launch and not a merge kernel after the split one: fewer launches a step for the same math
-(docs/gpu.md has the measurements).
+(docs/gpu.md has the measurements). Given the new keys (``k_new``, ``v_new``, ``cos_sin``,
+``loc``), the launch rotates q and stores the keys too (``ROPE``; the op writes the caches).
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ BLOCK_N = 64
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool, window: int | None = None,
-    sinks: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+    cos_sin: torch.Tensor | None = None, loc: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The split launch, its last program of each (request, KV head) merging; ``window``: keys
-    ``seqlen - 1 - window ..`` only; ``sinks [Hq]``: a logit per head joining the denominator."""
+    ``seqlen - 1 - window ..`` only; ``sinks [Hq]``: a logit per head joining the denominator;
+    ``k_new``, ``v_new``, ``cos_sin``, ``loc`` (all or none): ``q`` and ``k_new`` still to be
+    rotated, the rotated ``k_new`` and ``v_new`` stored at ``loc`` by the launch."""
     assert triton is not None, "decode attention needs Triton"
     b, heads, d = q.shape
     page, heads_k = k_cache.shape[1], k_cache.shape[2]
@@ -45,23 +49,41 @@ def decode_attention(
     block_s = max(2, triton.next_power_of_2(splits))
     merge_g = max(2, triton.next_power_of_2(group))
     table = tuning.active()
+    rope = _fresh(k_new, v_new, cos_sin, loc)
+    new = (q, q, q, q) if rope is None else rope  # NOTE: unread without ROPE
+    new_strides = [0] * 4 if rope is None else [t.stride(0) for t in rope]
     kernels._decode_split[(b, heads_k, splits)](
         q, k_cache, v_cache, page_table, cache_seqlens, m, l_sum, acc, arrivals, out,
-        q if sinks is None else sinks, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
+        q if sinks is None else sinks, *new, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), page_table.stride(0), out.stride(0), out.stride(1), *new_strides,
         scale * 1.4426950408889634, 0 if window is None else window, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, SPLITS=splits, PDL=pdl, F32_DOT=not q.is_cuda,
         MERGE_G=merge_g, CHUNK=min(block_s, max(1, table.decode_merge_tile // (merge_g * d))),
-        WINDOW=window is not None, SINKS=sinks is not None, num_warps=table.split_warps(d), launch_pdl=pdl,
+        WINDOW=window is not None, SINKS=sinks is not None, ROPE=rope is not None,
+        num_warps=table.split_warps(d), launch_pdl=pdl,
     )  # fmt: skip
     return out
 
 
+def _fresh(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+    """``(k_new, v_new, cos_sin, loc)``, or None when none is given; a clear error for some."""
+    given = [t is not None for t in tensors]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError(
+            "decode_attention rotates and stores the new keys with k_new, v_new, cos_sin and loc "
+            f"together; given: {', '.join(n for n, g in zip(('k_new', 'v_new', 'cos_sin', 'loc'), given, strict=True) if g)}"
+        )
+    return tuple(t for t in tensors if t is not None)
+
+
 # NOTE: one ``torch.ops.graphrt`` op per launch, so the emulated capture engine records and
-# replays it like an aten op.
+# replays it like an aten op; the caches are written when the new keys are given (``a!``, ``b!``).
 _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
-    "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor cache_seqlens, "
-    "float scale, int splits, bool pdl, int? window=None, Tensor? sinks=None) -> Tensor"
+    "decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor page_table, Tensor cache_seqlens, "
+    "float scale, int splits, bool pdl, int? window=None, Tensor? sinks=None, Tensor? k_new=None, "
+    "Tensor? v_new=None, Tensor? cos_sin=None, Tensor? loc=None) -> Tensor"
 )
 _LIB.impl("decode_attention", decode_attention, "CompositeExplicitAutograd")

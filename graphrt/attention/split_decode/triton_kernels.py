@@ -4,7 +4,12 @@
 of them, or with ``WINDOW`` the last ``window + 1``) for the ``G`` query heads of KV head ``h_k``;
 with ``SINKS`` each head's sink logit joins the merged denominator. Only the ``n`` splits whose shares hold keys store a state
 (:func:`_shares`), and the last of those ``n`` programs of a (request, KV head) to count itself
-merges its ``G`` heads (:func:`_merge_last`): one launch, no merge kernel.
+merges its ``G`` heads (:func:`_merge_last`): one launch, no merge kernel. With ``ROPE`` the
+launch does ``rope_store``'s work too: every program rotates its ``G`` query heads as it loads
+them (:func:`_query`), and the program whose share holds the request's newest key (program 0
+without keys) rotates the new key of its KV head and stores it and the value at ``loc[b]``
+(:func:`_store_new`) before its key loop, which reads them back after a barrier; no other
+program reads that position.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from graphrt.kernels.switches import tl, triton
 
 if triton is not None:
+    from graphrt.kv.rope_store import rotate_halves, rotate_heads
 
     @triton.jit
     def _dot(a, b, F32_DOT: tl.constexpr):
@@ -19,6 +25,56 @@ if triton is not None:
         if F32_DOT:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
         return tl.dot(a, b)
+
+    @triton.jit
+    def _angles(cos_sin, loc, b64, cs_sb, loc_sb, D: tl.constexpr, ROPE: tl.constexpr):
+        """Request ``b``'s RoPE angles (float32 of the model-dtype ``cos_sin`` row) as halves
+        ``[D // 2]`` and as whole heads ``[1, D]`` (each half's angles twice), and its new slot
+        ``loc[b]``; without ``ROPE`` zeros, never read."""
+        rh, rd = tl.arange(0, D // 2), tl.arange(0, D)[None, :]
+        if ROPE:
+            row = cos_sin + b64 * cs_sb
+            cos = tl.load(row + rh).to(tl.float32)
+            sin = tl.load(row + D // 2 + rh).to(tl.float32)
+            cos_d = tl.load(row + rd % (D // 2)).to(tl.float32)
+            sin_d = tl.load(row + D // 2 + rd % (D // 2)).to(tl.float32)
+            slot = tl.load(loc + b64 * loc_sb).to(tl.int64)
+        else:
+            cos, cos_d = tl.zeros((D // 2,), dtype=tl.float32), tl.zeros((1, D), dtype=tl.float32)
+            sin, sin_d, slot = cos, cos_d, b64 * 0
+        return cos, sin, cos_d, sin_d, slot
+
+    @triton.jit
+    def _query(q_rows, rd, mask, cos_d, sin_d, D: tl.constexpr, ROPE: tl.constexpr):
+        """The query heads at ``q_rows [BLOCK_G, 1]`` (``rd``: ``arange(D)[None, :]``) in their
+        dtype; with ``ROPE`` rotated first: each element with its partner of the other half by
+        :func:`rotate_halves`'s own expressions (lower ``x1 cos - x2 sin``, upper ``x2 cos + x1
+        sin``) in float32, rounded once, as ``rope_store`` rotates q. NOTE: whole heads (q loaded
+        again at its partners' offsets), so the key loop stays one dot over ``D`` as without
+        RoPE: no two half dots, no join of halves in registers."""
+        x = tl.load(q_rows + rd, mask=mask, other=0.0)
+        if ROPE:
+            xf = x.to(tl.float32)
+            xp = tl.load(q_rows + (rd + D // 2) % D, mask=mask, other=0.0).to(tl.float32)
+            lo, _ = rotate_halves(xf, xp, cos_d, sin_d)
+            _, hi = rotate_halves(xp, xf, cos_d, sin_d)
+            x = tl.where(rd < D // 2, lo, hi).to(q_rows.dtype.element_ty)
+        return x
+
+    @triton.jit
+    def _store_new(
+        k_new, v_new, k_cache, v_cache, cos, sin, b64, hk, slot, kn_sb, vn_sb, kc_ss, kc_sh, D: tl.constexpr
+    ):  # fmt: skip
+        """Request ``b``'s new key of KV head ``hk`` (packed heads at ``k_new + b * kn_sb``)
+        rotated and its value, stored at cache slot ``slot``: the key by ``rope_store``'s own
+        :func:`rotate_heads`, so the cache holds the bits ``rope_store`` writes."""
+        at = slot * kc_ss + hk * kc_sh
+        rh, one = tl.arange(0, D // 2), tl.arange(0, 1)
+        rotate_heads(
+            k_new + b64 * kn_sb + hk * D, k_cache + at, cos, sin, rh, one, 1.0, 1, D // 2, False, 1.0
+        )
+        rd = tl.arange(0, D)
+        tl.store(v_cache + at + rd, tl.load(v_new + b64 * vn_sb + hk * D + rd))
 
     @triton.jit
     def _shares(span, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
@@ -122,11 +178,12 @@ if triton is not None:
 
     @triton.jit
     def _decode_split(
-        q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, arrivals, out, sinks, q_sb, q_sh,
-        kc_sp, kc_ss, kc_sh, pt_sb, o_sb, o_sh, scale_log2, window, PAGE: tl.constexpr, D: tl.constexpr,
-        G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-        PDL: tl.constexpr, F32_DOT: tl.constexpr, MERGE_G: tl.constexpr, CHUNK: tl.constexpr,
-        WINDOW: tl.constexpr, SINKS: tl.constexpr,
+        q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, arrivals, out, sinks, k_new, v_new,
+        cos_sin, loc, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, o_sb, o_sh, kn_sb, vn_sb, cs_sb, loc_sb,
+        scale_log2, window, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
+        MERGE_G: tl.constexpr, CHUNK: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
+        ROPE: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
@@ -137,12 +194,23 @@ if triton is not None:
         per, n = _shares(seqlen - lo, BLOCK_N, SPLITS)
         start = lo + s * per
         end = tl.minimum(start + per, seqlen)
+        # NOTE: the angles and the slot are written before the layer too
+        cos, sin, cos_d, sin_d, slot = _angles(cos_sin, loc, b64, cs_sb, loc_sb, D, ROPE)
         if PDL:
             tl.extra.cuda.gdc_wait()  # NOTE: q and this step's k/v come from the kernel before
             tl.extra.cuda.gdc_launch_dependents()
         heads = hk * G + rg
         q_rows = q + b64 * q_sb + heads[:, None] * q_sh
-        qt = tl.load(q_rows + rd[None, :], mask=rg[:, None] < G, other=0.0)
+        qt = _query(q_rows, rd[None, :], rg[:, None] < G, cos_d, sin_d, D, ROPE)
+        if ROPE:
+            # NOTE: the one program whose share holds the newest key (position seqlen - 1; program 0
+            # of a row without keys, as rope_store writes every row) stores it before its loop;
+            # no other program reads that position.
+            if s == tl.maximum(n, 1) - 1:
+                _store_new(
+                    k_new, v_new, k_cache, v_cache, cos, sin, b64, hk, slot, kn_sb, vn_sb, kc_ss, kc_sh, D
+                )
+            tl.debug_barrier()  # NOTE: every thread's stores before any thread's loads below
         m = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
