@@ -23,8 +23,7 @@ self-attention's).
 
 Single-token decode steps whose CTAs would leave the GPU short are :meth:`FA3Backend.yields`: the
 registry's ``fa3`` row is a dispatch of the split decode kernel
-(:mod:`graphrt.attention.split_decode.backend`) and this backend; the ``mla`` table's, of the
-MLA split decode (:mod:`graphrt.attention.split_decode.mla_backend`) and FA3-MLA.
+(:mod:`graphrt.attention.split_decode.backend`) and this backend.
 """
 
 from __future__ import annotations

@@ -6,10 +6,7 @@ as its value. FA3 runs exactly that with ``qv`` on Hopper for head dim 64 and va
 512 (``q_v is only supported for head_size <= 64`` / ``hdim_v >= 256`` / ``Hopper GPUs``;
 SGLang's FA3 backend calls it the same way). Everything else is :class:`FA3Backend`'s:
 its scheduler-metadata plan (planned with ``headdim_v``), token-tree cascade + ``merge_state_v2``,
-graph support for every mode, and :meth:`~graphrt.attention.fa3.FA3Backend.yields` (with one KV
-head): the ``mla`` table's ``fa3`` row is the dispatch ``("mla_split_decode", "fa3_kernel")``, so
-the single-token steps whose requests leave FA3's CTAs short of the SMs run the MLA split decode
-(:mod:`graphrt.attention.split_decode.mla_backend`: one launch where FA3 runs split + combine).
+and graph support for every mode.
 """
 
 from __future__ import annotations

@@ -33,13 +33,10 @@ BACKENDS: dict[str, dict[str, str | tuple[str, ...]]] = {
         "split_decode": "graphrt.attention.split_decode.backend:SplitDecodeBackend",
         "fa3_kernel": "graphrt.attention.fa3:FA3Backend",
     },
-    # NOTE: dense MLA is FA3 / the reference with ``qv`` (the absorbed q_nope against the latents);
-    # FA3-MLA yields the small decode steps, as FA3 does in the MHA table.
+    # NOTE: dense MLA is FA3 / the reference with ``qv`` (the absorbed q_nope against the latents).
     "mla": {
-        "fa3": ("mla_split_decode", "fa3_kernel"),
+        "fa3": "graphrt.attention.fa3_mla:FA3MLABackend",
         "reference": "graphrt.attention.reference:ReferenceBackend",
-        "mla_split_decode": "graphrt.attention.split_decode.mla_backend:MLASplitDecodeBackend",
-        "fa3_kernel": "graphrt.attention.fa3_mla:FA3MLABackend",
     },
     "sparse_mla": {
         "flashmla": "graphrt.attention.flashmla:FlashMLABackend",

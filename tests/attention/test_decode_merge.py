@@ -19,9 +19,6 @@ from graphrt.attention.split_decode import attend as dk
 from graphrt.attention.split_decode import launch as dl
 from graphrt.kernels import scratch, tuning
 from tests.attention.test_decode_kernel import oracle
-from tests.attention.test_mla_decode import (  # noqa: F401 (collected here too: one compile-check command)
-    test_kernel_compiles_for_hopper_without_spills as test_mla_kernel_compiles_for_hopper_without_spills,
-)
 from tests.support.triton_util import (
     INTERPRET,
     NO_SPILLS,

@@ -50,7 +50,6 @@ FEATURES = {
     "chunked_local": Feature("mha", "tiny-llama-local", None, CHAIN, M.DECODE, ("chunked_local",)),
     "sinks": Feature("mha", "tiny-sinks-full", None, CHAIN, M.TARGET_VERIFY, ("sinks",)),
     "fp8_kv": Feature("mha", "tiny-llama", "fp8_e4m3", CHAIN, M.TARGET_VERIFY, ("fp8_kv",)),
-    "mla_decode": Feature("mla", "tiny-mla", None, CHAIN, M.DECODE, ("qv",)),
     "mla_tree": Feature("mla", "tiny-mla", None, TREE, M.TARGET_VERIFY, ("qv", "trees")),
     "sparse_mla": Feature("sparse_mla", "tiny-dsa", None, CHAIN, M.TARGET_VERIFY),
 }

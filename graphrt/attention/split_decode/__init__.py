@@ -1,2 +1,1 @@
-"""The split-KV Triton decode attention: kernels, launch, the attend function and the backend, for
-MHA/GQA (``triton_kernels``, ``launch``, ``attend``, ``backend``) and dense MLA (``mla_*``)."""
+"""The split-KV Triton decode attention: kernels, launch and the attend function."""
