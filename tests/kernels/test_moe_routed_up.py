@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from graphrt.kernels import tuning
-from graphrt.kernels.moe import new_routing
+from graphrt.kernels.moe import align, new_routing
 from graphrt.kernels.moe import triton_experts as te
 from graphrt.kernels.moe.route_triton import FusedRoute, route_triton
-from tests.kernels.test_moe_experts import SMALL_TILES, _interpret  # noqa: F401 (its autouse fixture)
 from tests.support.moe_util import random_experts
 from tests.support.triton_util import INTERPRET, rerun_marks, rerun_under_interpreter, triton_devices
 from tests.support.tuning_util import patch_tuning
 
 H, INTER = 64, 32
+SMALL_TILES = te.Tiles(block_n=32, block_k=32, skinny_n=64, skinny_k=64)
 #: ``(E, k, shared, scoring, renorm, scale, activation)``: Qwen3-like, DeepSeek-V2-Lite-like with
 #: fused shared experts, gpt-oss-like (top-k then softmax, clamped SwiGLU with biases).
 SPECS = [
@@ -30,6 +30,14 @@ SPECS = [
     (12, 3, 2, "softmax", False, 2.5, "silu"),
     (8, 4, 0, "topk_softmax", False, 1.0, "swiglu_clamp"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    if INTERPRET:
+        monkeypatch.setenv(te.ENV, "interpret")
+        monkeypatch.setenv(align.ENV, "interpret")
+        patch_tuning(monkeypatch, moe=SMALL_TILES)
 
 
 def _layer(device, spec, tokens: int, real: int):
