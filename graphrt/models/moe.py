@@ -3,9 +3,7 @@
 Per step the router writes ``topk_ids`` / ``topk_weights`` into the routing buffer group (its
 views reach the layer as ``ctx.routing``), pad rows routed to no expert, then
 :func:`~graphrt.kernels.moe.fused_experts` sums the chosen experts (fused Triton kernels on the
-GPU, the torch reference on the CPU). On the GPU a softmax router's choice is made by the first
-expert kernel itself (:class:`~graphrt.kernels.moe.route_triton.FusedRoute`), which writes the
-same buffers. Every MoE layer of a step reuses the same buffers in turn.
+GPU, the torch reference on the CPU). Every MoE layer of a step reuses the same buffers in turn.
 A shared expert whose size the experts' divides (DeepSeek's) is held as
 :attr:`~graphrt.models.moe_config.MoESpec.shared_slots` extra experts that every real token
 routes to with weight 1, so one pair of expert kernels computes routed and shared together; a
@@ -35,7 +33,7 @@ from graphrt.models.experts import Experts
 from graphrt.models.mlp import MLP
 from graphrt.models.moe_config import MoESpec
 from graphrt.models.parallel import SINGLE
-from graphrt.models.router import fused_route, route_all, route_into
+from graphrt.models.router import route_all, route_into
 from graphrt.parallel import TPGroup, all_reduce_
 
 
@@ -95,13 +93,10 @@ class SparseMoE(nn.Module):
             weights, ids = route_all(logits, self.spec, self.score_bias)
             out = experts_reference(x, self.experts.weights(), ids, weights)
         else:
-            # NOTE: on the GPU a fused router's choice is made by the expert kernels (one launch fewer)
-            route = fused_route(logits, ctx.routing_tokens, self.spec) if x.is_cuda else None
-            if route is None:
-                route_into(routing, ctx.routing_tokens, logits, self.spec, self.score_bias)
+            route_into(routing, ctx.routing_tokens, logits, self.spec, self.score_bias)
             if not x.is_cuda:  # NOTE: the fused kernels write the alignment on the GPU
                 align_reference(routing.topk_ids, self.spec.total_experts, routing)
-            out = fused_experts(x, self.experts.weights(), routing, route)
+            out = fused_experts(x, self.experts.weights(), routing)
         if self.shared is not None:
             shared = self.shared.partial(x)  # NOTE: summed over the ranks with the routed experts
             if self.shared_gate is not None:

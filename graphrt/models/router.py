@@ -16,7 +16,7 @@ import torch
 
 from graphrt.kernels.moe import Routing
 from graphrt.kernels.moe.align import ENV, PDL_ENV
-from graphrt.kernels.moe.route_triton import FUSED_SCORINGS, FusedRoute
+from graphrt.kernels.moe.route_triton import FUSED_SCORINGS, route_triton
 from graphrt.kernels.switches import pdl_enabled, triton_enabled
 from graphrt.models.moe_config import MoESpec
 
@@ -127,16 +127,6 @@ def write_routing(
     routing.topk_weights.copy_(torch.where(pad, 0.0, weights))
 
 
-def fused_route(logits: torch.Tensor, num_tokens: torch.Tensor, spec: MoESpec) -> FusedRoute | None:
-    """The choice of ``logits [T, E]`` as a :class:`~graphrt.kernels.moe.route_triton.FusedRoute`
-    (one Triton program per row, the shared slots last) where the fused kernel runs for the spec's
-    scoring on the logits' device (the MoE switch); None where the torch routers run."""
-    if spec.scoring not in FUSED_SCORINGS or not triton_enabled(ENV, logits.device):
-        return None
-    renorm, scale = spec.norm_topk_prob, spec.routed_scaling_factor
-    return FusedRoute(logits, num_tokens, spec.scoring, renorm, scale, spec.shared_slots)
-
-
 def route_into(
     routing: Routing,
     num_tokens: torch.Tensor,
@@ -146,10 +136,13 @@ def route_into(
 ) -> None:
     """Route ``logits [T, E]`` into ``routing``'s ``topk_ids`` / ``topk_weights`` ``[T, k + S]``
     in place (the fused shared experts' slots last), rows ``>= num_tokens [1]`` as pad rows:
-    :func:`route_all` and :func:`write_routing`, or the fused kernel (:func:`fused_route`)."""
-    fused = fused_route(logits, num_tokens, spec)
-    if fused is not None:
-        fused.write(routing.topk_ids, routing.topk_weights, pdl_enabled(PDL_ENV, logits.device))
+    :func:`route_all` and :func:`write_routing`, or the fused kernel
+    (:mod:`graphrt.kernels.moe.route_triton`) where it runs (the MoE switch)."""
+    if spec.scoring in FUSED_SCORINGS and triton_enabled(ENV, logits.device):
+        pdl = pdl_enabled(PDL_ENV, logits.device)
+        renorm, scale = spec.norm_topk_prob, spec.routed_scaling_factor
+        ids, weights = routing.topk_ids, routing.topk_weights
+        route_triton(logits, num_tokens, ids, weights, spec.scoring, renorm, scale, pdl, spec.shared_slots)
         return
     weights, ids = route_all(logits, spec, bias)
     write_routing(routing, num_tokens, weights, ids)

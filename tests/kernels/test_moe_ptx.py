@@ -18,18 +18,14 @@ pytestmark = pytest.mark.skipif(triton is None, reason="needs Triton")
 T = tuning.DEFAULT.moe
 UP, DOWN = T.skinny_up(), T.skinny_down()
 BF16 = {"x", "w13", "b13", "inter", "w2", "b2", "out"}
-F32 = {"topk_weights", "buf", "parts", "logits"}
-INTS = {"S", "H", "INTER", "TOPK", "x_stride", "E", "NK", "BOUND", "NBLOCKS", "N", "stride"}
-#: Qwen3-30B-A3B's router: 128 experts, top 8, softmax then renormalised.
-ROUTE = dict(TOPK=8, SHARED=0, BS=1, BE=128, SOFTMAX_FIRST=True, RENORM=True)
+F32 = {"topk_weights", "buf", "parts"}
+INTS = {"S", "H", "INTER", "TOPK", "x_stride", "E", "NK", "BOUND", "NBLOCKS", "N"}
 #: ``kernel: (constexprs, warps, stages)``: Qwen3-30B-A3B's gate and up, gpt-oss's biases.
 KERNELS = {
     "grouped_up": (gr._grouped_up, dict(BM=BLOCK_M, BN=T.block_n, BK=T.block_k, ACT=1, HAS_BIAS=True, F32_DOT=False), T.warps, T.stages),
     "grouped_down": (gr._grouped_down, dict(BM=BLOCK_M, BN=T.block_n, BK=T.block_k, HAS_BIAS=True, F32_DOT=False), T.warps, T.stages),
     "skinny_up": (sx._skinny_up, dict(BN=UP[0] // 2, BK=UP[1], ACT=0, HAS_BIAS=True), UP[2], 1),
-    "skinny_up_routed": (sx._skinny_up_routed, dict(BN=UP[0] // 2, BK=UP[1], ACT=0, HAS_BIAS=True, **ROUTE), UP[2], 1),
     "skinny_down": (sx._skinny_down, dict(BN=DOWN[0], BK=DOWN[1], SPLIT=1, HAS_BIAS=True), DOWN[2], 1),
-    "skinny_down_late": (sx._skinny_down, dict(BN=DOWN[0], BK=DOWN[1], SPLIT=1, HAS_BIAS=True, EARLY=False), DOWN[2], 1),
     "skinny_down_split": (sx._skinny_down, dict(BN=DOWN[0], BK=DOWN[1], SPLIT=8, HAS_BIAS=True), DOWN[2], 1),
     "sum_parts": (sx._sum_parts, dict(SPLIT=8, BLOCK=te.SUM_BLOCK), 4, 1),
     "align": (at._align, dict(BLOCK_E=128, CHUNK=at.CHUNK_CELLS // 128, FILL=at.FILL, BM=BLOCK_M), 4, 1),
@@ -38,8 +34,6 @@ KERNELS = {
 
 
 def _type(arg: str) -> str:
-    if arg == "scale":
-        return "fp32"
     if arg in BF16:
         return "*bf16"
     if arg in F32:

@@ -10,14 +10,10 @@ expert weights and adds nothing. Nothing here reads routing on the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from graphrt.kernels.moe.align import BLOCK_M, align_bound, block_bound, moe_align
-
-if TYPE_CHECKING:
-    from graphrt.kernels.moe.route_triton import FusedRoute
 
 #: gpt-oss's clamped SwiGLU: ``(up + 1) * gate * sigmoid(ALPHA * gate)``, gate clamped above at
 #: LIMIT and up to ``[-LIMIT, LIMIT]``.
@@ -116,11 +112,8 @@ def experts_reference(
     return out.to(x.dtype)
 
 
-def fused_experts(
-    x: torch.Tensor, w: ExpertWeights, routing: Routing, route: FusedRoute | None = None
-) -> torch.Tensor:
-    """The routed experts' weighted sum for ``x [T, H]`` (``routing`` written for this step, or
-    with ``route`` the router's choice still to be made: written into ``routing`` here).
+def fused_experts(x: torch.Tensor, w: ExpertWeights, routing: Routing) -> torch.Tensor:
+    """The routed experts' weighted sum for ``x [T, H]`` (``routing`` written for this step).
 
     The fused Triton kernels where they run (:mod:`graphrt.kernels.moe.triton_experts`), else
     :func:`experts_reference`. Without the Triton path, ``routing``'s alignment buffers are
@@ -131,9 +124,7 @@ def fused_experts(
     from graphrt.kernels.moe import triton_experts  # NOTE: it imports this module's types
 
     if triton_experts.enabled(x.device):
-        return triton_experts.fused_experts_triton(x, w, routing, route=route)
-    if route is not None:
-        route.write(routing.topk_ids, routing.topk_weights, pdl=False)
+        return triton_experts.fused_experts_triton(x, w, routing)
     return experts_reference(x, w, routing.topk_ids, routing.topk_weights)
 
 

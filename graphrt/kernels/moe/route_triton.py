@@ -8,14 +8,10 @@ gets ``k`` distinct lanes too, written as the id ``E`` and weight 0, so its pois
 never reach a buffer. With ``shared`` fused shared experts (:attr:`graphrt.models.moe_config.
 MoESpec.shared_slots`) each row's last ``shared`` slots get the ids ``E .. E + shared - 1`` and
 weight 1 (a pad row's: ``E + shared`` and 0). It replaces a dozen small launches per MoE layer
-(scores, top-k, sums, the pad mask and two copies) with one. Its pieces (:func:`choose`,
-:func:`store_choice`, :func:`slot_expert`) also let the skinny up kernel route inside itself
-(:class:`FusedRoute`), so a decode step's MoE layer launches no router kernel at all.
+(scores, top-k, sums, the pad mask and two copies) with one.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -24,54 +20,6 @@ from graphrt.kernels.switches import tl, triton
 #: Scorings this kernel computes (:data:`graphrt.models.moe_config.SCORINGS`); the grouped ones
 #: (DeepSeek's) run in torch.
 FUSED_SCORINGS = ("softmax", "topk_softmax")
-
-
-@dataclass(frozen=True, slots=True)
-class FusedRoute:
-    """A softmax router's choice left to the kernel that needs it first: ``logits [T, E]`` (any
-    float dtype), ``num_tokens [1]`` (rows past it are pad rows), the scoring (one of
-    :data:`FUSED_SCORINGS`), renormalisation, the routed weights' scale and the fused shared
-    experts' slot count. :meth:`write` is :func:`route_triton`; the skinny expert path instead
-    routes inside its first kernel (:mod:`graphrt.kernels.moe.skinny_experts`), one launch fewer."""
-
-    logits: torch.Tensor
-    num_tokens: torch.Tensor
-    scoring: str
-    renorm: bool
-    scale: float
-    shared: int = 0
-
-    def __post_init__(self) -> None:
-        if self.scoring not in FUSED_SCORINGS:
-            raise ValueError(f"scoring {self.scoring!r} is not one of the fused {FUSED_SCORINGS}")
-
-    def write(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor, pdl: bool) -> None:
-        """The choice into ``topk_ids`` / ``topk_weights [T, k + shared]`` (:func:`route_triton`)."""
-        route_triton(
-            self.logits, self.num_tokens, topk_ids, topk_weights, self.scoring, self.renorm, self.scale,
-            pdl, self.shared,
-        )  # fmt: skip
-
-    def kernel_args(self, topk: int) -> tuple[tuple, dict]:
-        """The routing arguments of a kernel that routes itself (after its own), and its constexprs;
-        ``ValueError`` when ``topk`` routed slots cannot be chosen from the logits' experts."""
-        experts = self.logits.shape[1]
-        check_topk(topk, experts, self.shared)
-        args = (self.logits, self.num_tokens, experts, self.logits.stride(0), float(self.scale))
-        return args, route_constexprs(topk, self.shared, experts, self.scoring, self.renorm)
-
-
-def check_topk(topk: int, experts: int, shared: int) -> None:
-    if not 1 <= topk <= experts or shared < 0:
-        raise ValueError(f"{topk} routed slots (and {shared} shared) cannot be chosen from {experts} experts")
-
-
-def route_constexprs(topk: int, shared: int, experts: int, scoring: str, renorm: bool) -> dict:
-    """The routing kernels' compile-time arguments (block sizes are powers of two)."""
-    return dict(
-        TOPK=topk, SHARED=shared, BS=triton.next_power_of_2(max(shared, 1)),
-        BE=triton.next_power_of_2(experts), SOFTMAX_FIRST=scoring == "softmax", RENORM=renorm,
-    )  # fmt: skip
 
 
 def route_triton(
@@ -91,24 +39,30 @@ def route_triton(
     assert triton is not None, "the fused router needs Triton"
     tokens, experts = logits.shape
     topk = topk_ids.shape[1] - shared
-    check_topk(topk, experts, shared)
+    if not 1 <= topk <= experts or shared < 0:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} holds {topk} routed slots of {experts} experts")
     _route[(tokens,)](
         logits, num_tokens, topk_ids, topk_weights, experts, logits.stride(0), float(scale),
-        **route_constexprs(topk, shared, experts, scoring, renorm), PDL=pdl, num_warps=1, launch_pdl=pdl,
+        TOPK=topk, SHARED=shared, BS=triton.next_power_of_2(max(shared, 1)),
+        BE=triton.next_power_of_2(experts), SOFTMAX_FIRST=scoring == "softmax", RENORM=renorm,
+        PDL=pdl, num_warps=1, launch_pdl=pdl,
     )  # fmt: skip
 
 
 if triton is not None:
 
     @triton.jit
-    def choose(
-        logits, num_tokens, t, E, stride,
-        TOPK: tl.constexpr, BE: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORM: tl.constexpr,
+    def _route(
+        logits, num_tokens, ids_out, weights_out, E, stride, scale,
+        TOPK: tl.constexpr, SHARED: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
+        SOFTMAX_FIRST: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """Row ``t``'s choice: ``(lanes [BE], rank [BE] (slot of a chosen expert, else -1), weight
-        [BE] unscaled, real)``; a pad row's lanes rank 0, 1, ... and ``real`` is False."""
+        t = tl.program_id(0)
         re = tl.arange(0, BE)
         lane = re < E
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: the logits are the router GEMM's output
+            tl.extra.cuda.gdc_launch_dependents()
         real = t < tl.load(num_tokens)
         x = tl.load(logits + t * stride + re, mask=lane, other=0.0).to(tl.float32)
         x = tl.where(lane & real, x, float("-inf"))
@@ -131,17 +85,8 @@ if triton is not None:
         else:  # NOTE: gpt-oss: the softmax over the chosen logits only
             e = tl.where(chosen, tl.exp(x - tl.max(x, 0)), 0.0)
             w = e / tl.sum(e, 0)
-        return re, rank, w, real
-
-    @triton.jit
-    def store_choice(
-        ids_out, weights_out, t, re, rank, w, real, E, scale,
-        TOPK: tl.constexpr, SHARED: tl.constexpr, BS: tl.constexpr,
-    ):  # fmt: skip
-        """Row ``t`` of the routing buffers ``[T, TOPK + SHARED]`` from :func:`choose`'s result."""
         row = t * (TOPK + SHARED)
         none = E + SHARED  # NOTE: the id past every expert tensor's row, routed or shared
-        chosen = rank >= 0
         tl.store(ids_out + row + rank, tl.where(real, re, none), mask=chosen)
         tl.store(weights_out + row + rank, tl.where(real, w * scale, 0.0), mask=chosen)
         if SHARED > 0:  # NOTE: unscaled: DeepSeek adds the shared expert's output as it is
@@ -149,23 +94,3 @@ if triton is not None:
             own = rs < SHARED
             tl.store(ids_out + row + TOPK + rs, tl.where(real, E + rs, none), mask=own)
             tl.store(weights_out + row + TOPK + rs, tl.where(real, 1.0, 0.0), mask=own)
-
-    @triton.jit
-    def slot_expert(re, rank, real, j, E, TOPK: tl.constexpr, SHARED: tl.constexpr):
-        """The expert of slot ``j`` of a chosen row (``E + SHARED``, no expert, on a pad row)."""
-        routed = tl.sum(tl.where(rank == j, re, 0), 0)
-        expert = tl.where(j < TOPK, routed, E + j - TOPK)
-        return tl.where(real, expert, E + SHARED)
-
-    @triton.jit
-    def _route(
-        logits, num_tokens, ids_out, weights_out, E, stride, scale,
-        TOPK: tl.constexpr, SHARED: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-        SOFTMAX_FIRST: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        t = tl.program_id(0)
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # NOTE: the logits are the router GEMM's output
-            tl.extra.cuda.gdc_launch_dependents()
-        re, rank, w, real = choose(logits, num_tokens, t, E, stride, TOPK, BE, SOFTMAX_FIRST, RENORM)
-        store_choice(ids_out, weights_out, t, re, rank, w, real, E, scale, TOPK, SHARED, BS)

@@ -7,8 +7,7 @@ weight tile loaded ahead of the one being multiplied.
 
 - :func:`_skinny_up`: one program per (slot, ``block_n`` columns of ``I``): gate and up rows of
   the slot's expert times ``x[t]``, the activation fused, into ``inter [T * k, I]``. A pad slot
-  (id ``E``) returns before loading any weight. :func:`_skinny_up_routed`: the same, each
-  program choosing its slot's expert from the router's logits itself (no routing launch).
+  (id ``E``) returns before loading any weight.
 - :func:`_skinny_down`: one program per (token, ``block_n`` columns of ``H``, part) walks its
   part of the token's ``k`` slots in order, ``sum_j weight_j * (inter[t k + j] @ w2[e_j]^T +
   b2[e_j])``: the weighted sum fused, one fixed order (deterministic). With one part it writes
@@ -25,7 +24,6 @@ from graphrt.kernels.moe.grouped import activate
 from graphrt.kernels.switches import tl, triton
 
 if triton is not None:
-    from graphrt.kernels.moe.route_triton import choose, slot_expert, store_choice
 
     @triton.jit
     def _gate_up_tile(w13, expert, rn, k0, rk, H, INTER, ok):
@@ -36,32 +34,6 @@ if triton is not None:
         g = tl.load(rows[:, None] + cols[None, :], mask=mask, other=0.0)
         u = tl.load(rows[:, None] + INTER * H + cols[None, :], mask=mask, other=0.0)
         return g, u
-
-    @triton.jit
-    def _up_slot(
-        x, w13, b13, inter, slot, expert, H, INTER, TOPK, x_stride,
-        BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ):  # fmt: skip
-        """Columns ``program_id(1) * BN ..`` of ``inter[slot]``: ``expert``'s gate and up rows
-        times ``x[slot // TOPK]``, activated."""
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        x_row = x + (slot // TOPK).to(tl.int64) * x_stride
-        acc_g = tl.zeros((BN,), dtype=tl.float32)
-        acc_u = tl.zeros((BN,), dtype=tl.float32)
-        g, u = _gate_up_tile(w13, expert, rn, 0, rk, H, INTER, True)
-        for k0 in range(0, H, BK):
-            xt = tl.load(x_row + k0 + rk, mask=k0 + rk < H, other=0.0).to(tl.float32)
-            g_next, u_next = _gate_up_tile(w13, expert, rn, k0 + BK, rk, H, INTER, True)
-            acc_g += tl.sum(g.to(tl.float32) * xt[None, :], axis=1)
-            acc_u += tl.sum(u.to(tl.float32) * xt[None, :], axis=1)
-            g, u = g_next, u_next
-        if HAS_BIAS:
-            b_rows = b13 + expert * 2 * INTER + rn
-            acc_g += tl.load(b_rows, mask=rn < INTER, other=0.0).to(tl.float32)
-            acc_u += tl.load(b_rows + INTER, mask=rn < INTER, other=0.0).to(tl.float32)
-        h = activate(acc_g, acc_u, ACT)
-        tl.store(inter + slot.to(tl.int64) * INTER + rn, h.to(inter.dtype.element_ty), mask=rn < INTER)
 
     @triton.jit
     def _skinny_up(
@@ -75,42 +47,24 @@ if triton is not None:
         slot = tl.program_id(0)
         expert = tl.load(topk_ids + slot)
         if expert < E:
-            _up_slot(x, w13, b13, inter, slot, expert, H, INTER, TOPK, x_stride, BN, BK, ACT, HAS_BIAS)
-
-    @triton.jit
-    def _skinny_up_routed(
-        x, w13, b13, inter, topk_ids, topk_weights, H, INTER, x_stride,
-        logits, num_tokens, E, stride, scale,
-        TOPK: tl.constexpr, SHARED: tl.constexpr, BS: tl.constexpr, BE: tl.constexpr,
-        SOFTMAX_FIRST: tl.constexpr, RENORM: tl.constexpr,
-        BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-        PDL: tl.constexpr,
-    ):  # fmt: skip
-        """:func:`_skinny_up` choosing its slot's expert from the router's ``logits [T, E]`` itself
-        (:func:`~graphrt.kernels.moe.route_triton.choose`: every program of a row makes the same
-        choice) instead of a routing launch before it; the row's first program writes the choice
-        into ``topk_ids`` / ``topk_weights`` for the down kernel."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # NOTE: the logits (the router GEMM's) and x
-            tl.extra.cuda.gdc_launch_dependents()
-        slot = tl.program_id(0)
-        t, j = slot // (TOPK + SHARED), slot % (TOPK + SHARED)
-        re, rank, w, real = choose(logits, num_tokens, t, E, stride, TOPK, BE, SOFTMAX_FIRST, RENORM)
-        if (j == 0) & (tl.program_id(1) == 0):
-            store_choice(topk_ids, topk_weights, t, re, rank, w, real, E, scale, TOPK, SHARED, BS)
-        expert = slot_expert(re, rank, real, j, E, TOPK, SHARED)
-        if expert < E + SHARED:
-            _up_slot(
-                x, w13, b13, inter, slot, expert, H, INTER, TOPK + SHARED, x_stride, BN, BK, ACT, HAS_BIAS
-            )
-
-    @triton.jit
-    def _wait(PDL: tl.constexpr):
-        """The PDL wait: ``inter`` (and with a routing up kernel ``topk_ids``) is the previous
-        kernel's output."""
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+            rn = tl.program_id(1) * BN + tl.arange(0, BN)
+            rk = tl.arange(0, BK)
+            x_row = x + (slot // TOPK).to(tl.int64) * x_stride
+            acc_g = tl.zeros((BN,), dtype=tl.float32)
+            acc_u = tl.zeros((BN,), dtype=tl.float32)
+            g, u = _gate_up_tile(w13, expert, rn, 0, rk, H, INTER, True)
+            for k0 in range(0, H, BK):
+                xt = tl.load(x_row + k0 + rk, mask=k0 + rk < H, other=0.0).to(tl.float32)
+                g_next, u_next = _gate_up_tile(w13, expert, rn, k0 + BK, rk, H, INTER, True)
+                acc_g += tl.sum(g.to(tl.float32) * xt[None, :], axis=1)
+                acc_u += tl.sum(u.to(tl.float32) * xt[None, :], axis=1)
+                g, u = g_next, u_next
+            if HAS_BIAS:
+                b_rows = b13 + expert * 2 * INTER + rn
+                acc_g += tl.load(b_rows, mask=rn < INTER, other=0.0).to(tl.float32)
+                acc_u += tl.load(b_rows + INTER, mask=rn < INTER, other=0.0).to(tl.float32)
+            h = activate(acc_g, acc_u, ACT)
+            tl.store(inter + slot.to(tl.int64) * INTER + rn, h.to(inter.dtype.element_ty), mask=rn < INTER)
 
     @triton.jit
     def _down_tile(w2, topk_ids, t, j0, q, NK, COUNT, TOPK, E, rn, rk, H, INTER, BK: tl.constexpr):
@@ -130,22 +84,20 @@ if triton is not None:
     def _skinny_down(
         inter, w2, b2, topk_ids, topk_weights, out, E, H, INTER, TOPK, NK,
         BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-        PDL: tl.constexpr, EARLY: tl.constexpr = True,
+        PDL: tl.constexpr,
     ):  # fmt: skip
-        """``EARLY``: the first weight tile loaded before the PDL wait (``topk_ids`` written before
-        the kernel before this one started); False when that kernel writes them."""
         t = tl.program_id(0)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
         per = tl.cdiv(TOPK, SPLIT)
         j0 = tl.program_id(2) * per
         count = tl.minimum(per, TOPK - j0)
-        if EARLY:  # NOTE: both branches define the tile (Triton scopes a name to its branch)
-            tile = _down_tile(w2, topk_ids, t, j0, 0, NK, count, TOPK, E, rn, rk, H, INTER, BK)
-            _wait(PDL)
-        else:
-            _wait(PDL)
-            tile = _down_tile(w2, topk_ids, t, j0, 0, NK, count, TOPK, E, rn, rk, H, INTER, BK)
+        tile = _down_tile(
+            w2, topk_ids, t, j0, 0, NK, count, TOPK, E, rn, rk, H, INTER, BK
+        )  # NOTE: before the wait
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # NOTE: inter is the previous kernel's output
+            tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BN,), dtype=tl.float32)
         total = tl.zeros((BN,), dtype=tl.float32)
         for q in range(0, NK * count):

@@ -1,8 +1,7 @@
 """The fused Triton path of :func:`graphrt.kernels.moe.fused_experts`: which kernels, which tiles.
 
 ``T * k <=`` :func:`max_skinny_slots` (decode at bs 1-4 with k = 8): the skinny kernels
-(:mod:`graphrt.kernels.moe.skinny_experts`, two launches, no alignment; given a softmax router's
-:class:`~graphrt.kernels.moe.route_triton.FusedRoute`, the up kernel routes too). Else the alignment
+(:mod:`graphrt.kernels.moe.skinny_experts`, two launches, no alignment). Else the alignment
 (:func:`graphrt.kernels.moe.align.moe_align`, written into ``routing``), the two grouped GEMMs
 (:mod:`graphrt.kernels.moe.grouped`) and a reduction over ``k`` in a fixed order. Intermediates
 are sized by ``T * k`` and the static bounds only, so the launches capture into a CUDA graph and
@@ -18,8 +17,7 @@ from graphrt.kernels.moe import ExpertWeights, Routing
 from graphrt.kernels.moe.align import BLOCK_M, PDL_ENV, block_bound, moe_align
 from graphrt.kernels.moe.align import ENV as ALIGN_ENV
 from graphrt.kernels.moe.grouped import ACT_CODES, _grouped_down, _grouped_up
-from graphrt.kernels.moe.route_triton import FusedRoute
-from graphrt.kernels.moe.skinny_experts import _skinny_down, _skinny_up, _skinny_up_routed, _sum_parts
+from graphrt.kernels.moe.skinny_experts import _skinny_down, _skinny_up, _sum_parts
 from graphrt.kernels.switches import pdl_enabled, tl, triton, triton_enabled
 
 #: The switch of the MoE kernels (:data:`graphrt.kernels.moe.align.ENV`).
@@ -76,16 +74,11 @@ def max_skinny_slots() -> int:
 
 
 def fused_experts_triton(
-    x: torch.Tensor,
-    w: ExpertWeights,
-    routing: Routing,
-    skinny_slots: int | None = None,
-    route: FusedRoute | None = None,
+    x: torch.Tensor, w: ExpertWeights, routing: Routing, skinny_slots: int | None = None
 ) -> torch.Tensor:
     """:func:`graphrt.kernels.moe.fused_experts` in Triton kernels (see the module docstring);
     the skinny kernels up to ``skinny_slots`` token slots (0: always the grouped GEMMs; None: the
-    tuning table's, :func:`max_skinny_slots`). ``route``: the router's choice not yet made (it
-    is written into ``routing`` here, by the skinny up kernel itself where that path runs)."""
+    tuning table's, :func:`max_skinny_slots`)."""
     check_experts(x, w, routing)
     skinny_slots = max_skinny_slots() if skinny_slots is None else skinny_slots
     tokens, topk = routing.topk_ids.shape
@@ -93,59 +86,29 @@ def fused_experts_triton(
         return torch.zeros_like(x)
     pdl = pdl_enabled(PDL_ENV, x.device)
     if tokens * topk <= skinny_slots:
-        return _skinny(x, w, routing, pdl, route)
-    if route is not None:
-        route.write(routing.topk_ids, routing.topk_weights, pdl)
+        return _skinny(x, w, routing, pdl)
     moe_align(routing.topk_ids, w.num_experts, routing)
     return _grouped(x, w, routing, pdl)
 
 
-def _skinny_up_launch(
-    x: torch.Tensor,
-    w: ExpertWeights,
-    routing: Routing,
-    inter: torch.Tensor,
-    pdl: bool,
-    route: FusedRoute | None,
-) -> None:
-    """The up kernel into ``inter [T * k, I]``: :func:`_skinny_up` reading ``routing``, or with
-    ``route`` :func:`_skinny_up_routed` choosing the experts (and writing ``routing``) itself."""
-    (tokens, hidden), (num_experts, two_i, _), topk = x.shape, w.w13.shape, routing.topk_ids.shape[1]
-    inter_dim, (up_n, up_k, up_warps) = two_i // 2, tuning.active().moe.skinny_up()
-    grid = (tokens * topk, triton.cdiv(inter_dim, up_n // 2))
-    tiles = dict(BN=up_n // 2, BK=min(up_k, tuning.pow2(hidden)), ACT=ACT_CODES[w.activation])
-    launch = dict(HAS_BIAS=w.b13 is not None, PDL=pdl, num_warps=up_warps, launch_pdl=pdl)
-    if route is None:
-        _skinny_up[grid](
-            x, w.w13, _or(w.b13, w.w13), inter, routing.topk_ids, num_experts, hidden, inter_dim, topk,
-            x.stride(0), **tiles, **launch,
-        )  # fmt: skip
-        return
-    args, constexprs = route.kernel_args(topk - route.shared)
-    if args[2] + route.shared != num_experts:
-        raise ValueError(f"{args[2]} routed + {route.shared} shared experts, but w13 holds {num_experts}")
-    _skinny_up_routed[grid](
-        x, w.w13, _or(w.b13, w.w13), inter, routing.topk_ids, routing.topk_weights, hidden, inter_dim,
-        x.stride(0), *args, **constexprs, **tiles, **launch,
-    )  # fmt: skip
-
-
-def _skinny(
-    x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool, route: FusedRoute | None = None
-) -> torch.Tensor:
+def _skinny(x: torch.Tensor, w: ExpertWeights, routing: Routing, pdl: bool) -> torch.Tensor:
     (tokens, hidden), (num_experts, two_i, _), topk = x.shape, w.w13.shape, routing.topk_ids.shape[1]
     inter_dim, t = two_i // 2, tuning.active().moe
     inter = torch.empty((tokens * topk, inter_dim), dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
-    _skinny_up_launch(x, w, routing, inter, pdl, route)
-    down_n, down_k, down_warps = t.skinny_down()
-    bk_down = min(down_k, tuning.pow2(inter_dim))
+    (up_n, up_k, up_warps), (down_n, down_k, down_warps) = t.skinny_up(), t.skinny_down()
+    bk_up, bk_down = min(up_k, tuning.pow2(hidden)), min(down_k, tuning.pow2(inter_dim))
+    _skinny_up[(tokens * topk, triton.cdiv(inter_dim, up_n // 2))](
+        x, w.w13, _or(w.b13, w.w13), inter, routing.topk_ids, num_experts, hidden, inter_dim, topk,
+        x.stride(0), BN=up_n // 2, BK=bk_up, ACT=ACT_CODES[w.activation],
+        HAS_BIAS=w.b13 is not None, PDL=pdl, num_warps=up_warps, launch_pdl=pdl,
+    )  # fmt: skip
     split = min(t.skinny_down_split, topk)
     parts = out if split == 1 else torch.empty((split, tokens, hidden), dtype=torch.float32, device=x.device)
     _skinny_down[(tokens, triton.cdiv(hidden, down_n), split)](
         inter, w.w2, _or(w.b2, w.w2), routing.topk_ids, routing.topk_weights, parts, num_experts,
         hidden, inter_dim, topk, triton.cdiv(inter_dim, bk_down), BN=down_n, BK=bk_down, SPLIT=split,
-        HAS_BIAS=w.b2 is not None, PDL=pdl, EARLY=route is None, num_warps=down_warps, launch_pdl=pdl,
+        HAS_BIAS=w.b2 is not None, PDL=pdl, num_warps=down_warps, launch_pdl=pdl,
     )  # fmt: skip
     if split > 1:
         n = tokens * hidden
