@@ -243,7 +243,7 @@ class ForwardContext(ModelInputs):
         if rope is None:
             self.kv.store(layer_id, loc, k, v)
         else:
-            call = rotate_and_store(self.backend, call, FreshKV(k, v, rope, loc))
+            call = rotate_and_store(self.backend, call, FreshKV(k, v, rope, loc), own_rows=chunk is None)
         if self._plan is _UNPLANNED:
             # NOTE: once per forward, before the first layer attends: every layer reads it.
             planned = dataclasses.replace(call, meta=self.meta, group=self.group, fresh=None)

@@ -15,12 +15,20 @@ from graphrt.attention.call import AttendCall, FreshKV
 from graphrt.kv.rope_store import rope_store
 
 
-def rotate_and_store(backend: AttentionBackend, call: AttendCall, fresh: FreshKV) -> AttendCall:
+def rotate_and_store(
+    backend: AttentionBackend, call: AttendCall, fresh: FreshKV, *, own_rows: bool = True
+) -> AttendCall:
     """``call`` for ``backend`` once ``fresh`` is seen to: carrying ``fresh`` (and ``call.q``
     unrotated) where the backend ``fuses_store``, else with ``q`` rotated by ``rope_store``,
-    which has stored ``fresh`` (FP8 caches quantised with ``call.kv_scales``)."""
+    which has stored ``fresh`` (FP8 caches quantised with ``call.kv_scales``).
+
+    ``own_rows``: each row of ``call.meta`` is its request's only new token, so no row reads a
+    key another row of the launch stores. False for a chunked-local virtual batch (one row per
+    query token): sibling tokens of a request read each other's new keys, which must all be
+    stored before any row attends, so the store is never fused there.
+    """
     fused = dataclasses.replace(call, fresh=fresh)
-    if backend.fuses_store(fused):
+    if own_rows and backend.fuses_store(fused):
         return fused
     k, v, cos_sin, loc = fresh.k, fresh.v, fresh.cos_sin, fresh.loc
     q = rope_store(call.q, k, v, cos_sin, call.k_cache, call.v_cache, loc, call.kv_scales)

@@ -24,6 +24,7 @@ from graphrt.attention.dispatch import Dispatch
 from graphrt.attention.reference import ReferenceBackend
 from graphrt.attention.split_decode import attend as dk
 from graphrt.attention.split_decode.backend import SplitDecodeBackend
+from graphrt.attention.store import rotate_and_store
 from graphrt.kv import rope_store as rs
 from graphrt.models.ops import rope_cos_sin
 from graphrt.models.rope import default_inv_freq
@@ -179,6 +180,32 @@ def test_only_split_decode_steps_fuse_the_store(monkeypatch) -> None:
     assert not Dispatch("fa3-like", (split, ReferenceBackend())).fuses_store(call), "the base keeps it"
     monkeypatch.setenv(rs.ENV, "0")
     assert not split.fuses_store(call), "rope_store switched to torch: no fused store"
+
+
+def test_a_virtual_batch_never_fuses_the_store(monkeypatch) -> None:
+    """A chunked-local layer's rows are query tokens, siblings of one request among them, each
+    reading the others' new keys: ``rotate_and_store(own_rows=False)`` leaves the call without
+    the new keys, ``q`` rotated and the keys stored by ``rope_store``, even where the backend
+    would fuse (``own_rows=True``)."""
+    monkeypatch.setattr(dk, "enabled", lambda device: True)
+    case = paged_case(torch.device("cpu"), PAGE, 96, [5, 40, 96], [1, 1, 1])
+    q, k_cache, v_cache = case.q.bfloat16(), case.k_cache.bfloat16(), case.v_cache.bfloat16()
+    k, v = (
+        torch.randn(3, k_cache.shape[2], q.shape[2]).bfloat16(),
+        torch.randn(3, k_cache.shape[2], q.shape[2]).bfloat16(),
+    )
+    cos_sin = torch.randn(3, q.shape[2]).bfloat16()
+    loc = case.meta.buffers.out_cache_loc
+    fresh = FreshKV(k, v, cos_sin, loc)
+    call = AttendCall(q, k_cache, v_cache, case.meta, 0.125)
+    split = SplitDecodeBackend()
+    assert rotate_and_store(split, call, fresh).fresh is fresh
+    got = rotate_and_store(split, call, fresh, own_rows=False)
+    assert got.fresh is None
+    torch.testing.assert_close(got.q, rs.rotate_ref(q, cos_sin), atol=0, rtol=0)
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    torch.testing.assert_close(flat_k[loc], rs.rotate_ref(k, cos_sin), atol=0, rtol=0)
+    torch.testing.assert_close(v_cache.view(-1, *v_cache.shape[2:])[loc], v, atol=0, rtol=0)
 
 
 @pytest.mark.skipif(dk.triton is None or not INTERPRET, reason="the CPU model under the interpreter only")
