@@ -179,7 +179,7 @@ class GraphRuntime:
             self._plans[mode] = plan
         return plan
 
-    def _route(self, batch: Batch, plan: ModePlan, paired: bool) -> Route | None:
+    def _route(self, batch: Batch, plan: ModePlan, paired: bool = False) -> Route | None:
         """The graph route for ``batch``, host scalars checked (``paired``: its split pair's if any)."""
         return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry, paired)
 
