@@ -7,7 +7,7 @@ program environment (:class:`~graphrt.runtime.programs.StepEnv`) as every progra
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -17,11 +17,27 @@ from graphrt.metadata.cascade import derive_prefix, draft_step_cascade
 from graphrt.metadata.step import derive_draft
 from graphrt.step.modes import ForwardMode
 
-if TYPE_CHECKING:
-    from graphrt.runtime.programs import StepEnv
+
+class DraftEnv(Protocol):
+    """What the chain reads of :class:`~graphrt.runtime.programs.StepEnv` (named here, not
+    imported: the program table imports this module)."""
+
+    req_to_token: Any
+    page_size: int
+
+    def derive_window(self, b: Any, loc: torch.Tensor, inputs: StepInputs) -> None: ...
+
+    def call(
+        self,
+        buffers: Any,
+        meta: StepMetadata,
+        input_ids: torch.Tensor,
+        inputs: StepInputs,
+        draft_step: int = 0,
+    ) -> torch.Tensor: ...
 
 
-def draft_loop(env: StepEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
+def draft_loop(env: DraftEnv, mode: ForwardMode, inputs: StepInputs, max_q: int) -> torch.Tensor:
     """DRAFT_DECODE: every draft step in one graph, each step's token the argmax of the last.
 
     Step ``i`` of a chain attends ``seq_len + i`` keys through the page table; in a tree
