@@ -71,15 +71,16 @@ class SplitGraph:
     """Two graphs of one key replayed back to back, a host call between their launches.
 
     ``first`` writes static outputs that ``second`` reads (the caller captures both into the
-    engine's one pool and keeps those outputs alive, so no later capture reuses their memory).
+    engine's one pool); ``keep`` holds them for the pair's life, so no later capture reuses
+    their memory.
     On CUDA the launches are asynchronous: the host call runs while ``first`` runs on the
     device, and what it enqueues on the stream (e.g. an upload ``second`` reads) is ordered
     between the two. No other graph of the pool may replay between the parts (it could
     overwrite ``first``'s outputs); :meth:`replay` keeps that.
     """
 
-    def __init__(self, first: Graph, second: Graph) -> None:
-        self.first, self.second = first, second
+    def __init__(self, first: Graph, second: Graph, keep: Any = None) -> None:
+        self.first, self.second, self.keep = first, second, keep
 
     @property
     def parts(self) -> tuple[Graph, Graph]:

@@ -116,4 +116,4 @@ def record_pair(
 
     second, out = engine.capture((*key, "sampler"), sampler, warmup)
     first.info.host_scalars, second.info.host_scalars = scalars, dict(scalars)
-    return SplitGraph(first, second), out
+    return SplitGraph(first, second, keep=logits), out
