@@ -85,7 +85,7 @@ class LookupRunner:
             depth = min(g.num_steps, r.max_new_tokens - len(r.output) - 1)
             if depth <= 0:
                 continue
-            branches = [b[:depth] for b in r.spec.proposer.propose(r.prompt, r.output) if b[:depth]]
+            branches = [b[:depth] for b in r.spec.proposer.propose(r.prompt, r.output) if b]
             if branches:
                 drafted.append((i, branches))
             else:

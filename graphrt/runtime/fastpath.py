@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from graphrt.capture import Dispatcher, Fallback, Graph, Pending
+from graphrt.capture import Dispatcher, Fallback, Graph, Pending, SplitGraph
 from graphrt.runtime.errors import GraphFallbackError, HostScalarMismatch
 from graphrt.runtime.programs import Sampled
 from graphrt.runtime.telemetry import Telemetry
@@ -73,7 +73,7 @@ class Route:
     """
 
     bucket: int
-    graph: Graph
+    graph: Graph | SplitGraph
     tokens: int
     max_q: int
     output: Any
@@ -83,19 +83,17 @@ class Route:
     rows: int = 0
     #: The mode's :attr:`ModePlan.last_rows` (how :func:`select` slices a sampling output).
     last_rows: bool = False
-    #: ``graph`` is a :class:`~graphrt.capture.SplitGraph` (forward, then sampler; ``output`` the
-    #: sampler's): a step's ``ready`` runs between its parts (:mod:`.split_pairs`).
-    paired: bool = False
     #: The split pair's route beside this one, once a step with ``ready`` asked (:meth:`Routes.paired`).
     pair: Route | None = None
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
 
     def launch(self, ready: Callable[[], None] | None) -> bool:
-        """Replay the graph: a split pair calls ``ready`` between its parts (while the forward
-        runs on the device), a single graph after ``ready`` (if any). Returns :attr:`paired`."""
-        if self.paired:
-            self.graph.replay(ready)  # type: ignore[call-arg]  # NOTE: a SplitGraph
+        """Replay the graph: a split pair (:class:`~graphrt.capture.SplitGraph`, ``output`` the
+        sampler's) calls ``ready`` between its parts, while the forward runs on the device; a
+        single graph runs after ``ready`` (if any). Returns whether it was a split pair."""
+        if isinstance(self.graph, SplitGraph):
+            self.graph.replay(ready)
             return True
         if ready is not None:
             ready()
@@ -211,7 +209,7 @@ class Routes:
             if made is None:
                 return None
             pair, output = made
-            route.pair = dataclasses.replace(route, graph=pair, output=output, paired=True, _views={})
+            route.pair = dataclasses.replace(route, graph=pair, output=output, _views={})
         return route.pair
 
 
