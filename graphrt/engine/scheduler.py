@@ -127,13 +127,11 @@ class Scheduler:
         reqs = list(self.running)
         proposal = spec.propose(reqs)
         spec.backoff.request_steps += len(reqs)
-        if proposal is None:  # NOTE: the plain step, its reads and retirements as plain's
-            produced = self._decode_step()
-            spec.backoff.committed += len(produced)
-            return produced
-        produced = spec_round(self, spec, reqs, proposal)
+        # NOTE: without drafts, the plain step: its reads and retirements as plain's
+        produced = self._decode_step() if proposal is None else spec_round(self, spec, reqs, proposal)
         spec.backoff.committed += len(produced)
-        self.retire([r for r in self.running if r.done])
+        if proposal is not None:
+            self.retire([r for r in self.running if r.done])
         return produced
 
     def admit(self) -> list[Request]:
