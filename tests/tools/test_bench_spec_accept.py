@@ -14,7 +14,7 @@ from graphrt.cli import main
 def test_bench_spec_target_compares_tokens_and_reports_acceptance(tmp_path: Path) -> None:
     argv = ["bench-spec", "--target", "tiny-llama", "--draft", "tiny-llama", "--device", "cpu"]
     argv += ["--method", "draft_model,ngram", "--workload", "random", "--batch-sizes", "2", "--topk", "1,2"]
-    argv += ["--num-steps", "2", "--max-new-tokens", "6", "--prompt-len", "5", "--context", "96"]
+    argv += ["--num-steps", "2", "--max-new-tokens", "6", "--prompt-len", "5", "--context", "96", "--repeats", "2"]
     assert main([*argv, "--out", str(tmp_path)]) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_random_*.json")]
     rows = result["rows"]
@@ -27,6 +27,8 @@ def test_bench_spec_target_compares_tokens_and_reports_acceptance(tmp_path: Path
     for row in rows[:2]:  # NOTE: the draft is a copy of the target: every draft accepted
         assert row["acceptance_per_step"] == [1.0, 1.0] and row["mean_accept_length"] == 3.0
     assert all(r["ratio"] == r["tokens_per_s"] / r["plain_tokens_per_s"] for r in rows)
+    for row in [*rows, result["plain"][0]]:  # NOTE: of 2 runs the median is the slower one
+        assert len(row["runs_tokens_per_s"]) == 2 and row["tokens_per_s"] == min(row["runs_tokens_per_s"])
 
 
 @pytest.mark.slow
@@ -57,7 +59,7 @@ def test_replay_us_times_each_mode_of_a_proposer_engine(tmp_path: Path) -> None:
     and a backed-off round's DECODE beside plain's), counted as the runtime replayed them."""
     argv = ["bench-spec", "--target", "tiny-llama", "--device", "cpu", "--workload", "always-match"]
     argv += ["--method", "ngram", "--batch-sizes", "1", "--num-steps", "3", "--max-new-tokens", "13"]
-    assert main([*argv, "--context", "64", "--replay-us", "--out", str(tmp_path)]) == 0
+    assert main([*argv, "--context", "64", "--replay-us", "--repeats", "1", "--out", str(tmp_path)]) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_always-match_*.json")]
     (plain,), (row,) = result["plain"], result["rows"]
     assert set(plain["replay_us"]) == {"DECODE", "MIXED"} and plain["replay_us"]["DECODE"]["replays"] == 12

@@ -6,8 +6,8 @@ speculative engine per ``--method`` (``ngram``, ``suffix``: no draft model; ``dr
 ``--draft``, one run per ``--topk``) generate the same ``--workload`` prompts
 (:mod:`.spec_workloads`). Each engine first runs an untimed warm-up generate (lazy kernel
 loading, allocator, compilation inside an eager prefill: an earlier version timed each engine's
-first generate), then the timed one; tokens/s is every generated token over that call's wall time (prefill included, the
-same prefill for both). Rows report the ratio to plain, acceptance, tokens per round, the
+first generate), then ``--repeats`` timed ones; tokens/s is every generated token over the median
+call's wall time (prefill included, the same prefill for both). Rows report the ratio to plain, acceptance, tokens per round, the
 back-off counts and whether the tokens equal plain greedy (exact in fp32; in bf16 a near-tie
 may flip between the verify's shapes and the decode's: ``departures`` says where). Writes
 ``<out>/spec_accept_<device>_<workload>_<UTC time>.json``; exits 1 when fp32 tokens differ.
@@ -75,16 +75,23 @@ def replay_us(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[st
     return out
 
 
-def _timed(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, Any]:
+def _timed(engine: Engine, prompts: list[list[int]], max_new: int, repeats: int = 1) -> dict[str, Any]:
+    """The warm-up, then ``repeats`` timed generates: the row's tokens/s is their median's (a run
+    of a few hundred µs-steps moves by a few percent from one generate to the next), each run's
+    kept in ``runs_tokens_per_s``; ``steps`` is per generate."""
     engine.generate(prompts, WARMUP_TOKENS)
     before = engine.stats()
-    start = time.perf_counter()
-    tokens = engine.generate(prompts, max_new)
-    seconds = time.perf_counter() - start
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = engine.generate(prompts, max_new)
+        runs.append((time.perf_counter() - start, tokens))
     stats = engine.stats()
+    seconds, tokens = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     generated = sum(len(t) for t in tokens)
     row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": generated / seconds}
-    row |= {"steps": stats.decode_steps - before.decode_steps, "fallbacks": stats.fallbacks}
+    row["runs_tokens_per_s"] = [sum(len(t) for t in toks) / secs for secs, toks in runs]
+    row |= {"steps": (stats.decode_steps - before.decode_steps) // repeats, "fallbacks": stats.fallbacks}
     row["dtype"] = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
     # NOTE: the plain loop overlaps (its fastest); proposer chains overlap their rounds too
     row |= {"overlap": engine.overlap is not None, "spec_overlap": stats.spec_overlap}
@@ -118,7 +125,7 @@ def _batch_rows(args: argparse.Namespace, bs: int) -> tuple[dict[str, Any], list
     plain_engine = _engine(args, bs, None)
     vocab = plain_engine.model.vocab_size
     prompts = prompt_ids(args.workload, args.target, vocab, bs, args.prompt_len, Path(args.prompts_dir))
-    plain = _timed(plain_engine, prompts, args.max_new_tokens)
+    plain = _timed(plain_engine, prompts, args.max_new_tokens, args.repeats)
     if getattr(args, "replay_us", False):
         plain["replay_us"] = replay_us(plain_engine, prompts, args.max_new_tokens)
     plain_engine.close()
@@ -132,7 +139,7 @@ def _batch_rows(args: argparse.Namespace, bs: int) -> tuple[dict[str, Any], list
         if args.workload == "always-match":
             # NOTE: the bench's proposer replaces the runner's factory (made at each admission)
             engine.spec.make = lambda _options: AlwaysMatch(known, args.num_steps)  # type: ignore[union-attr]
-        row = _timed(engine, prompts, args.max_new_tokens)
+        row = _timed(engine, prompts, args.max_new_tokens, args.repeats)
         if getattr(args, "replay_us", False):
             row["replay_us"] = replay_us(engine, prompts, args.max_new_tokens)
         engine.close()

@@ -52,6 +52,9 @@ def spec_engine_args(p: argparse.ArgumentParser) -> None:
         "per mode (the step's host write, its graph launch, and its replay up to the sync)",
     )
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens per prompt")
+    p.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed generates per engine (the median's tokens/s)"
+    )
     p.add_argument("--prompt-len", type=positive_int, default=32, help="random / always-match prompt length")
     p.add_argument(
         "--dtype",
