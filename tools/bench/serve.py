@@ -167,7 +167,7 @@ def _print(result: dict[str, Any], out: Path) -> None:
         title=f"graphrt serve vs {result['peer'] or 'nothing'} — {result['model']}, {result['env']['device']}"
     )
     cols = ("clients", "TTFT ms", "peer TTFT ms", "TPOT ms", "peer TPOT ms", "tok/s", "peer tok/s")
-    for col in (*cols, "TTFT ×", "TPOT ×", "tok/s ×"):
+    for col in (*cols, "TTFT ×", "TPOT ×", "tok/s ×", "client CPU"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
         g, p = r["graphrt"], r["peer"] or {}
@@ -179,9 +179,11 @@ def _print(result: dict[str, Any], out: Path) -> None:
             str(r["concurrency"]), _fmt(g["ttft_ms"]), _fmt(p.get("ttft_ms")), _fmt(g["tpot_ms"]),
             _fmt(p.get("tpot_ms")), f"{g['throughput_tok_s']:.1f}", f"{p.get('throughput_tok_s') or 0:.1f}",
             *("-" if x is None else f"{x:.2f}x" for x in ratios),
+            f"{g['client_cpu_share'] or 0:.2f} of {g['client_processes']}",
         )  # fmt: skip
     table.caption = (
         f"ms: p50 (p90) per request, client-side; × : peer/graphrt for times, graphrt/peer for tok/s; "
+        f"client CPU: the busiest client process's CPU share of the run (near 1: the clients bound it); "
         f"{result['max_tokens']} tokens a reply; same greedy text at 1 client: {result['same_text_at_concurrency_1']}"
     )
     if result["env"]["device"] == "cpu":
