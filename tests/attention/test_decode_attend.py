@@ -3,11 +3,13 @@ from its metadata, then the kernel (``decode_attention``).
 
 Runs on the GPU (``-m gpu``) and on the CPU under ``TRITON_INTERPRET=1`` (a CPU box with Triton
 reruns this file so, last test). A name clash once made ``attend`` call the launcher with the
-wrong arguments; only model-level GPU tests saw it.
+wrong arguments; only model-level GPU tests saw it. A chunked-local layer's virtual batch (a row
+per query token, siblings of one request among them) runs through it too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -15,9 +17,16 @@ import torch
 
 from graphrt.attention.split_decode import attend as dk
 from tests.attention.test_decode_kernel import oracle
+from tests.attention.test_local_attention import local_for
+from tests.support import paged_util
 from tests.support.triton_util import rerun_marks, rerun_under_interpreter, triton_devices
 
 ATOL = 2e-2
+#: A chunked-local case: chunk 128 (two key blocks, so splits can share a row's chunk) over a
+#: 3-chunk context; lengths before, on and past the edges 128 and 256, chains straddling them.
+CHUNK, LOCAL_CONTEXT = 128, 384
+LOCAL_LENS = [127, 128, 129, 130, 256, 257, 384]
+LOCAL_Q_LENS = [1, 4, 2, 3, 4, 2, 4]
 
 
 def case(device: torch.device, lens: list[int], heads: int, heads_k: int, d: int, page: int):
@@ -59,7 +68,31 @@ def test_attend_takes_a_sliding_window_and_sinks(device, window) -> None:
     assert out[1].abs().max() == 0
 
 
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_attend_takes_a_chunked_local_virtual_batch(device, page_size: int, monkeypatch) -> None:
+    """A chunked-local layer's virtual batch (one row per query token: a request's chain of
+    tokens are sibling rows, each seeing its own chunk up to itself) through ``attend`` with the
+    step's plan, and through the launch at 1, 2 and 3 splits (a chunk's two key blocks shared or
+    not): within bf16 rounding (:data:`ATOL`) of dense chunk-masked float64 attention."""
+    pc = paged_util.paged_case(device, page_size, LOCAL_CONTEXT, LOCAL_LENS, LOCAL_Q_LENS)
+    step = local_for(pc, page_size, CHUNK, LOCAL_CONTEXT)
+    pc = dataclasses.replace(pc, **{n: getattr(pc, n).bfloat16() for n in ("q", "k_cache", "v_cache")})
+    q, k, v, b = pc.q, pc.k_cache, pc.v_cache, step.meta.buffers
+    monkeypatch.setattr(dk, "enabled", lambda device: True)  # NOTE: the CPU's switch aside
+    assert dk.takes(q, k, step.meta), "the backend would not take the virtual batch"
+    scale = paged_util.HEAD_DIM**-0.5
+    want = paged_util.oracle(pc, lambda p: p - p % CHUNK)
+    assert not torch.allclose(want, paged_util.oracle(pc, lambda p: 0)), "no token past a chunk edge"
+    outs = [dk.attend(q, k, v, step.meta, scale)]  # type: ignore[arg-type]
+    outs += [dk.decode_attention(q, k, v, b.page_table, b.cache_seqlens, scale, s, False) for s in (1, 2, 3)]
+    for splits, out in zip(("plan", 1, 2, 3), outs, strict=True):
+        torch.testing.assert_close(
+            out.double().cpu(), want, atol=ATOL, rtol=ATOL, msg=lambda m, s=splits: f"splits {s}: {m}"
+        )
+
+
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=4)
+    rerun_under_interpreter(__file__, passed=6)

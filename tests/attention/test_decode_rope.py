@@ -14,12 +14,15 @@ the GPU (the rotations' fused multiply-adds may differ). Which calls fuse and wh
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from graphrt.attention.call import AttendCall, FreshKV
+from graphrt.attention.context import ForwardContext
 from graphrt.attention.dispatch import Dispatch
 from graphrt.attention.reference import ReferenceBackend
 from graphrt.attention.split_decode import attend as dk
@@ -37,6 +40,7 @@ from tests.support.triton_util import (
     rerun_under_interpreter,
     triton_devices,
 )
+from tests.support.util import prefill
 
 PAGE = 16
 #: One bf16 step at 1 (the outputs are averages of unit-scale values): the GPU's tolerance.
@@ -44,6 +48,9 @@ BF16_STEP = 2**-7
 #: Keys per real row: on and off page and block edges, one key, none.
 LENS = [1, 70, 0, 33, 130]
 PADS = 2
+#: Prefilled rows of the chunked-local model test: a verify chain before, across and past the
+#: chunk edge 32 of tiny-llama-local.
+LOCAL_LENS = [30, 31, 45]
 
 
 def case(
@@ -237,7 +244,54 @@ def test_a_graphed_decode_step_fused_gives_the_unfused_tokens(monkeypatch) -> No
     assert torch.equal(got.float().argmax(-1), want.float().argmax(-1)), "tokens differ"
 
 
+def _local_step(f: conformance.Feature, backend: str, monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+    """tiny-llama-local in bf16 (``f``'s runtime, built with the kernel on), rows 0-2 prefilled
+    to :data:`LOCAL_LENS`, then one graphed step of ``f.mode`` over them."""
+    monkeypatch.setenv(dk.ENV, "interpret")
+    s, rng = conformance.setup(torch.device("cpu"), f, backend, torch.bfloat16), np.random.default_rng(5)
+    # NOTE: the eager prefill's virtual rows on torch: the interpreter's time goes to the step
+    monkeypatch.setenv(dk.ENV, "0")
+    prefill(s, [0, 1, 2], LOCAL_LENS, rng)
+    monkeypatch.setenv(dk.ENV, "interpret")
+    out = s.runtime.run(conformance.batch(s, f, [0, 1, 2], LOCAL_LENS, rng))
+    assert sum(s.runtime.stats().replays.values()) == 1, "the step did not replay a graph"
+    return out
+
+
+@pytest.mark.skipif(dk.triton is None or not INTERPRET, reason="the CPU model under the interpreter only")
+@pytest.mark.parametrize("mode", [conformance.M.DECODE, conformance.M.TARGET_VERIFY])
+def test_a_chunked_local_model_keeps_rope_store_on_its_local_layers(monkeypatch, mode) -> None:
+    """tiny-llama-local (chunk 32) on the split decode backend (the interpreter), graphed: the
+    kernel attends every local layer's virtual batch (in a verify step, a request's chain of
+    sibling rows, two of them across the edge 32) with the keys stored by ``rope_store`` first,
+    never fused, while a global layer's decode step fuses; the logits within the conformance
+    suite's bf16 bound of the reference backend's."""
+    f = dataclasses.replace(conformance.FEATURES["chunked_local"], mode=mode)
+    chunk: list[int | None] = [None]
+    seen: list[tuple[int | None, bool]] = []
+    attention, attend = ForwardContext.attention, dk.attend
+
+    def layer(self: ForwardContext, layer_id: int, *args, **kw) -> torch.Tensor:
+        chunk[0] = kw.get("chunk")
+        return attention(self, layer_id, *args, **kw)
+
+    def kernel(q, k_cache, v_cache, meta, scale, window=None, sinks=None, fresh=None) -> torch.Tensor:
+        seen.append((chunk[0], fresh is not None))
+        return attend(q, k_cache, v_cache, meta, scale, window, sinks, fresh)
+
+    monkeypatch.setattr(ForwardContext, "attention", layer)
+    monkeypatch.setattr(dk, "attend", kernel)
+    got = _local_step(f, "split_decode", monkeypatch)
+    local = [fused for c, fused in seen if c is not None]
+    assert local and not any(local), f"local layers' calls fused: {local}"
+    if mode is conformance.M.DECODE:  # NOTE: a verify step's global layers take the reference
+        assert all(fused for c, fused in seen if c is None) and len(seen) > len(local), "no fused layer"
+    want = _local_step(f, "reference", monkeypatch)
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err <= 2e-2, f"logits differ from the reference's by {err:.3g}"
+
+
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=9)
+    rerun_under_interpreter(__file__, passed=12)

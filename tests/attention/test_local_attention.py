@@ -29,15 +29,15 @@ SEQ_LENS = [C - 1, C, C + 1, C + 2, 2 * C, 2 * C + 1, CONTEXT]
 MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
 
-def local_for(case: PagedCase, page_size: int) -> LocalStep:
+def local_for(case: PagedCase, page_size: int, chunk: int = C, context: int = CONTEXT) -> LocalStep:
     """The local group at the case's exact size, derived, and bound to the case's metadata."""
-    dims = Dims(len(case.seq_lens), sum(case.q_lens), -(-CONTEXT // page_size), CONTEXT)
-    geometry = LocalGeometry(C, page_size)
+    dims = Dims(len(case.seq_lens), sum(case.q_lens), -(-context // page_size), context)
+    geometry = LocalGeometry(chunk, page_size)
     specs = LOCAL_GROUP.specs(Geometry(local=geometry, page_size=page_size), dims)
     group = StaticBuffers("local", specs, LocalBuffers, dims, case.q.device)
     local = group.view_type(**group.full)
     derive_local(case.buffers, local, case.req_to_token, geometry, case.dummy_page)
-    return LocalStep.bind(case.meta, local, C)
+    return LocalStep.bind(case.meta, local, chunk)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -24,6 +24,10 @@ def fix_interpreter_scalars() -> None:
     NOTE: Triton 3.6's interpreter turns a scalar tensor into an int with ``int(array)``, which
     numpy 2.4 refuses for the 1-element arrays it holds (``range(start, end)`` over a loaded
     length fails); later Triton squeezes the array first. This is the same fix, for any Triton.
+    Applied by ``tests/conftest.py`` and when this module is imported: a script that runs a
+    kernel under the interpreter without either fails in the first loop over a loaded bound
+    (the split decode kernel's key loop: "only 0-dimensional arrays can be converted to Python
+    scalars"), whatever the batch.
     """
     if triton is None or not INTERPRET:
         return
