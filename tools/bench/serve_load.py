@@ -16,7 +16,6 @@ worker's CPU time over the wall time; near 1, the clients bound the run).
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -24,6 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> Sample:
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
+            chunk = orjson.loads(line[6:])
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
