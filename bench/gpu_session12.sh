@@ -22,7 +22,7 @@ moe_shapes="qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite"
 tune() {
   LIMIT=150 TAIL=8 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/kernels/test_moe_experts.py \
     tests/kernels/test_tuning.py
-  LIMIT=${LIMIT_TUNE:-330} TAIL=40 run graphrt tune --models "${moe_shapes// /,}" --only moe --iters 30
+  LIMIT=${LIMIT_TUNE:-330} TAIL=40 run graphrt tune --models "${moe_shapes// /,}" --only moe --iters ${ITERS:-30}
   cp -r /tmp/xdg/graphrt/tuning "$OUT/" 2>/dev/null
 }
 
