@@ -93,13 +93,14 @@ def test_candidates_start_at_the_base_and_vary_one_kernel_each() -> None:
         )
     )
     assert [t.skinny_down_split for t in split] == [1, *tune_moe.SPLITS] and split[0] == BASE
-    pinned = replace(BASE, skinny_down_n=8, skinny_down_k=1024, skinny_down_warps=8)
+    n, k, w = BASE.skinny_down()
+    pinned = replace(BASE, skinny_down_n=n, skinny_down_k=k, skinny_down_warps=w)
     assert up[0] == pinned and down[0] == pinned and grouped[0] == BASE
     assert {t.skinny_up() for t in up} == set(tune_moe.UP) and {t.skinny_down() for t in up} == {
         BASE.skinny_down()
     }
     assert {t.skinny_down() for t in down} == set(tune_moe.DOWN) and {t.skinny_up() for t in down} == {
-        (8, 1024, 8)
+        BASE.skinny_up()
     }
     assert {(t.block_n, t.block_k, t.warps, t.stages) for t in grouped} == set(tune_moe.GROUPED)
     assert all(len(c) == len(set(c)) for c in (up, down, split, grouped))
@@ -163,7 +164,7 @@ def test_down_tiles_survive_the_file_and_older_files_read_as_the_up_tiles() -> N
     for name in ("skinny_down_n", "skinny_down_k", "skinny_down_warps"):
         doc["moe"].pop(name)  # NOTE: a table written before the down fields
     old = tuning.parse(doc, "x", "mem").moe
-    assert old.skinny_down() == old.skinny_up() == (16, 1024, 8)
+    assert old.skinny_down() == old.skinny_up() == (16, BASE.skinny_k, BASE.skinny_warps)
     doc["moe"]["skinny_down_k"] = 96
     with pytest.raises(TableError, match=r"field moe: MoeTiles\.skinny_down_k must be a power of two"):
         tuning.parse(doc, "x", "mem")

@@ -224,6 +224,14 @@ DEFAULT = TuningTable(
     decode_merge_tile=4096,
     decode_waves=2,
     sampler_layouts=(SamplerRule(65536, 2048, 8, 16), SamplerRule((1 << 21), 2048, 8, 8, 2)),
-    moe=MoeTiles(),
+    moe=MoeTiles(
+        block_k=128,
+        skinny_n=4,
+        skinny_k=2048,
+        skinny_warps=4,
+        skinny_down_n=8,
+        skinny_down_k=1024,
+        skinny_down_warps=8,
+    ),
     moe_skinny_slots=32,
 )
