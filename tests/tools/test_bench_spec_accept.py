@@ -14,7 +14,18 @@ from graphrt.cli import main
 def test_bench_spec_target_compares_tokens_and_reports_acceptance(tmp_path: Path) -> None:
     argv = ["bench-spec", "--target", "tiny-llama", "--draft", "tiny-llama", "--device", "cpu"]
     argv += ["--method", "draft_model,ngram", "--workload", "random", "--batch-sizes", "2", "--topk", "1,2"]
-    argv += ["--num-steps", "2", "--max-new-tokens", "6", "--prompt-len", "5", "--context", "96", "--repeats", "2"]
+    argv += [
+        "--num-steps",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--prompt-len",
+        "5",
+        "--context",
+        "96",
+        "--repeats",
+        "2",
+    ]
     assert main([*argv, "--out", str(tmp_path)]) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("spec_accept_cpu_random_*.json")]
     rows = result["rows"]
