@@ -132,8 +132,8 @@ def client_processes(concurrency: int) -> int:
 
 
 def _worker(go: Any, results: Any, index: int, args: tuple) -> None:
-    """One client process: ready, wait for ``go``, run its share, send its samples, its CPU
-    seconds and the time it finished."""
+    """One client process: ready, wait for ``go``, run its share, send its samples and CPU
+    seconds."""
     url, model, prompts, concurrency, max_tokens, extra = args
     import httpx  # noqa: F401  NOTE: imported before the clock starts
 

@@ -7,8 +7,8 @@ speculative engine per ``--method`` (``ngram``, ``suffix``: no draft model; ``dr
 (:mod:`.spec_workloads`). Each engine first runs an untimed warm-up generate (lazy kernel
 loading, allocator, compilation inside an eager prefill: an earlier version timed each engine's
 first generate), then ``--repeats`` timed ones; tokens/s is every generated token over the median
-call's wall time (prefill included, the same prefill for both). Rows report the ratio to plain, acceptance, tokens per round, the
-back-off counts and whether the tokens equal plain greedy (exact in fp32; in bf16 a near-tie
+call's wall time (prefill included, the same prefill for both). Rows report the ratio to plain,
+acceptance, tokens per round, the back-off counts and whether the tokens equal plain greedy (exact in fp32; in bf16 a near-tie
 may flip between the verify's shapes and the decode's: ``departures`` says where). Writes
 ``<out>/spec_accept_<device>_<workload>_<UTC time>.json``; exits 1 when fp32 tokens differ.
 """
@@ -76,9 +76,9 @@ def replay_us(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[st
 
 
 def _timed(engine: Engine, prompts: list[list[int]], max_new: int, repeats: int = 1) -> dict[str, Any]:
-    """The warm-up, then ``repeats`` timed generates: the row's tokens/s is their median's (a run
-    of a few hundred µs-steps moves by a few percent from one generate to the next), each run's
-    kept in ``runs_tokens_per_s``; ``steps`` is per generate."""
+    """The warm-up, then ``repeats`` timed generates: the row's tokens/s is their median's (one
+    generate's wall time varies from one to the next), each run's kept in ``runs_tokens_per_s``;
+    ``steps`` is per generate."""
     engine.generate(prompts, WARMUP_TOKENS)
     before = engine.stats()
     runs = []
