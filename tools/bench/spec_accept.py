@@ -8,8 +8,9 @@ speculative engine per ``--method`` (``ngram``, ``suffix``: no draft model; ``dr
 loading, allocator, compilation inside an eager prefill: an earlier version timed each engine's
 first generate), then ``--repeats`` timed ones; tokens/s is every generated token over the median
 call's wall time (prefill included, the same prefill for both). Rows report the ratio to plain,
-acceptance, tokens per round, the back-off counts and whether the tokens equal plain greedy (exact in fp32; in bf16 a near-tie
-may flip between the verify's shapes and the decode's: ``departures`` says where). Writes
+acceptance, tokens per round, the back-off counts and whether the tokens equal plain greedy
+(exact in fp32; in bf16 a near-tie may flip between the verify's shapes and the decode's:
+``departures`` says where). Writes
 ``<out>/spec_accept_<device>_<workload>_<UTC time>.json``; exits 1 when fp32 tokens differ.
 """
 
