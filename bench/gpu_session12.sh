@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU runs of 2026-12-07 (sixth session), after .gpu/install.sh (and .gpu/install-model.sh for smol):
-#   bash bench/gpu_session12.sh tune|sampler|bench|smol
+#   bash bench/gpu_session12.sh tune|sampler|bench|smol|verify
 # tune:    the MoE kernels' GPU tests, then `graphrt tune --only moe` over the MoE presets (experts'
 #          up, down, split and grouped tiles) into this GPU's cached table, copied to $OUT.
 # sampler: `graphrt bench sampler --sweep` (the fused sampler's layouts on this GPU).
@@ -9,9 +9,11 @@
 #          and the committed one (GRAPHRT_CACHE=0), then the dense shapes with the committed table.
 # smol:    SmolLM2's overlapped engine at bs 1, serve plain / top-5 logprobs / JSON schema at
 #          SERVE_CLIENTS, bench-spec copy / chat at 4 and 8 drafted tokens (median of 3 generates).
+# verify:  per-kernel device µs of SmolLM2's bs-1 TARGET_VERIFY and DECODE graphs, speculative
+#          engine beside plain (bench/debug/verify_kernels.py), after the model parts.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?tune|sampler|bench|smol}
+what=${1:?tune|sampler|bench|smol|verify}
 log="$OUT/s12_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -60,11 +62,16 @@ smol() {
   done
 }
 
+verify() {
+  LIMIT=120 TAIL=60 run python3 bench/debug/verify_kernels.py "$gguf" 4 20
+}
+
 case "$what" in
 tune) tune ;;
+verify) verify ;;
 sampler) sampler ;;
 bench) bench ;;
 smol) smol ;;
-*) echo "tune|sampler|bench|smol, got $what" >&2; exit 2 ;;
+*) echo "tune|sampler|bench|smol|verify, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s12_${what}_json.tgz" json && rm -rf "$OUT/json"
