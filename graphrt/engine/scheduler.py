@@ -127,11 +127,12 @@ class Scheduler:
         reqs = list(self.running)
         proposal = spec.propose(reqs)
         spec.backoff.request_steps += len(reqs)
-        # NOTE: without drafts, the plain step: its reads and retirements as plain's
-        produced = self._decode_step() if proposal is None else spec_round(self, spec, reqs, proposal)
-        spec.backoff.committed += len(produced)
-        if proposal is not None:
+        if proposal is None:  # NOTE: the plain step: its reads and retirements as plain's
+            produced = self._decode_step()
+        else:
+            produced = spec_round(self, spec, reqs, proposal)
             self.retire([r for r in self.running if r.done])
+        spec.backoff.committed += len(produced)
         return produced
 
     def admit(self) -> list[Request]:
