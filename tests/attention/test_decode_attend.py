@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from graphrt.attention.split_decode import attend as dk
+from graphrt.step.modes import ForwardMode
 from tests.attention.test_decode_kernel import oracle
 from tests.attention.test_local_attention import local_for
 from tests.support import paged_util
@@ -27,6 +28,8 @@ ATOL = 2e-2
 CHUNK, LOCAL_CONTEXT = 128, 384
 LOCAL_LENS = [127, 128, 129, 130, 256, 257, 384]
 LOCAL_Q_LENS = [1, 4, 2, 3, 4, 2, 4]
+#: A verify chain's query rows a request (the root and 3 drafts).
+CHAIN_Q = 4
 
 
 def case(device: torch.device, lens: list[int], heads: int, heads_k: int, d: int, page: int):
@@ -41,10 +44,16 @@ def case(device: torch.device, lens: list[int], heads: int, heads_k: int, d: int
     return q, k, v, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
 
 
+def step_meta(table, seqlens, mode=ForwardMode.DECODE, q_len: int = 1) -> SimpleNamespace:
+    """What ``attend`` reads of a step's metadata (no token tree)."""
+    buffers = SimpleNamespace(page_table=table, cache_seqlens=seqlens)
+    return SimpleNamespace(buffers=buffers, page_size=16, mode=mode, cascade=None, max_seqlen_q=q_len)
+
+
 @pytest.mark.parametrize("device", triton_devices())
 def test_attend_runs_the_kernel_with_the_steps_split_count(device) -> None:
     q, k, v, table, seqlens = case(device, [3, 0, 40], 9, 3, 64, 16)
-    meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table, cache_seqlens=seqlens), page_size=16)
+    meta = step_meta(table, seqlens)
     splits = dk.num_splits(3, 3, table.shape[1] * 16, dk.sms(device))
     out = dk.attend(q, k, v, meta, 0.125)  # type: ignore[arg-type]
     pdl = dk.pdl_enabled(dk.PDL_ENV, device)
@@ -61,7 +70,7 @@ def test_attend_takes_a_sliding_window_and_sinks(device, window) -> None:
     logit per query head in the denominator; a row without keys stays zero."""
     q, k, v, table, seqlens = case(device, [3, 0, 40, 21], 8, 2, 64, 16)
     sinks = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
-    meta = SimpleNamespace(buffers=SimpleNamespace(page_table=table, cache_seqlens=seqlens), page_size=16)
+    meta = step_meta(table, seqlens)
     out = dk.attend(q, k, v, meta, 0.125, window, sinks)  # type: ignore[arg-type]
     want = oracle(q, k, v, table, seqlens, 0.125, window, sinks)
     torch.testing.assert_close(out.double().cpu(), want, atol=ATOL, rtol=ATOL)
@@ -92,7 +101,41 @@ def test_attend_takes_a_chunked_local_virtual_batch(device, page_size: int, monk
         )
 
 
+@pytest.mark.parametrize("device", triton_devices())
+@pytest.mark.parametrize("window", [None, 20])
+def test_attend_takes_a_verify_chain(device, window, monkeypatch) -> None:
+    """A TARGET_VERIFY chain (:data:`CHAIN_Q` query rows a request, the last at its newest key)
+    through ``attend`` and through the launch at 1, 2 and 3 splits: row ``i`` of request ``b``
+    sees the keys up to position ``seqlen_b - CHAIN_Q + i``, within bf16 rounding of the float64
+    oracle over those keys; a chain's rows read each other's new keys, so the store is never
+    fused; a token tree (a cascade) or a ragged step is not taken."""
+    lens = [4, 40, 21, 70, 64]
+    _, k, v, table, seqlens = case(device, lens, 8, 2, 64, 16)
+    q = torch.randn(len(lens) * CHAIN_Q, 8, 64, generator=torch.Generator().manual_seed(3)).to(
+        device, torch.bfloat16
+    )
+    meta = step_meta(table, seqlens, ForwardMode.TARGET_VERIFY, CHAIN_Q)
+    monkeypatch.setattr(dk, "enabled", lambda device: True)  # NOTE: the CPU's switch aside
+    assert dk.chain_of(q, meta) == CHAIN_Q and dk.takes(q, k, meta, window)  # type: ignore[arg-type]
+    rows = torch.arange(len(lens) * CHAIN_Q)
+    own = seqlens.cpu().repeat_interleave(CHAIN_Q) - (CHAIN_Q - 1 - rows % CHAIN_Q)
+    want = oracle(q, k, v, table.repeat_interleave(CHAIN_Q, 0), own, 0.125, window)
+    outs = [dk.attend(q, k, v, meta, 0.125, window)]  # type: ignore[arg-type]
+    outs += [
+        dk.decode_attention(q, k, v, table, seqlens, 0.125, s, False, window, chain=CHAIN_Q)
+        for s in (1, 2, 3)
+    ]
+    for splits, out in zip(("plan", 1, 2, 3), outs, strict=True):
+        torch.testing.assert_close(
+            out.double().cpu(), want, atol=ATOL, rtol=ATOL, msg=lambda m, s=splits: f"splits {s}: {m}"
+        )
+    fresh = SimpleNamespace(k=q[:, :2], v=q[:, :2], cos_sin=q[:, 0], loc=rows.to(device))
+    assert not dk.fuses_store(q, k, v, fresh, meta)  # type: ignore[arg-type]
+    for other in ({"cascade": object()}, {"mode": ForwardMode.DRAFT_EXTEND}):
+        assert not dk.takes(q, k, SimpleNamespace(**{**vars(meta), **other}))  # type: ignore[arg-type]
+
+
 @rerun_marks
 def test_kernel_under_triton_interpreter() -> None:
     """On a CPU box: this file again, with the kernels run by Triton's interpreter."""
-    rerun_under_interpreter(__file__, passed=6)
+    rerun_under_interpreter(__file__, passed=8)

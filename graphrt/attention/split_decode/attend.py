@@ -50,6 +50,7 @@ from graphrt.kernels.switches import (  # noqa: F401
 )
 from graphrt.kv import rope_store
 from graphrt.metadata.base import StepMetadata
+from graphrt.step.modes import ForwardMode
 
 #: ``GRAPHRT_DECODE_ATTENTION``: ``1`` (default) runs single-token decode through this kernel
 #: where it applies, ``0`` keeps FA3's call.
@@ -62,6 +63,8 @@ HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
 #: Splits per (request, KV head) in a batch-invariant forward, whatever the bucket.
 INVARIANT_SPLITS = 16
+#: Modes whose steps give every request the same chain of query tokens (:func:`chain_of`).
+CHAIN_MODES = frozenset({ForwardMode.DECODE, ForwardMode.TARGET_VERIFY})
 BLOCK_N = decode_launch.BLOCK_N
 #: The SMs the split count assumes under Triton's interpreter (the CPU has none): a few splits.
 INTERPRETER_SMS = 4
@@ -74,13 +77,13 @@ def enabled(device: torch.device) -> bool:
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:
-    """Whether the kernel takes one query token per request of ``q [B, Hq, D]`` over a cache
+    """Whether the kernel takes query rows ``q [B * chain, Hq, D]`` of ``B`` requests over a cache
     ``[pages, page_size, Hk, D]`` in ``q``'s dtype (16-bit), ``D`` in :data:`HEAD_DIMS`."""
     if q.dim() != 3 or k_cache.dim() != 4:
         return False
     heads, d = q.shape[1], q.shape[2]
     return (
-        q.shape[0] == page_table.shape[0]
+        q.shape[0] % page_table.shape[0] == 0
         and q.dtype in DTYPES
         and k_cache.dtype == q.dtype
         and d in HEAD_DIMS
@@ -100,6 +103,15 @@ def num_splits(batch: int, heads_k: int, keys: int, sms: int) -> int:
     return max(1, min(want, -(-keys // BLOCK_N)))
 
 
+def chain_of(q: torch.Tensor, meta: StepMetadata) -> int:
+    """Query rows per request when every request of the step has the same chain of them, the
+    last at its newest key: 1 for a decode step, the verify length for a TARGET_VERIFY chain
+    (a uniform mode without a token tree); 0 for any other step."""
+    requests, q_len = meta.buffers.cache_seqlens.shape[0], meta.max_seqlen_q
+    uniform = q_len == 1 or (meta.mode in CHAIN_MODES and meta.cascade is None)
+    return q_len if uniform and q.shape[0] == requests * q_len else 0
+
+
 def takes(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -109,9 +121,10 @@ def takes(
     kv_scales: object = None,
     qv: object = None,
 ) -> bool:
-    """One query token per request over its cached keys (all, or a sliding ``window``'s), with
-    or without ``sinks`` (a contiguous ``[Hq]``), no FP8 scales nor ``qv``, and tensors this
-    kernel takes (:data:`ENV` on): what a backend checks before :func:`attend`."""
+    """One query token per request, or a verify chain of them (:func:`chain_of`), over its
+    cached keys (all, or a sliding ``window``'s), with or without ``sinks`` (a contiguous
+    ``[Hq]``), no FP8 scales nor ``qv``, and tensors this kernel takes (:data:`ENV` on): what a
+    backend checks before :func:`attend`."""
     b = meta.buffers
     return (
         kv_scales is None
@@ -119,21 +132,24 @@ def takes(
         and (window is None or window >= 0)
         and (sinks is None or (tuple(sinks.shape) == (q.shape[1],) and sinks.is_contiguous()))
         and meta.cascade is None
-        and meta.max_seqlen_q == 1
-        and q.shape[0] == b.cache_seqlens.shape[0]
+        and chain_of(q, meta) > 0
         and enabled(q.device)
         and fits(q, k_cache, b.page_table)
     )
 
 
-def fuses_store(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fresh: FreshKV) -> bool:
+def fuses_store(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fresh: FreshKV, meta: StepMetadata
+) -> bool:
     """Whether the kernel, taking this step (:func:`takes`), also rotates ``q`` and stores
     ``fresh`` in place of :func:`~graphrt.kv.rope_store.rope_store` (its switch not ``0``):
-    one new token per request, tensors ``rope_store``'s kernel takes (:func:`rope_store.fits`:
+    one new token per request (a chain's rows read each other's new keys, so it stores them
+    first), tensors ``rope_store``'s kernel takes (:func:`rope_store.fits`:
     packed heads, one 16-bit dtype), both caches in it."""
     b, heads_k, d = q.shape[0], k_cache.shape[2], q.shape[2]
     return (
         switches.active()[rope_store.ENV] != "0"
+        and chain_of(q, meta) == 1
         and tuple(fresh.k.shape) == tuple(fresh.v.shape) == (b, heads_k, d)
         and tuple(fresh.cos_sin.shape) == (b, d)
         and tuple(fresh.loc.shape) == (b,)
@@ -162,8 +178,9 @@ def attend(
     splits, pdl = _split_plan(q, k_cache, meta)
     new = (None,) * 4 if fresh is None else (fresh.k, fresh.v, fresh.cos_sin, fresh.loc)
     return decode_attention(
-        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl, window, sinks, *new
-    )
+        q, k_cache, v_cache, b.page_table, b.cache_seqlens, scale, splits, pdl, window, sinks, *new,
+        chain=chain_of(q, meta),
+    )  # fmt: skip
 
 
 def _split_plan(q: torch.Tensor, k_cache: torch.Tensor, meta: StepMetadata) -> tuple[int, bool]:
@@ -197,8 +214,10 @@ def decode_attention(
     v_new: torch.Tensor | None = None,
     cos_sin: torch.Tensor | None = None,
     loc: torch.Tensor | None = None,
+    chain: int = 1,
 ) -> torch.Tensor:
-    """Attention of one query token per request over its cached keys.
+    """Attention of one query token per request (or a chain of ``chain`` per request) over its
+    cached keys.
 
     ``q [B, Hq, D]`` (16-bit, unit stride along ``D``), caches ``[pages, page_size, Hk, D]``,
     ``page_table [B, max_pages]`` int32 page ids, ``cache_seqlens [B]`` int32 keys per request
@@ -212,8 +231,12 @@ def decode_attention(
     rotates them (NeoX halves, as ``rope_store``) and stores the rotated ``k_new`` and ``v_new``
     at slots ``loc`` (each request's newest key, position ``cache_seqlens[b] - 1``) before it
     reads them: the caches afterwards hold what ``rope_store`` writes.
+
+    ``chain > 1`` (no new keys: store them first): ``q [B * chain, Hq, D]``, row ``i`` query token
+    ``i % chain`` of request ``i // chain``, the last at position ``cache_seqlens[b] - 1``; each
+    row sees its request's keys up to its own position (a speculative verify chain).
     """
     return torch.ops.graphrt.decode_attention(
         q, k_cache, v_cache, page_table, cache_seqlens, scale, splits, pdl, window, sinks,
-        k_new, v_new, cos_sin, loc,
+        k_new, v_new, cos_sin, loc, chain,
     )  # fmt: skip

@@ -1,14 +1,14 @@
 """The split decode kernel as an attention backend (needs Triton only, not FA3).
 
-It takes the single-token decode steps the kernel fits (:func:`~graphrt.attention.split_decode.attend.takes`:
-one query token per request, sliding window and sinks or not, no FP8 scales nor ``qv``, 16-bit
-tensors); every
-other step runs the torch reference, so on its own row it serves what the reference serves.
-In the ``fa3`` row it is the first part of a dispatch: FA3 yields it the decode steps whose
-CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the CPU it
+It takes the single-token decode steps and the speculative verify chains the kernel fits
+(:func:`~graphrt.attention.split_decode.attend.takes`: one query token per request, or a chain of
+them as one row each; sliding window and sinks or not, no FP8 scales nor ``qv``, 16-bit
+tensors); every other step runs the torch reference, so on its own row it serves what the
+reference serves. In the ``fa3`` row it is the first part of a dispatch: FA3 yields it the steps
+whose CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the CPU it
 runs under Triton's interpreter (``TRITON_INTERPRET=1`` and ``GRAPHRT_DECODE_ATTENTION=interpret``).
 
-It ``fuses_store``: for a step it takes whose layer hands its q and k unrotated (``rope=``), the
+It ``fuses_store``: for a single-token step it takes whose layer hands its q and k unrotated (``rope=``), the
 context leaves RoPE and the KV store to the kernel (``call.fresh``) instead of running
 :func:`~graphrt.kv.rope_store.rope_store` first: one launch a layer fewer.
 """
@@ -45,7 +45,7 @@ class SplitDecodeBackend(ReferenceBackend):
         return (
             fresh is not None
             and self.takes(call)
-            and kernel.fuses_store(call.q, call.k_cache, call.v_cache, fresh)
+            and kernel.fuses_store(call.q, call.k_cache, call.v_cache, fresh, call.meta)
         )
 
     def forward(self, call: AttendCall) -> torch.Tensor:

@@ -31,14 +31,21 @@ def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     cache_seqlens: torch.Tensor, scale: float, splits: int, pdl: bool, window: int | None = None,
     sinks: torch.Tensor | None = None, k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-    cos_sin: torch.Tensor | None = None, loc: torch.Tensor | None = None,
+    cos_sin: torch.Tensor | None = None, loc: torch.Tensor | None = None, chain: int = 1,
 ) -> torch.Tensor:  # fmt: skip
     """The split launch, its last program of each (request, KV head) merging; ``window``: keys
     ``seqlen - 1 - window ..`` only; ``sinks [Hq]``: a logit per head joining the denominator;
     ``k_new``, ``v_new``, ``cos_sin``, ``loc`` (all or none): ``q`` and ``k_new`` still to be
-    rotated, the rotated ``k_new`` and ``v_new`` stored at ``loc`` by the launch."""
+    rotated, the rotated ``k_new`` and ``v_new`` stored at ``loc`` by the launch; ``chain``: query
+    rows per request (each row a token of its request's chain, the last at its newest key)."""
     assert triton is not None, "decode attention needs Triton"
     b, heads, d = q.shape
+    rope = _fresh(k_new, v_new, cos_sin, loc)
+    if chain < 1 or b != chain * cache_seqlens.shape[0] or (chain > 1 and rope is not None):
+        raise ValueError(
+            f"decode_attention: {b} query rows for {cache_seqlens.shape[0]} requests with chain "
+            f"{chain} (rows = chain x requests, chain >= 1; new keys only with chain 1)"
+        )
     page, heads_k = k_cache.shape[1], k_cache.shape[2]
     group = heads // heads_k
     m = torch.empty((b, heads, splits), dtype=torch.float32, device=q.device)
@@ -49,7 +56,6 @@ def decode_attention(
     block_s = max(2, triton.next_power_of_2(splits))
     merge_g = max(2, triton.next_power_of_2(group))
     table = tuning.active()
-    rope = _fresh(k_new, v_new, cos_sin, loc)
     new = (q, q, q, q) if rope is None else rope  # NOTE: unread without ROPE
     new_strides = [0] * 4 if rope is None else [t.stride(0) for t in rope]
     kernels._decode_split[(b, heads_k, splits)](
@@ -59,7 +65,7 @@ def decode_attention(
         scale * 1.4426950408889634, 0 if window is None else window, PAGE=page, D=d, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=BLOCK_N, SPLITS=splits, PDL=pdl, F32_DOT=not q.is_cuda,
         MERGE_G=merge_g, CHUNK=min(block_s, max(1, table.decode_merge_tile // (merge_g * d))),
-        WINDOW=window is not None, SINKS=sinks is not None, ROPE=rope is not None,
+        WINDOW=window is not None, SINKS=sinks is not None, ROPE=rope is not None, CHAIN=chain,
         num_warps=table.split_warps(d), launch_pdl=pdl,
     )  # fmt: skip
     return out
@@ -84,6 +90,6 @@ _LIB = torch.library.Library("graphrt", "FRAGMENT")
 _LIB.define(
     "decode_attention(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor page_table, Tensor cache_seqlens, "
     "float scale, int splits, bool pdl, int? window=None, Tensor? sinks=None, Tensor? k_new=None, "
-    "Tensor? v_new=None, Tensor? cos_sin=None, Tensor? loc=None) -> Tensor"
+    "Tensor? v_new=None, Tensor? cos_sin=None, Tensor? loc=None, int chain=1) -> Tensor"
 )
 _LIB.impl("decode_attention", decode_attention, "CompositeExplicitAutograd")

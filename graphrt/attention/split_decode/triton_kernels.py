@@ -1,7 +1,9 @@
 """The Triton kernels of the split decode attention (:mod:`graphrt.attention.split_decode.attend`).
 
 ``_decode_split`` program ``(b, h_k, s)``: the ``s``-th share of request ``b``'s visible keys (all
-of them, or with ``WINDOW`` the last ``window + 1``) for the ``G`` query heads of KV head ``h_k``;
+of them, or with ``WINDOW`` the last ``window + 1``) for the ``G`` query heads of KV head ``h_k``
+(with ``CHAIN`` > 1, row ``b`` is query token ``b % CHAIN`` of request ``b // CHAIN``'s chain, seeing
+its request's keys up to its own position: a verify chain, one single-token row per token);
 with ``SINKS`` each head's sink logit joins the merged denominator. Only the ``n`` splits whose shares hold keys store a state
 (:func:`_shares`), and the last of those ``n`` programs of a (request, KV head) to count itself
 merges its ``G`` heads (:func:`_merge_last`): one launch, no merge kernel. With ``ROPE`` the
@@ -183,11 +185,16 @@ if triton is not None:
         scale_log2, window, PAGE: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
         MERGE_G: tl.constexpr, CHUNK: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
-        ROPE: tl.constexpr,
+        ROPE: tl.constexpr, CHAIN: tl.constexpr,
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
-        seqlen = tl.load(seqlens + b)  # NOTE: written before the layer: read ahead of the wait
+        # NOTE: row b is query token b % CHAIN of request b // CHAIN (a chain of CHAIN tokens per
+        # request, the last at the request's newest key): causal, it sees the keys up to its own.
+        req = b // CHAIN
+        pt_row = page_table + req.to(tl.int64) * pt_sb
+        seqlen = tl.load(seqlens + req) - (CHAIN - 1 - b % CHAIN)  # NOTE: written before the layer
+        seqlen = tl.maximum(seqlen, 0)
         lo = seqlen * 0
         if WINDOW:  # NOTE: the query (the last key) sees keys ``seqlen - 1 - window ..`` only
             lo = tl.maximum(seqlen - 1 - window, 0)
@@ -217,7 +224,7 @@ if triton is not None:
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             valid = pos < end
-            pages = tl.load(page_table + b64 * pt_sb + pos // PAGE, mask=valid, other=0).to(tl.int64)
+            pages = tl.load(pt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
             rows = (pages * kc_sp + (pos % PAGE) * kc_ss + hk * kc_sh)[:, None] + rd[None, :]
             kt = tl.load(k_cache + rows, mask=valid[:, None], other=0.0)
             scores = _dot(qt, tl.trans(kt), F32_DOT)
