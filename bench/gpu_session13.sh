@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # GPU runs of 2026-12-07 (seventh session), after .gpu/install.sh and .gpu/install-model.sh:
-#   bash bench/gpu_session13.sh diag
+#   bash bench/gpu_session13.sh diag|ab
 # diag: per-kernel device µs of SmolLM2's bs-1 DECODE and TARGET_VERIFY graphs, each profiled
 #       inside a step of its own mode (bench/debug/verify_kernels.py), then serve plain and JSON
 #       schema at SERVE_CLIENTS (the grammar masks now filled in one xgrammar batch call).
+# ab:   the split decode kernel's verify chains: its GPU tests and the speculative engines' GPU
+#       tests, then for this tree and .gpu/base (the tree before, carried) the kernel profile
+#       and bench-spec chat / copy at SPEC_STEPS drafted tokens (n-gram, suffix; median of 3).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
 what=${1:?diag}
@@ -22,8 +25,28 @@ diag() {
   done
 }
 
+ab() {
+  LIMIT=240 TAIL=15 run python3 -m pytest -q -rf -m gpu -p no:cacheprovider tests/attention/test_decode_attend.py \
+    tests/attention/test_decode_rope.py tests/attention/test_decode_kernel.py tests/engine/test_spec_lookup_gpu.py \
+    tests/engine/test_overlap.py
+  for tree in new base; do
+    local pp=$PYTHONPATH
+    [ "$tree" = base ] && pp=$PWD/.gpu/base:$PYTHONPATH
+    echo "#### tree $tree" | tee -a "$log"
+    PYTHONPATH=$pp LIMIT=150 TAIL=45 run python3 bench/debug/verify_kernels.py "$gguf" "${STEPS:-4}" 20
+    for steps in ${SPEC_STEPS:-4}; do
+      for workload in chat copy; do
+        PYTHONPATH=$pp LIMIT=80 run graphrt bench-spec --target "$gguf" --workload "$workload" --method ngram,suffix \
+          --topk 1 --batch-sizes 1 --num-steps "$steps" --device cuda --max-new-tokens 256 --context 1024 \
+          --repeats 3 --out "$OUT/json/$tree"
+      done
+    done
+  done
+}
+
 case "$what" in
 diag) diag ;;
-*) echo "diag, got $what" >&2; exit 2 ;;
+ab) ab ;;
+*) echo "diag|ab, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s13_${what}_json.tgz" json && rm -rf "$OUT/json"
