@@ -308,7 +308,7 @@ def test_a_chunked_local_model_keeps_rope_store_on_its_local_layers(monkeypatch,
     got = _local_step(f, "split_decode", monkeypatch)
     local = [fused for c, fused in seen if c is not None]
     assert local and not any(local), f"local layers' calls fused: {local}"
-    if mode is conformance.M.DECODE:  # NOTE: a verify step's global layers take the reference
+    if mode is conformance.M.DECODE:  # NOTE: a verify step's global layers: a chain, never fused
         assert all(fused for c, fused in seen if c is None) and len(seen) > len(local), "no fused layer"
     want = _local_step(f, "reference", monkeypatch)
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
