@@ -3,7 +3,7 @@
 #   bash bench/gpu_session13.sh diag|ab
 # diag: per-kernel device µs of SmolLM2's bs-1 DECODE and TARGET_VERIFY graphs, each profiled
 #       inside a step of its own mode (bench/debug/verify_kernels.py), then serve plain and JSON
-#       schema at SERVE_CLIENTS (the grammar masks now filled in one xgrammar batch call).
+#       schema at SERVE_CLIENTS.
 # ab:   the split decode kernel's verify chains: its GPU tests and the speculative engines' GPU
 #       tests, then for this tree and .gpu/base (the tree before, carried) the kernel profile
 #       and bench-spec chat / copy at SPEC_STEPS drafted tokens (n-gram, suffix; median of 3).

@@ -3,8 +3,7 @@ tokens accepted after it.
 
 A request's ``constraint`` (:class:`graphrt.text.grammar.Constraint`, or any object with
 ``fill(bitmask, index)``, writing row ``index`` of a ``[n, words]`` int32 CPU tensor as
-xgrammar's ``GrammarMatcher.fill_next_token_bitmask`` does, and ``accept(output)``; optionally
-a static ``fill_batch(constraints, bitmask, indices)`` filling many rows of its kind at once) says which
+xgrammar's ``GrammarMatcher.fill_next_token_bitmask`` does, and ``accept(output)``) says which
 tokens it may sample next; the runtime keeps one mask per request row
 (:class:`~graphrt.runtime.token_mask.TokenMasks`) and applies it inside the sampling step.
 Masks are filled in place in the runtime's host staging rows (pinned on CUDA) and uploaded
@@ -54,19 +53,11 @@ class Constraints:
         if not chosen:
             return
         host, host_np = masks.staging()
-        by_kind: dict[type, list[int]] = {}
         for i, r in enumerate(chosen):
-            if r.constraint is None:
+            if r.constraint is not None:
+                r.constraint.fill(host, i)
+            else:
                 host_np[i] = ALL
-            else:
-                by_kind.setdefault(type(r.constraint), []).append(i)
-        for kind, rows in by_kind.items():
-            batch = getattr(kind, "fill_batch", None)
-            if batch is None:
-                for i in rows:
-                    chosen[i].constraint.fill(host, i)
-            else:
-                batch([chosen[i].constraint for i in rows], host, rows)
         masks.upload(np.array([r.req_idx for r in chosen], dtype=np.int64))
 
 

@@ -10,9 +10,8 @@ The grammar lets a stop token through only where the output is complete.
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from graphrt.text.tokenizer import Tokenizer
@@ -44,32 +43,12 @@ class Constraint:
         (int32, on the CPU), in place: no allocation, no copy."""
         self.matcher.fill_next_token_bitmask(bitmask, index)
 
-    @staticmethod
-    def fill_batch(constraints: Sequence[Constraint], bitmask: torch.Tensor, indices: Sequence[int]) -> None:
-        """:meth:`fill` of each of ``constraints`` into its row of ``indices``, in one call over
-        xgrammar's thread pool (:class:`BatchGrammarMatcher`): a batch's masks cost the slowest
-        one's time, not their sum."""
-        if len(constraints) == 1:
-            constraints[0].fill(bitmask, indices[0])
-            return
-        _batch_matcher().batch_fill_next_token_bitmask(
-            [c.matcher for c in constraints], bitmask, list(indices)
-        )
-
     def accept(self, output: list[int]) -> None:
         """Accept the tokens of ``output`` past :attr:`accepted` (a refused one raises)."""
         for token in output[self.accepted :]:
             if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
                 raise RuntimeError(f"token {token} breaks the grammar it was sampled under")
             self.accepted += 1
-
-
-@functools.cache
-def _batch_matcher() -> Any:
-    """The process's xgrammar batch matcher (its thread pool: xgrammar's ``auto`` count)."""
-    import xgrammar as xgr
-
-    return xgr.BatchGrammarMatcher()
 
 
 class Grammars:
