@@ -179,6 +179,15 @@ if triton is not None:
         )  # fmt: skip
 
     @triton.jit
+    def _chain_row(page_table, seqlens, b, pt_sb, CHAIN: tl.constexpr):
+        """Row ``b``'s page-table row and keys: query token ``b % CHAIN`` of request ``b // CHAIN``
+        (a chain of ``CHAIN`` tokens a request, the last at its newest key) sees the keys up to
+        its own position, causally."""
+        req = b // CHAIN
+        seqlen = tl.load(seqlens + req) - (CHAIN - 1 - b % CHAIN)
+        return page_table + req.to(tl.int64) * pt_sb, tl.maximum(seqlen, 0)
+
+    @triton.jit
     def _decode_split(
         q, k_cache, v_cache, page_table, seqlens, m_out, l_out, acc_out, arrivals, out, sinks, k_new, v_new,
         cos_sin, loc, q_sb, q_sh, kc_sp, kc_ss, kc_sh, pt_sb, o_sb, o_sh, kn_sb, vn_sb, cs_sb, loc_sb,
@@ -189,12 +198,7 @@ if triton is not None:
     ):  # fmt: skip
         b, hk, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rg, rd, b64 = tl.arange(0, BLOCK_G), tl.arange(0, D), b.to(tl.int64)
-        # NOTE: row b is query token b % CHAIN of request b // CHAIN (a chain of CHAIN tokens per
-        # request, the last at the request's newest key): causal, it sees the keys up to its own.
-        req = b // CHAIN
-        pt_row = page_table + req.to(tl.int64) * pt_sb
-        seqlen = tl.load(seqlens + req) - (CHAIN - 1 - b % CHAIN)  # NOTE: written before the layer
-        seqlen = tl.maximum(seqlen, 0)
+        pt_row, seqlen = _chain_row(page_table, seqlens, b, pt_sb, CHAIN)  # NOTE: written before the layer
         lo = seqlen * 0
         if WINDOW:  # NOTE: the query (the last key) sees keys ``seqlen - 1 - window ..`` only
             lo = tl.maximum(seqlen - 1 - window, 0)
