@@ -5,12 +5,14 @@ It takes the single-token decode steps and the speculative verify chains the ker
 them as one row each; sliding window and sinks or not, no FP8 scales nor ``qv``, 16-bit
 tensors); every other step runs the torch reference, so on its own row it serves what the
 reference serves. In the ``fa3`` row it is the first part of a dispatch: FA3 yields it the steps
-whose CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the CPU it
-runs under Triton's interpreter (``TRITON_INTERPRET=1`` and ``GRAPHRT_DECODE_ATTENTION=interpret``).
+whose CTAs would leave the GPU short (:meth:`graphrt.attention.fa3.FA3Backend.yields`). On the
+CPU it runs under Triton's interpreter (``TRITON_INTERPRET=1`` and
+``GRAPHRT_DECODE_ATTENTION=interpret``).
 
-It ``fuses_store``: for a single-token step it takes whose layer hands its q and k unrotated (``rope=``), the
-context leaves RoPE and the KV store to the kernel (``call.fresh``) instead of running
-:func:`~graphrt.kv.rope_store.rope_store` first: one launch a layer fewer.
+It ``fuses_store``: for a single-token step it takes whose layer hands its q and k unrotated
+(``rope=``), the context leaves RoPE and the KV store to the kernel (``call.fresh``) instead of
+running :func:`~graphrt.kv.rope_store.rope_store` first: one launch a layer fewer. A verify
+chain's rows read each other's new keys, so ``rope_store`` stores them before the kernel runs.
 """
 
 from __future__ import annotations
