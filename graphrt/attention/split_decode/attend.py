@@ -76,14 +76,14 @@ def enabled(device: torch.device) -> bool:
     return triton_enabled(ENV, device)
 
 
-def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor) -> bool:
+def fits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, chain: int = 1) -> bool:
     """Whether the kernel takes query rows ``q [B * chain, Hq, D]`` of ``B`` requests over a cache
     ``[pages, page_size, Hk, D]`` in ``q``'s dtype (16-bit), ``D`` in :data:`HEAD_DIMS`."""
     if q.dim() != 3 or k_cache.dim() != 4:
         return False
     heads, d = q.shape[1], q.shape[2]
     return (
-        q.shape[0] % page_table.shape[0] == 0
+        q.shape[0] == chain * page_table.shape[0]
         and q.dtype in DTYPES
         and k_cache.dtype == q.dtype
         and d in HEAD_DIMS
@@ -125,16 +125,16 @@ def takes(
     cached keys (all, or a sliding ``window``'s), with or without ``sinks`` (a contiguous
     ``[Hq]``), no FP8 scales nor ``qv``, and tensors this kernel takes (:data:`ENV` on): what a
     backend checks before :func:`attend`."""
-    b = meta.buffers
+    chain = chain_of(q, meta)
     return (
         kv_scales is None
         and qv is None
         and (window is None or window >= 0)
         and (sinks is None or (tuple(sinks.shape) == (q.shape[1],) and sinks.is_contiguous()))
         and meta.cascade is None
-        and chain_of(q, meta) > 0
+        and chain > 0
         and enabled(q.device)
-        and fits(q, k_cache, b.page_table)
+        and fits(q, k_cache, meta.buffers.page_table, chain)
     )
 
 
