@@ -1,13 +1,15 @@
-"""Where a grammar-constrained bs-1 decode loses time against a plain one: the device timeline.
+"""Where a constrained or speculative bs-1 decode loses time against a plain one: the device timeline.
 
-Usage (GPU machine): ``python bench/debug/constrained_timeline.py MODEL [TOKENS] [DEVICE]``.
+Usage (GPU machine): ``python bench/debug/decode_gaps.py MODEL [TOKENS] [DEVICE]``.
 Builds ``LLM(MODEL)`` with the server's defaults (token masks on, overlapped), answers one chat
 prompt greedily, plain and then under a JSON schema, each once to capture and once under the
 benches' profiler (``device_ops``). Per generated token it prints the wall time, the device's
 busy time and its idle time, and the idle gaps grouped by the kernels on either side (the
 kernel that ended, the one that started next): a gap between the forward graph's last kernel
 and the sampler graph's first is the host's ``ready`` (read, accept, fill, upload) showing
-through; a gap before a step's first kernel is the host's step. A diagnostic, not a result.
+through; a gap before a step's first kernel is the host's step. Then the same for an n-gram
+speculative engine on the plain prompt (chat text: it backs off most steps). A diagnostic, not
+a result.
 """
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ def main(model: str, tokens: int, device: str) -> None:
     llm = LLM(model, device=device, max_batch_size=1)
     for label, fmt in (("plain", None), ("json schema", SCHEMA)):
         show(label, llm, tokens, fmt)
+    llm.engine.close()
+    # NOTE: a speculative engine that backs off on chat text: its idle gaps against plain's
+    llm = LLM(model, device=device, max_batch_size=1, speculative={"method": "ngram", "num_steps": 4})
+    show("ngram", llm, tokens, None)
     llm.engine.close()
 
 
