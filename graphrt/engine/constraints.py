@@ -58,7 +58,8 @@ class Constraints:
                 r.constraint.fill(host, i)
             else:
                 host_np[i] = ALL
-        masks.upload(np.array([r.req_idx for r in chosen], dtype=np.int64))
+        grammar = np.array([r.constraint is not None for r in chosen])
+        masks.upload(np.array([r.req_idx for r in chosen], dtype=np.int64), grammar)
 
 
 def accept(reqs: Sequence[Request]) -> None:

@@ -62,3 +62,14 @@ def reset_graph(graph: Any) -> None:
         reset = getattr(getattr(part, "graph", None), "reset", None)
         if reset is not None:
             reset()
+
+
+def host_scalars(
+    config: RuntimeConfig, backend: Any, env: Any, mode: ForwardMode, max_q: int, cascade: bool
+) -> dict[str, Any]:
+    """Every Python value the step's kernels receive (the attention backend's, the model's
+    per-layer scalars in ``env.scalars``), all functions of the graph key."""
+    found: dict[str, Any] = {"max_seqlen_q": max_q, "page_size": config.page_size, "cascade": cascade}
+    if MODES[mode].draft_steps and config.speculative:
+        found["draft_steps"] = config.speculative.draft_forwards
+    return found | backend.host_scalars() | env.scalars.as_dict()

@@ -1,8 +1,9 @@
 """Capture and recapture: the :class:`Capturer` a :class:`GraphRuntime` holds.
 
 It owns the capture engine, the dispatcher (graphs by mode and bucket), each graph's output,
-the host scalars each graph baked in and, with token masks, each key's split pair
-(:mod:`.split_pairs`: captured with its key, or lazily on the key's first constrained step);
+the host scalars each graph baked in and each key's variants (:mod:`.variants`): with token
+masks its split pair (:mod:`.split_pairs`), with sampler extras its lean graph (:mod:`.lean`),
+each captured with its key, or lazily on the first step that asks for it;
 the runtime's public ``capture`` / ``recapture`` / ``release`` call it under the runtime's
 lock. It never runs a step itself.
 
@@ -39,15 +40,18 @@ from graphrt.runtime.capture_setup import (
     GraphShape,
     alone,
     empty_batch,
+    host_scalars,
     make_engine,
     reset_graph,
     token_ladders,
 )
 from graphrt.runtime.fastpath import Routes
+from graphrt.runtime.lean import lean_env
 from graphrt.runtime.programs import PROGRAMS, SPLITS, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport
-from graphrt.runtime.split_pairs import Key, SplitPairs, record_pair
+from graphrt.runtime.split_pairs import record_pair
+from graphrt.runtime.variants import Key, Made, variants_of
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
@@ -66,13 +70,7 @@ class Capturer:
         backend: Any,
         switches: Switches,
     ) -> None:
-        self.config, self.device, self.groups, self.env, self.backend = (
-            config,
-            device,
-            groups,
-            env,
-            backend,
-        )
+        self.config, self.device, self.groups, self.env, self.backend = config, device, groups, env, backend
         #: The switches the runtime was built with (the capture report carries them).
         self.switches = switches
         #: The kernels' tuning table: the one the runtime installed just before making this.
@@ -84,10 +82,12 @@ class Capturer:
         #: Each graph's output (static tensors in the graph's pool), by (mode, bucket).
         self.outputs: dict[tuple[ForwardMode, int], Any] = {}
         #: Per mode and bs: the graph path's route; dropped with the graphs (runtime/fastpath.py).
-        self.routes = Routes(self.dispatcher, self.outputs, self.shape, self.on_first_use, self.split_of)
-        #: Split pairs (forward graph, sampler graph; :mod:`.split_pairs`): token masks only.
-        split = config.token_masks and config.sample
-        self.splits = SplitPairs(frozenset(m for m in config.capture_modes if split and m in SPLITS))
+        self.routes = Routes(self.dispatcher, self.outputs, self.shape, self.on_first_use, self.variant_of)
+        #: The environment of the lean graphs (:mod:`.lean`): None without sampler extras.
+        self.lean_env = lean_env(env) if config.sample else None
+        #: Variants by kind (:mod:`.variants`): split pairs and lean graphs.
+        self.variants = variants_of(config, self.lean_env is not None)
+        self._recorders = {"split": self._record_split, "lean": self._record_lean}
         #: Captures per (mode, bucket) over the runtime's life, and their seconds in all.
         self.captures: Counter[tuple[ForwardMode, int]] = Counter()
         self.seconds = 0.0
@@ -121,7 +121,7 @@ class Capturer:
                 self.dispatcher.expect(mode, bucket)
             return self.report(0.0)
         start = time.perf_counter()
-        self._capture_keys(self.keys(), self.split_keys(), show_progress)
+        self._capture_keys(self.keys(), self.variant_keys(), show_progress)
         report = self.report(time.perf_counter() - start)
         log.info(
             "captured %d graphs in %.2f s, pool %.1f MiB (%s engine, %s backend)",
@@ -134,30 +134,30 @@ class Capturer:
         return report
 
     def capture_pending(self, show_progress: bool) -> CaptureReport:
-        """Capture every key still pending now, and every split pair still missing, largest
+        """Capture every key still pending now, and every variant still missing, largest
         bucket first (lazy capture's "the rest")."""
         start = time.perf_counter()
         keys = [k for k in self.keys() if k in self.dispatcher.pending]
-        self._capture_keys(keys, self.split_keys(), show_progress)
+        self._capture_keys(keys, self.variant_keys(), show_progress)
         return self.report(time.perf_counter() - start)
 
-    def split_keys(self) -> list[Key]:
-        """Keys of a split mode whose pair is not captured yet (nor failed, nor their graph)."""
-        return self.splits.missing(self.keys(), self.dispatcher.failed)
+    def variant_keys(self) -> dict[str, list[Key]]:
+        """Per kind, the keys whose variant is not captured yet (nor failed, nor their graph)."""
+        return {kind: v.missing(self.keys(), self.dispatcher.failed) for kind, v in self.variants.items()}
 
-    def _capture_keys(self, keys: list[Key], splits: list[Key], show_progress: bool) -> None:
+    def _capture_keys(self, keys: list[Key], variants: dict[str, list[Key]], show_progress: bool) -> None:
         start = time.perf_counter()
-        # NOTE: each key's graph, then its split pair, in keys() order (largest bucket first)
-        chosen = (set(keys), set(splits))
-        jobs = [(k, split) for k in self.keys() for split in (False, True) if k in chosen[split]]
+        # NOTE: each key's graph, then its variants, in keys() order (largest bucket first)
+        chosen = {None: set(keys)} | {kind: set(found) for kind, found in variants.items()}
+        jobs = [(k, kind) for k in self.keys() for kind in chosen if k in chosen[kind]]
         try:
             with self.engine.frozen_gc(), capture_progress(len(jobs), show_progress) as advance:
-                for (mode, bucket), split in jobs:
-                    if split:
-                        self.splits.pairs[(mode, bucket)] = self._record_split(mode, bucket)
-                    else:
+                for (mode, bucket), kind in jobs:
+                    if kind is None:
                         self._register(mode, bucket, *self._record(mode, bucket))
-                    advance(f"{mode.name} bs={bucket}" + (" (split)" if split else ""))
+                    else:
+                        self.variants[kind].made[(mode, bucket)] = self._recorders[kind](mode, bucket)
+                    advance(f"{mode.name} bs={bucket}" + (f" ({kind})" if kind else ""))
         finally:
             # NOTE: capture recorded updates it never ran; the next replay rewrites everything.
             self.groups.forget()
@@ -177,13 +177,17 @@ class Capturer:
         else:
             self.dispatcher.fail(mode, bucket, why)
 
-    def split_of(self, mode: ForwardMode, bucket: int) -> tuple[SplitGraph, Any] | None:
-        """The split pair of ``(mode, bucket)`` and its sampler's static output, captured now
-        if missing (a constrained step's first use; agreed on as :meth:`on_first_use` does);
-        None when ``mode`` has none or its capture failed (the step replays its one graph)."""
-        what, then = f"{mode.name} bs={bucket} (split)", "its constrained steps replay the single graph"
-        return self.splits.get(
-            (mode, bucket), lambda: self._first_use(self._record_split, mode, bucket, what, then)
+    def variant_of(self, kind: str, mode: ForwardMode, bucket: int) -> Made | None:
+        """The ``kind`` variant of ``(mode, bucket)`` and its static output, captured now if
+        missing (a step's first use; agreed on as :meth:`on_first_use` does); None when
+        ``mode`` has none or its capture failed (the step replays the key's own graph)."""
+        what, record, variants = (
+            f"{mode.name} bs={bucket} ({kind})",
+            self._recorders[kind],
+            self.variants[kind],
+        )
+        return variants.get(
+            (mode, bucket), lambda: self._first_use(record, mode, bucket, what, variants.instead)
         )
 
     def _first_use(
@@ -226,26 +230,36 @@ class Capturer:
         self.groups.write(empty_batch(mode), shape.rows, shape.tokens, poison=self.config.debug)
         return inputs, shape
 
-    def _record(self, mode: ForwardMode, bucket: int) -> tuple[Any, Any]:
-        """Capture ``(mode, bucket)`` on an all-padding batch; the graph and its static output."""
+    def _record(self, mode: ForwardMode, bucket: int, env: StepEnv | None = None) -> tuple[Any, Any]:
+        """Capture ``(mode, bucket)`` on an all-padding batch; the graph and its static output
+        (``env``: another than the runtime's, keyed ``(mode, bucket, "lean")``: :meth:`_record_lean`)."""
         inputs, shape = self._prepare(mode, bucket)
-        program, env, max_q = PROGRAMS[mode], self.env, shape.max_q
+        program, max_q, used = PROGRAMS[mode], shape.max_q, self.env if env is None else env
+        key = (mode, bucket) if env is None else (mode, bucket, "lean")
 
         def step() -> torch.Tensor:
             with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph
-                return program(env, mode, inputs, max_q)
+                return program(used, mode, inputs, max_q)
 
-        graph, out = self.engine.capture((mode, bucket), step, self.config.warmup)
-        graph.info.host_scalars = self.host_scalars(mode, max_q, inputs.cascade is not None)
+        graph, out = self.engine.capture(key, step, self.config.warmup)
+        graph.info.host_scalars = self._scalars(mode, max_q, inputs)
         log.debug("captured %s bs=%d in %.1f ms", mode.name, bucket, graph.info.capture_seconds * 1e3)
         return graph, out
+
+    def _record_lean(self, mode: ForwardMode, bucket: int) -> tuple[Any, Any]:
+        """Capture ``(mode, bucket)``'s lean graph (:mod:`.lean`), keyed ``(mode, bucket, "lean")``."""
+        return self._record(mode, bucket, self.lean_env)
 
     def _record_split(self, mode: ForwardMode, bucket: int) -> tuple[SplitGraph, Any]:
         """Capture ``(mode, bucket)``'s split pair (:func:`.split_pairs.record_pair`)."""
         inputs, shape = self._prepare(mode, bucket)
-        scalars = self.host_scalars(mode, shape.max_q, inputs.cascade is not None)
+        scalars = self._scalars(mode, shape.max_q, inputs)
         split, warmup = SPLITS[mode], self.config.warmup
         return record_pair(self.engine, split, self.env, (mode, bucket), inputs, shape.max_q, warmup, scalars)
+
+    def _scalars(self, mode: ForwardMode, max_q: int, inputs: Any) -> dict[str, Any]:
+        cascade = inputs.cascade is not None
+        return host_scalars(self.config, self.backend, self.env, mode, max_q, cascade)
 
     def _register(self, mode: ForwardMode, bucket: int, graph: Any, out: Any) -> None:
         self.dispatcher.add(mode, bucket, graph)
@@ -258,7 +272,8 @@ class Capturer:
         return CaptureReport(
             self.engine.name,
             self.backend.name,
-            tuple(g.info for g in self.dispatcher.graphs.values()) + self.splits.infos(),
+            tuple(g.info for g in self.dispatcher.graphs.values())
+            + tuple(info for v in self.variants.values() for info in v.infos()),
             self.seconds if seconds is None else seconds,
             self.groups.step.memory_report(),
             self.switches.as_dict(),
@@ -266,17 +281,6 @@ class Capturer:
             pending,
             self.tuning.brief(),
         )
-
-    def host_scalars(self, mode: ForwardMode, max_q: int, cascade: bool) -> dict[str, Any]:
-        """Every Python value the step's kernels receive, all functions of the graph key."""
-        found: dict[str, Any] = {
-            "max_seqlen_q": max_q,
-            "page_size": self.config.page_size,
-            "cascade": cascade,
-        }
-        if MODES[mode].draft_steps and self.config.speculative:
-            found["draft_steps"] = self.config.speculative.draft_forwards
-        return found | self.backend.host_scalars() | self.env.scalars.as_dict()
 
     def drop(self) -> None:
         """Drop every graph, its output, the routes naming them and the pending keys (syncs
@@ -286,8 +290,9 @@ class Capturer:
             torch.cuda.synchronize(self.device)
         for graph in self.dispatcher.graphs.values():
             reset_graph(graph)
-        for pair in self.splits.clear():
-            reset_graph(pair)
+        for variants in self.variants.values():
+            for graph in variants.clear():
+                reset_graph(graph)
         # NOTE: pending keys go too: no step may capture after a release (a process group
         # may be gone); capture() marks them again.
         self.dispatcher.clear()

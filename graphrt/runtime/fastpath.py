@@ -83,22 +83,24 @@ class Route:
     rows: int = 0
     #: The mode's :attr:`ModePlan.last_rows` (how :func:`select` slices a sampling output).
     last_rows: bool = False
-    #: The split pair's route beside this one, once a step with ``ready`` asked (:meth:`Routes.paired`).
-    pair: Route | None = None
+    #: The variants' routes beside this one by kind, once a step asked (:meth:`Routes.variant`;
+    #: None: the key has none of that kind).
+    variants: dict[str, Route | None] = field(default_factory=dict)
+    #: The kind of variant this route replays (:mod:`graphrt.runtime.variants`), or None.
+    kind: str | None = None
     #: The static output's real rows, sliced once: logits / forward output, sampled tokens.
     _views: dict[bool, torch.Tensor] = field(default_factory=dict)
 
-    def launch(self, ready: Callable[[], None] | None) -> bool:
+    def launch(self, ready: Callable[[], None] | None) -> None:
         """Replay the graph: a split pair (:class:`~graphrt.capture.SplitGraph`, ``output`` the
         sampler's) calls ``ready`` between its parts, while the forward runs on the device; a
-        single graph runs after ``ready`` (if any). Returns whether it was a split pair."""
+        single graph runs after ``ready`` (if any)."""
         if isinstance(self.graph, SplitGraph):
             self.graph.replay(ready)
-            return True
+            return
         if ready is not None:
             ready()
         self.graph.replay()
-        return False
 
     def result(self, sampled: bool, num_tokens: int) -> torch.Tensor:
         """The real rows of the static output (a view; the caller clones it).
@@ -139,7 +141,8 @@ class Routes:
     ``outputs`` is the runtime's ``(mode, bucket) -> static output`` (shared, not copied);
     ``shape(mode, bucket)`` a graph's rows, tokens and ``max_seqlen_q`` (the capturer's);
     ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route;
-    ``split_of(mode, bucket)`` gives (making it if missing) the key's split pair and its output.
+    ``variant_of(kind, mode, bucket)`` gives (making it if missing) the key's variant of that
+    kind and its output (:mod:`graphrt.runtime.variants`).
     A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``.
     """
 
@@ -149,10 +152,10 @@ class Routes:
         outputs: dict[tuple[ForwardMode, int], Any],
         shape: Callable[..., Any],
         capture: Callable[[ForwardMode, int], None],
-        split_of: Callable[[ForwardMode, int], tuple[Any, Any] | None],
+        variant_of: Callable[[str, ForwardMode, int], tuple[Any, Any] | None],
     ) -> None:
         self.dispatcher, self.outputs, self.shape, self.capture = dispatcher, outputs, shape, capture
-        self.split_of = split_of
+        self.variant_of = variant_of
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
 
     def clear(self) -> None:
@@ -160,10 +163,11 @@ class Routes:
         self.by_mode.clear()
 
     def get(
-        self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry, paired: bool = False
+        self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry, kind: str | None = None
     ) -> Route | None:
-        """The route of ``batch`` (its host scalars checked), or None: run it eagerly. ``paired``
-        (a step with ``ready``): its split pair's route where it has one (:meth:`paired`).
+        """The route of ``batch`` (its host scalars checked), or None: run it eagerly. ``kind``
+        (``"split"``: a step with ``ready``; ``"lean"``): that variant's route where the key has
+        one (:meth:`variant`).
 
         A fallback is never cached: each one is counted (``strict``: raised instead).
         """
@@ -197,20 +201,20 @@ class Routes:
             route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows, plan.last_rows)
             routes[size] = route
         check_host_scalars(batch, plan.ragged, route.max_q)
-        if paired:
-            return self.paired(route, plan.mode) or route
+        if kind is not None:
+            return self.variant(route, plan.mode, kind) or route
         return route
 
-    def paired(self, route: Route, mode: ForwardMode) -> Route | None:
-        """The route of ``route``'s split pair (a step with ``ready``), or None: the mode has
-        none, or its capture failed (the step replays ``route``'s single graph)."""
-        if route.pair is None:
-            made = self.split_of(mode, route.bucket)
-            if made is None:
-                return None
-            pair, output = made
-            route.pair = dataclasses.replace(route, graph=pair, output=output, _views={})
-        return route.pair
+    def variant(self, route: Route, mode: ForwardMode, kind: str) -> Route | None:
+        """The route of ``route``'s ``kind`` variant, or None: the mode has none, or its
+        capture failed (the step replays ``route``'s own graph)."""
+        if kind not in route.variants:
+            made = self.variant_of(kind, mode, route.bucket)  # NOTE: None stays None (routes are
+            # dropped whenever graphs are captured or dropped)
+            route.variants[kind] = made and dataclasses.replace(
+                route, graph=made[0], output=made[1], _views={}, variants={}, kind=kind
+            )
+        return route.variants[kind]
 
 
 def check_host_scalars(batch: Batch, ragged: bool, max_seqlen_q: int) -> None:

@@ -53,7 +53,8 @@ class RuntimeStats:
     ``captures``: mode -> bucket -> how many times its graph was captured (once per ladder;
     a lazy runtime's keys appear as steps first need them). ``split``: of ``replays``, those
     that ran the mode's split pair (forward graph, ``ready``, sampler graph;
-    :mod:`graphrt.runtime.split_pairs`).
+    :mod:`graphrt.runtime.split_pairs`); ``lean``: those that ran its lean graph (no sampler
+    extras; :mod:`graphrt.runtime.lean`).
     """
 
     replays: dict[str, int]
@@ -61,6 +62,7 @@ class RuntimeStats:
     fallbacks: dict[str, dict[str, int]]  # mode -> reason -> count
     captures: dict[str, dict[int, int]] = field(default_factory=dict)
     split: dict[str, int] = field(default_factory=dict)
+    lean: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -68,10 +70,10 @@ class RuntimeStats:
         dispatcher: Dispatcher,
         eager: Mapping[Hashable, int],
         captures: Counter[tuple[Hashable, int]],
-        split: Mapping[Hashable, int] | None = None,
+        variants: Mapping[str, Mapping[Hashable, int]] | None = None,
     ) -> RuntimeStats:
         """The counters of ``dispatcher``, the eager steps per mode, the captures per key and the
-        split replays per mode."""
+        replays of each kind of variant per mode (``{"split": ..., "lean": ...}``)."""
         fallbacks: dict[str, dict[str, int]] = {}
         for fb, n in dispatcher.fallbacks.items():
             fallbacks.setdefault(_name(fb.mode), {})[fb.reason] = n
@@ -79,8 +81,9 @@ class RuntimeStats:
         for (mode, bucket), n in sorted(captures.items(), key=lambda kv: (_name(kv[0][0]), kv[0][1])):
             counted.setdefault(_name(mode), {})[bucket] = n
         replays = {_name(m): n for m, n in dispatcher.replays.items()}
-        split_replays = {_name(m): n for m, n in (split or {}).items()}
-        return cls(replays, {_name(m): n for m, n in eager.items()}, fallbacks, counted, split_replays)
+        steps = {kind: {_name(m): n for m, n in found.items()} for kind, found in (variants or {}).items()}
+        eager_steps = {_name(m): n for m, n in eager.items()}
+        return cls(replays, eager_steps, fallbacks, counted, steps.get("split", {}), steps.get("lean", {}))
 
 
 def _name(mode: Hashable) -> str:

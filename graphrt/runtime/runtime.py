@@ -16,7 +16,7 @@ import torch
 
 from graphrt.attention import attention_kind
 from graphrt.attention.needs import runtime_needs
-from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher, optimal_buckets
+from graphrt.capture import BucketPolicy, CaptureEngine, Dispatcher
 from graphrt.kernels import switches, tuning
 from graphrt.kv import EncoderKV, PagedKVCache, ReqToToken
 from graphrt.kv.ledger import KVWrites
@@ -26,10 +26,11 @@ from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route, step_logprobs_of
 from graphrt.runtime.feed import StepFeed, TokenFeed
 from graphrt.runtime.layout import build_layout, routing_shape
+from graphrt.runtime.lean import LeanCheck
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
-from graphrt.runtime.telemetry import Telemetry, ladder_top, step_weights
+from graphrt.runtime.telemetry import Telemetry, ladder_top, suggest_ladder
 from graphrt.runtime.token_mask import TokenMasks
 from graphrt.step.batch import Batch
 from graphrt.step.config import RuntimeConfig
@@ -103,6 +104,7 @@ class GraphRuntime:
         )
         self.logprobs: torch.Tensor | None = None  # NOTE: the last step's [bs, 1 + 2K] (.logprobs)
         self.capturer = Capturer(config, self.device, self.groups, self.env, self.backend, self.switches)
+        self._lean = LeanCheck(self.capturer.variants["lean"].modes, self.env.masks)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -156,7 +158,7 @@ class GraphRuntime:
             writes = KVWrites.of(batch, scratch=plan.scratch)
             ledger = self.req_to_token.ledger
             drop = ledger.check(writes)
-            route = None if eager or not plan.graphed else self._route(batch, plan, ready is not None)
+            route = None if eager or not plan.graphed else self._route(batch, plan, ready)
             if self.window is not None:
                 self.window.assign(batch, writes)
             try:
@@ -179,9 +181,11 @@ class GraphRuntime:
             self._plans[mode] = plan
         return plan
 
-    def _route(self, batch: Batch, plan: ModePlan, paired: bool = False) -> Route | None:
-        """The graph route for ``batch``, host scalars checked (``paired``: its split pair's if any)."""
-        return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry, paired)
+    def _route(self, batch: Batch, plan: ModePlan, ready: Ready | None = None) -> Route | None:
+        """The graph route for ``batch``, host scalars checked: its split pair's with ``ready``,
+        its lean graph's when none of its rows needs the sampler's extras (each where it has one)."""
+        kind = "split" if ready is not None else "lean" if self._lean(batch) else None
+        return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry, kind)
 
     def _replay(
         self, batch: Batch, plan: ModePlan, route: Route, feed: StepFeed | None, ready: Ready | None
@@ -191,8 +195,9 @@ class GraphRuntime:
         updated = time.perf_counter()
         # NOTE: no torch.no_grad() (costly per step): a CUDA graph replay records no autograd, and the
         # emulated engine's replay enters no_grad itself.
-        if route.launch(ready):  # NOTE: a split pair, ready() while its forward ran
-            self.capturer.splits.steps[plan.mode] += 1
+        route.launch(ready)  # NOTE: a split pair calls ready() while its forward runs
+        if route.kind is not None:
+            self.capturer.variants[route.kind].steps[plan.mode] += 1
         self.telemetry.replayed(plan.name, route.bs, route.bucket, start, updated, self.device)
         if self.config.debug:
             left = self.groups.poisoned(plan.mode, route.rows, plan.rows_per_req, route.tokens)
@@ -217,9 +222,9 @@ class GraphRuntime:
         return out
 
     def stats(self) -> RuntimeStats:
-        """Replays, eager and split-pair steps per mode, fallbacks per mode and reason, captures per key."""
-        capturer = self.capturer
-        return RuntimeStats.of(self.dispatcher, self._eager_steps, capturer.captures, capturer.splits.steps)
+        """Replays, eager and variant steps per mode, fallbacks per mode and reason, captures per key."""
+        steps = {kind: v.steps for kind, v in self.capturer.variants.items()}
+        return RuntimeStats.of(self.dispatcher, self._eager_steps, self.capturer.captures, steps)
 
     # ---- graphs ------------------------------------------------------------------------
     @property
@@ -270,12 +275,7 @@ class GraphRuntime:
         with self._lock:  # NOTE: run() adds to the histogram; copy it whole
             counts = dict(self.telemetry.batch_sizes)
         modes = [m for m in self.config.capture_modes if not MODES[m].token_bucket]  # NOTE: MIXED: tokens
-        weights = step_weights(counts, modes, self.rows_per_req, top)
-        if not weights:
-            raise ValueError(
-                f"no graphed steps of at most {top} requests observed yet: run() some batches first"
-            )
-        return optimal_buckets(weights, max_graphs, top)
+        return suggest_ladder(counts, modes, self.rows_per_req, max_graphs, top)
 
     def recapture(self, buckets: Sequence[int], show_progress: bool = False) -> CaptureReport:
         """Swap in a new ladder: drop every graph and capture ``buckets`` for every mode (lazy: pending).

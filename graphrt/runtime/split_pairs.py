@@ -26,63 +26,14 @@ first (correct, not overlapped). The capture report lists the parts under the ke
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from graphrt.capture import CaptureEngine, GraphInfo, SplitGraph
+from graphrt.capture import CaptureEngine, SplitGraph
 from graphrt.metadata.buffer_groups import StepInputs
 from graphrt.runtime.programs import SplitProgram, StepEnv
-from graphrt.step.modes import ForwardMode
-
-Key = tuple[ForwardMode, int]
-#: A split pair and its sampler's static output.
-Made = tuple[SplitGraph, Any]
-
-
-class SplitPairs:
-    """The split pairs of one runtime by (mode, bucket), with the sampler's static output;
-    ``modes``: the modes that have them (empty: none is ever captured)."""
-
-    def __init__(self, modes: frozenset[ForwardMode]) -> None:
-        self.modes = modes
-        self.pairs: dict[Key, Made] = {}
-        #: Keys whose pair failed to capture (lazily), with the reason.
-        self.failed: dict[Key, str] = {}
-        #: Steps that replayed a pair, per mode, over the runtime's life (``RuntimeStats.split``).
-        self.steps: Counter[ForwardMode] = Counter()
-
-    def missing(self, keys: list[Key], skip: dict[Key, str]) -> list[Key]:
-        """Keys of ``keys`` in a split mode without a pair (nor a failed one, nor in ``skip``)."""
-        done = self.pairs.keys() | self.failed.keys() | skip.keys()
-        return [k for k in keys if k[0] in self.modes and k not in done]
-
-    def get(self, key: Key, capture: Callable[[], tuple[Made | None, str]]) -> Made | None:
-        """The pair of ``key`` and its sampler's output; if missing, made now by ``capture()``
-        (a constrained step's first use: what it made, or None and why, kept as failed). None
-        where the mode has no pairs or the key's capture failed."""
-        found = self.pairs.get(key)
-        if found is not None or key[0] not in self.modes or key in self.failed:
-            return found
-        made, why = capture()
-        if made is None:
-            self.failed[key] = why
-        else:
-            self.pairs[key] = made
-        return made
-
-    def infos(self) -> tuple[GraphInfo, ...]:
-        """Both parts' facts of every pair."""
-        return tuple(part.info for pair, _ in self.pairs.values() for part in pair.parts)
-
-    def clear(self) -> list[SplitGraph]:
-        """Forget every pair and failure; returns the pairs (the caller frees them)."""
-        pairs = [pair for pair, _ in self.pairs.values()]
-        self.pairs.clear()
-        self.failed.clear()
-        return pairs
+from graphrt.runtime.variants import Key, Made
 
 
 def record_pair(

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from graphrt.capture import optimal_buckets
+
 #: Steps kept by default; older records drop off the ring (counters keep counting).
 DEFAULT_CAPACITY = 4096
 
@@ -137,3 +139,19 @@ def ladder_top(max_graphs: int, largest: int | None, allocation: int) -> int:
     if not 1 <= top <= allocation:
         raise ValueError(f"largest bucket {top} is outside 1..{allocation} (max_batch_size)")
     return top
+
+
+def suggest_ladder(
+    counts: Mapping[tuple[str, int], int],
+    modes: Iterable[Any],
+    rows_per_req: Callable[[Any], int],
+    max_graphs: int,
+    top: int,
+) -> tuple[int, ...]:
+    """The ladder of at most ``max_graphs`` buckets up to ``top`` that pads the steps of
+    ``counts`` (:func:`step_weights`) least (:func:`graphrt.capture.optimal_buckets`);
+    ``ValueError`` when no step of at most ``top`` requests was observed."""
+    weights = step_weights(counts, modes, rows_per_req, top)
+    if not weights:
+        raise ValueError(f"no graphed steps of at most {top} requests observed yet: run() some batches first")
+    return optimal_buckets(weights, max_graphs, top)

@@ -44,6 +44,9 @@ class TokenMasks:
         self._copied = torch.cuda.Event() if pin else None  # NOTE: the host rows' last copy
         self._pending = False
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}
+        #: Rows whose mask is a grammar's (host; :meth:`upload`'s ``grammar``): a step none of
+        #: whose rows is may skip the masks (:mod:`graphrt.runtime.lean`).
+        self.grammar = np.zeros(rows, dtype=bool)
 
     @classmethod
     def of(cls, wanted: bool, rows: int, vocab_size: int | None, device: torch.device) -> TokenMasks | None:
@@ -60,13 +63,16 @@ class TokenMasks:
             self._pending = False
         return self._host, self._host_np
 
-    def upload(self, rows: np.ndarray) -> None:
-        """Request rows ``rows [n]`` take the first ``n`` staged rows (:meth:`staging`)."""
+    def upload(self, rows: np.ndarray, grammar: np.ndarray | bool = True) -> None:
+        """Request rows ``rows [n]`` take the first ``n`` staged rows (:meth:`staging`);
+        ``grammar`` (``[n]`` bool, or one for all): whether each is a grammar's mask (else all
+        tokens allowed)."""
         n = len(rows)
         if n == 0:
             return
         if n > len(self._index_np):
             raise ValueError(f"{n} mask rows written at once; the masks hold {len(self._index_np)}")
+        self.grammar[rows] = grammar
         views = self._views.get(n)
         if views is None:  # NOTE: slices made once per count (a tensor slice costs per step)
             views = self._views[n] = (self._host[:n], self._index[:n], self._dev[0][:n], self._dev[1][:n])

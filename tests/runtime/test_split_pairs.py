@@ -79,7 +79,7 @@ def write_masks(s: Setup, rows: list[int], sets: list[set[int] | None]) -> None:
 
 def forward_lead(s: Setup) -> int:
     """Forward-graph replays not yet followed by their sampler's, over every split pair."""
-    pairs = s.runtime.capturer.splits.pairs.values()
+    pairs = s.runtime.capturer.variants["split"].made.values()
     return sum(p.first.info.replays - p.second.info.replays for p, _ in pairs)
 
 
@@ -149,7 +149,7 @@ def test_constrained_steps_replay_the_split_pair_with_the_eager_tokens(debug: bo
     keys = {g.key for g in s.runtime.report().graphs}
     decode = ForwardMode.DECODE
     assert {(decode, 4, "forward"), (decode, 4, "sampler"), (decode, 1, "sampler"), (decode, 4)} <= keys
-    pair, _ = s.runtime.capturer.splits.pairs[(decode, 4)]
+    pair, _ = s.runtime.capturer.variants["split"].made[(decode, 4)]
     scalars = s.runtime.dispatcher.graphs[(decode, 4)].info.host_scalars
     assert [p.info.host_scalars for p in pair.parts] == [scalars, scalars]  # NOTE: rule 4, both parts
     want = trajectory(s, eager=True)
@@ -184,7 +184,7 @@ def test_a_lazy_runtime_captures_a_split_pair_on_its_first_constrained_step() ->
     assert keys == {(decode, 4), (decode, 4, "forward"), (decode, 4, "sampler")}
     s.runtime.capture_pending()
     keys = {g.key for g in s.runtime.report().graphs}
-    assert keys == {(decode, b, *part) for b in (1, 2, 4) for part in ((), ("forward",), ("sampler",))}
+    assert keys == {(decode, b, *part) for b in (1, 2, 4) for part in ((), ("forward",), ("sampler",), ("lean",))}
 
 
 def test_the_pair_equals_the_single_graph_which_a_failed_pair_capture_leaves(
@@ -207,14 +207,14 @@ def test_the_pair_equals_the_single_graph_which_a_failed_pair_capture_leaves(
         assert np.array_equal(a, b)
     check_allowed(got)
     assert single.runtime.stats().split == {} and "DECODE" not in single.runtime.stats().eager
-    assert "no forward here" in single.runtime.capturer.splits.failed[(ForwardMode.DECODE, 4)]
+    assert "no forward here" in single.runtime.capturer.variants["split"].failed[(ForwardMode.DECODE, 4)]
     assert {len(g.key) for g in single.runtime.report().graphs} == {2}
 
 
 def test_a_runtime_without_masks_captures_no_split_pair() -> None:
     s = build_runtime(CPU, max_batch_size=4, max_context_len=64, buckets=(1, 2, 4), sample=True)
     keys = {g.key for g in s.runtime.report().graphs}
-    assert keys == {(ForwardMode.DECODE, b) for b in (1, 2, 4)} and not s.runtime.capturer.splits.modes
+    assert keys == {(ForwardMode.DECODE, b) for b in (1, 2, 4)} and not s.runtime.capturer.variants["split"].modes
 
 
 def test_inspect_shows_the_pair_under_its_parts_names(
@@ -229,6 +229,7 @@ def test_inspect_shows_the_pair_under_its_parts_names(
         ("DECODE", 4, 1),
         ("DECODE.forward", 4, STEPS - 1),
         ("DECODE.sampler", 4, STEPS - 1),
+        ("DECODE.lean", 4, 0),
     ]
     assert main(["inspect", str(path), "--width", "160", "--no-kernels"]) == 0
     rows = [ln.split("│")[1].strip() for ln in capsys.readouterr().out.splitlines() if "│ DECODE" in ln]
@@ -241,8 +242,8 @@ def test_recapture_and_release_replace_and_drop_the_pairs() -> None:
     s.runtime.recapture([2, 4])
     decode = ForwardMode.DECODE
     keys = {g.key for g in s.runtime.report().graphs}
-    assert keys == {(decode, b, *part) for b in (2, 4) for part in ((), ("forward",), ("sampler",))}
+    assert keys == {(decode, b, *part) for b in (2, 4) for part in ((), ("forward",), ("sampler",), ("lean",))}
     got = trajectory(s, eager=False)
     assert got.tokens == want.tokens and got.leads == [1] * (STEPS - 1)
     s.runtime.release()
-    assert s.runtime.report().graphs == () and not s.runtime.capturer.splits.pairs
+    assert s.runtime.report().graphs == () and not s.runtime.capturer.variants["split"].made

@@ -87,7 +87,7 @@ class Timers:
 
     def wrap_replays(self, runtime: GraphRuntime) -> None:
         # NOTE: a constrained step replays a split pair's parts (runtime/split_pairs.py)
-        parts = [part for pair, _ in runtime.capturer.splits.pairs.values() for part in pair.parts]
+        parts = [part for pair, _ in runtime.capturer.variants["split"].made.values() for part in pair.parts]
         for graph in [*runtime.dispatcher.graphs.values(), *parts]:
             if id(graph) not in self._graphs:
                 self._graphs.add(id(graph))

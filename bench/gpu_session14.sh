@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU runs of the eighth session (2026-12-07), after .gpu/install.sh and .gpu/install-model.sh:
+#   bash bench/gpu_session14.sh lean
+# (the fused prologue over a few rows ran as `bash bench/gpu_session13.sh models`)
+# lean: lean DECODE graphs (graphrt/runtime/lean.py) against .gpu/base (the tree before): the
+#       idle gaps and device busy of LLM's bs-1 decode (bench/debug/decode_gaps.py), then serve
+#       plain at SERVE_CLIENTS, and this tree's serve with top-5 logprobs (the full graph).
+set -uo pipefail
+export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
+what=${1:?lean}
+log="$OUT/s14_$what.log"
+gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+source bench/gpu_prelude.sh
+mkdir -p "$OUT/json"
+run() { echo "== $*" | tee -a "$log"; timeout "${LIMIT:-200}" "$@" 2>&1 | grep -vE "━|^\s*$" | tail -"${TAIL:-12}" | tee -a "$log"; }
+
+lean() {
+  LIMIT=150 TAIL=8 run python3 -m pytest -q -rf -p no:cacheprovider tests/runtime/test_lean.py tests/runtime/test_split_pairs.py
+  for tree in new base; do
+    local pp=$PYTHONPATH
+    [ "$tree" = base ] && pp=$PWD/.gpu/base:$PYTHONPATH
+    echo "#### tree $tree" | tee -a "$log"
+    PYTHONPATH=$pp LIMIT=120 TAIL=70 run python3 bench/debug/decode_gaps.py "$gguf" 256
+    PYTHONPATH=$pp LIMIT=90 run graphrt bench serve --model "$gguf" --device cuda --peer none \
+      --concurrency "${SERVE_CLIENTS:-1,8,32}" --body '{}' --out "$OUT/json/$tree"
+  done
+  LIMIT=90 run graphrt bench serve --model "$gguf" --device cuda --peer none --concurrency "${SERVE_CLIENTS:-1,8,32}" \
+    --body '{"logprobs":true,"top_logprobs":5}' --out "$OUT/json/logprobs"
+}
+
+case "$what" in
+lean) lean ;;
+*) echo "lean, got $what" >&2; exit 2 ;;
+esac
+tar -C "$OUT" -czf "$OUT/s14_${what}_json.tgz" json && rm -rf "$OUT/json"
