@@ -143,7 +143,9 @@ class Routes:
     ``capture(mode, bucket)`` makes a pending graph (lazy capture) before its first route;
     ``variant_of(kind, mode, bucket)`` gives (making it if missing) the key's variant of that
     kind and its output (:mod:`graphrt.runtime.variants`).
-    A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``.
+    A token-bucketed mode (MIXED) keeps its routes by token count, not ``bs``. A step that asks
+    for a variant of a key still pending (lazy capture) captures that variant only: its route
+    (:meth:`alone`) stands without the key's graph, which the first step that needs it captures.
     """
 
     def __init__(
@@ -157,10 +159,13 @@ class Routes:
         self.dispatcher, self.outputs, self.shape, self.capture = dispatcher, outputs, shape, capture
         self.variant_of = variant_of
         self.by_mode: dict[ForwardMode, dict[int, Route]] = {}
+        #: Routes of variants captured without their key's graph, by (mode, kind) and size.
+        self.alone_routes: dict[tuple[ForwardMode, str], dict[int, Route]] = {}
 
     def clear(self) -> None:
         """Forget every route (the graphs they name were dropped or replaced)."""
         self.by_mode.clear()
+        self.alone_routes.clear()
 
     def get(
         self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry, kind: str | None = None
@@ -175,6 +180,10 @@ class Routes:
         size = batch.input_ids.size if plan.token_bucket else bs
         routes = self.by_mode.setdefault(plan.mode, {})
         route = routes.get(size)
+        if route is None and kind is not None:
+            alone = self.alone(batch, plan, kind, size)
+            if alone is not None:
+                return alone
         if route is None or route.bs != bs:
             chosen = self.dispatcher.select(plan.mode, size)
             if not isinstance(chosen, Fallback):
@@ -203,6 +212,33 @@ class Routes:
         check_host_scalars(batch, plan.ragged, route.max_q)
         if kind is not None:
             return self.variant(route, plan.mode, kind) or route
+        return route
+
+    def alone(self, batch: Batch, plan: ModePlan, kind: str, size: int) -> Route | None:
+        """The route of the ``kind`` variant of ``batch``'s key while the key itself is pending
+        (captured now if missing, its host scalars checked), or None: the key is captured (or
+        falls back, or holds too few rows), or the variant has none or failed to capture."""
+        bs, routes = batch.seq_lens.size, self.alone_routes.setdefault((plan.mode, kind), {})
+        route = routes.get(size)
+        if route is None or route.bs != bs:
+            chosen = self.dispatcher.select(plan.mode, size)
+            if not isinstance(chosen, Pending):
+                return None
+            shape = self.shape(plan.mode, chosen.bucket)
+            if shape.rows < bs:
+                return None
+            check_host_scalars(batch, plan.ragged, shape.max_q)  # NOTE: refused before any capture
+            made = self.variant_of(kind, plan.mode, chosen.bucket)
+            if made is None:
+                return None
+            n = -1 if plan.ragged else bs * plan.rows_per_req
+            graph, output = made
+            route = Route(
+                chosen.bucket, graph, shape.tokens, shape.max_q, output, bs, n, shape.rows, plan.last_rows
+            )
+            route.kind = kind
+            routes[size] = route
+        check_host_scalars(batch, plan.ragged, route.max_q)
         return route
 
     def variant(self, route: Route, mode: ForwardMode, kind: str) -> Route | None:

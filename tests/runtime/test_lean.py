@@ -124,13 +124,20 @@ def test_a_runtime_without_extras_has_no_lean_graph() -> None:
     assert s.runtime.stats().lean == {}
 
 
-def test_a_lazy_runtime_captures_the_lean_graph_on_its_first_lean_step() -> None:
+def test_a_lazy_runtime_captures_only_the_lean_graph_on_a_pending_keys_lean_step() -> None:
     s = setup(lazy=True, token_masks=False, penalties=False, logprobs=1)
     want = decode(setup(token_masks=False, penalties=False, logprobs=0), PLAIN)
     assert decode(s, PLAIN) == want
-    assert {g.key for g in s.runtime.report().graphs} == {(DECODE, 4), (DECODE, 4, "lean")}
+    report = s.runtime.report()
+    assert {g.key for g in report.graphs} == {(DECODE, 4, "lean")} and (DECODE, 4) in report.pending
+    assert s.runtime.stats().lean == {"DECODE": STEPS}
+    asking = (PLAIN[0], SamplingParams(temperature=0.9, seed=5, logprobs=1), PLAIN[2])
+    decode(s, asking)  # NOTE: the key's own graph, captured by the first step that needs it
+    assert (DECODE, 4) in {g.key for g in s.runtime.report().graphs} and s.runtime.logprobs is not None
+    assert decode(s, PLAIN) == want and s.runtime.stats().lean == {"DECODE": 2 * STEPS}
     s.runtime.capture_pending()
-    assert {(DECODE, b, "lean") for b in (1, 2)} <= {g.key for g in s.runtime.report().graphs}
+    keys = {g.key for g in s.runtime.report().graphs}
+    assert {(DECODE, b, *part) for b in (1, 2, 4) for part in ((), ("lean",))} == keys
 
 
 def test_the_servers_engine_decodes_plain_requests_through_lean_graphs() -> None:
