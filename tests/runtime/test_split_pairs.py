@@ -184,7 +184,9 @@ def test_a_lazy_runtime_captures_a_split_pair_on_its_first_constrained_step() ->
     assert keys == {(decode, 4), (decode, 4, "forward"), (decode, 4, "sampler")}
     s.runtime.capture_pending()
     keys = {g.key for g in s.runtime.report().graphs}
-    assert keys == {(decode, b, *part) for b in (1, 2, 4) for part in ((), ("forward",), ("sampler",), ("lean",))}
+    assert keys == {
+        (decode, b, *part) for b in (1, 2, 4) for part in ((), ("forward",), ("sampler",), ("lean",))
+    }
 
 
 def test_the_pair_equals_the_single_graph_which_a_failed_pair_capture_leaves(
@@ -214,7 +216,10 @@ def test_the_pair_equals_the_single_graph_which_a_failed_pair_capture_leaves(
 def test_a_runtime_without_masks_captures_no_split_pair() -> None:
     s = build_runtime(CPU, max_batch_size=4, max_context_len=64, buckets=(1, 2, 4), sample=True)
     keys = {g.key for g in s.runtime.report().graphs}
-    assert keys == {(ForwardMode.DECODE, b) for b in (1, 2, 4)} and not s.runtime.capturer.variants["split"].modes
+    assert (
+        keys == {(ForwardMode.DECODE, b) for b in (1, 2, 4)}
+        and not s.runtime.capturer.variants["split"].modes
+    )
 
 
 def test_inspect_shows_the_pair_under_its_parts_names(
@@ -242,7 +247,9 @@ def test_recapture_and_release_replace_and_drop_the_pairs() -> None:
     s.runtime.recapture([2, 4])
     decode = ForwardMode.DECODE
     keys = {g.key for g in s.runtime.report().graphs}
-    assert keys == {(decode, b, *part) for b in (2, 4) for part in ((), ("forward",), ("sampler",), ("lean",))}
+    assert keys == {
+        (decode, b, *part) for b in (2, 4) for part in ((), ("forward",), ("sampler",), ("lean",))
+    }
     got = trajectory(s, eager=False)
     assert got.tokens == want.tokens and got.leads == [1] * (STEPS - 1)
     s.runtime.release()
