@@ -4,8 +4,8 @@ A key's own graph is the dispatcher's. A runtime may also capture, per key of a 
 *variant* of it: the split pair of a runtime with token masks (:mod:`.split_pairs`), the lean
 graph of a runtime whose sampler has extras (:mod:`.lean`). Each kind lives in a
 :class:`Variants`: captured with its key (eager capture) or on the first step that asks for it
-(lazy capture); a capture that failed is kept as failed, with its reason, and such steps replay
-the key's own graph instead.
+(lazy capture; on a key still pending, the variant alone: ``fastpath.Routes.alone``); a capture
+that failed is kept as failed, with its reason, and such steps replay the key's own graph instead.
 """
 
 from __future__ import annotations
