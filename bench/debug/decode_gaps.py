@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from graphrt import LLM
-from graphrt.tools.bench.device_ops import Op, _family, device_ops, kernel_breakdown
+from graphrt.tools.bench.device_ops import Op, device_ops, family, kernel_breakdown
 
 SCHEMA = {
     "type": "json_schema",
@@ -48,7 +48,7 @@ def gaps(ops: Sequence[Op]) -> dict[tuple[str, str], list[float]]:
     reach, last = ordered[0].end, ordered[0]
     for op in ordered[1:]:
         if op.start - reach > SMALL:
-            found[(_family(last.name)[:40], _family(op.name)[:40])].append(op.start - reach)
+            found[(family(last.name)[:40], family(op.name)[:40])].append(op.start - reach)
         if op.end > reach:
             reach, last = op.end, op
     return found

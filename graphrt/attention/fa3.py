@@ -129,9 +129,9 @@ class FA3Backend(Backend):
     def yields(self, call: AttendCall) -> bool:
         """Hands a dispatch's earlier part (split decode) the steps whose ``query rows x KV heads``
         (a decode step's requests, a verify chain's tokens) leave FA3's CTAs short of
-        :data:`~graphrt.attention.fa3_plan.FULL_SHARE` of the SMs: fuller buckets keep FA3's call (there the Llama-3-8B step at bs 16 ran slower split). In a
-        batch-invariant forward every decode step goes there: its split count never follows the
-        bucket."""
+        :data:`~graphrt.attention.fa3_plan.FULL_SHARE` of the SMs: fuller buckets keep FA3's call
+        (there the Llama-3-8B step at bs 16 ran slower split). In a batch-invariant forward every
+        decode step goes there: its split count never follows the bucket."""
         q = call.q
         return batch_invariant_on() or leaves_gpu_short(q.shape[0], call.k_cache.shape[2], sm_count(q.device))
 

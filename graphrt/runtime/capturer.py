@@ -51,7 +51,7 @@ from graphrt.runtime.programs import PROGRAMS, SPLITS, StepEnv
 from graphrt.runtime.progress import capture_progress
 from graphrt.runtime.report import CaptureReport
 from graphrt.runtime.split_pairs import record_pair
-from graphrt.runtime.variants import Key, Made, variants_of
+from graphrt.runtime.variants import LEAN, SPLIT, Key, Made, variants_of
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import MODES, ForwardMode, rows_per_req
 
@@ -87,7 +87,7 @@ class Capturer:
         self.lean_env = lean_env(env) if config.sample else None
         #: Variants by kind (:mod:`.variants`): split pairs and lean graphs.
         self.variants = variants_of(config, self.lean_env is not None)
-        self._recorders = {"split": self._record_split, "lean": self._record_lean}
+        self._recorders = {SPLIT: self._record_split, LEAN: self._record_lean}
         #: Captures per (mode, bucket) over the runtime's life, and their seconds in all.
         self.captures: Counter[tuple[ForwardMode, int]] = Counter()
         self.seconds = 0.0
@@ -235,7 +235,7 @@ class Capturer:
         (``env``: another than the runtime's, keyed ``(mode, bucket, "lean")``: :meth:`_record_lean`)."""
         inputs, shape = self._prepare(mode, bucket)
         program, max_q, used = PROGRAMS[mode], shape.max_q, self.env if env is None else env
-        key = (mode, bucket) if env is None else (mode, bucket, "lean")
+        key = (mode, bucket) if env is None else (mode, bucket, LEAN)
 
         def step() -> torch.Tensor:
             with torch.no_grad():  # NOTE: no autograd state may be recorded into the graph

@@ -54,13 +54,19 @@ class ModePlan:
     token_bucket: bool = False
     #: A sampling program's logits hold each request's last row only (``ModeSpec.last_rows_only``).
     last_rows: bool = False
+    #: The runtime captures the mode's lean graphs (:mod:`graphrt.runtime.lean`).
+    lean: bool = False
 
     @classmethod
-    def of(cls, mode: ForwardMode, scratch: bool, rows_per_req: int, pad: dict[str, int]) -> ModePlan:
+    def of(
+        cls, mode: ForwardMode, scratch: bool, rows_per_req: int, pad: dict[str, int], lean: bool = False
+    ) -> ModePlan:
         spec = MODES[mode]
         graphed, ragged = bool(spec.graphed), bool(spec.ragged)
         token_bucket, last_rows = bool(spec.token_bucket), bool(spec.last_rows_only)
-        return cls(mode, mode.name, graphed, ragged, scratch, rows_per_req, pad, token_bucket, last_rows)
+        return cls(
+            mode, mode.name, graphed, ragged, scratch, rows_per_req, pad, token_bucket, last_rows, lean
+        )
 
 
 @dataclass(slots=True)
@@ -171,8 +177,8 @@ class Routes:
         self, batch: Batch, plan: ModePlan, strict: bool, telemetry: Telemetry, kind: str | None = None
     ) -> Route | None:
         """The route of ``batch`` (its host scalars checked), or None: run it eagerly. ``kind``
-        (``"split"``: a step with ``ready``; ``"lean"``): that variant's route where the key has
-        one (:meth:`variant`).
+        (:data:`~graphrt.runtime.variants.SPLIT`: a step with ``ready``; ``LEAN``): that
+        variant's route where the key has one (:meth:`variant`, :meth:`alone`).
 
         A fallback is never cached: each one is counted (``strict``: raised instead).
         """
@@ -203,12 +209,10 @@ class Routes:
                 telemetry.fell_back(plan.name, bs, chosen.reason)
                 return None
             bucket, graph = chosen
-            shape = self.shape(plan.mode, bucket)
-            n = -1 if plan.ragged else bs * plan.rows_per_req
             max_q = graph.info.host_scalars["max_seqlen_q"]
-            output = self.outputs[(plan.mode, bucket)]
-            route = Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows, plan.last_rows)
-            routes[size] = route
+            route = routes[size] = self._new(
+                plan, bucket, graph, self.outputs[(plan.mode, bucket)], bs, max_q
+            )
         check_host_scalars(batch, plan.ragged, route.max_q)
         if kind is not None:
             return self.variant(route, plan.mode, kind) or route
@@ -231,15 +235,23 @@ class Routes:
             made = self.variant_of(kind, plan.mode, chosen.bucket)
             if made is None:
                 return None
-            n = -1 if plan.ragged else bs * plan.rows_per_req
-            graph, output = made
-            route = Route(
-                chosen.bucket, graph, shape.tokens, shape.max_q, output, bs, n, shape.rows, plan.last_rows
-            )
-            route.kind = kind
-            routes[size] = route
+            route = routes[size] = self._new(plan, chosen.bucket, *made, bs, shape.max_q, kind)
         check_host_scalars(batch, plan.ragged, route.max_q)
         return route
+
+    def _new(
+        self,
+        plan: ModePlan,
+        bucket: int,
+        graph: Any,
+        output: Any,
+        bs: int,
+        max_q: int,
+        kind: str | None = None,
+    ) -> Route:
+        """The route of ``bs`` requests through ``graph`` (bucket ``bucket``, baked ``max_q``)."""
+        shape, n = self.shape(plan.mode, bucket), -1 if plan.ragged else bs * plan.rows_per_req
+        return Route(bucket, graph, shape.tokens, max_q, output, bs, n, shape.rows, plan.last_rows, kind=kind)
 
     def variant(self, route: Route, mode: ForwardMode, kind: str) -> Route | None:
         """The route of ``route``'s ``kind`` variant, or None: the mode has none, or its

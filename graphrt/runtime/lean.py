@@ -4,10 +4,11 @@ A runtime built with sampler extras (``RuntimeConfig.logprobs``, ``penalties``,
 ``token_masks``: what ``graphrt serve`` turns on) runs them in every sampling step's graph,
 whether a row asked or not: the log-probabilities' ``log_softmax`` and top-k over the
 vocabulary, the penalties' gathers, the masks' expansion to ``[R, V]`` (dozens of launches a
-step). So such a runtime also captures, per bucket of each mode in :data:`LEAN_MODES`, the
+step). So such a runtime also captures, per bucket of each mode in
+:data:`~graphrt.runtime.variants.LEAN_MODES`, the
 mode's program run with an environment without them (:func:`lean_env`): the key's *lean
 graph* (:mod:`.variants`, captured with its key, or on the first step that needs it with lazy
-capture). A step replays it when none of its rows needs the extras (:class:`LeanCheck`): no
+capture). A step replays it when none of its rows needs the extras (:class:`VariantChoice`): no
 row asks for log-probabilities or has a penalty, and no row's mask is a grammar's. It draws
 the tokens the full graph draws: on such rows each extra is an identity (an all-allowed mask,
 penalties of 0 and 1, and the sampler computes in float32 either way), and a row's counts are
@@ -17,14 +18,13 @@ read only by its own penalties, which it has none of.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 
+from graphrt.runtime.fastpath import ModePlan
 from graphrt.runtime.programs import StepEnv
 from graphrt.runtime.token_mask import TokenMasks
+from graphrt.runtime.variants import LEAN, SPLIT, Variants
 from graphrt.step.batch import Batch
-from graphrt.step.modes import ForwardMode
-
-#: Modes whose buckets get a lean graph: the steady state of serving.
-LEAN_MODES = frozenset({ForwardMode.DECODE})
 
 
 def lean_env(env: StepEnv) -> StepEnv | None:
@@ -34,19 +34,26 @@ def lean_env(env: StepEnv) -> StepEnv | None:
     return dataclasses.replace(env, logprobs=0, counts=None, masks=None)
 
 
-class LeanCheck:
-    """Whether a step may replay its mode's lean graph: a mode of ``modes`` (those with lean
-    graphs), and rows that need no extra (the masks' rows: :attr:`TokenMasks.grammar`)."""
+class VariantChoice:
+    """Which variant of its key a step replays (:mod:`.variants`, called with the step's batch,
+    its mode's plan and its ``ready``): the split pair with ``ready``; the lean graph in a mode
+    with lean graphs (:attr:`modes`, ``ModePlan.lean``) when :meth:`lean`; else none."""
 
-    def __init__(self, modes: frozenset[ForwardMode], masks: TokenMasks | None) -> None:
-        self.modes, self.masks = modes, masks
+    def __init__(self, variants: Mapping[str, Variants], masks: TokenMasks | None) -> None:
+        self.modes, self.masks = variants[LEAN].modes, masks
         # NOTE: a decode loop passes the same sampling tuple step after step: its answer is kept
         self._params: tuple | None = None
         self._plain = False
 
-    def __call__(self, batch: Batch) -> bool:
+    def __call__(self, batch: Batch, plan: ModePlan, ready: Callable[[], None] | None) -> str | None:
+        if ready is not None:
+            return SPLIT
+        return LEAN if plan.lean and self.lean(batch) else None
+
+    def lean(self, batch: Batch) -> bool:
+        """Whether no row of ``batch`` needs an extra (the masks' rows: :attr:`TokenMasks.grammar`)."""
         params = batch.sampling
-        if params is None or batch.mode not in self.modes:
+        if params is None:
             return False
         if params is not self._params:
             self._params = params

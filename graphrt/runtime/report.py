@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from graphrt.buffers import MemoryReport
 from graphrt.capture import Dispatcher, GraphInfo
+from graphrt.runtime.variants import LEAN, SPLIT, Variants
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +71,11 @@ class RuntimeStats:
         dispatcher: Dispatcher,
         eager: Mapping[Hashable, int],
         captures: Counter[tuple[Hashable, int]],
-        variants: Mapping[str, Mapping[Hashable, int]] | None = None,
+        variants: Mapping[str, Variants] | None = None,
     ) -> RuntimeStats:
         """The counters of ``dispatcher``, the eager steps per mode, the captures per key and the
-        replays of each kind of variant per mode (``{"split": ..., "lean": ...}``)."""
+        replays of each kind of variant per mode (``variants``: the capturer's stores by kind,
+        :class:`~graphrt.runtime.variants.Variants`, each counting its ``steps``)."""
         fallbacks: dict[str, dict[str, int]] = {}
         for fb, n in dispatcher.fallbacks.items():
             fallbacks.setdefault(_name(fb.mode), {})[fb.reason] = n
@@ -81,9 +83,9 @@ class RuntimeStats:
         for (mode, bucket), n in sorted(captures.items(), key=lambda kv: (_name(kv[0][0]), kv[0][1])):
             counted.setdefault(_name(mode), {})[bucket] = n
         replays = {_name(m): n for m, n in dispatcher.replays.items()}
-        steps = {kind: {_name(m): n for m, n in found.items()} for kind, found in (variants or {}).items()}
+        steps = {kind: {_name(m): n for m, n in v.steps.items()} for kind, v in (variants or {}).items()}
         eager_steps = {_name(m): n for m, n in eager.items()}
-        return cls(replays, eager_steps, fallbacks, counted, steps.get("split", {}), steps.get("lean", {}))
+        return cls(replays, eager_steps, fallbacks, counted, steps.get(SPLIT, {}), steps.get(LEAN, {}))
 
 
 def _name(mode: Hashable) -> str:

@@ -26,7 +26,7 @@ from graphrt.runtime.errors import PoisonLeft
 from graphrt.runtime.fastpath import ModePlan, Route, step_logprobs_of
 from graphrt.runtime.feed import StepFeed, TokenFeed
 from graphrt.runtime.layout import build_layout, routing_shape
-from graphrt.runtime.lean import LeanCheck
+from graphrt.runtime.lean import VariantChoice
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.programs import ForwardFn, StepEnv
 from graphrt.runtime.report import CaptureReport, RuntimeStats
@@ -104,7 +104,7 @@ class GraphRuntime:
         )
         self.logprobs: torch.Tensor | None = None  # NOTE: the last step's [bs, 1 + 2K] (.logprobs)
         self.capturer = Capturer(config, self.device, self.groups, self.env, self.backend, self.switches)
-        self._lean = LeanCheck(self.capturer.variants["lean"].modes, self.env.masks)
+        self._variant = VariantChoice(self.capturer.variants, self.env.masks)
         self.limits = Limits(
             req_to_token.max_reqs,
             config.max_context_len,
@@ -176,15 +176,15 @@ class GraphRuntime:
         """The facts of ``mode`` that every step reads (made once per mode; see ``fastpath``)."""
         plan = self._plans.get(mode)
         if plan is None:
-            scratch = MODES[mode].draft_steps and self.groups.geometry.tree
-            plan = ModePlan.of(mode, bool(scratch), self.rows_per_req(mode), self.pad_values(mode))
+            scratch, lean = MODES[mode].draft_steps and self.groups.geometry.tree, mode in self._variant.modes
+            plan = ModePlan.of(mode, bool(scratch), self.rows_per_req(mode), self.pad_values(mode), lean)
             self._plans[mode] = plan
         return plan
 
     def _route(self, batch: Batch, plan: ModePlan, ready: Ready | None = None) -> Route | None:
-        """The graph route for ``batch``, host scalars checked: its split pair's with ``ready``,
-        its lean graph's when none of its rows needs the sampler's extras (each where it has one)."""
-        kind = "split" if ready is not None else "lean" if self._lean(batch) else None
+        """``batch``'s route (host scalars checked): its split pair's with ``ready``, its lean
+        graph's when no row needs the sampler's extras (each where it has one)."""
+        kind = self._variant(batch, plan, ready)
         return self.capturer.routes.get(batch, plan, self.config.strict, self.telemetry, kind)
 
     def _replay(
@@ -223,8 +223,8 @@ class GraphRuntime:
 
     def stats(self) -> RuntimeStats:
         """Replays, eager and variant steps per mode, fallbacks per mode and reason, captures per key."""
-        steps = {kind: v.steps for kind, v in self.capturer.variants.items()}
-        return RuntimeStats.of(self.dispatcher, self._eager_steps, self.capturer.captures, steps)
+        capturer = self.capturer
+        return RuntimeStats.of(self.dispatcher, self._eager_steps, capturer.captures, capturer.variants)
 
     # ---- graphs ------------------------------------------------------------------------
     @property

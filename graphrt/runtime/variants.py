@@ -15,12 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 from graphrt.capture import GraphInfo
-from graphrt.runtime.lean import LEAN_MODES
 from graphrt.runtime.programs import SPLITS
 from graphrt.step.config import RuntimeConfig
 from graphrt.step.modes import ForwardMode
 
 Key = tuple[ForwardMode, int]
+#: The kinds of variant (:func:`variants_of`'s keys).
+SPLIT, LEAN = "split", "lean"
+#: Modes whose buckets get a lean graph (:mod:`.lean`): the steady state of serving.
+LEAN_MODES = frozenset({ForwardMode.DECODE})
 #: A variant's graph (a ``Graph``, or a ``SplitGraph`` of two) and its static output.
 Made = tuple[Any, Any]
 
@@ -72,14 +75,14 @@ class Variants:
 
 def variants_of(config: RuntimeConfig, lean: bool) -> dict[str, Variants]:
     """A runtime's variants by kind: split pairs in :data:`~.programs.SPLITS`' modes with token
-    masks, lean graphs in :data:`~.lean.LEAN_MODES` with sampler extras (``lean``)."""
+    masks, lean graphs in :data:`LEAN_MODES` with sampler extras (``lean``)."""
     modes, split = config.capture_modes, config.token_masks and config.sample
     return {
-        "split": Variants(
+        SPLIT: Variants(
             frozenset(m for m in modes if split and m in SPLITS),
             "its constrained steps replay the single graph",
         ),
-        "lean": Variants(
+        LEAN: Variants(
             frozenset(m for m in modes if lean and m in LEAN_MODES), "its lean steps replay the full graph"
         ),
     }

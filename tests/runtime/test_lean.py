@@ -86,7 +86,7 @@ def test_plain_rows_replay_the_lean_graph_with_the_full_graphs_tokens(
     eager = decode(s, PLAIN, eager=True)
     lean = decode(s, PLAIN)
     assert s.runtime.stats().lean == {"DECODE": STEPS} and s.runtime.logprobs is None
-    monkeypatch.setattr(s.runtime, "_lean", lambda batch: False)
+    monkeypatch.setattr(s.runtime._variant, "lean", lambda batch: False)
     full = decode(s, PLAIN)
     assert lean == full == eager
     assert s.runtime.stats().lean == {"DECODE": STEPS} and s.runtime.logprobs is not None

@@ -52,7 +52,7 @@ def device_ops(device: torch.device) -> Iterator[list[Op]]:
             ops.append(Op(e.name(), e.start_ns() / 1e3, e.end_ns() / 1e3))
 
 
-def _family(name: str) -> str:
+def family(name: str) -> str:
     """A kernel's name without template arguments or parameters (``at::native::k<…>(…)`` → ``at::native::k``)."""
     name = name.removeprefix("void ")
     cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
@@ -69,8 +69,8 @@ def kernel_breakdown(ops: Sequence[Op], steps: int, top: int = 12) -> dict[str, 
     time_us: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for o in ops:
-        time_us[_family(o.name)] += o.end - o.start
-        count[_family(o.name)] += 1
+        time_us[family(o.name)] += o.end - o.start
+        count[family(o.name)] += 1
     ranked = sorted(time_us, key=time_us.__getitem__, reverse=True)[:top]
     kernels = [
         {
