@@ -38,9 +38,8 @@ from graphrt.metadata.step import derive
 from graphrt.metadata.window import derive_window
 from graphrt.runtime.draft_chain import draft_loop
 from graphrt.runtime.feed import TokenFeed
-from graphrt.runtime.logprobs import step_logprobs
 from graphrt.runtime.penalties import TokenCounts
-from graphrt.runtime.sampler import sample
+from graphrt.runtime.sampler.extras import sample_with_extras
 from graphrt.runtime.token_mask import TokenMasks
 from graphrt.runtime.verify_sampler import sample_nodes
 from graphrt.step.modes import MODES, ForwardMode
@@ -171,19 +170,13 @@ Tail = Callable[[StepEnv, ForwardMode, StepInputs, int, Any], Any]
 def sample_logits(env: StepEnv, mode: ForwardMode, inputs: StepInputs, logits: torch.Tensor) -> Sampled:
     """One token per request from ``logits`` (the forward's, see :class:`Sampled`): each
     request's mask (``env.masks``) and penalties (``env.counts``) applied, then the draw."""
-    step, counts = inputs.step, env.counts
+    step = inputs.step
     assert inputs.sampling is not None, "sampling without a sampling group"
     # NOTE: [R] each request row's last token (a ragged mode's head computed only those)
     rows = logits if MODES[mode].last_rows_only else logits[step.cu_seqlens_q[1:].long() - 1]
-    z = rows if env.masks is None else env.masks.apply(rows, step.req_pool_indices)
-    if counts is not None:
-        # NOTE: a row's counts start over outside the graph (TokenCounts.start), whatever
-        # the mode of the step that samples its request's first token
-        tokens = sample(counts.apply(z, step.req_pool_indices, inputs.sampling), inputs.sampling)
-        counts.count(step.req_pool_indices, tokens)
-    else:
-        tokens = sample(z, inputs.sampling)
-    lp = step_logprobs(rows, tokens, env.logprobs) if env.logprobs else None
+    tokens, lp = sample_with_extras(
+        rows, step.req_pool_indices, inputs.sampling, env.masks, env.counts, env.logprobs
+    )
     return Sampled(logits, tokens, lp)
 
 
