@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU runs of the eighth session (2026-12-07), after .gpu/install.sh and .gpu/install-model.sh:
-#   bash bench/gpu_session14.sh lean
+#   bash bench/gpu_session14.sh lean|extras
 # (the fused prologue over a few rows ran as `bash bench/gpu_session13.sh models`)
 # lean: lean DECODE graphs (graphrt/runtime/lean.py) against .gpu/base (the tree before): the
 #       idle gaps and device busy of LLM's bs-1 decode (bench/debug/decode_gaps.py), then serve
 #       plain at SERVE_CLIENTS, and this tree's serve with top-5 logprobs (the full graph).
+# extras: the sampler's extras as Triton kernels (GRAPHRT_FUSED_EXTRAS, session of 2026-12-07 ninth)
+#       against their torch code: the GPU tests, decode_gaps, serve plain / logprobs / JSON schema.
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
 what=${1:?lean}
@@ -28,8 +30,25 @@ lean() {
     --body '{"logprobs":true,"top_logprobs":5}' --out "$OUT/json/logprobs"
 }
 
+extras() {
+  LIMIT=150 TAIL=8 run python3 -m pytest -q -rf -p no:cacheprovider tests/runtime/test_sampler_extras.py \
+    tests/runtime/test_sampler_kernel.py
+  local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
+  for fused in 1 0; do
+    echo "#### GRAPHRT_FUSED_EXTRAS=$fused" | tee -a "$log"
+    GRAPHRT_FUSED_EXTRAS=$fused LIMIT=120 TAIL=40 run python3 bench/debug/decode_gaps.py "$gguf" 256
+    local i=0
+    for body in '{"logprobs":true,"top_logprobs":5}' "$schema"; do
+      i=$((i + 1))
+      GRAPHRT_FUSED_EXTRAS=$fused LIMIT=90 run graphrt bench serve --model "$gguf" --device cuda --peer none \
+        --concurrency "${SERVE_CLIENTS:-1,8,32}" --body "$body" --out "$OUT/json/extras$fused-$i"
+    done
+  done
+}
+
 case "$what" in
 lean) lean ;;
-*) echo "lean, got $what" >&2; exit 2 ;;
+extras) extras ;;
+*) echo "lean|extras, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s14_${what}_json.tgz" json && rm -rf "$OUT/json"

@@ -37,8 +37,16 @@ PROMPT = [{"role": "user", "content": "Write a haiku about the sea."}]
 
 
 def stub_replays(llm: LLM) -> None:
-    """Make every graph captured so far skip its replay while ``SKIP["on"]``."""
-    for graph in llm.engine.runtime.dispatcher.graphs.values():
+    """Make every graph captured so far (the keys' own, split pairs' and lean ones) skip its
+    replay while ``SKIP["on"]``."""
+    runtime = llm.engine.runtime
+    variants = [
+        part
+        for v in runtime.capturer.variants.values()
+        for g, _ in v.made.values()
+        for part in getattr(g, "parts", (g,))
+    ]
+    for graph in [*runtime.dispatcher.graphs.values(), *variants]:
         if getattr(graph, "_stubbed", False):
             continue
         replay = graph.replay
