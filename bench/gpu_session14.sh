@@ -32,7 +32,8 @@ lean() {
 
 extras() {
   LIMIT=150 TAIL=8 run python3 -m pytest -q -rf -p no:cacheprovider tests/runtime/test_sampler_extras.py \
-    tests/runtime/test_sampler_kernel.py
+    tests/runtime/test_sampler_kernel.py tests/tools/test_bench_sampler.py
+  LIMIT=150 TAIL=30 run graphrt bench sampler --batch-sizes 1,8,32 --vocabs 49152,128256 --iters 50 --out "$OUT/json"
   local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
   for fused in 1 0; do
     echo "#### GRAPHRT_FUSED_EXTRAS=$fused" | tee -a "$log"

@@ -68,22 +68,20 @@ def _logits(device: torch.device, vocab: int) -> torch.Tensor:
     return logits.bfloat16().to(device)
 
 
-def _run(device: torch.device, fused: bool, monkeypatch: pytest.MonkeyPatch, k: int, **which: bool):
+def _run(device: torch.device, fused: bool, k: int, **which: bool):
     vocab = _vocab(device)
     masks, counts, rows = _state(device, vocab)
     params = sampling_inputs(PARAMS, np.arange(len(PARAMS)) + 40, device)
-    with monkeypatch.context() as m:
-        if not fused:
-            m.setenv(extras.ENV, "0")
-        assert extras.fused_extras(torch.device(device)) == fused
-        tokens, lp = extras.sample_with_extras(
-            _logits(device, vocab),
-            rows,
-            params,
-            masks if which.get("masks", True) else None,
-            counts if which.get("penalties", True) else None,
-            k,
-        )
+    assert extras.fused_extras(torch.device(device)), "the switch's default (interpreted on the CPU)"
+    tokens, lp = extras.sample_with_extras(
+        _logits(device, vocab),
+        rows,
+        params,
+        masks if which.get("masks", True) else None,
+        counts if which.get("penalties", True) else None,
+        k,
+        fused=fused,
+    )
     return tokens, lp, counts.counts
 
 
@@ -99,9 +97,9 @@ def _run(device: torch.device, fused: bool, monkeypatch: pytest.MonkeyPatch, k: 
         (4, {"masks": False, "penalties": False}),
     ],
 )
-def test_kernels_match_the_torch_code(device: torch.device, k: int, which: dict, monkeypatch) -> None:
-    got_tokens, got_lp, got_counts = _run(device, True, monkeypatch, k, **which)
-    tokens, lp, counts = _run(device, False, monkeypatch, k, **which)
+def test_kernels_match_the_torch_code(device: torch.device, k: int, which: dict) -> None:
+    got_tokens, got_lp, got_counts = _run(device, True, k, **which)
+    tokens, lp, counts = _run(device, False, k, **which)
     assert torch.equal(got_tokens, tokens)
     assert torch.equal(got_counts, counts), "each drawn token counted once in its request row"
     if not k:
@@ -120,7 +118,8 @@ def test_kernels_match_the_torch_code(device: torch.device, k: int, which: dict,
 
 
 @pytest.mark.parametrize("device", triton_devices())
-def test_masks_and_penalties_change_the_greedy_token(device: torch.device, monkeypatch) -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_masks_and_penalties_change_the_greedy_token(device: torch.device, fused: bool) -> None:
     """The greedy row under each extra alone draws what its definition says (not just the same as
     the torch code): a masked-out best token is skipped, a repeated one is penalised away."""
     vocab = _vocab(device)
@@ -131,7 +130,7 @@ def test_masks_and_penalties_change_the_greedy_token(device: torch.device, monke
     counts.counts[1, 20] = 2
     params = sampling_inputs([SamplingParams(frequency_penalty=1.0)], [0], device)
     rows = torch.tensor([1], device=device)
-    tokens, lp = extras.sample_with_extras(logits.to(device), rows, params, masks, counts, 2)
+    tokens, lp = extras.sample_with_extras(logits.to(device), rows, params, masks, counts, 2, fused=fused)
     assert tokens.tolist() == [30], "10 masked out, 20 penalised to 2.0"
     assert counts.counts[1, 30].item() == 1
     assert lp is not None and lp[0, 3:].tolist() == [10.0, 20.0], "raw logits' best, masks aside"

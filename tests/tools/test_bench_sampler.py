@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from graphrt.cli import main
+from graphrt.runtime.sampler import extras
 from graphrt.tools.bench.sampler import KINDS, measure, zipf_logits
+from graphrt.tools.bench.sampler_extras import measure_extras
 
 
 def test_cpu_run_records_every_case_without_speeds(
@@ -23,6 +25,7 @@ def test_cpu_run_records_every_case_without_speeds(
     cases = [(r["vocab"], r["bs"], r["rows"]) for r in result["rows"]]
     assert cases == [(v, bs, kind) for v in (1000, 300) for bs in (1, 3) for kind in KINDS]
     assert all(r["us"] is None and r["tokens_equal"] is None for r in result["rows"])
+    assert result["extras"] == [], "no fused extras on the CPU without the interpreter"
     assert "speeds are not measured" in capsys.readouterr().out
 
 
@@ -34,6 +37,21 @@ def test_zipf_logits_have_a_real_nucleus() -> None:
     probs = torch.softmax(logits.float(), dim=-1).sort(dim=-1, descending=True).values
     nucleus = (probs.cumsum(dim=-1) - probs < 0.9).sum(dim=-1)
     assert ((nucleus > 10) & (nucleus < 1000)).all(), nucleus
+
+
+def test_extras_case_compares_torch_and_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter: masks, penalties and top-20 logprobs, torch against the kernels."""
+    monkeypatch.setenv(extras.ENV, "interpret")
+    row = measure_extras(zipf_logits(3, 700, torch.device("cpu")), None)
+    assert row["ok"] and row["tokens_equal"] and row["counts_equal"] and row["us"] is None
+    assert row["logprob_max_diff"] <= 1e-4 and row["top_logprobs"] == 20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_cuda_extras_case_compares_torch_and_fused() -> None:
+    row = measure_extras(zipf_logits(8, 49152, torch.device("cuda")), None)
+    assert row["ok"], row
 
 
 @pytest.mark.gpu

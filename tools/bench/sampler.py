@@ -10,6 +10,9 @@ least a greedy step does) and ``launch`` (a one-element fill: one kernel node). 
 torch tokens are compared; a difference fails the run (exit 1). Target: fused ≤ 15 µs at bs 1.
 On the CPU the torch sampler runs once per case (tokens only): speeds are not measured.
 
+Then the sampler's extras (log-probabilities, penalties, token masks), torch against the fused
+kernels (:mod:`.sampler_extras`), per (batch size, vocabulary).
+
 ``--sweep`` (CUDA) also times the fused kernels' layouts at bs 1 (:mod:`.sampler_sweep`).
 
 Usage: ``graphrt bench sampler [--batch-sizes 1,8,64] [--vocabs 49152,128256] [--sweep] [--device cuda]``
@@ -29,8 +32,10 @@ from rich.table import Table
 from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
 from graphrt.runtime.sampler.draw import sample_torch
+from graphrt.runtime.sampler.extras import fused_extras
 from graphrt.runtime.sampler.launch import fused_sample
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
+from graphrt.tools.bench.sampler_extras import extras_table, measure_extras
 from graphrt.tools.bench.sampler_sweep import best_layouts, sweep_layouts, sweep_table
 from graphrt.tools.cli.args import resolve_device
 from graphrt.tools.cli.console import bench_progress, wide_console
@@ -111,6 +116,9 @@ def run_bench_sampler(args: argparse.Namespace) -> int:
             progress.update(task, description=f"vocab {vocab} bs={bs} {kind}")
             rows.append(measure(bs, vocab, kind, args.iters, device))
             progress.advance(task)
+    # NOTE: the fused extras need CUDA (or the interpreter's switch, as the tests set it)
+    cases = [(bs, v) for v in args.vocabs for bs in args.batch_sizes] if fused_extras(device) else []
+    extras = [_extras(bs, vocab, args.iters, device) for bs, vocab in cases]
     sweep = None
     if args.sweep and device.type == "cuda":
         stream = torch.cuda.Stream(device)
@@ -125,6 +133,7 @@ def run_bench_sampler(args: argparse.Namespace) -> int:
         "target_us_bs1": TARGET_US,
         "speeds_measured": device.type == "cuda",
         "rows": rows,
+        "extras": extras,
         "sweep": sweep,
         "best_layouts": None if sweep is None else best_layouts(sweep),
     }
@@ -132,8 +141,19 @@ def run_bench_sampler(args: argparse.Namespace) -> int:
     if sweep is not None:
         wide_console().print(sweep_table(sweep, list(KINDS)))
     _print(result, out)
+    if device.type == "cuda":
+        wide_console().print(extras_table(extras))
     same = all(r["tokens_equal"] is not False for r in rows + (sweep or []))
-    return 0 if same else 1
+    return 0 if same and all(r["ok"] for r in extras) else 1
+
+
+def _extras(bs: int, vocab: int, iters: int, device: torch.device) -> dict[str, Any]:
+    """:func:`measure_extras` on this bench's logits; timed on CUDA (its own capture stream)."""
+    logits = zipf_logits(bs, vocab, device, seed=bs * 7 + vocab)
+    if device.type != "cuda":
+        return measure_extras(logits, None)
+    stream = torch.cuda.Stream(device)
+    return measure_extras(logits, lambda fn: _graph_us(fn, iters, stream))
 
 
 def _cell(row: dict[str, Any], name: str) -> str:

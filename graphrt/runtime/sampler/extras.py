@@ -54,14 +54,17 @@ def sample_with_extras(
     masks: TokenMasks | None = None,
     counts: TokenCounts | None = None,
     k: int = 0,
+    fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(tokens [R] int64, logprobs [R, 1 + 2k] float32 or None)`` drawn from ``logits [R, V]``.
 
     ``rows [R]``: each row's request row (``req_to_token``), whose mask (``masks``) and counts
     (``counts``) apply; the drawn tokens are counted. ``k``: the best tokens' log-probabilities
-    to report (0: none), from the raw logits (:func:`step_logprobs`). Graph-safe.
+    to report (0: none), from the raw logits (:func:`step_logprobs`). ``fused``: the Triton
+    kernels or the torch code (default: :func:`fused_extras`). Graph-safe.
     """
-    if (masks is None and counts is None and not k) or not fused_extras(logits.device):
+    fused = fused_extras(logits.device) if fused is None else fused
+    if (masks is None and counts is None and not k) or not fused:
         return _torch(logits, rows, params, masks, counts, k)
     return _fused(logits, rows, params, masks, counts, k)
 
