@@ -64,7 +64,7 @@ def sample_with_extras(
     kernels or the torch code (default: :func:`fused_extras`). Graph-safe.
     """
     fused = fused_extras(logits.device) if fused is None else fused
-    if (masks is None and counts is None and not k) or not fused:
+    if (masks is None and counts is None and not k) or not fused or not logits.shape[0]:
         return _torch(logits, rows, params, masks, counts, k)
     return _fused(logits, rows, params, masks, counts, k)
 
