@@ -4,7 +4,8 @@ Capture runs ``fn`` once under a dispatch mode that records every aten op with i
 arguments. Replay re-runs the recorded ops on the *same* tensors: results of functional ops
 are copied into the tensors captured as their outputs, in-place ops write their captured
 targets again, and views are not re-run (they alias storage that replay already updates).
-So, as with a CUDA graph, a replay sees in-place writes to captured inputs, never a tensor
+Intermediates whose lives do not overlap share memory, as in a CUDA graph's private pool
+(:mod:`.emulated_pool`). So, as with a CUDA graph, a replay sees in-place writes to captured inputs, never a tensor
 rebound in Python; Python scalars and branches are frozen at their capture values; and what
 a CUDA stream capture rejects raises :class:`CaptureSyncError` naming the op: host syncs
 (``.item()``, ``.tolist()``, ``nonzero``, ``x[mask]``, ``x[mask] = v``), device-to-host copies
@@ -26,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from graphrt.capture.emulated_pool import share_storage
 from graphrt.capture.graph import GraphInfo, KernelCount, frozen_gc
 from graphrt.capture.topology import ops_topology, requests_pdl, with_pdl
 
@@ -210,18 +212,8 @@ class EmulatedEngine:
         topology = ops_topology(calls)
         counts = Counter(name for name, _ in calls)
         kernels = with_pdl([KernelCount(name, n) for name, n in counts.items()], topology)
-        nbytes = _owned_bytes(ops)
+        out = tree_map(lambda x: x, out)
+        nbytes = share_storage(ops, out)
         info = GraphInfo(key, time.perf_counter() - start, nbytes, len(ops), kernels, topology=topology)
         info.warmup_seconds = start - warm  # NOTE: nothing to instantiate: the op list is the graph
-        out = tree_map(lambda x: x, out)
         return EmulatedGraph(ops, info), out
-
-
-def _owned_bytes(ops: list[_Op]) -> int:
-    """Bytes of the intermediates the graph keeps alive (its 'pool')."""
-    seen: dict[int, int] = {}
-    for op in ops:
-        for t in op.outs:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
