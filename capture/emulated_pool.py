@@ -50,14 +50,18 @@ class _Storage:
         self.device = t.device
         self.made = self.last = made
 
-    def escaped(self, held: dict[int, int], returned: set[int]) -> bool:
-        """Whether anything beyond the op records holds one of its tensors, or a tensor on it."""
+    def escaped(self, held: dict[int, int], returned: set[int], bases: set[int]) -> bool:
+        """Whether anything beyond the op records holds one of its tensors, or a tensor on it.
+
+        ``held``: references the records hold, by tensor id; ``bases``: ids of the tensors that
+        a recorded view is a view of (a tensor referenced from C++ holds one more reference
+        to its Python object, however many views there are)."""
         if any(id(t) in returned for t in self.tensors.values()):
             return True
         for tid in self.tensors:
             # NOTE: the dict's value and getrefcount's argument are the two references over held
             # (no loop variable: an items() iterator keeps its last pair alive)
-            if sys.getrefcount(self.tensors[tid]) - 2 > held[tid]:
+            if sys.getrefcount(self.tensors[tid]) - 2 > held[tid] + (tid in bases):
                 return True
         first = next(iter(self.tensors.values()))
         storage = first.untyped_storage()
@@ -82,7 +86,8 @@ def share_storage(ops: Sequence[Any], out: Any) -> int:
                 found.tensors[id(t)] = t
                 found.last = i
     returned = {id(t) for t in _tensors(out, set())}
-    escaped = {key: s.escaped(held, returned) for key, s in storages.items()}
+    bases = {id(t._base) for s in storages.values() for t in s.tensors.values() if t._base is not None}
+    escaped = {key: s.escaped(held, returned, bases) for key, s in storages.items()}
     kept = sum(s.nbytes for key, s in storages.items() if escaped[key])
     return kept + _place([s for key, s in storages.items() if not escaped[key]])
 
