@@ -31,31 +31,51 @@ lean() {
 # (ninth session) check: the GPU tests of lean graphs and the fused extras, the extras' bench, and
 # decode_gaps for this tree (extras fused, then torch) and .gpu/base; serve: bench serve plain for
 # this tree and .gpu/base, and this tree's logprobs / JSON schema with the extras fused and torch.
+# The base tree is installed into /tmp/base_site and run from /tmp (an editable install maps
+# graphrt.capture and the rest to this tree's folders whatever PYTHONPATH says); it gets no
+# GRAPHRT_FUSED_EXTRAS (it refuses an unknown GRAPHRT_* switch).
+base_site() {
+  [ -d /tmp/base_site ] && return
+  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/base_site .gpu/base >/dev/null 2>&1 \
+    || echo "base tree install failed" | tee -a "$log"
+  sed 's/import Op, device_ops, family, kernel_breakdown/import Op, device_ops, kernel_breakdown, _family as family/' \
+    bench/debug/decode_gaps.py > /tmp/decode_gaps_base.py
+}
+
+# $1: new (extras fused), torch (extras in torch) or base; then the command
+in_tree() {
+  local tree=$1
+  shift
+  case "$tree" in
+  base) (cd /tmp && PYTHONPATH=/tmp/base_site:$PYTHONPATH run "$@") ;;
+  torch) run env GRAPHRT_FUSED_EXTRAS=0 "$@" ;;
+  *) run env GRAPHRT_FUSED_EXTRAS=1 "$@" ;;
+  esac
+}
+
 check() {
+  base_site
   LIMIT=200 TAIL=8 run python3 -m pytest -q -rf -p no:cacheprovider tests/runtime/test_lean.py \
     tests/runtime/test_split_pairs.py tests/runtime/test_sampler_extras.py tests/tools/test_bench_sampler.py
   LIMIT=120 TAIL=16 run graphrt bench sampler --batch-sizes 1,8,32 --vocabs 49152,128256 --iters 50 --out "$OUT/json"
   for tree in new torch base; do
-    # NOTE: the base tree refuses an unknown GRAPHRT_* switch: it gets none
-    local pp=$PYTHONPATH sw=GRAPHRT_FUSED_EXTRAS=1
-    [ "$tree" = base ] && pp=$PWD/.gpu/base:$PYTHONPATH sw=
-    [ "$tree" = torch ] && sw=GRAPHRT_FUSED_EXTRAS=0
+    local script=$PWD/bench/debug/decode_gaps.py
+    [ "$tree" = base ] && script=/tmp/decode_gaps_base.py
     echo "#### decode_gaps $tree" | tee -a "$log"
-    PYTHONPATH=$pp LIMIT=100 TAIL=40 run env $sw python3 bench/debug/decode_gaps.py "$gguf" 128
+    LIMIT=100 TAIL=40 in_tree "$tree" python3 "$script" "$gguf" 128
   done
 }
 
 serve() {
+  base_site
   local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
   local lp='{"logprobs":true,"top_logprobs":5}'
-  local cases=("new 1 plain {}" "base 1 plain {}" "new 1 logprobs $lp" "new 1 schema $schema" "new 0 logprobs $lp" "new 0 schema $schema")
+  local cases=("new plain {}" "base plain {}" "new logprobs $lp" "new schema $schema" "torch logprobs $lp" "torch schema $schema")
   for c in "${cases[@]}"; do
-    read -r tree fused name body <<< "$c"
-    local pp=$PYTHONPATH sw=GRAPHRT_FUSED_EXTRAS=$fused
-    [ "$tree" = base ] && pp=$PWD/.gpu/base:$PYTHONPATH sw=
-    echo "#### serve $tree extras=$fused $name" | tee -a "$log"
-    PYTHONPATH=$pp LIMIT=100 run env $sw graphrt bench serve --model "$gguf" --device cuda \
-      --peer none --concurrency "${SERVE_CLIENTS:-1,8,32}" --body "$body" --out "$OUT/json/$tree-$fused-$name"
+    read -r tree name body <<< "$c"
+    echo "#### serve $tree $name" | tee -a "$log"
+    LIMIT=100 in_tree "$tree" python3 -m graphrt bench serve --model "$gguf" --device cuda --peer none \
+      --concurrency "${SERVE_CLIENTS:-1,8,32}" --body "$body" --out "$OUT/json/$tree-$name"
   done
 }
 
