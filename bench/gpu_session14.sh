@@ -62,7 +62,7 @@ check() {
     local script=$PWD/bench/debug/decode_gaps.py
     [ "$tree" = base ] && script=/tmp/decode_gaps_base.py
     echo "#### decode_gaps $tree" | tee -a "$log"
-    LIMIT=100 TAIL=40 in_tree "$tree" python3 "$script" "$gguf" 128
+    LIMIT=100 TAIL=90 in_tree "$tree" python3 "$script" "$gguf" 128
   done
 }
 
