@@ -64,19 +64,11 @@ def sample_with_extras(
     kernels or the torch code (default: :func:`fused_extras`). Graph-safe.
     """
     fused = fused_extras(logits.device) if fused is None else fused
-    if (masks is None and counts is None and not k) or not fused or not logits.shape[0]:
-        return _torch(logits, rows, params, masks, counts, k)
-    return _fused(logits, rows, params, masks, counts, k)
-
-
-def _torch(
-    logits: torch.Tensor,
-    rows: torch.Tensor,
-    params: SamplingBuffers,
-    masks: TokenMasks | None,
-    counts: TokenCounts | None,
-    k: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if fused and (masks is not None or counts is not None or k) and logits.shape[0]:
+        logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+        before = before_draw(logits, rows, params, masks, counts, k)
+        tokens = sample(before.z, params)
+        return tokens, after_draw(logits, rows, tokens, before, counts, k)
     z = logits if masks is None else masks.apply(logits, rows)
     if counts is not None:
         # NOTE: a row's counts start over outside the graph (TokenCounts.start), whatever
@@ -86,21 +78,6 @@ def _torch(
     else:
         tokens = sample(z, params)
     return tokens, step_logprobs(logits, tokens, k) if k else None
-
-
-def _fused(
-    logits: torch.Tensor,
-    rows: torch.Tensor,
-    params: SamplingBuffers,
-    masks: TokenMasks | None,
-    counts: TokenCounts | None,
-    k: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    before = before_draw(logits, rows, params, masks, counts, k)
-    tokens = sample(before.z, params)
-    return tokens, after_draw(logits, rows, tokens, before, counts, k)
 
 
 @dataclass(frozen=True, slots=True)
