@@ -5,8 +5,8 @@ arguments. Replay re-runs the recorded ops on the *same* tensors: results of fun
 are copied into the tensors captured as their outputs, in-place ops write their captured
 targets again, and views are not re-run (they alias storage that replay already updates).
 Intermediates whose lives do not overlap share memory, as in a CUDA graph's private pool
-(:mod:`.emulated_pool`). So, as with a CUDA graph, a replay sees in-place writes to captured inputs, never a tensor
-rebound in Python; Python scalars and branches are frozen at their capture values; and what
+(:mod:`.emulated_pool`). So, as with a CUDA graph, a replay sees in-place writes to captured
+inputs, never a tensor rebound in Python; Python scalars and branches are frozen at their capture values; and what
 a CUDA stream capture rejects raises :class:`CaptureSyncError` naming the op: host syncs
 (``.item()``, ``.tolist()``, ``nonzero``, ``x[mask]``, ``x[mask] = v``), device-to-host copies
 (``.cpu()``, ``.numpy()``, ``.to("cpu")``, ``copy_`` into host memory) and data-dependent
