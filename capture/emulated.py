@@ -6,11 +6,12 @@ are copied into the tensors captured as their outputs, in-place ops write their 
 targets again, and views are not re-run (they alias storage that replay already updates).
 Intermediates whose lives do not overlap share memory, as in a CUDA graph's private pool
 (:mod:`.emulated_pool`). So, as with a CUDA graph, a replay sees in-place writes to captured
-inputs, never a tensor rebound in Python; Python scalars and branches are frozen at their capture values; and what
-a CUDA stream capture rejects raises :class:`CaptureSyncError` naming the op: host syncs
-(``.item()``, ``.tolist()``, ``nonzero``, ``x[mask]``, ``x[mask] = v``), device-to-host copies
-(``.cpu()``, ``.numpy()``, ``.to("cpu")``, ``copy_`` into host memory) and data-dependent
-sizes (``repeat_interleave`` without ``output_size``, ``bincount``, ``unique``).
+inputs, never a tensor rebound in Python; Python scalars and branches are frozen at their
+capture values; and what a CUDA stream capture rejects raises :class:`CaptureSyncError` naming
+the op: host syncs (``.item()``, ``.tolist()``, ``nonzero``, ``x[mask]``, ``x[mask] = v``),
+device-to-host copies (``.cpu()``, ``.numpy()``, ``.to("cpu")``, ``copy_`` into host memory)
+and data-dependent sizes (``repeat_interleave`` without ``output_size``, ``bincount``,
+``unique``).
 """
 
 from __future__ import annotations
