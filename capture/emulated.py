@@ -4,8 +4,8 @@ Capture runs ``fn`` once under a dispatch mode that records every aten op with i
 arguments. Replay re-runs the recorded ops on the *same* tensors: results of functional ops
 are copied into the tensors captured as their outputs, in-place ops write their captured
 targets again, and views are not re-run (they alias storage that replay already updates).
-Intermediates whose lives do not overlap share memory, as in a CUDA graph's private pool
-(:mod:`.emulated_pool`). So, as with a CUDA graph, a replay sees in-place writes to captured
+Intermediates are not held while recording, and those whose lives do not overlap share memory
+once recorded, as in a CUDA graph's private pool (:mod:`.emulated_pool`). So, as with a CUDA graph, a replay sees in-place writes to captured
 inputs, never a tensor rebound in Python; Python scalars and branches are frozen at their
 capture values; and what a CUDA stream capture rejects raises :class:`CaptureSyncError` naming
 the op: host syncs (``.item()``, ``.tolist()``, ``nonzero``, ``x[mask]``, ``x[mask] = v``),
@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from graphrt.capture.emulated_pool import share_storage
+from graphrt.capture.emulated_pool import Pool
 from graphrt.capture.graph import GraphInfo, KernelCount, frozen_gc
 from graphrt.capture.topology import ops_topology, requests_pdl, with_pdl
 
@@ -157,6 +157,8 @@ class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[_Op] = []
+        #: Holds no intermediate while recording (:mod:`.emulated_pool`).
+        self.pool = Pool()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -166,15 +168,29 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         fresh = _returns_fresh(func)
         outs = tuple(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)) if fresh else ()
-        self.ops.append(_Op(func, args, kwargs, outs, rerun=not _is_view(func)))
+        i, pool = len(self.ops), self.pool
+        outs = pool.made(outs, i)
+        self.ops.append(
+            _Op(func, pool.record(args, i), pool.record(kwargs, i), outs, rerun=not _is_view(func))
+        )
         return out
+
+    def finish(self) -> tuple[list[_Op], int]:
+        """The ops to replay, on the pool's tensors, and the bytes the graph keeps."""
+        tensor_of, nbytes = self.pool.finish()
+        ops = [
+            _Op(op.func, tensor_of(op.args), tensor_of(op.kwargs), tensor_of(op.outs), op.rerun)
+            for op in self.ops
+            if op.rerun
+        ]
+        return ops, nbytes
 
 
 class EmulatedGraph:
     """The recorded op list of one captured region."""
 
     def __init__(self, ops: list[_Op], info: GraphInfo) -> None:
-        self._ops = [op for op in ops if op.rerun]
+        self._ops = ops  # NOTE: views are not re-run (see the module docstring)
         self.info = info
 
     def replay(self) -> None:
@@ -213,8 +229,8 @@ class EmulatedEngine:
         topology = ops_topology(calls)
         counts = Counter(name for name, _ in calls)
         kernels = with_pdl([KernelCount(name, n) for name, n in counts.items()], topology)
-        out = tree_map(lambda x: x, out)
-        nbytes = share_storage(ops, out)
+        replayed, nbytes = recorder.finish()
         info = GraphInfo(key, time.perf_counter() - start, nbytes, len(ops), kernels, topology=topology)
         info.warmup_seconds = start - warm  # NOTE: nothing to instantiate: the op list is the graph
-        return EmulatedGraph(ops, info), out
+        out = tree_map(lambda x: x, out)
+        return EmulatedGraph(replayed, info), out

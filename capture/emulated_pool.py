@@ -1,122 +1,153 @@
 """The emulated engine's private pool: intermediates whose lives do not overlap share memory.
 
 A CUDA graph's private pool reuses a block freed during capture for a later allocation of the
-same capture, so a graph holds about its peak of live intermediates. The emulated engine keeps
-every op's output alive (a replay copies into it), which without this would hold the *sum* of
-them: a SmolLM2 step at 16 rows, 64 tokens, kept 4.6 GB, most of it each layer's gathered K/V.
+same capture, so capturing and keeping a graph cost about its peak of live intermediates. The
+emulated engine replays recorded ops on recorded tensors; holding every op's tensors as it
+records would hold the *sum* of a step's intermediates (a SmolLM2 step at 16 rows and 64 tokens:
+4.6 GB, most of it each layer's gathered K/V), during the capture and for the graph's life.
 
-:func:`share_storage` gives each intermediate storage (made by a recorded op) a slot in one
-arena per device, by its live range in the op list (from the op that makes it to the last op
-that reads or writes it; slots are reused first-fit), and points every tensor of it at its slot.
-A storage still reachable once capture ends (the graph's output, a workspace some object keeps,
-a view the recorded ops never saw) keeps its own memory: it is *escaped*.
+So :class:`Pool` keeps no intermediate while recording. Each storage an op makes is an
+*intermediate* with an id; a recorded op holds a :class:`_Ref` (the id and the view: dtype,
+size, stride, offset) wherever it reads or writes one, and the program frees each as eagerly
+it would. :meth:`Pool.finish` then gives every intermediate that died a slot in one arena per
+device, by its live range in the op list (best fit among the slots free again), and puts
+tensors on those slots into the records. An intermediate still alive when recording ends (the
+graph's output, a workspace some object keeps, a view held anywhere) is *escaped*: it keeps its
+own storage, which the records then view.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import sys
-from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 #: Slot offsets are multiples of this many bytes (every dtype's alignment).
 ALIGN = 64
 
 
-def _tensors(value: Any, seen: set[int]) -> Iterator[torch.Tensor]:
-    """Every tensor in ``value`` (tuples, lists, dict values), once per reference a container
-    not in ``seen`` holds (a container shared by two records counts once)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list, dict)) and id(value) not in seen:
-        seen.add(id(value))
-        for v in value.values() if isinstance(value, dict) else value:
-            yield from _tensors(v, seen)
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """A recorded tensor on intermediate ``sid``: its dtype and view of the storage."""
+
+    sid: int
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
 
 
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+@dataclass(slots=True)
+class _Made:
+    """One intermediate: its storage (weakly), device, bytes and live range in the op list."""
+
+    storage: StorageWeakRef
+    device: torch.device
+    nbytes: int
+    made: int
+    last: int
 
 
-class _Storage:
-    """One intermediate storage: its tensors, size, device and live range in the op list."""
+class Pool:
+    """The intermediates of one recording (see the module docstring)."""
 
-    def __init__(self, t: torch.Tensor, made: int) -> None:
-        self.tensors: dict[int, torch.Tensor] = {}
-        self.nbytes = t.untyped_storage().nbytes()
-        self.device = t.device
-        self.made = self.last = made
+    def __init__(self) -> None:
+        self._made: list[_Made] = []
+        #: Storage address -> the intermediate there (stale once its storage died).
+        self._at: dict[int, int] = {}
 
-    def escaped(self, held: dict[int, int], returned: set[int], bases: set[int]) -> bool:
-        """Whether anything beyond the op records holds one of its tensors, or a tensor on it.
+    def _sid(self, storage: torch.UntypedStorage) -> int | None:
+        sid = self._at.get(storage.data_ptr())
+        return None if sid is None or self._made[sid].storage.expired() else sid
 
-        ``held``: references the records hold, by tensor id; ``bases``: ids of the tensors that
-        a recorded view is a view of (a tensor referenced from C++ holds one more reference
-        to its Python object, however many views there are)."""
-        if any(id(t) in returned for t in self.tensors.values()):
-            return True
-        for tid in self.tensors:
-            # NOTE: the dict's value and getrefcount's argument are the two references over held
-            # (no loop variable: an items() iterator keeps its last pair alive)
-            if sys.getrefcount(self.tensors[tid]) - 2 > held[tid] + (tid in bases):
-                return True
-        first = next(iter(self.tensors.values()))
-        storage = first.untyped_storage()
-        # NOTE: each tensor on the storage holds one use, and so does ``storage`` itself
-        return torch._C._storage_Use_Count(storage._cdata) > len(self.tensors) + 1
+    def made(self, outs: tuple[torch.Tensor, ...], i: int) -> tuple[Any, ...]:
+        """Op ``i``'s fresh outputs registered as intermediates; their records."""
+        for t in outs:
+            st = t.untyped_storage()
+            if st.nbytes() and self._sid(st) is None:
+                self._at[st.data_ptr()] = len(self._made)
+                self._made.append(_Made(StorageWeakRef(st), t.device, st.nbytes(), i, i))
+        return tuple(self.record(t, i) for t in outs)
+
+    def record(self, value: Any, i: int) -> Any:
+        """``value`` (an op's argument) as op ``i`` records it: each intermediate tensor a
+        :class:`_Ref`, counted as used at ``i``; anything else itself."""
+        if isinstance(value, torch.Tensor):
+            sid = self._sid(value.untyped_storage()) if value.untyped_storage().nbytes() else None
+            if sid is None:
+                return value
+            self._made[sid].last = i
+            return _Ref(sid, value.dtype, tuple(value.size()), tuple(value.stride()), value.storage_offset())
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.record(v, i) for v in value)
+        if isinstance(value, dict):
+            return {k: self.record(v, i) for k, v in value.items()}
+        return value
+
+    def finish(self) -> tuple[Any, int]:
+        """``(tensor_of, bytes)``: a function from a record to the tensor to replay on, and the
+        bytes the graph keeps (the arenas and the escaped storages)."""
+        storages: dict[int, tuple[torch.UntypedStorage, int]] = {}
+        kept = 0
+        for sid, m in enumerate(self._made):
+            if not m.storage.expired():
+                storages[sid] = (torch.UntypedStorage._new_with_weak_ptr(m.storage.cdata), 0)
+                kept += m.nbytes
+        shared = [sid for sid in range(len(self._made)) if sid not in storages]
+        arenas = _place([self._made[sid] for sid in shared])
+        for sid, placed in zip(shared, arenas.slots, strict=True):
+            storages[sid] = placed
+        cache: dict[_Ref, torch.Tensor] = {}
+
+        def tensor_of(value: Any) -> Any:
+            if isinstance(value, _Ref):
+                if value not in cache:
+                    storage, at = storages[value.sid]
+                    t = torch.empty(0, dtype=value.dtype, device=self._made[value.sid].device)
+                    offset = at // t.element_size() + value.offset
+                    cache[value] = t.set_(storage, offset, value.size, value.stride)
+                return cache[value]
+            if isinstance(value, (tuple, list)):
+                return type(value)(tensor_of(v) for v in value)
+            if isinstance(value, dict):
+                return {k: tensor_of(v) for k, v in value.items()}
+            return value
+
+        return tensor_of, kept + arenas.nbytes
 
 
-def share_storage(ops: Sequence[Any], out: Any) -> int:
-    """Point the intermediates of ``ops`` (``_Op`` records; ``out``: what the capture returned)
-    at shared slots; returns the bytes the graph now keeps (arenas plus escaped storages)."""
-    storages: dict[int, _Storage] = {}
-    held: dict[int, int] = {}
-    seen: set[int] = set()
-    for i, op in enumerate(ops):
-        for t in op.outs:
-            if t.untyped_storage().nbytes() and _key(t) not in storages:
-                storages[_key(t)] = _Storage(t, i)
-        for t in (*_tensors(op.args, seen), *_tensors(op.kwargs, seen), *_tensors(op.outs, seen)):
-            held[id(t)] = held.get(id(t), 0) + 1
-            found = storages.get(_key(t))
-            if found is not None:
-                found.tensors[id(t)] = t
-                found.last = i
-    returned = {id(t) for t in _tensors(out, set())}
-    bases = {id(t._base) for s in storages.values() for t in s.tensors.values() if t._base is not None}
-    escaped = {key: s.escaped(held, returned, bases) for key, s in storages.items()}
-    kept = sum(s.nbytes for key, s in storages.items() if escaped[key])
-    return kept + _place([s for key, s in storages.items() if not escaped[key]])
+@dataclass(frozen=True, slots=True)
+class _Arenas:
+    slots: list[tuple[torch.UntypedStorage, int]]  # per intermediate: its arena and byte offset
+    nbytes: int
 
 
-def _place(storages: list[_Storage]) -> int:
-    """Best-fit slots by live range, one arena per device; returns the arenas' bytes."""
-    by_device: dict[torch.device, list[_Storage]] = {}
-    for s in sorted(storages, key=lambda s: s.made):
-        by_device.setdefault(s.device, []).append(s)
-    total = 0
-    for device, group in by_device.items():
-        busy: list[tuple[int, int, int]] = []  # heap of (last use, offset, size)
-        free: list[tuple[int, int]] = []  # sorted (size, offset)
-        offsets, end = [], 0
-        for s in group:
-            while busy and busy[0][0] < s.made:
-                _, offset, size = heapq.heappop(busy)
-                bisect.insort(free, (size, offset))
-            size = -(-s.nbytes // ALIGN) * ALIGN
-            j = bisect.bisect_left(free, (size, -1))
-            if j < len(free):
-                size, offset = free.pop(j)
-            else:
-                offset, end = end, end + size
-            heapq.heappush(busy, (s.last, offset, size))
-            offsets.append(offset)
-        arena = torch.UntypedStorage(end, device=device)
-        for s, offset in zip(group, offsets, strict=True):
-            for t in s.tensors.values():
-                t.set_(arena, offset // t.element_size() + t.storage_offset(), t.size(), t.stride())
-        total += end
-    return total
+def _place(made: list[_Made]) -> _Arenas:
+    """Best-fit slots by live range (a slot is free again after its last user's op), one arena
+    per device."""
+    ends: dict[torch.device, int] = {}
+    busy: dict[torch.device, list[tuple[int, int, int]]] = {}  # heap of (last use, offset, size)
+    free: dict[torch.device, list[tuple[int, int]]] = {}  # sorted (size, offset)
+    offsets: list[int] = [0] * len(made)
+    for k in sorted(range(len(made)), key=lambda k: made[k].made):
+        m = made[k]
+        heap, idle = busy.setdefault(m.device, []), free.setdefault(m.device, [])
+        while heap and heap[0][0] < m.made:
+            _, offset, size = heapq.heappop(heap)
+            bisect.insort(idle, (size, offset))
+        size = -(-m.nbytes // ALIGN) * ALIGN
+        j = bisect.bisect_left(idle, (size, -1))
+        if j < len(idle):
+            size, offset = idle.pop(j)
+        else:
+            offset = ends.get(m.device, 0)
+            ends[m.device] = offset + size
+        heapq.heappush(heap, (m.last, offset, size))
+        offsets[k] = offset
+    arenas = {device: torch.UntypedStorage(end, device=device) for device, end in ends.items()}
+    slots = [(arenas[m.device], offsets[k]) for k, m in enumerate(made)]
+    return _Arenas(slots, sum(ends.values()))

@@ -1,9 +1,11 @@
-"""The emulated engine's pool (``capture/emulated_pool.py``): intermediates share memory by live
-range, and a replay still computes what eager does; what escapes the capture keeps its own."""
+"""The emulated engine's pool (``capture/emulated_pool.py``): recording holds no intermediate,
+the recorded ones share memory by live range, a replay still computes what eager does, and what
+escapes the capture keeps its own storage."""
 
 from __future__ import annotations
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from graphrt.capture import EmulatedEngine
 
@@ -54,3 +56,23 @@ def test_an_escaped_view_keeps_its_base() -> None:
     x.copy_(torch.randn(8, 16))
     graph.replay()
     torch.testing.assert_close(kept["row"], x[3] + 1, rtol=0, atol=0)
+
+
+def test_recording_holds_no_intermediate() -> None:
+    """A dead intermediate's memory is freed while the capture records (the capture's peak is the
+    program's, not the sum of its intermediates), and replays still compute it."""
+    x, freed = torch.randn(16, 16), []
+
+    def fn() -> torch.Tensor:
+        y = x * 2
+        ref = StorageWeakRef(y.untyped_storage())
+        z = y + 1
+        del y
+        freed.append(ref.expired())  # NOTE: still recording
+        return z.sum(0)
+
+    graph, out = EmulatedEngine().capture("dead", fn, warmup=0)
+    assert freed == [True], "the recorder kept x * 2 alive"
+    x.copy_(torch.randn(16, 16))
+    graph.replay()
+    torch.testing.assert_close(out, (x * 2 + 1).sum(0), rtol=0, atol=0)
