@@ -8,8 +8,8 @@ records would hold the *sum* of a step's intermediates (a SmolLM2 step at 16 row
 
 So :class:`Pool` keeps no intermediate while recording. Each storage an op makes is an
 *intermediate* with an id; a recorded op holds a :class:`_Ref` (the id and the view: dtype,
-size, stride, offset) wherever it reads or writes one, and the program frees each as eagerly
-it would. :meth:`Pool.finish` then gives every intermediate that died a slot in one arena per
+size, stride, offset) wherever it reads or writes one, and the program frees each as it would
+eagerly. :meth:`Pool.finish` then gives every intermediate that died a slot in one arena per
 device, by its live range in the op list (best fit among the slots free again), and puts
 tensors on those slots into the records. An intermediate still alive when recording ends (the
 graph's output, a workspace some object keeps, a view held anywhere) is *escaped*: it keeps its
