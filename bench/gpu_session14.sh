@@ -33,7 +33,8 @@ lean() {
 # this tree and .gpu/base, and this tree's logprobs / JSON schema with the extras fused and torch.
 # The base tree is installed into /tmp/base_site and run from /tmp (an editable install maps
 # graphrt.capture and the rest to this tree's folders whatever PYTHONPATH says); it gets no
-# GRAPHRT_FUSED_EXTRAS (it refuses an unknown GRAPHRT_* switch).
+# switch it does not know (it refuses an unknown GRAPHRT_* switch). NOTE: measured with the extras'
+# own switch GRAPHRT_FUSED_EXTRAS; it is GRAPHRT_FUSED_SAMPLER now, which turns the draw to torch too.
 base_site() {
   [ -d /tmp/base_site ] && return
   python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/base_site .gpu/base >/dev/null 2>&1 \
@@ -48,8 +49,8 @@ in_tree() {
   shift
   case "$tree" in
   base) (cd /tmp && PYTHONPATH=/tmp/base_site:$PYTHONPATH run "$@") ;;
-  torch) run env GRAPHRT_FUSED_EXTRAS=0 "$@" ;;
-  *) run env GRAPHRT_FUSED_EXTRAS=1 "$@" ;;
+  torch) run env GRAPHRT_FUSED_SAMPLER=0 "$@" ;;
+  *) run env GRAPHRT_FUSED_SAMPLER=1 "$@" ;;
   esac
 }
 

@@ -120,12 +120,11 @@ TABLE: tuple[Switch, ...] = (
     Switch("GRAPHRT_SKINNY_GEMM", "1", _K, "the skinny Triton GEMM for steps of few rows"),
     Switch("GRAPHRT_FUSED_PROLOGUE", "1", _K, "RMSNorm and SiLU-and-mul inside the skinny GEMMs"),
     Switch("GRAPHRT_DECODE_ATTENTION", "1", _K, "single-token decode through the split-decode kernel"),
-    Switch("GRAPHRT_FUSED_SAMPLER", "1", _K, "in-graph sampling as two Triton launches"),
     Switch(
-        "GRAPHRT_FUSED_EXTRAS",
+        "GRAPHRT_FUSED_SAMPLER",
         "1",
         _K,
-        "the sampler's masks, penalties and log-probabilities as two Triton launches",
+        "in-graph sampling as Triton kernels: the draw, masks, penalties, logprobs",
     ),
     Switch("GRAPHRT_FUSED_MOE", "1", _K, "MoE routing alignment and expert GEMMs as Triton kernels"),
     Switch(

@@ -16,7 +16,6 @@ from graphrt import SamplingParams
 from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import extras
-from graphrt.runtime.sampler.draw import ENV as SAMPLER_ENV
 from graphrt.runtime.token_mask import TokenMasks
 from tests.support.triton_util import triton_devices
 
@@ -38,7 +37,6 @@ def _interpreted_on_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
     device = request.node.callspec.params.get("device") if hasattr(request.node, "callspec") else None
     if device is not None and device.type == "cpu":
         monkeypatch.setenv(extras.ENV, "interpret")
-        monkeypatch.setenv(SAMPLER_ENV, "0")
 
 
 def _vocab(device: torch.device) -> int:

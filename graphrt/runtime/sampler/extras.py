@@ -2,8 +2,8 @@
 log-probabilities after it (:func:`sample_with_extras`).
 
 The torch code (:meth:`TokenMasks.apply`, :meth:`TokenCounts.apply` and :meth:`TokenCounts.count`,
-:func:`step_logprobs`) is the CPU path and the oracle. On CUDA (``GRAPHRT_FUSED_EXTRAS`` not
-``0``) the extras run as two Triton launches around the draw instead
+:func:`step_logprobs`) is the CPU path and the oracle. On CUDA (``GRAPHRT_FUSED_SAMPLER`` not
+``0``, the switch of the whole in-graph sampler) the extras run as two Triton launches around the draw instead
 (:mod:`graphrt.runtime.sampler.extras_kernel`): the torch code takes about 25 launches a step,
 most of them elementwise passes over ``[R, V]`` (the masks' bits expanded to a bool tensor, the
 penalties' gathers, a full log-softmax and a radix top-k). Both give the same ``z`` bit for bit,
@@ -23,11 +23,12 @@ from graphrt.metadata.sampling import SamplingBuffers
 from graphrt.runtime.logprobs import step_logprobs
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import extras_kernel
+from graphrt.runtime.sampler.draw import ENV as SAMPLER_ENV
 from graphrt.runtime.sampler.draw import sample
 from graphrt.runtime.token_mask import TokenMasks
 
-#: The switch of the fused extras (:mod:`graphrt.kernels.switches`).
-ENV = "GRAPHRT_FUSED_EXTRAS"
+#: The switch of the fused extras: the sampler's (:mod:`graphrt.kernels.switches`).
+ENV = SAMPLER_ENV
 #: Vocabulary entries a ``_before`` program takes without log-probabilities (one pass).
 CHUNK = 1024
 WARPS = 4
