@@ -16,6 +16,7 @@ from graphrt import SamplingParams
 from graphrt.metadata.sampling import sampling_inputs
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import extras
+from graphrt.runtime.sampler.draw import ENV, fused_sampler
 from graphrt.runtime.token_mask import TokenMasks
 from tests.support.triton_util import triton_devices
 
@@ -36,7 +37,7 @@ ROWS = 12  # request rows; batch row i uses request row 2 i + 1 (the last two sh
 def _interpreted_on_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     device = request.node.callspec.params.get("device") if hasattr(request.node, "callspec") else None
     if device is not None and device.type == "cpu":
-        monkeypatch.setenv(extras.ENV, "interpret")
+        monkeypatch.setenv(ENV, "interpret")
 
 
 def _vocab(device: torch.device) -> int:
@@ -70,7 +71,7 @@ def _run(device: torch.device, fused: bool, k: int, **which: bool):
     vocab = _vocab(device)
     masks, counts, rows = _state(device, vocab)
     params = sampling_inputs(PARAMS, np.arange(len(PARAMS)) + 40, device)
-    assert extras.fused_extras(torch.device(device)), "the switch's default (interpreted on the CPU)"
+    assert fused_sampler(torch.device(device)), "the switch's default (interpreted on the CPU)"
     tokens, lp = extras.sample_with_extras(
         _logits(device, vocab),
         rows,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphrt.cli import main
-from graphrt.runtime.sampler import extras
+from graphrt.runtime.sampler.draw import ENV as SAMPLER_ENV
 from graphrt.tools.bench.sampler import KINDS, measure, zipf_logits
 from graphrt.tools.bench.sampler_extras import measure_extras
 from tests.support.triton_util import INTERPRET
@@ -43,7 +43,7 @@ def test_zipf_logits_have_a_real_nucleus() -> None:
 @pytest.mark.skipif(not INTERPRET, reason="CPU tensors through Triton's interpreter (TRITON_INTERPRET=1)")
 def test_extras_case_compares_torch_and_fused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the interpreter: masks, penalties and top-20 logprobs, torch against the kernels."""
-    monkeypatch.setenv(extras.ENV, "interpret")
+    monkeypatch.setenv(SAMPLER_ENV, "interpret")
     row = measure_extras(zipf_logits(3, 700, torch.device("cpu")), None)
     assert row["ok"] and row["tokens_equal"] and row["counts_equal"] and row["us"] is None
     assert row["logprob_max_diff"] <= 1e-4 and row["top_logprobs"] == 20

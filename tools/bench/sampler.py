@@ -31,8 +31,7 @@ from rich.table import Table
 
 from graphrt import SamplingParams
 from graphrt.metadata.sampling import SamplingBuffers, sampling_inputs
-from graphrt.runtime.sampler.draw import sample_torch
-from graphrt.runtime.sampler.extras import fused_extras
+from graphrt.runtime.sampler.draw import fused_sampler, sample_torch
 from graphrt.runtime.sampler.launch import fused_sample
 from graphrt.tools.bench.record import header, percentiles, time_us, write_result
 from graphrt.tools.bench.sampler_extras import extras_table, measure_extras
@@ -117,7 +116,7 @@ def run_bench_sampler(args: argparse.Namespace) -> int:
             rows.append(measure(bs, vocab, kind, args.iters, device))
             progress.advance(task)
     # NOTE: the fused extras need CUDA (or the interpreter's switch, as the tests set it)
-    cases = [(bs, v) for v in args.vocabs for bs in args.batch_sizes] if fused_extras(device) else []
+    cases = [(bs, v) for v in args.vocabs for bs in args.batch_sizes] if fused_sampler(device) else []
     extras = [_extras(bs, vocab, args.iters, device) for bs, vocab in cases]
     sweep = None
     if args.sweep and device.type == "cuda":

@@ -1,9 +1,10 @@
 """A sampling step with its extras: token masks and penalties before the draw, counts and
 log-probabilities after it (:func:`sample_with_extras`).
 
-The torch code (:meth:`TokenMasks.apply`, :meth:`TokenCounts.apply` and :meth:`TokenCounts.count`,
-:func:`step_logprobs`) is the CPU path and the oracle. On CUDA (``GRAPHRT_FUSED_SAMPLER`` not
-``0``, the switch of the whole in-graph sampler) the extras run as two Triton launches around the draw instead
+The torch code (:meth:`TokenMasks.apply`, :meth:`TokenCounts.apply` and
+:meth:`TokenCounts.count`, :func:`step_logprobs`) is the CPU path and the oracle. On CUDA
+(``GRAPHRT_FUSED_SAMPLER`` not ``0``, the switch of the whole in-graph sampler) the extras run
+as two Triton launches around the draw instead
 (:mod:`graphrt.runtime.sampler.extras_kernel`): the torch code takes about 25 launches a step,
 most of them elementwise passes over ``[R, V]`` (the masks' bits expanded to a bool tensor, the
 penalties' gathers, a full log-softmax and a radix top-k). Both give the same ``z`` bit for bit,
@@ -18,17 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.switches import triton, triton_enabled
+from graphrt.kernels.switches import triton
 from graphrt.metadata.sampling import SamplingBuffers
 from graphrt.runtime.logprobs import step_logprobs
 from graphrt.runtime.penalties import TokenCounts
 from graphrt.runtime.sampler import extras_kernel
-from graphrt.runtime.sampler.draw import ENV as SAMPLER_ENV
-from graphrt.runtime.sampler.draw import sample
+from graphrt.runtime.sampler.draw import fused_sampler, sample
 from graphrt.runtime.token_mask import TokenMasks
 
-#: The switch of the fused extras: the sampler's (:mod:`graphrt.kernels.switches`).
-ENV = SAMPLER_ENV
 #: Vocabulary entries a ``_before`` program takes without log-probabilities (one pass).
 CHUNK = 1024
 WARPS = 4
@@ -41,11 +39,6 @@ def chunk_for(vocab: int, k: int) -> int:
     if not k:
         return CHUNK
     return min(4096, max(256, 1 << round(math.log2(math.sqrt(vocab * k)))))
-
-
-def fused_extras(device: torch.device) -> bool:
-    """Whether :func:`sample_with_extras` on ``device`` runs the Triton kernels."""
-    return triton_enabled(ENV, device)
 
 
 def sample_with_extras(
@@ -62,9 +55,9 @@ def sample_with_extras(
     ``rows [R]``: each row's request row (``req_to_token``), whose mask (``masks``) and counts
     (``counts``) apply; the drawn tokens are counted. ``k``: the best tokens' log-probabilities
     to report (0: none), from the raw logits (:func:`step_logprobs`). ``fused``: the Triton
-    kernels or the torch code (default: :func:`fused_extras`). Graph-safe.
+    kernels or the torch code (default: the sampler's switch, :func:`fused_sampler`). Graph-safe.
     """
-    fused = fused_extras(logits.device) if fused is None else fused
+    fused = fused_sampler(logits.device) if fused is None else fused
     if fused and (masks is not None or counts is not None or k) and logits.shape[0]:
         logits = logits if logits.stride(-1) == 1 else logits.contiguous()
         before = before_draw(logits, rows, params, masks, counts, k)
