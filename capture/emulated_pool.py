@@ -77,7 +77,8 @@ class Pool:
         """``value`` (an op's argument) as op ``i`` records it: each intermediate tensor a
         :class:`_Ref`, counted as used at ``i``; anything else itself."""
         if isinstance(value, torch.Tensor):
-            sid = self._sid(value.untyped_storage()) if value.untyped_storage().nbytes() else None
+            storage = value.untyped_storage()
+            sid = self._sid(storage) if storage.nbytes() else None
             if sid is None:
                 return value
             self._made[sid].last = i
