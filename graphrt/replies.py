@@ -54,6 +54,11 @@ class Update:
     #: One entry per ``token_ids`` when the request asked for log-probabilities, else None.
     logprobs: list[TokenLogprobs] | None = None
 
+    def then(self, later: Update) -> Update:
+        """This update and ``later`` (the same request's next one) as one."""
+        lp = None if self.logprobs is None or later.logprobs is None else self.logprobs + later.logprobs
+        return Update(self.rid, self.text + later.text, self.token_ids + later.token_ids, later.done, lp)
+
 
 @dataclass(slots=True)
 class _Reply:

@@ -27,9 +27,14 @@ def step_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.T
     return torch.cat((chosen, best, ids.float()), dim=1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenLogprobs:
-    """One generated token's log-probability and the ``k`` best of its step (ids, values)."""
+    """One generated token's log-probability and the ``k`` best of its step (ids, values).
+
+    NOTE: not frozen, though never modified: one is made per token of every asking row on the
+    engine thread, and a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field)
+    costs about twice a plain one's.
+    """
 
     token: int
     logprob: float

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI): completions and chat, streamed (SSE) or not.
 
 Every request becomes :mod:`~graphrt.serve.choices`' jobs on the one engine thread; their
-updates come back through an asyncio queue fed with ``call_soon_threadsafe``. A client that goes
+updates come back through an asyncio queue fed by the engine loop's outbox. A client that goes
 away (a closed stream, or a dropped connection while a whole reply is awaited) cancels its jobs,
 which frees the requests' rows and KV pages at the engine's next pass. Tokenizing runs in a
 worker thread, so a long prompt never holds the event loop; :class:`~graphrt.serve.guard.Guard`
@@ -140,23 +140,6 @@ def _status_routes(app: FastAPI, loop: EngineLoop, metrics: Metrics) -> None:
         return Response(metrics.scrape(loop.stats), media_type=CONTENT_TYPE_LATEST)
 
 
-def _chat_ids(tokenizer: Tokenizer, body: ChatRequest, allow_special: bool) -> list[int]:
-    """The messages' ids through the chat template; content holding a special token is refused
-    unless ``allow_special``, and a template's refusal names ``messages``."""
-    messages = [m.plain() for m in body.messages]
-    for i, m in enumerate(messages if not allow_special else ()):
-        if (special := tokenizer.special_in(m["content"])) is not None:
-            raise RequestError(
-                f"messages.{i}.content holds the chat template's special token {special!r}"
-                " (graphrt serve --allow-special-tokens lets it through)",
-                f"messages.{i}.content",
-            )
-    try:
-        return tokenizer.encode_chat(messages)
-    except ValueError as err:  # NOTE: the chat template refused the messages
-        raise RequestError(str(err), "messages") from err
-
-
 def build_app(
     llm: LLM,
     loop: EngineLoop,
@@ -185,6 +168,7 @@ def build_app(
     )
 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.outbox.bind(asyncio.get_running_loop())
         loop.start()
         yield
         await asyncio.to_thread(loop.stop)

@@ -3,14 +3,13 @@
 Every choice is its own engine request (they batch together like any others); a sampled
 request with a ``seed`` gives choice ``i`` the seed :func:`choice_seed` derives, so a fixed
 seed answers the same ``n`` choices every time while the choices differ from each other.
-Updates come back through one asyncio queue fed with ``call_soon_threadsafe``; a client that
+Updates come back through one asyncio queue fed by the engine loop's outbox; a client that
 goes away cancels every job, which frees their rows and KV pages at the engine's next pass.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import time
@@ -79,15 +78,10 @@ class Served:
     def __init__(self, loop: EngineLoop, ask: Ask, metrics: Metrics | None = None) -> None:
         self.metrics, self.timing = metrics, Timing()
         self.queue: asyncio.Queue[tuple[int, Update | Exception]] = asyncio.Queue()
-        aio = asyncio.get_running_loop()
+        self._held: tuple[int, Update | Exception] | None = None  # NOTE: taken, not yet used
 
         def deliver_to(i: int) -> Callable[[Update | Exception], None]:
-            def deliver(item: Update | Exception) -> None:
-                # NOTE: a closed event loop (shutdown) raises RuntimeError: nobody is waiting then
-                with contextlib.suppress(RuntimeError):
-                    aio.call_soon_threadsafe(self.queue.put_nowait, (i, item))
-
-            return deliver
+            return lambda item: loop.outbox.put(self.queue, (i, item))
 
         self.loop, self.ask = loop, ask
         params = choice_params(ask.sampling, ask.n)
@@ -98,7 +92,31 @@ class Served:
             loop.submit(job)
 
     async def next(self) -> tuple[int, Update]:
-        i, item = await self.queue.get()
+        """The next update of any choice (waiting for one); an engine's error is raised."""
+        if self._held is not None:
+            got, self._held = self._held, None
+            return self._checked(*got)
+        return self._checked(*(await self.queue.get()))
+
+    def coalesce(self, i: int, update: Update) -> Update:
+        """``update`` (choice ``i``'s) joined with the updates of the same choice queued behind
+        it already: a stream that falls behind its engine sends one chunk for several steps'
+        tokens (as vLLM's output collector merges them), so the per-chunk cost (the SSE event,
+        its write, the client's parse) shrinks under load instead of piling up. Never waits."""
+        while update.done is None:
+            if self._held is None:
+                try:
+                    self._held = self.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            j, item = self._held
+            if j != i or isinstance(item, Exception):
+                break
+            self._held = None
+            update = update.then(self._checked(j, item)[1])
+        return update
+
+    def _checked(self, i: int, item: Update | Exception) -> tuple[int, Update]:
         if isinstance(item, Exception):
             if isinstance(item, ShuttingDown):
                 raise item
@@ -181,6 +199,7 @@ async def stream(
         i, update = first
         render = ask.logprobs(envelope.chat)
         while True:
+            update = served.coalesce(i, update)
             lp = render[i](update.logprobs) if render[i] is not None else None
             if update.text or lp:
                 yield sse(envelope.chunk(update.text, index=i, logprobs=lp))

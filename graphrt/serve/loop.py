@@ -2,7 +2,8 @@
 
 HTTP handlers (on the asyncio loop) hand a :class:`Job` to :meth:`EngineLoop.submit` — a
 thread-safe queue — and get its updates back through the job's ``deliver`` callback (the
-server wraps an asyncio queue with ``loop.call_soon_threadsafe``). The thread drains the queue
+server's puts them in the loop's :class:`~graphrt.serve.outbox.Outbox`, which the thread
+flushes once a pass: one wake-up of the asyncio loop per step, not one per token). The thread drains the queue
 between steps: new jobs join the running batch at the next step (continuous batching, graphs
 replayed as in ``Engine.step``), cancelled ones leave it with their row and KV pages freed.
 A failed step ends the requests in flight and the thread serves on, unless the TP group broke
@@ -20,6 +21,7 @@ from typing import Any
 
 from graphrt.parallel import CollectiveError
 from graphrt.replies import Replies, Update
+from graphrt.serve.outbox import Outbox
 from graphrt.step.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ class EngineLoop:
     def __init__(self, replies: Replies, on_failure: Callable[[Exception], None] | None = None) -> None:
         self.replies, self.on_failure = replies, on_failure
         self.failure: Exception | None = None
+        #: Where the server's ``deliver`` callbacks queue updates for the asyncio loop.
+        self.outbox = Outbox()
         self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="graphrt-engine", daemon=True)
         self._counts = _Counts()
@@ -114,6 +118,7 @@ class EngineLoop:
         """Queue ``job``; a refusal (``ValueError``: too long, bad ids) comes to ``deliver``."""
         if self.failure is not None:  # NOTE: the thread has stopped; nothing would answer
             job.deliver(RuntimeError(f"the engine stopped: {self.failure}"))
+            self.outbox.flush()
             return
         self._inbox.put(("add", job))
 
@@ -133,9 +138,11 @@ class EngineLoop:
         while self.failure is None and self._drain():
             if self.replies.active:
                 self._step()
+            self.outbox.flush()
             self._publish()
         for job in list(self._counts.jobs.values()):
             self._end(job, ShuttingDown("the server is shutting down"))
+        self.outbox.flush()
         self._publish(alive=False)
 
     def _drain(self) -> bool:

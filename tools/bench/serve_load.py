@@ -143,7 +143,7 @@ def _worker(go: Any, results: Any, index: int, args: tuple) -> None:
     results.put(("done", index, (load.samples, (load.client_cpu_share or 0.0) * load.wall_s)))
 
 
-def _spread(
+def run_spread(
     url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int,
     extra: dict[str, Any], processes: int,
 ) -> Load:  # fmt: skip
@@ -196,4 +196,4 @@ def run_load(
     processes = min(processes or client_processes(concurrency), concurrency, len(prompts))
     if processes <= 1:
         return asyncio.run(_run(url, model, prompts, concurrency, max_tokens, extra or {}))
-    return _spread(url, model, prompts, concurrency, max_tokens, extra or {}, processes)
+    return run_spread(url, model, prompts, concurrency, max_tokens, extra or {}, processes)

