@@ -95,7 +95,13 @@ def test_a_stream_behind_joins_one_choices_queued_updates() -> None:
     end = Completion("", [1, 2, 3, 4], "length", 2, 4)
 
     async def main() -> list[tuple[int, Update]]:
-        items = [(0, _update([1])), (0, _update([2])), (0, _update([3])), (1, _update([9])), (0, _update([4], end))]
+        items = [
+            (0, _update([1])),
+            (0, _update([2])),
+            (0, _update([3])),
+            (1, _update([9])),
+            (0, _update([4], end)),
+        ]
         served = _served(items)
         await asyncio.sleep(0)
         out = []
