@@ -3,8 +3,7 @@ tokens accepted after it.
 
 A request's ``constraint`` (:class:`graphrt.text.grammar.Constraint`, or any object with
 ``fill(bitmask, index)``, writing row ``index`` of a ``[n, words]`` int32 CPU tensor as
-xgrammar's ``GrammarMatcher.fill_next_token_bitmask`` does, and ``accept(output)``; a static
-``fill_rows(constraints, bitmask, rows)`` where its kind fills many rows at once) says which
+xgrammar's ``GrammarMatcher.fill_next_token_bitmask`` does, and ``accept(output)``) says which
 tokens it may sample next; the runtime keeps one mask per request row
 (:class:`~graphrt.runtime.token_mask.TokenMasks`) and applies it inside the sampling step.
 Masks are filled in place in the runtime's host staging rows (pinned on CUDA) and uploaded
@@ -19,15 +18,13 @@ and before its sampler graph (:mod:`graphrt.runtime.split_pairs`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from graphrt.runtime.token_mask import ALL, TokenMasks
 
 if TYPE_CHECKING:
-    import torch
-
     from graphrt.engine.request import Request
 
 
@@ -56,27 +53,13 @@ class Constraints:
         if not chosen:
             return
         host, host_np = masks.staging()
-        rows = [i for i, r in enumerate(chosen) if r.constraint is not None]
-        fill_masks(host, [chosen[i].constraint for i in rows], rows)
+        for i, r in enumerate(chosen):
+            if r.constraint is not None:
+                r.constraint.fill(host, i)
+            else:
+                host_np[i] = ALL
         grammar = np.array([r.constraint is not None for r in chosen])
-        host_np[: len(chosen)][~grammar] = ALL
         masks.upload(np.array([r.req_idx for r in chosen], dtype=np.int64), grammar)
-
-
-def fill_masks(host: torch.Tensor, constraints: Sequence[Any], rows: list[int]) -> None:
-    """Row ``rows[k]`` of ``host [n, words]`` from ``constraints[k]``: one ``fill_rows`` call per
-    kind of constraint that has it, for two rows or more (xgrammar's fills them on its own
-    threads), else ``fill`` row by row."""
-    kinds: dict[type, list[int]] = {}
-    for k, c in enumerate(constraints):
-        kinds.setdefault(type(c), []).append(k)
-    for kind, ks in kinds.items():
-        many = getattr(kind, "fill_rows", None)
-        if many is not None and len(ks) > 1:
-            many([constraints[k] for k in ks], host, [rows[k] for k in ks])
-            continue
-        for k in ks:
-            constraints[k].fill(host, rows[k])
 
 
 def accept(reqs: Sequence[Request]) -> None:

@@ -10,9 +10,8 @@ The grammar lets a stop token through only where the output is complete.
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from graphrt.text.tokenizer import Tokenizer
@@ -44,27 +43,12 @@ class Constraint:
         (int32, on the CPU), in place: no allocation, no copy."""
         self.matcher.fill_next_token_bitmask(bitmask, index)
 
-    @staticmethod
-    def fill_rows(constraints: Sequence[Constraint], bitmask: torch.Tensor, rows: list[int]) -> None:
-        """:meth:`fill` of each of ``constraints``, ``constraints[k]`` into row ``rows[k]``, in
-        one call: xgrammar's batch matcher spreads the rows over its threads (half the host's
-        cores), where a loop of :meth:`fill` runs them one by one on the engine thread."""
-        _batch_matcher().batch_fill_next_token_bitmask([c.matcher for c in constraints], bitmask, rows)
-
     def accept(self, output: list[int]) -> None:
         """Accept the tokens of ``output`` past :attr:`accepted` (a refused one raises)."""
         for token in output[self.accepted :]:
             if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
                 raise RuntimeError(f"token {token} breaks the grammar it was sampled under")
             self.accepted += 1
-
-
-@functools.cache
-def _batch_matcher() -> Any:
-    """The process's one xgrammar batch matcher (its thread pool), made on first use."""
-    import xgrammar as xgr
-
-    return xgr.BatchGrammarMatcher("auto")
 
 
 class Grammars:

@@ -67,31 +67,3 @@ def test_a_constraint_needs_an_engine_with_masks() -> None:
     engine = Engine(use_graphs=False, **KW)
     with pytest.raises(ValueError, match="token_masks"):
         engine.add_request([1, 2], 2, constraint=Stepwise(engine.model.vocab_size, [{1}]))
-
-
-def test_fill_masks_batches_a_kind_that_can_and_equals_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """xgrammar's constraints at different states fill their rows in one batched call, a
-    hand-written rule row by row beside them; every row equals its own ``fill``."""
-    import json
-
-    from graphrt.engine.constraints import fill_masks
-    from graphrt.text.grammar import Constraint
-    from tests.engine.test_mixed_extras import SCHEMA, toy_grammar
-
-    vocab = 160
-    compiled = toy_grammar(vocab, "json_schema", json.dumps(SCHEMA))
-    grammars = [Constraint(compiled, vocab) for _ in range(3)]
-    for c, text in zip(grammars, ['{"', '{"n":', '{"n":12, "ok":'], strict=True):
-        c.matcher.accept_string(text)
-    rule = Stepwise(vocab, [{7, 150}])
-    constraints, rows = [grammars[0], rule, grammars[1], grammars[2]], [4, 0, 2, 1]
-    words = (vocab + 31) // 32
-    got = torch.zeros((5, words), dtype=torch.int32)
-    with monkeypatch.context() as m:
-        m.setattr(Constraint, "fill", lambda *a: pytest.fail("a grammar row filled alone"))
-        fill_masks(got, constraints, rows)
-    want = torch.zeros_like(got)
-    for c, i in zip(constraints, rows, strict=True):
-        c.fill(want, i)
-    assert torch.equal(got, want)
-    assert len({bytes(got[i].numpy()) for i in (4, 2, 1)}) == 3  # NOTE: three distinct states
