@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU runs of 2026-12-08 (tenth session), after .gpu/install.sh and .gpu/install-model.sh:
 #   bash bench/gpu_session15.sh serve
-# serve: `graphrt bench serve` of this tree and .gpu/base (the tree before: one wake-up of the
-#        asyncio loop per token, frozen TokenLogprobs), plain / top-5 logprobs / JSON schema, the
-#        two trees alternating per body; then this tree's three bodies again (a second sample).
+# serve: `graphrt bench serve --bodies logprobs,schema --repeats 3` (#39's ratios on one server),
+#        then bench serve of this tree and .gpu/base (7a9b135: a wake-up of the asyncio loop per
+#        token, no coalescing), plain / top-5 logprobs / JSON schema, the two trees alternating.
 # The base tree runs from /tmp/base_site (bench/gpu_session14.sh says why).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
@@ -31,10 +31,13 @@ in_tree() {
 
 serve() {
   base_site
+  echo "#### serve new: logprobs and schema against plain, one server, 3 rounds" | tee -a "$log"
+  LIMIT=500 TAIL=16 run python3 -m graphrt bench serve --model "$gguf" --device cuda --peer none \
+    --concurrency "${SERVE_CLIENTS:-1,8,32}" --bodies logprobs,schema --repeats 3 --out "$OUT/json/new-bodies"
   local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
   local lp='{"logprobs":true,"top_logprobs":5}'
   local cases=("new plain {}" "base plain {}" "new logprobs $lp" "base logprobs $lp" "new schema $schema"
-    "base schema $schema" "new2 plain {}" "new2 logprobs $lp" "new2 schema $schema")
+    "base schema $schema")
   for c in "${cases[@]}"; do
     read -r tree name body <<< "$c"
     echo "#### serve $tree $name" | tee -a "$log"

@@ -21,6 +21,7 @@ from typing import Any
 from rich.table import Table
 
 from graphrt.tools.bench.record import header, write_result
+from graphrt.tools.bench.serve_bodies import print_bodies, run_bench_bodies
 from graphrt.tools.bench.serve_load import Load, run_load
 from graphrt.tools.bench.serve_peers import (
     PeerUnavailable,
@@ -120,6 +121,21 @@ def _rows(ours: dict[int, Load], theirs: dict[int, Load]) -> list[dict[str, Any]
     return rows
 
 
+def _run_bodies(
+    args: argparse.Namespace, device: Any, sizes: tuple[int, ...], tokens: int, waves: int, logs: Path
+) -> int:
+    """``--bodies``: each body against plain on one server (:mod:`.serve_bodies`); exits 1
+    when a body's greedy replies differed between rounds."""
+    with bench_progress() as progress:
+        task = progress.add_task("graphrt serve: starting", total=None)
+        say = lambda what: progress.update(task, description=what)  # noqa: E731
+        server = start_graphrt(args.model, device.type, free_port(), max(sizes), logs / "graphrt.log")
+        prompts = lambda c: _prompts(c * waves)  # noqa: E731
+        result, out = run_bench_bodies(args, device, sizes, tokens, prompts, server, say)
+    print_bodies(result, out, wide_console())
+    return 0 if all((result["same_replies_across_rounds"] or {}).values()) else 1
+
+
 def run_bench_serve(args: argparse.Namespace) -> int:
     """``graphrt bench serve``: writes a new result file under ``args.out`` and prints its table."""
     device = resolve_device(args.device)
@@ -127,6 +143,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     sizes = tuple(args.concurrency or base["concurrency"])
     tokens, waves = args.max_tokens or base["max_tokens"], args.waves or base["waves"]
     logs = Path(tempfile.mkdtemp(prefix="graphrt-bench-serve-"))
+    if getattr(args, "bodies", None):
+        return _run_bodies(args, device, sizes, tokens, waves, logs)
     with bench_progress() as progress:
         task = progress.add_task("graphrt serve: starting", total=None)
         say = lambda what: progress.update(task, description=what)  # noqa: E731

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from graphrt.engine.config import PREFILL_GRAPH_TOKENS
+from graphrt.tools.bench.serve_bodies import body_names
 from graphrt.tools.cli.args import batch_sizes, megabytes, model_name, positive_int, seconds
 
 
@@ -91,6 +92,16 @@ def bench_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help='serve only: fields added to every request (\'{"logprobs": true, "top_logprobs": 5}\', a response_format)',
+    )
+    p.add_argument(
+        "--bodies",
+        type=body_names,
+        default=None,
+        metavar="NAMES",
+        help="serve only: compare these bodies (plain, logprobs, schema) against plain on one server, no peer",
+    )
+    p.add_argument(
+        "--repeats", type=positive_int, default=1, help="serve --bodies only: rounds of every body, in turn"
     )
     p.add_argument(
         "--peer",
