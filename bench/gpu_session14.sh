@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU runs of the eighth session (2026-12-07), after .gpu/install.sh and .gpu/install-model.sh:
-#   bash bench/gpu_session14.sh lean|check|serve
+#   bash bench/gpu_session14.sh lean|check|serve|bodies
 # (the fused prologue over a few rows ran as `bash bench/gpu_session13.sh models`)
 # lean: lean DECODE graphs (graphrt/runtime/lean.py) against .gpu/base (the tree before): the
 #       idle gaps and device busy of LLM's bs-1 decode (bench/debug/decode_gaps.py), then serve
 #       plain at SERVE_CLIENTS, and this tree's serve with top-5 logprobs (the full graph).
 set -uo pipefail
 export PYTHONPATH=/tmp/sglk${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg
-what=${1:?lean}
+what=${1:?lean|check|serve|bodies}
 log="$OUT/s14_$what.log"
 gguf=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 source bench/gpu_prelude.sh
@@ -67,12 +67,12 @@ check() {
   done
 }
 
-serve() {
-  base_site
-  local schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
-  local lp='{"logprobs":true,"top_logprobs":5}'
-  local cases=("new plain {}" "base plain {}" "new logprobs $lp" "new schema $schema" "torch logprobs $lp" "torch schema $schema")
-  for c in "${cases[@]}"; do
+schema='{"response_format":{"type":"json_schema","json_schema":{"name":"answer","schema":{"type":"object","properties":{"answer":{"type":"string"},"steps":{"type":"array","items":{"type":"string"}}},"required":["answer","steps"]}}}}'
+lp='{"logprobs":true,"top_logprobs":5}'
+
+# $@: "tree name body" cases, one bench serve run each
+serve_cases() {
+  for c in "$@"; do
     read -r tree name body <<< "$c"
     echo "#### serve $tree $name" | tee -a "$log"
     LIMIT=100 in_tree "$tree" python3 -m graphrt bench serve --model "$gguf" --device cuda --peer none \
@@ -80,10 +80,29 @@ serve() {
   done
 }
 
+serve() {
+  base_site
+  serve_cases "new plain {}" "base plain {}" "new logprobs $lp" "new schema $schema" "torch logprobs $lp" \
+    "torch schema $schema"
+}
+
+# (tenth session) bodies: bench serve --bodies logprobs,schema --repeats 3 (#39's ratios on one
+# server), then plain / logprobs / schema of this tree and .gpu/base (7a9b135: a wake-up of the
+# asyncio loop per token, no coalescing of a stream's queued updates), the trees alternating.
+bodies() {
+  base_site
+  echo "#### serve new: logprobs and schema against plain, one server, 3 rounds" | tee -a "$log"
+  LIMIT=500 TAIL=16 run python3 -m graphrt bench serve --model "$gguf" --device cuda --peer none \
+    --concurrency "${SERVE_CLIENTS:-1,8,32}" --bodies logprobs,schema --repeats 3 --out "$OUT/json/new-bodies"
+  serve_cases "new plain {}" "base plain {}" "new logprobs $lp" "base logprobs $lp" "new schema $schema" \
+    "base schema $schema"
+}
+
 case "$what" in
 lean) lean ;;
 check) check ;;
 serve) serve ;;
-*) echo "lean|check|serve, got $what" >&2; exit 2 ;;
+bodies) bodies ;;
+*) echo "lean|check|serve|bodies, got $what" >&2; exit 2 ;;
 esac
 tar -C "$OUT" -czf "$OUT/s14_${what}_json.tgz" json && rm -rf "$OUT/json"
