@@ -2,10 +2,10 @@
 
 HTTP handlers (on the asyncio loop) hand a :class:`Job` to :meth:`EngineLoop.submit` — a
 thread-safe queue — and get its updates back through the job's ``deliver`` callback (the
-server's puts them in the loop's :class:`~graphrt.serve.outbox.Outbox`, which the thread
-flushes once a pass: one wake-up of the asyncio loop per step, not one per token). The thread drains the queue
-between steps: new jobs join the running batch at the next step (continuous batching, graphs
-replayed as in ``Engine.step``), cancelled ones leave it with their row and KV pages freed.
+server's puts them in :attr:`EngineLoop.outbox`, which the thread flushes once a pass: one
+wake-up of the asyncio loop a step, not one a token). The thread drains the queue between
+steps: new jobs join the running batch at the next step (continuous batching, graphs replayed
+as in ``Engine.step``), cancelled ones leave it with their row and KV pages freed.
 A failed step ends the requests in flight and the thread serves on, unless the TP group broke
 (:class:`~graphrt.parallel.CollectiveError`): then the thread stops and says so.
 """
