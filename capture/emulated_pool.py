@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,18 +77,15 @@ class Pool:
     def record(self, value: Any, i: int) -> Any:
         """``value`` (an op's argument) as op ``i`` records it: each intermediate tensor a
         :class:`_Ref`, counted as used at ``i``; anything else itself."""
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            sid = self._sid(storage) if storage.nbytes() else None
-            if sid is None:
-                return value
-            self._made[sid].last = i
-            return _Ref(sid, value.dtype, tuple(value.size()), tuple(value.stride()), value.storage_offset())
-        if isinstance(value, (tuple, list)):
-            return type(value)(self.record(v, i) for v in value)
-        if isinstance(value, dict):
-            return {k: self.record(v, i) for k, v in value.items()}
-        return value
+        return _map(lambda v: self._ref(v, i) if isinstance(v, torch.Tensor) else v, value)
+
+    def _ref(self, t: torch.Tensor, i: int) -> torch.Tensor | _Ref:
+        storage = t.untyped_storage()
+        sid = self._sid(storage) if storage.nbytes() else None
+        if sid is None:
+            return t
+        self._made[sid].last = i
+        return _Ref(sid, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset())
 
     def finish(self) -> tuple[Any, int]:
         """``(tensor_of, bytes)``: a function from a record to the tensor to replay on, and the
@@ -104,21 +102,26 @@ class Pool:
             storages[sid] = placed
         cache: dict[_Ref, torch.Tensor] = {}
 
+        def tensor(ref: _Ref) -> torch.Tensor:
+            if ref not in cache:
+                storage, at = storages[ref.sid]
+                t = torch.empty(0, dtype=ref.dtype, device=self._made[ref.sid].device)
+                cache[ref] = t.set_(storage, at // t.element_size() + ref.offset, ref.size, ref.stride)
+            return cache[ref]
+
         def tensor_of(value: Any) -> Any:
-            if isinstance(value, _Ref):
-                if value not in cache:
-                    storage, at = storages[value.sid]
-                    t = torch.empty(0, dtype=value.dtype, device=self._made[value.sid].device)
-                    offset = at // t.element_size() + value.offset
-                    cache[value] = t.set_(storage, offset, value.size, value.stride)
-                return cache[value]
-            if isinstance(value, (tuple, list)):
-                return type(value)(tensor_of(v) for v in value)
-            if isinstance(value, dict):
-                return {k: tensor_of(v) for k, v in value.items()}
-            return value
+            return _map(lambda v: tensor(v) if isinstance(v, _Ref) else v, value)
 
         return tensor_of, kept + arenas.nbytes
+
+
+def _map(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` of every leaf in ``value``'s tuples, lists and dict values (rebuilt as such)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(fn, v) for k, v in value.items()}
+    return fn(value)
 
 
 @dataclass(frozen=True, slots=True)

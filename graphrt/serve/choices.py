@@ -105,10 +105,9 @@ class Served:
         its write, the client's parse) shrinks under load instead of piling up. Never waits."""
         while update.done is None:
             if self._held is None:
-                try:
-                    self._held = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
+                if self.queue.empty():  # NOTE: the usual case, kept cheap: no QueueEmpty raised
                     break
+                self._held = self.queue.get_nowait()
             j, item = self._held
             if j != i or isinstance(item, Exception):
                 break

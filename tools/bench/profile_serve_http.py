@@ -34,14 +34,13 @@ from graphrt.engine import scheduler
 from graphrt.serve.app import build_app
 from graphrt.serve.loop import EngineLoop
 from graphrt.tools.bench.profile_serve_host import SKIP, stub_replays
-from graphrt.tools.bench.serve import PROMPTS, free_port
+from graphrt.tools.bench.serve import free_port, prompts
+from graphrt.tools.bench.serve_bodies import BODIES
 from graphrt.tools.bench.serve_load import Load, run_spread
 
-#: Bodies compared: name -> the request fields added to a plain greedy chat request.
-BODIES: dict[str, dict[str, Any]] = {
-    "plain": {},
-    "lp5": {"logprobs": True, "top_logprobs": 5},
-}
+#: The bodies it can compare (:data:`~graphrt.tools.bench.serve_bodies.BODIES`): a grammar
+#: refuses the stubbed steps' repeated token, so no JSON schema here.
+STUBBABLE = ("plain", "logprobs")
 
 
 @dataclass
@@ -99,8 +98,7 @@ def profiled(running: Running, top: int) -> Iterator[None]:
 
 
 def _load(url: str, model: str, body: str, clients: int, tokens: int, waves: int) -> Load:
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(clients * waves)]
-    return run_spread(url, model, prompts, clients, tokens, BODIES[body], processes=1)
+    return run_spread(url, model, prompts(clients * waves), clients, tokens, BODIES[body], processes=1)
 
 
 #: CPU seconds the engine thread spent launching prefills (real forwards on the CPU: not the
@@ -141,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--waves", type=int, default=1)
     parser.add_argument("--windows", type=int, default=5, help="windows per body (bodies alternate)")
-    parser.add_argument("--bodies", default=",".join(BODIES))
+    parser.add_argument("--bodies", default=",".join(STUBBABLE), help=f"of {STUBBABLE}")
     parser.add_argument("--profile", type=int, default=0, help="cProfile: top N functions per thread")
     args = parser.parse_args(argv)
     sizes, bodies = [int(c) for c in args.concurrency.split(",")], args.bodies.split(",")

@@ -70,13 +70,14 @@ def _measure(
         loads = {}
         for c in sizes:
             say(f"{server.name}: concurrency {c}")
-            loads[c] = run_load(server.url, server.model, _prompts(c * waves), c, tokens, extra)
+            loads[c] = run_load(server.url, server.model, prompts(c * waves), c, tokens, extra)
         return loads
     finally:
         server.stop()
 
 
-def _prompts(n: int) -> list[str]:
+def prompts(n: int) -> list[str]:
+    """``n`` prompts of :data:`PROMPTS`, cycled."""
     return [PROMPTS[i % len(PROMPTS)] for i in range(n)]
 
 
@@ -99,7 +100,7 @@ def _peer(args: argparse.Namespace, device: Any, sizes: tuple[int, ...], tokens:
     loads = {}
     for c in sizes:
         say(f"transformers generate: concurrency {c}")
-        loads[c] = generate_peer(checkpoint, device, _prompts(c * waves), c, tokens)
+        loads[c] = generate_peer(checkpoint, device, prompts(c * waves), c, tokens)
     return "transformers generate (in-process, batches of the concurrency)", why, loads, None
 
 
@@ -130,8 +131,8 @@ def _run_bodies(
         task = progress.add_task("graphrt serve: starting", total=None)
         say = lambda what: progress.update(task, description=what)  # noqa: E731
         server = start_graphrt(args.model, device.type, free_port(), max(sizes), logs / "graphrt.log")
-        prompts = lambda c: _prompts(c * waves)  # noqa: E731
-        result, out = run_bench_bodies(args, device, sizes, tokens, prompts, server, say)
+        per_load = lambda c: prompts(c * waves)  # noqa: E731
+        result, out = run_bench_bodies(args, device, sizes, tokens, per_load, server, say)
     print_bodies(result, out, wide_console())
     return 0 if all((result["same_replies_across_rounds"] or {}).values()) else 1
 

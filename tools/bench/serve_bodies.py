@@ -67,18 +67,17 @@ def _rounds(
 
 
 def _summary(loads: list[Load], plain: float | None) -> dict[str, Any]:
-    rates = [load.summary()["throughput_tok_s"] for load in loads]
-    tpots = [(load.summary()["tpot_ms"] or {}).get("p50") for load in loads]
+    runs = [load.summary() for load in loads]
+    rates = [r["throughput_tok_s"] for r in runs]
+    tpots = [t for r in runs if (t := (r["tpot_ms"] or {}).get("p50")) is not None]
     median = statistics.median(rates)
     return {
         "throughput_tok_s": rates,
         "tpot_p50_ms": tpots,
         "median_tok_s": round(median, 2),
-        "median_tpot_p50_ms": round(statistics.median(t for t in tpots if t is not None), 3)
-        if any(tpots)
-        else None,
+        "median_tpot_p50_ms": round(statistics.median(tpots), 3) if tpots else None,
         "x_plain": round(median / plain, 3) if plain else None,
-        "client_cpu_share": max(load.client_cpu_share or 0.0 for load in loads),
+        "client_cpu_share": max(r["client_cpu_share"] or 0.0 for r in runs),
     }
 
 
@@ -100,7 +99,7 @@ def run_bench_bodies(
         server.stop()
     rows = []
     for c, per_body in loads.items():
-        plain = statistics.median(load.summary()["throughput_tok_s"] for load in per_body["plain"])
+        plain = _summary(per_body["plain"], None)["median_tok_s"]
         rows.append({"concurrency": c, "bodies": {b: _summary(runs, plain) for b, runs in per_body.items()}})
     result = {
         **header("serve_bodies", args, device),
