@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         stub_replays(llm)
         _count_prefills()
         SKIP["on"] = True
-        print(f"{'body':>6} {'clients':>8} {'TPOT p50 µs':>12} {'server CPU µs/token':>20} {'x plain':>8}")
+        print(f"{'body':>8} {'clients':>8} {'TPOT p50 µs':>12} {'server CPU µs/token':>20} {'x plain':>8}")
         for c in sizes:
             got: dict[str, list[tuple[float, float]]] = {body: [] for body in bodies}
             for _ in range(args.windows):
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             plain = statistics.median(cpu for _, cpu in got[bodies[0]])
             for body in bodies:
                 tpot, cpu = (statistics.median(w[k] for w in got[body]) for k in (0, 1))
-                print(f"{body:>6} {c:>8} {tpot:>12.1f} {cpu:>20.1f} {plain / cpu:>8.2f}", flush=True)
+                print(f"{body:>8} {c:>8} {tpot:>12.1f} {cpu:>20.1f} {plain / cpu:>8.2f}", flush=True)
     finally:
         SKIP["on"] = False
         running.server.should_exit = True
